@@ -1,0 +1,88 @@
+# mongolock: distributed locks on MongoDB for Lua.
+#
+#   make run     install what is missing, build, start the stand-in (unless
+#                MONGODB_URI is set) and run the flagship demo
+#   make test    the same set-up, then the whole suite under Lua 5.4 and LuaJIT
+#   make bench   benchmarks (Markdown table on stdout, plots under bench/out/)
+#
+# Debian packages are installed with apt-get when missing (run as root, or
+# install them yourself first); npm packages for the stand-in with npm ci.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+# ---- dependencies ----------------------------------------------------------
+
+APT_PKGS := gcc make pkg-config libmongoc-dev libbson-dev \
+	lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev \
+	lua-busted lua-argparse lua-cjson lua-check luarocks \
+	nodejs npm faketime nginx libnginx-mod-http-lua wrk gnuplot-nox valgrind
+
+STANDIN := tools/mongo-standin
+STANDIN_MODULES := $(STANDIN)/node_modules/.installed
+
+.PHONY: deps deps-apt deps-npm
+deps: deps-apt deps-npm
+
+deps-apt:
+	@missing=$$(for p in $(APT_PKGS); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:" $$missing; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+deps-npm: $(STANDIN_MODULES)
+
+$(STANDIN_MODULES): $(STANDIN)/package.json $(STANDIN)/package-lock.json | deps-apt
+	cd $(STANDIN) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# ---- build -----------------------------------------------------------------
+
+CC ?= gcc
+CFLAGS ?= -O2 -g
+WARN := -std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror
+MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
+MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
+CSRC := $(wildcard csrc/*.c)
+CHDR := $(wildcard csrc/*.h)
+
+# one build tree per Lua: build/<lua>/mongolock/core.so
+LUAS := lua5.4 luajit
+INC_lua5.4 := -I/usr/include/lua5.4
+INC_luajit := -I/usr/include/luajit-2.1
+CORE_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/core.so)
+
+.PHONY: build
+build: deps-apt $(CORE_SO)
+
+build/%/mongolock/core.so: $(CSRC) $(CHDR) | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(MONGOC_CFLAGS) \
+	  -o $@ $(CSRC) $(MONGOC_LIBS) -lpthread
+
+# environment for running anything against the build tree
+export LUA_PATH := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;
+LUA_CPATH_lua5.4 := $(CURDIR)/build/lua5.4/?.so;;
+LUA_CPATH_luajit := $(CURDIR)/build/luajit/?.so;;
+
+# ---- run, test -------------------------------------------------------------
+
+.PHONY: run test standin lint clean
+run: deps build
+	@LUA_CPATH='$(LUA_CPATH_lua5.4)' tools/with-standin lua5.4 examples/counter.lua
+
+test: deps build
+	@tools/run-tests
+
+standin: deps-npm
+	node $(STANDIN)/server.js --port $${PORT:-27017}
+
+lint: deps-apt
+	luacheck lua spec examples bin
+
+clean:
+	rm -rf build bench/out
