@@ -9,7 +9,8 @@
 #include <lauxlib.h>
 
 #if LUA_VERSION_NUM < 502
-/* Lua 5.1 / LuaJIT 2.1 */
+/* Lua 5.1 / LuaJIT 2.1 (lua.h does not define LUAJIT_VERSION_NUM) */
+#include <luajit.h>
 #ifndef luaL_newlib
 #define luaL_newlibtable(L, l) lua_createtable(L, 0, (int)(sizeof(l) / sizeof((l)[0]) - 1))
 #define luaL_newlib(L, l) (luaL_newlibtable(L, l), luaL_setfuncs(L, l, 0))

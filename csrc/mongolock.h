@@ -12,12 +12,216 @@
 #ifndef MONGOLOCK_H
 #define MONGOLOCK_H
 
+#include <stdint.h>
+#include <pthread.h>
 #include <sys/types.h>
 #include <mongoc/mongoc.h>
 #include "compat.h"
 
 #define ML_CLIENT_MT "mongolock.Client"
 #define ML_LOCK_MT "mongolock.Lock"
+
+/* ---- core.c ------------------------------------------------------------ */
+
+/* seconds on CLOCK_MONOTONIC: the only clock the library reads locally */
+double ml_monotonic(void);
+
+/* sleeps for s seconds (s <= 0 returns at once); restarts on EINTR */
+void ml_sleep(double s);
+
+/*
+ * Writes 128 random bits from getrandom(2) as 32 lowercase hex digits and a
+ * NUL into out.  Returns 1, or 0 when the kernel gave no randomness (out is
+ * then untouched).
+ */
+int ml_random_owner(char out[33]);
+
+/* [-0, +0] add the Client / Lock metatables and functions to the module
+ * table at the top of the stack (called once from luaopen_mongolock_core) */
+void ml_client_open(lua_State *L);
+void ml_lock_open(lua_State *L);
+
+/* ---- client.c ---------------------------------------------------------- */
+
+/*
+ * A mongolock.Client userdata.  One pool per process: the pid that created
+ * the pool is remembered and a child re-creates its own on first use (the
+ * parent's pool is abandoned in the child, never destroyed there, as
+ * libmongoc requires).
+ *
+ * Invariants: pool == NULL <=> closed (after close, or before first use in a
+ * new process, which re-creates it).  client is this Lua state's connection,
+ * popped from pool; it belongs to pool and is pushed back before pool is
+ * destroyed.  Other threads (background renewal) pop their own client from
+ * ml_client_pool(), never use `client`.
+ */
+typedef struct ml_client {
+  mongoc_client_pool_t *pool;   /* this process's pool, NULL until made */
+  mongoc_client_t *client;      /* the Lua side's connection from pool */
+  mongoc_uri_t *uri;            /* parsed once at connect; owns options */
+  mongoc_write_concern_t *wc;   /* for every write ("majority" default) */
+  pid_t pid;                    /* process that made pool/client */
+  int closed;                   /* 1 after close(): every use raises */
+  char *default_db;             /* the URI's database, or NULL */
+  /*
+   * Called (if set) from close and __gc before the pool is destroyed, with
+   * the pool still valid: the background renewal thread (renew.c) stops
+   * using the pool and drops its connection there.  renew_state is its own.
+   */
+  void (*on_close)(struct ml_client *c);
+  void *renew_state;
+} ml_client;
+
+/* raises unless idx is an open mongolock.Client */
+ml_client *ml_checkclient(lua_State *L, int idx);
+
+/* [-0, +0] raises on a closed client.  The calling process's connection
+ * (the pool and the connection are created on first use, and re-created in
+ * a child after fork).  Use it from the Lua thread only. */
+mongoc_client_t *ml_client_get(lua_State *L, ml_client *c);
+
+/* [-0, +0] raises on a closed client.  The calling process's pool (made on
+ * first use / after fork): other threads pop their own client from it with
+ * mongoc_client_pool_pop and push it back.  The pool lives until close. */
+mongoc_client_pool_t *ml_client_pool(lua_State *L, ml_client *c);
+
+/* the database locks live in when none is given: the URI's, else
+ * "mongolock" */
+const char *ml_client_dbname(const ml_client *c);
+
+/* appends writeConcern (the client's) to opts: every write command uses it */
+void ml_client_append_wc(const ml_client *c, bson_t *opts);
+
+/* [-0, +3] pushes nil, e->message, e->code; returns 3 */
+int ml_pusherror(lua_State *L, const bson_error_t *e);
+
+/* [-0, +3] pushes nil, msg, code; returns 3 (code 0 pushes nil as the code) */
+int ml_pushfail(lua_State *L, const char *msg, int code);
+
+/* [-0, +1] pushes an int64 as a Lua integer (5.4) or number (LuaJIT; exact
+ * up to 2^53, which tokens stay below until the year 2248) */
+void ml_pushint64(lua_State *L, int64_t v);
+
+/* ---- lock.c ------------------------------------------------------------ */
+
+/*
+ * Which instant the time field of a lock document holds.
+ *   ML_TIME_EXPIRES_AT: the lease end (named locks' expiresAt); free when
+ *     owner is null or time <= $$NOW; extend sets $$NOW + ttl; release sets
+ *     $$NOW.
+ *   ML_TIME_LOCKED_AT: when it was locked (seed 000's LockTime); free when
+ *     owner is null or time + ttl <= $$NOW; extend sets $$NOW; release sets
+ *     null.
+ */
+typedef enum { ML_TIME_EXPIRES_AT = 0, ML_TIME_LOCKED_AT = 1 } ml_time_mode;
+
+/* how the owner id is stored in the owner field */
+typedef enum {
+  ML_OWNER_HEX = 0,   /* string of 32 hex digits (named locks) */
+  ML_OWNER_UUID = 1   /* Binary subtype 4 of the same 16 bytes (.NET Guid) */
+} ml_owner_form;
+
+/*
+ * What a caller of ml_lock_new describes: the lock document and the lease
+ * it won.  Everything is copied by ml_lock_new; the caller keeps ownership
+ * of what it passed.
+ */
+typedef struct ml_lease_spec {
+  const char *db, *coll;        /* namespace of the lock document */
+  const bson_value_t *id;       /* its _id: any BSON value */
+  const char *owner_field;      /* "owner" for named locks */
+  const char *time_field;       /* "expiresAt" for named locks */
+  ml_time_mode time_mode;
+  ml_owner_form owner_form;
+  const char *owner;            /* the 32 hex digits this acquisition wrote */
+  int64_t token;                /* fencing token, 0 when the lock has none */
+  int64_t ttl_ms;               /* lease length, > 0 */
+  double started;               /* ml_monotonic() taken just before the
+                                   acquire command was sent */
+  int renew;                    /* ask background renewal for this lease */
+} ml_lease_spec;
+
+/*
+ * The lease behind a mongolock.Lock handle, a plain C struct so that the
+ * background renewal thread can read and update it.  Fields marked (mu) are
+ * read and written under mu once the handle is visible to another thread;
+ * the others never change after ml_lock_new.
+ *
+ * Invariants: held == 1 from acquire until release/close/lost/expiry is
+ * observed; once 0 it never becomes 1 again.  pid is the process that
+ * acquired: any other process (a forked child) treats the handle as not
+ * held and never sends a command for it.
+ */
+typedef struct ml_lease {
+  pthread_mutex_t mu;
+  char *db, *coll;
+  bson_value_t id;              /* deep copy (bson_value_copy) */
+  char *owner_field, *time_field;
+  ml_time_mode time_mode;
+  ml_owner_form owner_form;
+  char owner[33];
+  int64_t token;
+  pid_t pid;
+  int64_t ttl_ms;               /* (mu) last ttl sent (acquire or extend) */
+  double deadline;              /* (mu) local monotonic lease end: the time
+                                   just before the last successful acquire or
+                                   extend was sent, plus ttl */
+  int held;                     /* (mu) */
+  int renew;                    /* (mu) background renewal wanted */
+  int lost;                     /* (mu) renewal found the lease gone */
+  int refs;                     /* (mu) 1 for the Lua handle, +1 for each
+                                   thread holding it; freed at 0 */
+} ml_lease;
+
+/* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
+typedef struct ml_lock {
+  ml_lease *lease;              /* NULL once closed */
+} ml_lock;
+
+/*
+ * [-0, +1] pushes a new mongolock.Lock for a lease just won.  client_idx is
+ * the client's stack index (kept alive through the handle's uservalue).
+ * Raises only on out-of-memory.
+ */
+ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec);
+
+/* raises unless idx is a mongolock.Lock (open or closed) */
+ml_lock *ml_checklock(lua_State *L, int idx);
+
+/* [-0, +0] drops one reference to lease (frees it at zero) */
+void ml_lease_unref(ml_lease *l);
+
+/*
+ * Appends the owner id of l under key, in l's owner_form.
+ */
+void ml_lease_append_owner(bson_t *b, const char *key, size_t keylen, const ml_lease *l);
+
+/*
+ * One command: clears the lock fields of l's document if l's owner still
+ * holds it, applying `extra` (an update document of operators, e.g.
+ * {$set: {...}}; may be NULL) in the same command.  extra must not touch
+ * the owner or time field.  Uses the given connection (any thread).
+ * Returns 1 released, 0 not held (error->code 0), -1 error (error set).
+ */
+int ml_lease_release(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
+                     const bson_t *extra, bson_error_t *error);
+
+/*
+ * One command: renews l's lease to ttl_ms from the server's now if l's owner
+ * still holds it; on success sets l->deadline from `started` (the local
+ * monotonic time just before the command).  Returns 1 extended, 0 lost,
+ * -1 error.
+ */
+int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
+                    int64_t ttl_ms, double started, bson_error_t *error);
+
+/*
+ * Hook for background renewal (renew.c): when set, __gc of a handle whose
+ * lease is still held calls it instead of releasing synchronously, handing
+ * over the Lua handle's reference (it must release the lease and unref it).
+ * Returns 0 to decline, then __gc releases synchronously.
+ */
+extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
 
 /* ---- bson.c ------------------------------------------------------------ */
 

@@ -1,0 +1,303 @@
+/*
+ * mongolock.Client: one libmongoc pool per process, the Lua side's
+ * connection popped from it, the write concern, and error helpers.
+ *
+ * Fork: the pid that made the pool is kept; in another process the pool and
+ * connection are abandoned (libmongoc forbids destroying them in a child)
+ * and new ones are made on first use.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mongolock.h"
+
+/* ---- errors ------------------------------------------------------------ */
+
+int ml_pusherror(lua_State *L, const bson_error_t *e) {
+  lua_pushnil(L);
+  lua_pushstring(L, e->message[0] ? e->message : "unknown error");
+  if (e->code) lua_pushinteger(L, (lua_Integer)e->code);
+  else lua_pushnil(L);
+  return 3;
+}
+
+int ml_pushfail(lua_State *L, const char *msg, int code) {
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  if (code) lua_pushinteger(L, code);
+  else lua_pushnil(L);
+  return 3;
+}
+
+void ml_pushint64(lua_State *L, int64_t v) {
+#if ML_HAS_INTEGERS
+  lua_pushinteger(L, (lua_Integer)v);
+#else
+  lua_pushnumber(L, (lua_Number)v);
+#endif
+}
+
+/* ---- the pool ---------------------------------------------------------- */
+
+ml_client *ml_checkclient(lua_State *L, int idx) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, idx, ML_CLIENT_MT);
+  if (c->closed) luaL_error(L, "attempt to use a closed mongolock client");
+  return c;
+}
+
+/* makes pool and client for this process; raises on failure */
+static void client_make(lua_State *L, ml_client *c) {
+  mongoc_client_pool_t *pool;
+  if (c->pool && c->pid == getpid()) return;
+  /* in a forked child: abandon the parent's pool and connection; the
+   * parent's sockets and monitor threads are not ours to tear down */
+  c->pool = NULL;
+  c->client = NULL;
+  c->renew_state = NULL;
+  pool = mongoc_client_pool_new(c->uri);
+  if (!pool) luaL_error(L, "mongolock: cannot create a connection pool for this URI");
+  mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
+  c->pool = pool;
+  c->pid = getpid();
+}
+
+mongoc_client_pool_t *ml_client_pool(lua_State *L, ml_client *c) {
+  if (c->closed) luaL_error(L, "attempt to use a closed mongolock client");
+  client_make(L, c);
+  return c->pool;
+}
+
+mongoc_client_t *ml_client_get(lua_State *L, ml_client *c) {
+  if (c->closed) luaL_error(L, "attempt to use a closed mongolock client");
+  client_make(L, c);
+  if (!c->client) {
+    c->client = mongoc_client_pool_pop(c->pool);
+    if (!c->client) luaL_error(L, "mongolock: cannot take a connection from the pool");
+  }
+  return c->client;
+}
+
+const char *ml_client_dbname(const ml_client *c) {
+  return c->default_db ? c->default_db : "mongolock";
+}
+
+void ml_client_append_wc(const ml_client *c, bson_t *opts) {
+  mongoc_write_concern_append(c->wc, opts);
+}
+
+/* idempotent; safe in a forked child (abandons instead of destroying) */
+static void client_close(ml_client *c) {
+  if (c->closed) return;
+  c->closed = 1;
+  if (c->pool && c->pid == getpid()) {
+    if (c->on_close) c->on_close(c);
+    if (c->client) mongoc_client_pool_push(c->pool, c->client);
+    mongoc_client_pool_destroy(c->pool);
+  }
+  c->pool = NULL;
+  c->client = NULL;
+  if (c->uri) mongoc_uri_destroy(c->uri);
+  c->uri = NULL;
+  if (c->wc) mongoc_write_concern_destroy(c->wc);
+  c->wc = NULL;
+  bson_free(c->default_db);
+  c->default_db = NULL;
+}
+
+/* ---- Lua functions ----------------------------------------------------- */
+
+/*
+ * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms)
+ *   -> client | nil, message
+ * w: "majority", an integer >= 0, or nil for "majority".  appname,
+ * wtimeout_ms, pool_size and sst_ms may be nil (the URI's or libmongoc's).
+ * The Lua layer (mongolock.connect) checks and converts friendly options;
+ * this checks types again and never trusts them.
+ */
+static int l_connect(lua_State *L) {
+  const char *s = luaL_checkstring(L, 1);
+  const char *appname = luaL_optstring(L, 2, NULL);
+  bson_error_t err;
+  mongoc_uri_t *uri;
+  mongoc_write_concern_t *wc;
+  ml_client *c;
+  size_t len;
+
+  (void)lua_tolstring(L, 1, &len);
+  if (strlen(s) != len) return ml_pushfail(L, "invalid URI: contains a NUL byte", 0);
+  uri = mongoc_uri_new_with_error(s, &err);
+  if (!uri) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "invalid URI: %s", err.message);
+    return 2;
+  }
+  if (appname) {
+    if (strlen(appname) > 128 || !mongoc_uri_set_appname(uri, appname)) {
+      mongoc_uri_destroy(uri);
+      return ml_pushfail(L, "invalid appname (at most 128 bytes)", 0);
+    }
+  }
+  if (!lua_isnoneornil(L, 5)) {
+    lua_Integer n = luaL_checkinteger(L, 5);
+    if (n < 1 || n > 100000) {
+      mongoc_uri_destroy(uri);
+      return luaL_argerror(L, 5, "pool size must be 1 .. 100000");
+    }
+    mongoc_uri_set_option_as_int32(uri, MONGOC_URI_MAXPOOLSIZE, (int32_t)n);
+  }
+  if (!lua_isnoneornil(L, 6)) {
+    lua_Integer n = luaL_checkinteger(L, 6);
+    if (n < 1 || n > INT32_MAX) {
+      mongoc_uri_destroy(uri);
+      return luaL_argerror(L, 6, "server selection timeout out of range");
+    }
+    mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, (int32_t)n);
+  }
+
+  /* the URI's write concern unless one was given; "majority" when neither */
+  wc = mongoc_write_concern_copy(mongoc_uri_get_write_concern(uri));
+  if (lua_type(L, 3) == LUA_TSTRING) {
+    if (strcmp(lua_tostring(L, 3), "majority") != 0) {
+      mongoc_write_concern_destroy(wc);
+      mongoc_uri_destroy(uri);
+      return luaL_argerror(L, 3, "write concern must be \"majority\" or a number");
+    }
+    mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+  } else if (!lua_isnoneornil(L, 3)) {
+    lua_Integer w = luaL_checkinteger(L, 3);
+    if (w < 0 || w > 50) {
+      mongoc_write_concern_destroy(wc);
+      mongoc_uri_destroy(uri);
+      return luaL_argerror(L, 3, "write concern w out of range");
+    }
+    mongoc_write_concern_set_w(wc, (int32_t)w);
+  } else if (mongoc_write_concern_get_w(wc) == MONGOC_WRITE_CONCERN_W_DEFAULT &&
+             !mongoc_write_concern_get_wtag(wc)) {
+    mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+  }
+  if (!lua_isnoneornil(L, 4)) {
+    lua_Integer t = luaL_checkinteger(L, 4);
+    if (t < 0) t = 0;
+    mongoc_write_concern_set_wtimeout_int64(wc, (int64_t)t);
+  }
+
+  c = (ml_client *)ml_newuserdata(L, sizeof *c);
+  memset(c, 0, sizeof *c);
+  luaL_getmetatable(L, ML_CLIENT_MT);
+  lua_setmetatable(L, -2);
+  c->uri = uri;
+  c->wc = wc;
+  if (mongoc_uri_get_database(uri))
+    c->default_db = bson_strdup(mongoc_uri_get_database(uri));
+  /* make the pool now so that a URI libmongoc cannot use fails here */
+  c->pool = mongoc_client_pool_new(uri);
+  if (!c->pool) {
+    client_close(c);
+    return ml_pushfail(L, "invalid URI: libmongoc cannot use it", 0);
+  }
+  mongoc_client_pool_set_error_api(c->pool, MONGOC_ERROR_API_VERSION_2);
+  c->pid = getpid();
+  return 1;
+}
+
+/* client:close() -> true; idempotent */
+static int l_close(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  client_close(c);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_gc(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  client_close(c);
+  return 0;
+}
+
+/* client:closed() -> boolean */
+static int l_closed(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  lua_pushboolean(L, c->closed);
+  return 1;
+}
+
+/* client:default_database() -> the URI's database or "mongolock" */
+static int l_default_db(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  lua_pushstring(L, ml_client_dbname(c));
+  lua_pushboolean(L, c->default_db != NULL);
+  return 2;
+}
+
+static int l_tostring(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  if (c->closed) lua_pushliteral(L, "mongolock.Client (closed)");
+  else lua_pushfstring(L, "mongolock.Client (%p)", (void *)c);
+  return 1;
+}
+
+/*
+ * client:_opcounters() -> {insert=, query=, update=, delete=, getmore=,
+ * command=} | nil, message, code.  One serverStatus; for tests and
+ * benchmarks that count round trips.
+ */
+static int l_opcounters(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  mongoc_client_t *mc = ml_client_get(L, c);
+  bson_t cmd = BSON_INITIALIZER, reply;
+  bson_error_t err;
+  bson_iter_t it, sub;
+  int ok;
+  BSON_APPEND_INT32(&cmd, "serverStatus", 1);
+  ok = mongoc_client_command_simple(mc, "admin", &cmd, NULL, &reply, &err);
+  bson_destroy(&cmd);
+  if (!ok) {
+    bson_destroy(&reply);
+    return ml_pusherror(L, &err);
+  }
+  lua_newtable(L);
+  if (bson_iter_init_find(&it, &reply, "opcounters") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+      bson_iter_recurse(&it, &sub)) {
+    while (bson_iter_next(&sub)) {
+      if (BSON_ITER_HOLDS_NUMBER(&sub)) {
+        lua_pushnumber(L, (lua_Number)bson_iter_as_int64(&sub));
+        lua_setfield(L, -2, bson_iter_key(&sub));
+      }
+    }
+  }
+  bson_destroy(&reply);
+  return 1;
+}
+
+static const luaL_Reg client_methods[] = {
+  {"close", l_close},
+  {"closed", l_closed},
+  {"default_database", l_default_db},
+  {"_opcounters", l_opcounters},
+  {NULL, NULL}
+};
+
+static const luaL_Reg client_meta[] = {
+  {"__gc", l_gc},
+  {"__tostring", l_tostring},
+#if LUA_VERSION_NUM >= 504
+  {"__close", l_gc},
+#endif
+  {NULL, NULL}
+};
+
+void ml_client_open(lua_State *L) {
+  /* [module] */
+  luaL_newmetatable(L, ML_CLIENT_MT);
+  luaL_setfuncs(L, client_meta, 0);
+  luaL_newlib(L, client_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushliteral(L, "mongolock.Client");
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+  lua_pushcfunction(L, l_connect);
+  lua_setfield(L, -2, "connect");
+}

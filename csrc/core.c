@@ -1,0 +1,168 @@
+/*
+ * luaopen_mongolock_core: the module table, the local monotonic clock,
+ * sleeping, and random owner ids.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/random.h>
+
+#include "mongolock.h"
+
+#pragma weak ml_bson_open
+
+double ml_monotonic(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void ml_sleep(double s) {
+  struct timespec req, rem;
+  if (!(s > 0)) return;                /* also NaN */
+  if (s > 1e9) s = 1e9;
+  req.tv_sec = (time_t)s;
+  req.tv_nsec = (long)((s - (double)req.tv_sec) * 1e9);
+  if (req.tv_nsec >= 1000000000L) req.tv_nsec = 999999999L;
+  while (nanosleep(&req, &rem) == -1 && errno == EINTR)
+    req = rem;
+}
+
+int ml_random_owner(char out[33]) {
+  unsigned char b[16];
+  size_t got = 0;
+  int i;
+  while (got < sizeof b) {
+    ssize_t n = getrandom(b + got, sizeof b - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return 0;
+    }
+    got += (size_t)n;
+  }
+  for (i = 0; i < 16; i++)
+    snprintf(out + 2 * i, 3, "%02x", b[i]);
+  out[32] = '\0';
+  return 1;
+}
+
+/* core.monotonic() -> seconds (a local, monotonic clock; not wall time) */
+static int l_monotonic(lua_State *L) {
+  lua_pushnumber(L, ml_monotonic());
+  return 1;
+}
+
+/* core.sleep(seconds): blocks the calling thread; negative or 0 returns */
+static int l_sleep(lua_State *L) {
+  double s = luaL_checknumber(L, 1);
+  luaL_argcheck(L, s == s, 1, "not a number");
+  ml_sleep(s);
+  return 0;
+}
+
+/* core.random_owner() -> 32 hex digits, or nil, message */
+static int l_random_owner(lua_State *L) {
+  char id[33];
+  if (!ml_random_owner(id)) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "getrandom: %s", strerror(errno));
+    return 2;
+  }
+  lua_pushstring(L, id);
+  return 1;
+}
+
+/* core.getpid() -> this process's id */
+static int l_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+/* core.hostname() -> the host name (holder.host in lock documents) */
+static int l_hostname(lua_State *L) {
+  char h[256];
+  if (gethostname(h, sizeof h) != 0) h[0] = '\0';
+  h[sizeof h - 1] = '\0';
+  lua_pushstring(L, h);
+  return 1;
+}
+
+/*
+ * core._fork() -> 0 in the child, the child's pid in the parent, or nil,
+ * message.  INTERNAL: a test hook for the fork-safety specs; the child must
+ * leave with core._exit(status).  Not part of the API.
+ */
+static int l_fork(lua_State *L) {
+  pid_t p;
+  fflush(NULL);
+  p = fork();
+  if (p < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(errno));
+    return 2;
+  }
+  lua_pushinteger(L, (lua_Integer)p);
+  return 1;
+}
+
+/* core._exit(status): INTERNAL test hook; _exit(2) without closing Lua */
+static int l_exit(lua_State *L) {
+  int st = (int)luaL_optinteger(L, 1, 0);
+  fflush(NULL);
+  _exit(st);
+  return 0;
+}
+
+/* core._waitpid(pid) -> exit status: INTERNAL test hook */
+#include <sys/wait.h>
+static int l_waitpid(lua_State *L) {
+  pid_t p = (pid_t)luaL_checkinteger(L, 1);
+  int st = 0;
+  while (waitpid(p, &st, 0) < 0) {
+    if (errno != EINTR) {
+      lua_pushnil(L);
+      lua_pushstring(L, strerror(errno));
+      return 2;
+    }
+  }
+  lua_pushinteger(L, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  return 1;
+}
+
+static const luaL_Reg core_funcs[] = {
+  {"monotonic", l_monotonic},
+  {"sleep", l_sleep},
+  {"random_owner", l_random_owner},
+  {"getpid", l_getpid},
+  {"hostname", l_hostname},
+  {"_fork", l_fork},
+  {"_exit", l_exit},
+  {"_waitpid", l_waitpid},
+  {NULL, NULL}
+};
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init_mongoc(void) {
+  /* never paired with mongoc_cleanup: other Lua states in this process
+   * (nginx workers' VMs, threads) may still use the driver */
+  mongoc_init();
+}
+
+__attribute__((visibility("default")))
+int luaopen_mongolock_core(lua_State *L);
+
+int luaopen_mongolock_core(lua_State *L) {
+  pthread_once(&init_once, init_mongoc);
+  luaL_newlib(L, core_funcs);
+  lua_pushliteral(L, "0.1.0");
+  lua_setfield(L, -2, "_VERSION");
+  ml_client_open(L);
+  ml_lock_open(L);
+  /* bson.c is optional at link time while it is being written */
+  if (ml_bson_open) ml_bson_open(L);
+  return 1;
+}

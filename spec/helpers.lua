@@ -1,0 +1,263 @@
+-- Fixtures shared by every spec: the server URI, fresh names, clients and
+-- child processes.
+--
+--   local helpers = require "spec.helpers"   (or require "helpers")
+--   helpers.uri()            MONGODB_URI, or a stand-in started for this run
+--   helpers.standin          true when the server is the stand-in
+--   helpers.connect(opts)    a mongolock client on helpers.uri()
+--   helpers.unique(prefix)   a name no other test (or earlier run) uses
+--   helpers.lua              the interpreter running the specs ("lua5.4", "luajit")
+--   helpers.script(src)      writes a Lua script to a temporary file, returns its path
+--   helpers.spawn(path, ...) starts it as a separate OS process in the background
+--   helpers.opcounters(c)    serverStatus opcounters as one table of numbers
+--
+-- When MONGODB_URI is unset, the stand-in (tools/mongo-standin/server.js) is
+-- started on a free loopback port the first time uri() is called and stopped
+-- when the Lua state closes (or by a watchdog when this process dies).
+
+local helpers = {}
+
+local getenv = os.getenv
+local format = string.format
+
+local function root()
+  local r = getenv("MONGOLOCK_ROOT")
+  if r and r ~= "" then return r end
+  -- spec/helpers.lua lives one level below the root
+  local src = debug.getinfo(1, "S").source
+  local dir = src:match("^@(.*)/spec/[^/]*$")
+  if dir and dir ~= "" then return dir end
+  return "."
+end
+helpers.root = root()
+
+helpers.lua = (rawget(_G, "jit") and "luajit") or "lua5.4"
+
+local function shell_quote(s)
+  return "'" .. tostring(s):gsub("'", [['\'']]) .. "'"
+end
+helpers.shell_quote = shell_quote
+
+local function tmpname()
+  local n = os.tmpname()
+  return n
+end
+
+-- ---- the server -----------------------------------------------------------
+
+local standin_pid, standin_log
+local uri = getenv("MONGODB_URI")
+if uri == "" then uri = nil end
+helpers.standin = getenv("MONGOLOCK_STANDIN") == "1"
+
+local function sleep(s)
+  os.execute("sleep " .. s)
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+helpers.read_file = read_file
+
+local function start_standin()
+  local server = helpers.root .. "/tools/mongo-standin/server.js"
+  standin_log = tmpname()
+  -- In the shell started by popen, $PPID is this Lua process: the watchdog
+  -- stops the server when this process goes away without running its __gc.
+  local cmd = format([[
+node %s --port 0 >%s 2>&1 &
+n=$!
+echo $n
+L=$PPID
+( while kill -0 $L 2>/dev/null && kill -0 $n 2>/dev/null; do sleep 1; done; kill $n 2>/dev/null ) >/dev/null 2>&1 </dev/null &
+]], shell_quote(server), shell_quote(standin_log))
+  local p = assert(io.popen(cmd, "r"))
+  standin_pid = tonumber(p:read("*l"))
+  p:close()
+  assert(standin_pid, "could not start the stand-in")
+  for _ = 1, 400 do
+    local out = read_file(standin_log) or ""
+    local addr = out:match("listening (%S+)")
+    if addr then
+      return format("mongodb://%s/?replicaSet=rs0", addr)
+    end
+    if not os.execute(format("kill -0 %d 2>/dev/null", standin_pid)) then
+      break
+    end
+    sleep(0.05)
+  end
+  error("the stand-in did not start: " .. (read_file(standin_log) or "no output"))
+end
+
+-- stops the stand-in we started, when the Lua state closes
+local reaper = setmetatable({}, { __gc = function()
+  if standin_pid then
+    os.execute(format("kill %d 2>/dev/null", standin_pid))
+    standin_pid = nil
+  end
+  if standin_log then os.remove(standin_log) end
+end })
+helpers._reaper = reaper
+
+function helpers.uri()
+  if not uri then
+    uri = start_standin()
+    helpers.standin = true
+    -- children spawned by the specs find the same server
+    helpers.child_env = "MONGODB_URI=" .. shell_quote(uri) .. " MONGOLOCK_STANDIN=1 "
+  end
+  return uri
+end
+
+helpers.child_env = ""
+
+-- ---- names and clients ----------------------------------------------------
+
+local seq = 0
+local seed
+function helpers.unique(prefix)
+  if not seed then
+    local f = io.open("/dev/urandom", "rb")
+    local b = f and f:read(6) or tostring(os.time())
+    if f then f:close() end
+    seed = b:gsub(".", function(c) return format("%02x", c:byte()) end)
+  end
+  seq = seq + 1
+  return format("%s-%s-%d", prefix or "t", seed, seq)
+end
+
+local clients = setmetatable({}, { __mode = "k" })
+
+function helpers.connect(opts)
+  local mongolock = require "mongolock"
+  local c = assert(mongolock.connect(helpers.uri(), opts))
+  clients[c] = true
+  return c
+end
+
+-- database the specs use: the URI's, else mongolock's default
+helpers.database = "mongolock_test"
+
+-- a locks object on a fresh collection, so that tests do not see each other
+function helpers.locks(client, opts)
+  opts = opts or {}
+  local o = { database = helpers.database, collection = helpers.unique("locks") }
+  for k, v in pairs(opts) do o[k] = v end
+  return client:locks(o)
+end
+
+-- serverStatus opcounters, summed into a total of commands the server saw
+function helpers.opcounters(client)
+  local core = client._core or client
+  local oc = assert(core:_opcounters())
+  local total = 0
+  for _, k in ipairs({ "insert", "query", "update", "delete", "getmore", "command" }) do
+    total = total + (oc[k] or 0)
+  end
+  oc.total = total
+  return oc
+end
+
+-- ---- child processes ------------------------------------------------------
+
+-- LUA_PATH / LUA_CPATH for children: the ones this process runs with
+local function child_paths()
+  local lp = getenv("LUA_PATH") or (helpers.root .. "/lua/?.lua;" .. helpers.root .. "/lua/?/init.lua;;")
+  local cp = getenv("LUA_CPATH") or (helpers.root .. "/build/" .. helpers.lua .. "/?.so;;")
+  return "LUA_PATH=" .. shell_quote(lp) .. " LUA_CPATH=" .. shell_quote(cp) .. " "
+end
+
+-- writes src to a temporary .lua file; returns its path
+function helpers.script(src)
+  local path = tmpname() .. ".lua"
+  local f = assert(io.open(path, "wb"))
+  f:write(src)
+  f:close()
+  return path
+end
+
+-- the shell command line that runs a script with this interpreter
+function helpers.command(path, args, prefix)
+  helpers.uri()
+  local parts = { child_paths(), helpers.child_env, prefix or "", helpers.lua, shell_quote(path) }
+  for _, a in ipairs(args or {}) do parts[#parts + 1] = shell_quote(a) end
+  return table.concat(parts, " ")
+end
+
+-- runs a script to completion; returns its stdout and whether it exited 0
+function helpers.run(path, args, prefix)
+  local p = assert(io.popen(helpers.command(path, args, prefix) .. " 2>&1", "r"))
+  local out = p:read("*a")
+  local ok = p:close()
+  return out, ok == true
+end
+
+-- starts a script in the background; returns a process object with
+-- pid, out (path of its combined stdout/stderr), :wait_for(pattern),
+-- :kill(sig), :wait()
+local Proc = {}
+Proc.__index = Proc
+
+-- The child's own pid (for SIGKILL) is not the subshell's: a child script
+-- prints it (require("mongolock.core").getpid()) and the test reads it with
+-- wait_for.
+function helpers.spawn(path, args, prefix)
+  local out = tmpname()
+  local done = tmpname()
+  os.remove(done)
+  local p = assert(io.popen(format(
+    "( %s >%s 2>&1; echo $? >%s ) </dev/null >/dev/null 2>&1 & echo $!",
+    helpers.command(path, args, prefix), shell_quote(out), shell_quote(done)), "r"))
+  local spid = tonumber(p:read("*l"))
+  p:close()
+  return setmetatable({ shell_pid = spid, out = out, done = done }, Proc)
+end
+
+function Proc:output()
+  return read_file(self.out) or ""
+end
+
+-- waits until the child printed a line matching pattern (or exited, or
+-- timeout seconds passed); returns the first capture or the match
+function Proc:wait_for(pattern, timeout)
+  local deadline = os.time() + (timeout or 20)
+  repeat
+    local s = self:output()
+    local m = s:match(pattern)
+    if m then return m end
+    if read_file(self.done) then
+      s = self:output()
+      return s:match(pattern), "exited: " .. s
+    end
+    sleep(0.02)
+  until os.time() > deadline
+  return nil, "timed out waiting for " .. pattern .. ": " .. self:output()
+end
+
+-- waits for the child to exit; returns its exit status and output
+function Proc:wait(timeout)
+  local deadline = os.time() + (timeout or 30)
+  repeat
+    local st = read_file(self.done)
+    if st then
+      return tonumber(st), self:output()
+    end
+    sleep(0.02)
+  until os.time() > deadline
+  return nil, self:output()
+end
+
+function Proc:kill(sig, pid)
+  os.execute(format("kill -%s %d 2>/dev/null", sig or "TERM", pid or self.shell_pid))
+end
+
+function Proc:cleanup()
+  os.remove(self.out)
+  os.remove(self.done)
+end
+
+return helpers
