@@ -1,0 +1,263 @@
+/*
+ * Child processes and signals for the mongolock command: start a command,
+ * wait for it while signals arrive, forward them, collect its exit status.
+ *
+ *   core.proc_trap()              catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
+ *   core.proc_signals()           -> {{name=, tty=}, ...} caught since last call
+ *   core.proc_spawn(argv)         -> pid | nil, message, errno
+ *   core.proc_wait(pid, timeout)  -> "exit", code | "signal", name, signo | false
+ *   core.proc_kill(pid, name)     -> true | nil, message, errno
+ *
+ * Invariants:
+ * - Signal handlers only set a flag and write one byte to a non-blocking
+ *   self-pipe (async-signal-safe); whichever thread runs the handler (the
+ *   driver's threads included), the byte wakes proc_wait's poll().
+ * - proc_wait never misses a wake-up: it drains the pipe before it looks at
+ *   the child and the flags, so a signal arriving after the look leaves a
+ *   byte that makes the next poll() return at once.
+ * - A spawned child starts with every signal unblocked and the trapped ones
+ *   at their default disposition; the pipe is close-on-exec.
+ */
+#define _GNU_SOURCE             /* pipe2 */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include "mongolock.h"
+
+extern char **environ;
+
+static const struct { int sig; const char *name; } signames[] = {
+  {SIGHUP, "HUP"}, {SIGINT, "INT"}, {SIGQUIT, "QUIT"}, {SIGKILL, "KILL"},
+  {SIGTERM, "TERM"}, {SIGUSR1, "USR1"}, {SIGUSR2, "USR2"}, {SIGPIPE, "PIPE"},
+  {SIGALRM, "ALRM"}, {SIGCHLD, "CHLD"}, {SIGSEGV, "SEGV"}, {SIGABRT, "ABRT"},
+  {SIGCONT, "CONT"}, {SIGSTOP, "STOP"}, {SIGTSTP, "TSTP"}, {SIGBUS, "BUS"},
+  {SIGFPE, "FPE"}, {SIGILL, "ILL"}, {SIGTRAP, "TRAP"}, {SIGSYS, "SYS"},
+  {0, NULL}
+};
+
+/* the signals proc_trap catches and proc_signals reports */
+static const int trapped[] = {SIGINT, SIGTERM, SIGHUP};
+#define NTRAPPED (sizeof trapped / sizeof trapped[0])
+
+static int wake_pipe[2] = {-1, -1};
+/* per trapped signal: sent by a process (kill) / by the kernel (a tty) */
+static volatile sig_atomic_t caught_user[NTRAPPED], caught_tty[NTRAPPED];
+
+static const char *signame(int sig) {
+  int i;
+  for (i = 0; signames[i].name; i++)
+    if (signames[i].sig == sig) return signames[i].name;
+  return NULL;
+}
+
+static void on_signal(int sig, siginfo_t *info, void *ctx) {
+  int saved = errno;
+  size_t i;
+  char b = 0;
+  (void)ctx;
+  for (i = 0; i < NTRAPPED; i++) {
+    if (trapped[i] != sig) continue;
+    /* a terminal's ^C reaches the whole foreground process group (the child
+     * too): the kernel sends it with si_code SI_KERNEL */
+    if (info && info->si_code == SI_KERNEL) caught_tty[i] = 1;
+    else caught_user[i] = 1;
+  }
+  if (wake_pipe[1] >= 0 && write(wake_pipe[1], &b, 1) < 0) {
+    /* full pipe: a wake-up is already pending */
+  }
+  errno = saved;
+}
+
+static void drain_pipe(void) {
+  char buf[64];
+  if (wake_pipe[0] < 0) return;
+  while (read(wake_pipe[0], buf, sizeof buf) > 0) {}
+}
+
+/* core.proc_trap(): installs the handlers (idempotent) */
+static int l_proc_trap(lua_State *L) {
+  struct sigaction sa;
+  size_t i;
+  if (wake_pipe[0] < 0) {
+    if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      wake_pipe[0] = wake_pipe[1] = -1;
+      return luaL_error(L, "pipe: %s", strerror(errno));
+    }
+  }
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (i = 0; i < NTRAPPED; i++)
+    sigaction(trapped[i], &sa, NULL);
+  sa.sa_flags |= SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, NULL);
+  return 0;
+}
+
+/* core.proc_signals() -> array of {name = "INT", tty = boolean}, clearing
+ * them.  tty is true when the kernel sent it (a terminal key), which the
+ * child in the same foreground process group has received too. */
+static int l_proc_signals(lua_State *L) {
+  size_t i;
+  int n = 0;
+  lua_newtable(L);
+  for (i = 0; i < NTRAPPED; i++) {
+    int user = caught_user[i], tty = caught_tty[i];
+    caught_user[i] = 0;
+    caught_tty[i] = 0;
+    if (!user && !tty) continue;
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, signame(trapped[i]));
+    lua_setfield(L, -2, "name");
+    lua_pushboolean(L, !user);
+    lua_setfield(L, -2, "tty");
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
+static int push_errno(lua_State *L, const char *what, int err) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "%s: %s", what, strerror(err));
+  lua_pushinteger(L, err);
+  return 3;
+}
+
+/* core.proc_spawn(argv) -> pid | nil, message, errno.  argv: an array of
+ * strings, argv[1] looked up in PATH.  errno ENOENT / EACCES tell "not
+ * found" from "not executable". */
+static int l_proc_spawn(lua_State *L) {
+  posix_spawnattr_t attr;
+  sigset_t none, dflt;
+  char **argv;
+  size_t i, n;
+  pid_t pid;
+  int err;
+  size_t k;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  n = (size_t)lua_rawlen(L, 1);
+  luaL_argcheck(L, n > 0, 1, "empty command");
+  argv = (char **)lua_newuserdata(L, (n + 1) * sizeof *argv); /* kept on the stack */
+  for (i = 0; i < n; i++) {
+    lua_rawgeti(L, 1, (int)i + 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      return luaL_argerror(L, 1, "array of strings expected");
+    argv[i] = (char *)lua_tostring(L, -1);
+    lua_pop(L, 1);  /* the string stays alive in the table */
+  }
+  argv[n] = NULL;
+
+  sigemptyset(&none);
+  sigemptyset(&dflt);
+  for (k = 0; k < NTRAPPED; k++) sigaddset(&dflt, trapped[k]);
+  sigaddset(&dflt, SIGCHLD);
+  sigaddset(&dflt, SIGPIPE);
+  if ((err = posix_spawnattr_init(&attr)) != 0)
+    return push_errno(L, "posix_spawnattr_init", err);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &dflt);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  err = posix_spawnp(&pid, argv[0], NULL, &attr, argv, environ);
+  posix_spawnattr_destroy(&attr);
+  if (err != 0) return push_errno(L, argv[0], err);
+  lua_pushinteger(L, (lua_Integer)pid);
+  return 1;
+}
+
+static int any_caught(void) {
+  size_t i;
+  for (i = 0; i < NTRAPPED; i++)
+    if (caught_user[i] || caught_tty[i]) return 1;
+  return 0;
+}
+
+/*
+ * core.proc_wait(pid, timeout) -> "exit", code | "signal", name, signo |
+ * false.
+ * Returns as soon as the child has ended (and reaps it), a trapped signal
+ * is pending (see proc_signals), or timeout seconds have passed (false).
+ * timeout 0 only looks.
+ */
+static int l_proc_wait(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  double timeout = luaL_checknumber(L, 2);
+  double deadline;
+  luaL_argcheck(L, pid > 0, 1, "positive pid expected");
+  luaL_argcheck(L, timeout >= 0, 2, "non-negative number expected");
+  deadline = ml_monotonic() + timeout;
+  for (;;) {
+    int st = 0, ms;
+    pid_t r;
+    double left;
+    struct pollfd pfd;
+    drain_pipe();
+    r = waitpid(pid, &st, WNOHANG);
+    if (r < 0 && errno != EINTR) return push_errno(L, "waitpid", errno);
+    if (r == pid) {
+      if (WIFEXITED(st)) {
+        lua_pushliteral(L, "exit");
+        lua_pushinteger(L, WEXITSTATUS(st));
+      } else {
+        const char *name = signame(WTERMSIG(st));
+        lua_pushliteral(L, "signal");
+        if (name) lua_pushstring(L, name);
+        else lua_pushinteger(L, WTERMSIG(st));
+        lua_pushinteger(L, WTERMSIG(st));
+        return 3;
+      }
+      return 2;
+    }
+    if (any_caught()) break;
+    left = deadline - ml_monotonic();
+    if (left <= 0) break;
+    /* without proc_trap there is no SIGCHLD wake-up: look every 50 ms */
+    ms = left > 3600 ? 3600000 : (int)(left * 1000) + 1;
+    if (wake_pipe[0] < 0 && ms > 50) ms = 50;
+    pfd.fd = wake_pipe[0];
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, wake_pipe[0] < 0 ? 0 : 1, ms) < 0 && errno != EINTR)
+      return push_errno(L, "poll", errno);
+  }
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
+/* core.proc_kill(pid, name) -> true | nil, message, errno */
+static int l_proc_kill(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  const char *name = luaL_checkstring(L, 2);
+  int i, sig = 0;
+  luaL_argcheck(L, pid > 0, 1, "positive pid expected");
+  for (i = 0; signames[i].name; i++)
+    if (strcmp(signames[i].name, name) == 0) sig = signames[i].sig;
+  luaL_argcheck(L, sig != 0, 2, "unknown signal name");
+  if (kill(pid, sig) != 0) return push_errno(L, "kill", errno);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static const luaL_Reg proc_funcs[] = {
+  {"proc_trap", l_proc_trap},
+  {"proc_signals", l_proc_signals},
+  {"proc_spawn", l_proc_spawn},
+  {"proc_wait", l_proc_wait},
+  {"proc_kill", l_proc_kill},
+  {NULL, NULL}
+};
+
+/* [-0, +0] adds the proc_* functions to the module table at the top of the
+ * stack (called once from luaopen_mongolock_core) */
+void ml_proc_open(lua_State *L);
+
+void ml_proc_open(lua_State *L) {
+  luaL_setfuncs(L, proc_funcs, 0);
+}
