@@ -75,6 +75,39 @@ static int l_random_owner(lua_State *L) {
   return 1;
 }
 
+/*
+ * core.random() -> a float in [0, 1) for jitter: xorshift64* per thread,
+ * seeded from getrandom (and re-seeded after fork, so that processes forked
+ * from one parent do not back off in step).  Not for secrets.
+ */
+static __thread uint64_t rng_state;
+static __thread pid_t rng_pid;
+
+static int l_random(lua_State *L) {
+  uint64_t x;
+  if (rng_state == 0 || rng_pid != getpid()) {
+    if (getrandom(&rng_state, sizeof rng_state, 0) != (ssize_t)sizeof rng_state)
+      rng_state = (uint64_t)ml_monotonic() * 2654435761u ^ (uint64_t)getpid();
+    if (rng_state == 0) rng_state = 88172645463325252ull;
+    rng_pid = getpid();
+  }
+  x = rng_state;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  rng_state = x;
+  lua_pushnumber(L, (lua_Number)((x * 2685821657736338717ull) >> 11) / 9007199254740992.0);
+  return 1;
+}
+
+/* core.utf8_valid(s) -> true when s is valid UTF-8 without NUL bytes */
+static int l_utf8_valid(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  lua_pushboolean(L, bson_utf8_validate(s, len, false));
+  return 1;
+}
+
 /* core.getpid() -> this process's id */
 static int l_getpid(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)getpid());
@@ -136,6 +169,8 @@ static const luaL_Reg core_funcs[] = {
   {"monotonic", l_monotonic},
   {"sleep", l_sleep},
   {"random_owner", l_random_owner},
+  {"random", l_random},
+  {"utf8_valid", l_utf8_valid},
   {"getpid", l_getpid},
   {"hostname", l_hostname},
   {"_fork", l_fork},

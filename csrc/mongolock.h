@@ -196,6 +196,9 @@ void ml_lease_unref(ml_lease *l);
  */
 void ml_lease_append_owner(bson_t *b, const char *key, size_t keylen, const ml_lease *l);
 
+/* does the owner value at it (string or UUID binary) equal l's owner? */
+int ml_lease_owner_matches(const bson_iter_t *it, const ml_lease *l);
+
 /*
  * One command: clears the lock fields of l's document if l's owner still
  * holds it, applying `extra` (an update document of operators, e.g.

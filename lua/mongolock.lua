@@ -1,0 +1,139 @@
+-- mongolock: distributed locks on MongoDB.
+--
+--   local mongolock = require "mongolock"
+--   local client = assert(mongolock.connect(uri, opts))
+--   local locks  = client:locks(opts)
+--
+-- The C core (mongolock.core) makes every round trip; this module checks
+-- arguments, writes every default down once, and hands out the objects.
+
+local core = require "mongolock.core"
+
+local type = type
+local error = error
+local tostring = tostring
+local setmetatable = setmetatable
+local math_huge = math.huge
+local string_format = string.format
+
+local _M = { _VERSION = "0.1.0", core = core }
+
+local client_mt = {}
+client_mt.__index = client_mt
+
+-- ---- argument checks (shared with the other modules) --------------------
+
+-- raises "bad argument #n to 'fname' (msg)" at the caller of fname
+local function argerror(n, fname, msg, level)
+  error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), (level or 2) + 1)
+end
+_M._argerror = argerror
+
+local function typename(v)
+  return type(v)
+end
+
+-- checks that v has type t (or is nil when optional); returns v
+local function check_type(v, t, n, fname, optional, level)
+  if v == nil and optional then return nil end
+  if type(v) ~= t then
+    argerror(n, fname, string_format("%s expected, got %s", t, typename(v)), (level or 2) + 1)
+  end
+  return v
+end
+_M._check_type = check_type
+
+-- a positive, finite number of seconds (ttl, timeout, ...); returns it
+local function check_seconds(v, n, fname, what, level)
+  if type(v) ~= "number" then
+    argerror(n, fname, string_format("%s: number expected, got %s", what, typename(v)), (level or 2) + 1)
+  end
+  if v ~= v or v <= 0 or v == math_huge then
+    argerror(n, fname, string_format("%s must be a positive, finite number of seconds (got %s)",
+      what, tostring(v)), (level or 2) + 1)
+  end
+  return v
+end
+_M._check_seconds = check_seconds
+
+-- ---- connect ------------------------------------------------------------
+
+local connect_defaults = {
+  appname = nil,                  -- shown in server logs and holder.app
+  write_concern = "majority",     -- "majority" or a number of nodes
+  wtimeout = nil,                 -- seconds to wait for the write concern
+  pool_size = nil,                -- maximum connections (libmongoc: 100)
+  server_selection_timeout = nil, -- seconds (libmongoc: 30)
+}
+_M.connect_defaults = connect_defaults
+
+-- client, err = mongolock.connect(uri, opts)
+function _M.connect(uri, opts)
+  check_type(uri, "string", 1, "connect")
+  check_type(opts, "table", 2, "connect", true)
+  opts = opts or {}
+  local appname = check_type(opts.appname, "string", 2, "connect", true)
+  local w = opts.write_concern
+  if w == nil then w = connect_defaults.write_concern end
+  if w ~= "majority" and (type(w) ~= "number" or w ~= w or w < 0 or w % 1 ~= 0) then
+    argerror(2, "connect", "write_concern must be \"majority\" or a non-negative integer")
+  end
+  local wtimeout, pool, sst
+  if opts.wtimeout ~= nil then
+    wtimeout = math.ceil(check_seconds(opts.wtimeout, 2, "connect", "wtimeout") * 1000)
+  end
+  if opts.pool_size ~= nil then
+    pool = opts.pool_size
+    if type(pool) ~= "number" or pool ~= pool or pool < 1 or pool % 1 ~= 0 or pool > 100000 then
+      argerror(2, "connect", "pool_size must be a positive integer")
+    end
+  end
+  if opts.server_selection_timeout ~= nil then
+    sst = math.ceil(check_seconds(opts.server_selection_timeout, 2, "connect",
+      "server_selection_timeout") * 1000)
+  end
+  local c, err = core.connect(uri, appname, w, wtimeout, pool, sst)
+  if not c then return nil, err end
+  return setmetatable({ _core = c, appname = appname, _indexed = {} }, client_mt)
+end
+
+-- ---- the client ---------------------------------------------------------
+
+-- locks = client:locks(opts): named locks in one collection
+function client_mt:locks(opts)
+  return require("mongolock.locks").new(self, opts)
+end
+
+-- documents = client:documents(db, coll, opts): locks on the
+-- application's own documents (mongolock.documents)
+function client_mt:documents(...)
+  return require("mongolock.documents").new(self, ...)
+end
+
+-- vc = client:versioned(db, coll, opts): optimistic concurrency
+-- (mongolock.versioned)
+function client_mt:versioned(...)
+  return require("mongolock.versioned").new(self, ...)
+end
+
+-- the URI's database, or "mongolock"
+function client_mt:default_database()
+  return (self._core:default_database())
+end
+
+-- true; idempotent.  Handles made by this client answer "closed" afterwards.
+function client_mt:close()
+  return self._core:close()
+end
+
+function client_mt:closed()
+  return self._core:closed()
+end
+
+client_mt.__tostring = function(self)
+  return tostring(self._core)
+end
+
+_M.client_mt = client_mt
+
+return _M

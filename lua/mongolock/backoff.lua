@@ -1,0 +1,76 @@
+-- Waiting between attempts: exponential backoff with jitter, in the spirit
+-- of lua-resty-lock (step 1 ms, ratio 2, max_step 0.5 s), that never sleeps
+-- past the holder's known expiry or the caller's deadline.
+--
+-- The acquire loop (mongolock.locks) calls wait.sleep_until_retry(state)
+-- after every failed attempt.  `wait` is mongolock.wait when that module
+-- exists (change-stream wake-ups), else this module.  state:
+--   state.locks        the locks object
+--   state.name         the lock name
+--   state.attempt      attempts made so far (>= 1)
+--   state.step         the current backoff step in seconds (this module
+--                      advances it; others may ignore it)
+--   state.deadline     monotonic time (core.monotonic()) the caller gives up
+--   state.info         the failed attempt's reply: owner, token,
+--                      remaining (holder's seconds left by the server's
+--                      clock), operation_time {t=, i=}
+--   state.opts         the acquire options (step, ratio, max_step)
+-- sleep_until_retry returns when the next attempt should be made; it never
+-- sleeps past state.deadline.
+
+local core = require "mongolock.core"
+
+local math_min = math.min
+local math_max = math.max
+local random = core.random
+
+local _M = {
+  _VERSION = "0.1.0",
+  defaults = { step = 0.001, ratio = 2, max_step = 0.5 },
+}
+
+-- Phases of ngx_lua in which ngx.sleep yields (elsewhere it errors).
+local yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+
+-- sleep(s): ngx.sleep inside a yieldable OpenResty phase (the worker keeps
+-- serving), else the C core's blocking sleep.
+function _M.sleep(s)
+  if s <= 0 then return end
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.sleep and ngx.get_phase and yieldable[ngx.get_phase()] then
+    return ngx.sleep(s)
+  end
+  return core.sleep(s)
+end
+
+-- The delay before the next attempt, and the step after it.
+--   step      current step (s), ratio, max_step: the backoff parameters
+--   remaining the holder's seconds left (nil when unknown)
+--   left      seconds until the caller's deadline
+--   r         a random number in [0, 1) (jitter)
+-- delay = step * (0.5 + r/2) ("equal jitter"), capped by remaining and by
+-- left; the next step is min(step * ratio, max_step).
+function _M.delay(step, ratio, max_step, remaining, left, r)
+  local d = step * (0.5 + 0.5 * r)
+  if remaining and remaining >= 0 then d = math_min(d, remaining) end
+  d = math_max(0, math_min(d, left))
+  return d, math_min(step * ratio, max_step)
+end
+
+function _M.sleep_until_retry(state)
+  local opts = state.opts or {}
+  local defaults = _M.defaults
+  local step = state.step or opts.step or defaults.step
+  local info = state.info
+  local left = state.deadline - core.monotonic()
+  local d, nxt = _M.delay(step, opts.ratio or defaults.ratio, opts.max_step or defaults.max_step,
+    info and info.remaining, left, random())
+  state.step = nxt
+  _M.sleep(d)
+end
+
+return _M
