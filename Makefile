@@ -15,7 +15,7 @@ SHELL := /bin/bash
 
 APT_PKGS := gcc make pkg-config libmongoc-dev libbson-dev \
 	lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev \
-	lua-busted lua-argparse lua-cjson lua-check luarocks \
+	lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
 	nodejs npm faketime nginx libnginx-mod-http-lua wrk gnuplot-nox valgrind
 
 STANDIN := tools/mongo-standin
