@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -181,10 +182,31 @@ static const luaL_Reg core_funcs[] = {
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* libmongoc's log goes to stderr only when MONGOLOCK_LOG is set (to a
+ * level: error, warning, message, info, debug); failures reach the caller
+ * as nil, message, code instead */
+static mongoc_log_level_t log_max = MONGOC_LOG_LEVEL_ERROR;
+static int log_on = 0;
+
+static void log_handler(mongoc_log_level_t level, const char *domain, const char *message,
+                        void *ud) {
+  (void)ud;
+  if (log_on && level <= log_max) fprintf(stderr, "mongolock: %s: %s\n", domain, message);
+}
+
 static void init_mongoc(void) {
+  const char *lv = getenv("MONGOLOCK_LOG");
   /* never paired with mongoc_cleanup: other Lua states in this process
    * (nginx workers' VMs, threads) may still use the driver */
   mongoc_init();
+  if (lv && *lv) {
+    log_on = 1;
+    if (!strcmp(lv, "warning")) log_max = MONGOC_LOG_LEVEL_WARNING;
+    else if (!strcmp(lv, "message")) log_max = MONGOC_LOG_LEVEL_MESSAGE;
+    else if (!strcmp(lv, "info")) log_max = MONGOC_LOG_LEVEL_INFO;
+    else if (!strcmp(lv, "debug")) log_max = MONGOC_LOG_LEVEL_DEBUG;
+  }
+  mongoc_log_set_handler(log_handler, NULL);
 }
 
 __attribute__((visibility("default")))
@@ -197,6 +219,8 @@ int luaopen_mongolock_core(lua_State *L) {
   lua_setfield(L, -2, "_VERSION");
   ml_client_open(L);
   ml_lock_open(L);
+  ml_renew_open(L);
+  ml_watch_open(L);
   /* bson.c is optional at link time while it is being written */
   if (ml_bson_open) ml_bson_open(L);
   return 1;

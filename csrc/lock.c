@@ -358,6 +358,9 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   lua_rawseti(L, -2, 1);
   ml_setuservalue(L, -2);
   h->lease = lease_new(spec);
+  /* background renewal (renew.c) takes its own reference */
+  if (spec->renew)
+    (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
   return h;
 }
 
@@ -1090,6 +1093,40 @@ static int l_ensure_index(lua_State *L) {
   return 1;
 }
 
+/* client:_delete(db, coll, name) -> number deleted | nil, msg, code.
+ * INTERNAL, for tests: deletes a lock document as a person or the TTL
+ * monitor would.  Not part of the API. */
+static int l_delete(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db = arg_ns(L, 2);
+  const char *coll = arg_ns(L, 3);
+  size_t namelen;
+  const char *name = arg_name(L, 4, &namelen);
+  bson_t cmd = BSON_INITIALIZER, dels, one, q, opts = BSON_INITIALIZER, reply;
+  bson_error_t err;
+  bson_iter_t it;
+  int64_t n = 0;
+  int ok;
+  BSON_APPEND_UTF8(&cmd, "delete", coll);
+  BSON_APPEND_ARRAY_BEGIN(&cmd, "deletes", &dels);
+  BSON_APPEND_DOCUMENT_BEGIN(&dels, "0", &one);
+  BSON_APPEND_DOCUMENT_BEGIN(&one, "q", &q);
+  bson_append_utf8(&q, "_id", 3, name, (int)namelen);
+  bson_append_document_end(&one, &q);
+  BSON_APPEND_INT32(&one, "limit", 1);
+  bson_append_document_end(&dels, &one);
+  bson_append_array_end(&cmd, &dels);
+  ml_client_append_wc(c, &opts);
+  ok = mongoc_client_write_command_with_opts(ml_client_get(L, c), db, &cmd, &opts, &reply, &err);
+  if (ok && bson_iter_init_find(&it, &reply, "n")) n = iter_int64(&it, 0);
+  bson_destroy(&cmd);
+  bson_destroy(&opts);
+  bson_destroy(&reply);
+  if (!ok) return ml_pusherror(L, &err);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
 /* ---- registration ------------------------------------------------------ */
 
 static const luaL_Reg lock_methods[] = {
@@ -1107,6 +1144,7 @@ static const luaL_Reg client_lock_methods[] = {
   {"list", l_list},
   {"force_release", l_force_release},
   {"ensure_index", l_ensure_index},
+  {"_delete", l_delete},
   {NULL, NULL}
 };
 

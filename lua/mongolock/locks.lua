@@ -146,6 +146,7 @@ end
 
 -- one attempt: h | nil, "busy", info | nil, err, code
 local function attempt(self, name, ttl_ms, o)
+  if self.core:closed() then return nil, "closed" end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
   return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew)
@@ -209,6 +210,7 @@ end
 -- nil, err, code.  One aggregate.
 function _M.status(self, name)
   check_name(name, "status")
+  if self.core:closed() then return nil, "closed" end
   local st, err, code = self.core:status(self.database, self.collection, name)
   if st == nil then return nil, err, code end
   return st
@@ -216,6 +218,7 @@ end
 
 -- locks:list() -> { status, ... } sorted by name (each with .name)
 function _M.list(self)
+  if self.core:closed() then return nil, "closed" end
   return self.core:list(self.database, self.collection)
 end
 
@@ -224,6 +227,7 @@ end
 -- extend answers "not held" / "lost")
 function _M.force_release(self, name)
   check_name(name, "force_release")
+  if self.core:closed() then return nil, "closed" end
   return self.core:force_release(self.database, self.collection, name)
 end
 
