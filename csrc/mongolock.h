@@ -248,4 +248,26 @@ void ml_pushbsonvalue(lua_State *L, const bson_iter_t *it);
  * to the module table at the top of the stack */
 void ml_bson_open(lua_State *L);
 
+/* ---- renew.c, watch.c: background renewal and change-stream waits ----- */
+
+/* [-0, +0] add the renewal and wait functions to the module table at the
+ * top of the stack (after ml_lock_open: they add methods to Lock) */
+void ml_renew_open(lua_State *L);
+void ml_watch_open(lua_State *L);
+
+/*
+ * Hands l (a lease just won whose handle asked for renewal) to c's renewal
+ * thread in this process, starting it when needed; the thread takes its
+ * own reference.  Raises on a closed client.  Returns 1, or 0 when no
+ * thread could be started (l->renew is then cleared).
+ */
+int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
+
+/* c->on_close of a client with a renewal thread or change streams: stops
+ * them (pending releases are sent first) while the pool is still valid */
+void ml_bg_on_close(ml_client *c);
+
+/* stops and joins c's change-stream threads in this process */
+void ml_watch_stop(ml_client *c);
+
 #endif

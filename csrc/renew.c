@@ -1,0 +1,483 @@
+/*
+ * Background renewal of leases, and the release of handles collected while
+ * held.
+ *
+ * One renewal thread per client and process, started on the first lease
+ * that asks for renewal (or the first handle collected while held) and
+ * stopped by the client's close.  It pops its own connection from the
+ * client's pool and never touches a lua_State.
+ *
+ * A registered lease is renewed with its last ttl once a third of that ttl
+ * has passed since the last successful acquire or extend (at deadline -
+ * 2/3 ttl).  A renewal that matches nothing marks it lost at once; a
+ * renewal that fails is retried every ttl/10 (50 ms .. 1 s), and a lease
+ * that reaches its local deadline without a successful renewal is marked
+ * lost.  Lost means held = 0, lost = 1: the Lua side reads both.
+ *
+ * Invariants:
+ * - renew_mu guards every ml_renew and its items.  The thread takes a
+ *   lease's mu only while it holds renew_mu, except inside the one command
+ *   it is running on st->busy (ml_lease_extend / ml_lease_release).  Lock
+ *   order is renew_mu, then a lease's mu; the Lua side takes a lease's mu
+ *   alone, or after renew_mu.
+ * - A lease appears in at most one item of one state; each item owns one
+ *   reference to its lease.  Only the thread unlinks and frees items.
+ * - fork: the prepare handler holds renew_mu and the busy lease's mu across
+ *   fork(), so the child inherits no mutex held by a renewal thread.  In the
+ *   child the parent's states are abandoned (never joined, never freed:
+ *   their threads do not exist there) and new ones are made on first use.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mongolock.h"
+
+typedef struct renew_item {
+  struct renew_item *next;
+  ml_lease *lease;              /* one reference owned by this item */
+  int release;                  /* collected while held: release, then drop */
+  double retry_at;              /* after a failed renewal: not before this */
+} renew_item;
+
+typedef struct ml_renew {
+  struct ml_renew *next;        /* all states of this process (renew_mu) */
+  ml_client *c;                 /* owner; outlives the thread (close joins) */
+  mongoc_client_pool_t *pool;   /* c's pool in this process */
+  pid_t pid;                    /* process the thread runs in */
+  pthread_t thread;
+  pthread_cond_t cv;            /* new work or stop */
+  renew_item *items;
+  renew_item *busy;             /* item whose command runs outside renew_mu */
+  int stop;
+  /* counters for core._renew_stats */
+  long renewals, failures, lost, released;
+} ml_renew;
+
+static pthread_mutex_t renew_mu = PTHREAD_MUTEX_INITIALIZER;
+static ml_renew *states;        /* (renew_mu) */
+
+/* ---- fork -------------------------------------------------------------- */
+
+static void fork_prepare(void) {
+  ml_renew *st;
+  pthread_mutex_lock(&renew_mu);
+  for (st = states; st; st = st->next) {
+    if (st->pid == getpid() && st->busy) {
+      /* at most one thread runs a command at a time per state; states of
+       * several clients may each have one: lock them all */
+      pthread_mutex_lock(&st->busy->lease->mu);
+    }
+  }
+}
+
+static void fork_parent(void) {
+  ml_renew *st;
+  for (st = states; st; st = st->next)
+    if (st->pid == getpid() && st->busy) pthread_mutex_unlock(&st->busy->lease->mu);
+  pthread_mutex_unlock(&renew_mu);
+}
+
+static void fork_child(void) {
+  ml_renew *st;
+  /* the parent's pid is still recorded in the states: unlock what the
+   * prepare handler locked, then forget them all */
+  for (st = states; st; st = st->next)
+    if (st->busy) pthread_mutex_unlock(&st->busy->lease->mu);
+  states = NULL;
+  pthread_mutex_unlock(&renew_mu);
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* ---- the thread -------------------------------------------------------- */
+
+static void wait_until(pthread_cond_t *cv, double when) {
+  struct timespec ts;
+  double s;
+  if (when > 1e12) when = 1e12;
+  s = when < 0 ? 0 : when;
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  pthread_cond_timedwait(cv, &renew_mu, &ts);
+}
+
+/* renew_mu held: unlinks it and drops its reference */
+static void item_drop(ml_renew *st, renew_item *it) {
+  renew_item **p = &st->items;
+  while (*p && *p != it) p = &(*p)->next;
+  if (*p) *p = it->next;
+  ml_lease_unref(it->lease);
+  free(it);
+}
+
+static double retry_delay(int64_t ttl_ms) {
+  double d = (double)ttl_ms / 10000.0;
+  if (d < 0.05) d = 0.05;
+  if (d > 1.0) d = 1.0;
+  return d;
+}
+
+/*
+ * renew_mu held.  Drops items whose lease no longer wants renewal, marks
+ * leases past their deadline lost, and returns the item to work on now (a
+ * release first, else a renewal that is due), or NULL and the time to
+ * wake up in *wake.
+ */
+static renew_item *next_work(ml_renew *st, double now, double *wake) {
+  renew_item *it, *nx, *due = NULL;
+  *wake = now + 3600;
+  for (it = st->items; it; it = nx) {
+    ml_lease *l = it->lease;
+    int drop = 0;
+    nx = it->next;
+    if (it->release) return it;
+    pthread_mutex_lock(&l->mu);
+    if (!l->held || !l->renew || st->stop) {
+      drop = 1;
+    } else if (now >= l->deadline) {
+      l->held = 0;
+      l->lost = 1;
+      st->lost++;
+      drop = 1;
+    } else {
+      double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
+      if (at < it->retry_at) at = it->retry_at;
+      if (at <= now) {
+        if (!due) due = it;
+      } else {
+        if (at < *wake) *wake = at;
+      }
+      if (l->deadline < *wake) *wake = l->deadline;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (drop) item_drop(st, it);
+  }
+  return due;
+}
+
+/* renew_mu held on entry and exit; runs the command of it without it */
+static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
+  ml_lease *l = it->lease;
+  bson_error_t err;
+  int r;
+  int64_t ttl;
+  double started;
+
+  st->busy = it;
+  if (it->release) {
+    pthread_mutex_unlock(&renew_mu);
+    r = ml_lease_release(mc, st->c, l, NULL, &err);
+    pthread_mutex_lock(&renew_mu);
+    st->busy = NULL;
+    pthread_mutex_lock(&l->mu);
+    l->held = 0;
+    pthread_mutex_unlock(&l->mu);
+    if (r == 1) st->released++;
+    item_drop(st, it);
+    return;
+  }
+  pthread_mutex_lock(&l->mu);
+  ttl = l->ttl_ms;
+  pthread_mutex_unlock(&l->mu);
+  pthread_mutex_unlock(&renew_mu);
+  started = ml_monotonic();
+  r = ml_lease_extend(mc, st->c, l, ttl, started, &err);
+  pthread_mutex_lock(&renew_mu);
+  st->busy = NULL;
+  if (r == 1) {
+    st->renewals++;
+    it->retry_at = 0;
+  } else if (r == 0) {
+    /* matched nothing: expired and taken, or the document is gone */
+    pthread_mutex_lock(&l->mu);
+    if (l->held) {
+      l->held = 0;
+      l->lost = 1;
+      st->lost++;
+    }
+    pthread_mutex_unlock(&l->mu);
+  } else {
+    st->failures++;
+    it->retry_at = ml_monotonic() + retry_delay(ttl);
+  }
+}
+
+static void *renew_main(void *arg) {
+  ml_renew *st = (ml_renew *)arg;
+  mongoc_client_t *mc = NULL;
+  double wake;
+
+  pthread_mutex_lock(&renew_mu);
+  for (;;) {
+    double now = ml_monotonic();
+    renew_item *work;
+    if (!mc && st->items) {
+      /* try_pop: a pool exhausted by the Lua side must not block close */
+      pthread_mutex_unlock(&renew_mu);
+      mc = mongoc_client_pool_try_pop(st->pool);
+      pthread_mutex_lock(&renew_mu);
+    }
+    work = next_work(st, now, &wake);
+    if (work && mc) {
+      do_work(st, mc, work);
+      continue;
+    }
+    if (st->stop) {
+      /* no connection for the releases left: those leases expire */
+      while (st->items) item_drop(st, st->items);
+      break;
+    }
+    if (work || (!mc && st->items)) wake = now + 0.1;   /* no connection yet */
+    wait_until(&st->cv, wake);
+  }
+  pthread_mutex_unlock(&renew_mu);
+  if (mc) mongoc_client_pool_push(st->pool, mc);
+  return NULL;
+}
+
+/* ---- states ------------------------------------------------------------ */
+
+/*
+ * renew_mu held.  c's state in this process, started when missing; NULL
+ * when the thread cannot be started.
+ */
+static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
+  ml_renew *st = (ml_renew *)c->renew_state;
+  pthread_condattr_t ca;
+  sigset_t all, old;
+  int rc;
+
+  if (st && st->pid == getpid() && st->pool == pool) return st;
+  /* a state from another process (or pool) is abandoned, not freed */
+  st = (ml_renew *)calloc(1, sizeof *st);
+  if (!st) return NULL;
+  st->c = c;
+  st->pool = pool;
+  st->pid = getpid();
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&st->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  /* the thread takes no signal: they belong to the application */
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = pthread_create(&st->thread, NULL, renew_main, st);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    pthread_cond_destroy(&st->cv);
+    free(st);
+    return NULL;
+  }
+  st->next = states;
+  states = st;
+  c->renew_state = st;
+  c->on_close = ml_bg_on_close;
+  return st;
+}
+
+/* renew_mu held: the item of l in st, or NULL */
+static renew_item *item_find(ml_renew *st, ml_lease *l) {
+  renew_item *it;
+  for (it = st->items; it; it = it->next)
+    if (it->lease == l) return it;
+  return NULL;
+}
+
+int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
+  mongoc_client_pool_t *pool = ml_client_pool(L, c);   /* raises if closed */
+  ml_renew *st;
+  renew_item *it;
+
+  pthread_once(&atfork_once, install_atfork);
+  pthread_mutex_lock(&renew_mu);
+  st = state_get(c, pool);
+  it = st ? item_find(st, l) : NULL;
+  if (st && !it) {
+    it = (renew_item *)calloc(1, sizeof *it);
+    if (it) {
+      it->lease = l;
+      pthread_mutex_lock(&l->mu);
+      l->refs++;
+      pthread_mutex_unlock(&l->mu);
+      it->next = st->items;
+      st->items = it;
+    }
+  }
+  if (it) pthread_cond_signal(&st->cv);
+  pthread_mutex_unlock(&renew_mu);
+  if (!it) {
+    pthread_mutex_lock(&l->mu);
+    l->renew = 0;
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+  }
+  return 1;
+}
+
+/*
+ * ml_gc_handoff: the handle of a held lease was collected.  Takes over the
+ * handle's reference and queues the release for the thread; returns 0 (the
+ * caller then releases synchronously) when this process cannot.
+ */
+static int renew_handoff(ml_client *c, ml_lease *l) {
+  ml_renew *st;
+  renew_item *it;
+  if (c->closed || !c->pool || c->pid != getpid() || l->pid != getpid()) return 0;
+  pthread_once(&atfork_once, install_atfork);
+  pthread_mutex_lock(&renew_mu);
+  st = state_get(c, c->pool);
+  if (!st) {
+    pthread_mutex_unlock(&renew_mu);
+    return 0;
+  }
+  it = item_find(st, l);
+  if (it) {
+    /* already renewed by us: our reference is enough */
+    it->release = 1;
+    ml_lease_unref(l);
+  } else {
+    it = (renew_item *)calloc(1, sizeof *it);
+    if (!it) {
+      pthread_mutex_unlock(&renew_mu);
+      return 0;
+    }
+    it->lease = l;
+    it->release = 1;
+    it->next = st->items;
+    st->items = it;
+  }
+  pthread_cond_signal(&st->cv);
+  pthread_mutex_unlock(&renew_mu);
+  return 1;
+}
+
+/* stops c's renewal thread in this process, if any (pool still valid) */
+static void renew_stop(ml_client *c) {
+  ml_renew *st, **p;
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (!st || st->pid != getpid()) {
+    pthread_mutex_unlock(&renew_mu);
+    return;
+  }
+  st->stop = 1;
+  pthread_cond_signal(&st->cv);
+  pthread_mutex_unlock(&renew_mu);
+  pthread_join(st->thread, NULL);
+  pthread_mutex_lock(&renew_mu);
+  for (p = &states; *p; p = &(*p)->next) {
+    if (*p == st) {
+      *p = st->next;
+      break;
+    }
+  }
+  c->renew_state = NULL;
+  pthread_mutex_unlock(&renew_mu);
+  pthread_cond_destroy(&st->cv);
+  free(st);
+}
+
+void ml_bg_on_close(ml_client *c) {
+  ml_watch_stop(c);
+  renew_stop(c);
+}
+
+/* ---- Lua --------------------------------------------------------------- */
+
+/*
+ * core._renew_stats(client) -> {running=, leases=, renewals=, failures=,
+ * lost=, released=}: this process's renewal thread of client.  INTERNAL,
+ * for the specs.
+ */
+static int l_renew_stats(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_renew *st;
+  renew_item *it;
+  long n = 0;
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (st && st->pid != getpid()) st = NULL;
+  lua_createtable(L, 0, 6);
+  lua_pushboolean(L, st != NULL);
+  lua_setfield(L, -2, "running");
+  if (st) {
+    for (it = st->items; it; it = it->next) n++;
+    lua_pushinteger(L, (lua_Integer)n);
+    lua_setfield(L, -2, "leases");
+    lua_pushinteger(L, (lua_Integer)st->renewals);
+    lua_setfield(L, -2, "renewals");
+    lua_pushinteger(L, (lua_Integer)st->failures);
+    lua_setfield(L, -2, "failures");
+    lua_pushinteger(L, (lua_Integer)st->lost);
+    lua_setfield(L, -2, "lost");
+    lua_pushinteger(L, (lua_Integer)st->released);
+    lua_setfield(L, -2, "released");
+  }
+  pthread_mutex_unlock(&renew_mu);
+  return 1;
+}
+
+/*
+ * h:lost() -> boolean: the lease can no longer be trusted: a renewal found
+ * it gone, or this process held it past its local deadline.  False for a
+ * released or closed handle, or in a process other than the holder's.
+ */
+static int l_lost(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  ml_lease *l = h->lease;
+  int lost = 0;
+  if (l) {
+    pthread_mutex_lock(&l->mu);
+    lost = l->lost || (l->held && l->pid == getpid() && ml_monotonic() >= l->deadline);
+    pthread_mutex_unlock(&l->mu);
+  }
+  lua_pushboolean(L, lost);
+  return 1;
+}
+
+/*
+ * h:check() -> true | nil, "lost" | nil, "not held" | nil, "closed": may
+ * the holder still act under the lock?  No round trip: it reads what the
+ * renewal thread and the local deadline say.
+ */
+static int l_check(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  ml_lease *l = h->lease;
+  int lost, held;
+  double left;
+  if (!l) return ml_pushfail(L, "closed", 0);
+  pthread_mutex_lock(&l->mu);
+  lost = l->lost;
+  held = l->held && l->pid == getpid();
+  left = l->deadline - ml_monotonic();
+  pthread_mutex_unlock(&l->mu);
+  if (lost) return ml_pushfail(L, "lost", 0);
+  if (!held) return ml_pushfail(L, "not held", 0);
+  if (left <= 0) return ml_pushfail(L, "lost", 0);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+void ml_renew_open(lua_State *L) {
+  pthread_once(&atfork_once, install_atfork);
+  ml_gc_handoff = renew_handoff;
+  lua_pushcfunction(L, l_renew_stats);
+  lua_setfield(L, -2, "_renew_stats");
+  /* [module] */
+  lua_getfield(L, -1, "Lock");                   /* [module, methods] */
+  if (lua_istable(L, -1)) {
+    lua_pushcfunction(L, l_lost);
+    lua_setfield(L, -2, "lost");
+    lua_pushcfunction(L, l_check);
+    lua_setfield(L, -2, "check");
+  }
+  lua_pop(L, 1);
+}

@@ -1,0 +1,623 @@
+/*
+ * Change-stream wake-ups: one stream per process, client, collection and
+ * owner field, shared by every waiter, read by a background thread.
+ *
+ * A waiter that lost an attempt at operation time T asks whether a release
+ * of its document happened after T.  The stream is opened at
+ * startAtOperationTime = T of the waiter that starts it, so every release
+ * after that instant reaches it; a waiter whose T is older than the start
+ * of the running stream is told to retry at once (its own attempt then
+ * returns a newer T), so no release is ever missed between an attempt and
+ * the wait.
+ *
+ * Only releases wake waiters: an update that sets the owner field to null
+ * or removes it, a delete or replace of the document, or an event that
+ * ends the stream (drop, rename, invalidate).  Acquisitions and renewals
+ * leave the owner set and wake nobody.  Every waiter of a document is woken
+ * by its release; they race for the lock (no order is promised).
+ *
+ * Invariants:
+ * - watch_mu guards every stream and its ring; waiters and the thread wait
+ *   on the stream's cv with it.  Nothing else is locked while it is held.
+ * - ring holds the last RING events; drop_t/drop_i is the newest cluster
+ *   time pushed out of it, so a waiter whose T is older than that is woken
+ *   (it may have missed its event).
+ * - The thread owns its connection and change stream; it never touches a
+ *   lua_State.  A stream is stopped (and the thread joined) by the
+ *   client's close, or by the thread itself after IDLE seconds without a
+ *   waiter.
+ * - fork: watch_mu is held across fork(); the child forgets the parent's
+ *   streams without touching them (their threads do not exist there).
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mongolock.h"
+
+#define RING 256
+#define AWAIT_MS 1000           /* getMore's maxAwaitTimeMS */
+#define IDLE 10.0               /* seconds without a waiter before closing */
+#define FAILED_FOR 30.0         /* a failed stream is not retried for this long */
+#define REOPENS 3               /* reopen attempts after the driver's own resume */
+
+enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
+
+typedef struct watch_event {
+  uint8_t *key;                 /* BSON of {"k": documentKey._id}; NULL = any */
+  size_t keylen;
+  uint32_t t, i;                /* clusterTime */
+} watch_event;
+
+typedef struct ml_stream {
+  struct ml_stream *next;
+  ml_client *c;
+  mongoc_client_pool_t *pool;
+  pid_t pid;
+  char *db, *coll, *field;
+  pthread_t thread;
+  int joinable;                 /* thread not joined yet */
+  pthread_cond_t cv;            /* events, state changes */
+  int state;
+  int stop;
+  char errmsg[256];
+  uint32_t errcode;
+  double failed_at;
+  uint32_t start_t, start_i;    /* the stream sees every release after this */
+  watch_event ring[RING];
+  unsigned long long seq;       /* events recorded so far */
+  uint32_t drop_t, drop_i;      /* newest time pushed out of ring */
+  int waiters;
+  double idle_since;
+  long events, reopens, getmores;
+} ml_stream;
+
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static ml_stream *streams;      /* (watch_mu) */
+
+static int ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
+  return t1 > t2 || (t1 == t2 && i1 > i2);
+}
+
+static void cv_wait_until(pthread_cond_t *cv, double when) {
+  struct timespec ts;
+  double s = when < 0 ? 0 : (when > 1e12 ? 1e12 : when);
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  pthread_cond_timedwait(cv, &watch_mu, &ts);
+}
+
+/* ---- fork -------------------------------------------------------------- */
+
+static void fork_prepare(void) { pthread_mutex_lock(&watch_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&watch_mu); }
+static void fork_child(void) {
+  streams = NULL;               /* abandoned: their threads are the parent's */
+  pthread_mutex_unlock(&watch_mu);
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* ---- the thread -------------------------------------------------------- */
+
+/* watch_mu held: appends an event (key may be NULL: wakes everyone) */
+static void record(ml_stream *s, const uint8_t *key, size_t keylen, uint32_t t, uint32_t i) {
+  watch_event *e = &s->ring[s->seq % RING];
+  if (s->seq >= RING) {
+    if (ts_after(e->t, e->i, s->drop_t, s->drop_i)) {
+      s->drop_t = e->t;
+      s->drop_i = e->i;
+    }
+    free(e->key);
+  }
+  e->key = NULL;
+  e->keylen = 0;
+  if (key) {
+    e->key = (uint8_t *)malloc(keylen);
+    if (e->key) {
+      memcpy(e->key, key, keylen);
+      e->keylen = keylen;
+    }
+    /* out of memory: recorded as "any", which wakes too many, never too few */
+  }
+  e->t = t;
+  e->i = i;
+  s->seq++;
+  s->events++;
+  pthread_cond_broadcast(&s->cv);
+}
+
+/* watch_mu held */
+static void event_from(ml_stream *s, const bson_t *doc) {
+  bson_iter_t it, k;
+  uint32_t t = UINT32_MAX, i = UINT32_MAX;  /* no clusterTime: after everything */
+  bson_t key;
+  if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it))
+    bson_iter_timestamp(&it, &t, &i);
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "documentKey._id", &k)) {
+    bson_init(&key);
+    bson_append_iter(&key, "k", 1, &k);
+    record(s, bson_get_data(&key), key.len, t, i);
+    bson_destroy(&key);
+  } else {
+    record(s, NULL, 0, t, i);
+  }
+}
+
+/* [pipeline] and opts for a stream starting after (t, i) or at a token */
+static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_stream *s,
+                                           const bson_t *resume_token) {
+  bson_t pipeline, arr, stage, match, or_, c0, c1, c2, in, ty, opts;
+  mongoc_change_stream_t *cs;
+  char path[300];
+
+  bson_init(&pipeline);
+  BSON_APPEND_ARRAY_BEGIN(&pipeline, "pipeline", &arr);
+  BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &stage);
+  BSON_APPEND_DOCUMENT_BEGIN(&stage, "$match", &match);
+  BSON_APPEND_ARRAY_BEGIN(&match, "$or", &or_);
+  /* the document went away, or the stream ends */
+  BSON_APPEND_DOCUMENT_BEGIN(&or_, "0", &c0);
+  BSON_APPEND_DOCUMENT_BEGIN(&c0, "operationType", &in);
+  {
+    bson_t list;
+    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &list);
+    BSON_APPEND_UTF8(&list, "0", "delete");
+    BSON_APPEND_UTF8(&list, "1", "replace");
+    BSON_APPEND_UTF8(&list, "2", "drop");
+    BSON_APPEND_UTF8(&list, "3", "rename");
+    BSON_APPEND_UTF8(&list, "4", "dropDatabase");
+    BSON_APPEND_UTF8(&list, "5", "invalidate");
+    bson_append_array_end(&in, &list);
+  }
+  bson_append_document_end(&c0, &in);
+  bson_append_document_end(&or_, &c0);
+  /* owner set to null: a release */
+  BSON_APPEND_DOCUMENT_BEGIN(&or_, "1", &c1);
+  BSON_APPEND_UTF8(&c1, "operationType", "update");
+  bson_snprintf(path, sizeof path, "updateDescription.updatedFields.%s", s->field);
+  BSON_APPEND_DOCUMENT_BEGIN(&c1, path, &ty);
+  BSON_APPEND_UTF8(&ty, "$type", "null");
+  bson_append_document_end(&c1, &ty);
+  bson_append_document_end(&or_, &c1);
+  /* owner removed: a release by $unset */
+  BSON_APPEND_DOCUMENT_BEGIN(&or_, "2", &c2);
+  BSON_APPEND_UTF8(&c2, "operationType", "update");
+  BSON_APPEND_UTF8(&c2, "updateDescription.removedFields", s->field);
+  bson_append_document_end(&or_, &c2);
+  bson_append_array_end(&match, &or_);
+  bson_append_document_end(&stage, &match);
+  bson_append_document_end(&arr, &stage);
+  bson_append_array_end(&pipeline, &arr);
+
+  bson_init(&opts);
+  BSON_APPEND_INT64(&opts, "maxAwaitTimeMS", AWAIT_MS);
+  if (resume_token)
+    BSON_APPEND_DOCUMENT(&opts, "resumeAfter", resume_token);
+  else
+    BSON_APPEND_TIMESTAMP(&opts, "startAtOperationTime", s->start_t, s->start_i);
+  cs = mongoc_collection_watch(coll, &pipeline, &opts);
+  bson_destroy(&pipeline);
+  bson_destroy(&opts);
+  return cs;
+}
+
+/* watch_mu held */
+static void set_failed(ml_stream *s, const bson_error_t *e) {
+  s->state = ST_FAILED;
+  s->failed_at = ml_monotonic();
+  bson_snprintf(s->errmsg, sizeof s->errmsg, "change stream: %s",
+                e->message[0] ? e->message : "failed");
+  s->errcode = e->code;
+  pthread_cond_broadcast(&s->cv);
+}
+
+static void *watch_main(void *arg) {
+  ml_stream *s = (ml_stream *)arg;
+  mongoc_client_t *mc = NULL;
+  mongoc_collection_t *coll = NULL;
+  mongoc_change_stream_t *cs = NULL;
+  bson_error_t err;
+  const bson_t *doc, *errdoc;
+  int tries;
+
+  memset(&err, 0, sizeof err);
+  for (tries = 0; !mc && tries < 50; tries++) {
+    mc = mongoc_client_pool_try_pop(s->pool);
+    if (!mc) ml_sleep(0.02);
+  }
+  if (!mc) {
+    pthread_mutex_lock(&watch_mu);
+    bson_snprintf(err.message, sizeof err.message, "no free connection in the pool");
+    set_failed(s, &err);
+    pthread_mutex_unlock(&watch_mu);
+    return NULL;
+  }
+  coll = mongoc_client_get_collection(mc, s->db, s->coll);
+  cs = stream_open(coll, s, NULL);
+  pthread_mutex_lock(&watch_mu);
+  if (mongoc_change_stream_error_document(cs, &err, &errdoc)) {
+    set_failed(s, &err);
+    goto done;
+  }
+  s->state = ST_RUNNING;
+  s->idle_since = ml_monotonic();
+  pthread_cond_broadcast(&s->cv);
+  tries = 0;
+  while (!s->stop) {
+    int got;
+    if (s->waiters == 0 && ml_monotonic() - s->idle_since > IDLE) break;
+    pthread_mutex_unlock(&watch_mu);
+    got = mongoc_change_stream_next(cs, &doc);
+    pthread_mutex_lock(&watch_mu);
+    s->getmores++;
+    if (got) {
+      event_from(s, doc);
+      tries = 0;
+      continue;
+    }
+    if (!mongoc_change_stream_error_document(cs, &err, &errdoc)) {
+      tries = 0;
+      continue;                 /* an empty batch after maxAwaitTimeMS */
+    }
+    /* the driver already resumed once where it could: reopen from the
+     * last resume token, so no event is skipped; give up after REOPENS */
+    if (s->stop || ++tries > REOPENS) {
+      set_failed(s, &err);
+      break;
+    }
+    {
+      const bson_t *tok = mongoc_change_stream_get_resume_token(cs);
+      bson_t *copy = tok ? bson_copy(tok) : NULL;
+      mongoc_change_stream_t *next;
+      s->reopens++;
+      pthread_mutex_unlock(&watch_mu);
+      ml_sleep(0.05 * tries);
+      next = stream_open(coll, s, copy);
+      pthread_mutex_lock(&watch_mu);
+      if (copy) bson_destroy(copy);
+      mongoc_change_stream_destroy(cs);
+      cs = next;
+      if (mongoc_change_stream_error_document(cs, &err, &errdoc)) {
+        if (tries >= REOPENS) {
+          set_failed(s, &err);
+          break;
+        }
+      }
+    }
+  }
+done:
+  if (s->state != ST_FAILED) s->state = ST_DONE;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&watch_mu);
+  mongoc_change_stream_destroy(cs);
+  mongoc_collection_destroy(coll);
+  mongoc_client_pool_push(s->pool, mc);
+  return NULL;
+}
+
+/* ---- streams ----------------------------------------------------------- */
+
+static void stream_free(ml_stream *s) {
+  int k;
+  for (k = 0; k < RING; k++) free(s->ring[k].key);
+  pthread_cond_destroy(&s->cv);
+  free(s->db);
+  free(s->coll);
+  free(s->field);
+  free(s);
+}
+
+static char *dupstr(const char *p) {
+  size_t n = strlen(p) + 1;
+  char *d = (char *)malloc(n);
+  if (d) memcpy(d, p, n);
+  return d;
+}
+
+/* watch_mu held: unlinks and joins a finished stream, then frees it */
+static void stream_reap(ml_stream *s) {
+  ml_stream **p;
+  for (p = &streams; *p; p = &(*p)->next) {
+    if (*p == s) {
+      *p = s->next;
+      break;
+    }
+  }
+  if (s->joinable) {
+    pthread_mutex_unlock(&watch_mu);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_lock(&watch_mu);
+  }
+  stream_free(s);
+}
+
+/*
+ * watch_mu held.  The stream for (c, db, coll, field) in this process,
+ * started at (t, i) when there is none (or the last one ended); a failed
+ * one is kept for FAILED_FOR seconds so that waiters fall back at once.
+ * NULL on out-of-memory or when no thread can be started.
+ */
+static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const char *db,
+                             const char *coll, const char *field, uint32_t t, uint32_t i) {
+  ml_stream *s, *nx;
+  pthread_condattr_t ca;
+  sigset_t all, old;
+  pid_t pid = getpid();
+  int rc;
+
+  for (s = streams; s; s = nx) {
+    nx = s->next;
+    if (s->c != c || s->pool != pool || s->pid != pid || strcmp(s->db, db) ||
+        strcmp(s->coll, coll) || strcmp(s->field, field))
+      continue;
+    if (s->state == ST_STARTING || s->state == ST_RUNNING) return s;
+    if (s->state == ST_FAILED && ml_monotonic() - s->failed_at < FAILED_FOR) return s;
+    if (s->waiters == 0) {
+      stream_reap(s);
+      nx = streams;             /* reaping released watch_mu: walk again */
+    }
+  }
+  s = (ml_stream *)calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->db = dupstr(db);
+  s->coll = dupstr(coll);
+  s->field = dupstr(field);
+  if (!s->db || !s->coll || !s->field) {
+    free(s->db);
+    free(s->coll);
+    free(s->field);
+    free(s);
+    return NULL;
+  }
+  s->c = c;
+  s->pool = pool;
+  s->pid = pid;
+  s->start_t = t;
+  s->start_i = i;
+  s->state = ST_STARTING;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = pthread_create(&s->thread, NULL, watch_main, s);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    stream_free(s);
+    return NULL;
+  }
+  s->joinable = 1;
+  s->next = streams;
+  streams = s;
+  c->on_close = ml_bg_on_close;
+  return s;
+}
+
+void ml_watch_stop(ml_client *c) {
+  ml_stream *s;
+  pid_t pid = getpid();
+  pthread_mutex_lock(&watch_mu);
+  for (s = streams; s; s = s->next)
+    if (s->c == c && s->pid == pid) {
+      s->stop = 1;
+      pthread_cond_broadcast(&s->cv);
+    }
+  for (s = streams; s;) {
+    if (s->c == c && s->pid == pid) {
+      stream_reap(s);
+      s = streams;
+    } else {
+      s = s->next;
+    }
+  }
+  pthread_mutex_unlock(&watch_mu);
+}
+
+/* ---- Lua --------------------------------------------------------------- */
+
+/* watch_mu held: has a release of key after (t, i) been seen? */
+static int seen(const ml_stream *s, const bson_t *key, uint32_t t, uint32_t i) {
+  unsigned long long n = s->seq < RING ? s->seq : RING, k;
+  if (ts_after(s->drop_t, s->drop_i, t, i)) return 1;
+  for (k = 0; k < n; k++) {
+    const watch_event *e = &s->ring[(s->seq - 1 - k) % RING];
+    if (!ts_after(e->t, e->i, t, i)) continue;
+    if (!e->key || (e->keylen == key->len && memcmp(e->key, bson_get_data(key), key->len) == 0))
+      return 1;
+  }
+  return 0;
+}
+
+static uint32_t check_u32(lua_State *L, int idx) {
+  lua_Number n = luaL_checknumber(L, idx);
+  luaL_argcheck(L, n >= 0 && n <= 4294967295.0 && n == (lua_Number)(uint32_t)n, idx,
+                "timestamp part out of range");
+  return (uint32_t)n;
+}
+
+/*
+ * core.watch_wait(client, db, coll, field, id, t, i, timeout)
+ *   -> "event" | "timeout" | "retry" | nil, message, code
+ *
+ * Waits up to timeout seconds (0: just looks) for a release of the lock
+ * document whose _id is the string id, made after the operation time
+ * (t, i) of the caller's failed attempt.  "retry": the shared stream began
+ * after (t, i) and cannot vouch for that interval; attempt again at once.
+ * nil, message: the stream failed (standalone server, no change streams,
+ * an error it could not resume from); the caller falls back to polling.
+ * Blocks the calling thread: inside nginx call it with timeout 0 and sleep
+ * cooperatively between calls.
+ */
+static int l_watch_wait(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db = luaL_checkstring(L, 2);
+  const char *coll = luaL_checkstring(L, 3);
+  const char *field = luaL_checkstring(L, 4);
+  size_t idlen;
+  const char *id = luaL_checklstring(L, 5, &idlen);
+  uint32_t t = check_u32(L, 6), i = check_u32(L, 7);
+  double timeout = luaL_checknumber(L, 8);
+  mongoc_client_pool_t *pool;
+  ml_stream *s;
+  bson_t key;
+  double deadline;
+  const char *res;
+
+  luaL_argcheck(L, timeout == timeout, 8, "not a number");
+  luaL_argcheck(L, strlen(field) > 0 && strlen(field) < 200, 4, "bad field name");
+  pool = ml_client_pool(L, c);
+  pthread_once(&atfork_once, install_atfork);
+  deadline = ml_monotonic() + (timeout > 0 ? timeout : 0);
+  bson_init(&key);
+  bson_append_utf8(&key, "k", 1, id, (int)idlen);
+
+  pthread_mutex_lock(&watch_mu);
+  s = stream_get(c, pool, db, coll, field, t, i);
+  if (!s) {
+    pthread_mutex_unlock(&watch_mu);
+    bson_destroy(&key);
+    return ml_pushfail(L, "change stream: cannot start its thread", 0);
+  }
+  s->waiters++;
+  for (;;) {
+    if (s->state == ST_FAILED) {
+      lua_pushnil(L);
+      lua_pushstring(L, s->errmsg);
+      if (s->errcode) lua_pushinteger(L, (lua_Integer)s->errcode);
+      else lua_pushnil(L);
+      s->waiters--;
+      s->idle_since = ml_monotonic();
+      pthread_mutex_unlock(&watch_mu);
+      bson_destroy(&key);
+      return 3;
+    }
+    if (s->state == ST_DONE) { res = "retry"; break; }
+    if (s->state == ST_RUNNING) {
+      if (ts_after(s->start_t, s->start_i, t, i)) { res = "retry"; break; }
+      if (seen(s, &key, t, i)) { res = "event"; break; }
+    }
+    if (ml_monotonic() >= deadline) { res = "timeout"; break; }
+    cv_wait_until(&s->cv, deadline);
+  }
+  s->waiters--;
+  s->idle_since = ml_monotonic();
+  pthread_mutex_unlock(&watch_mu);
+  bson_destroy(&key);
+  lua_pushstring(L, res);
+  return 1;
+}
+
+/*
+ * core._watch_stats(client) -> {streams=, events=, reopens=, getmores=,
+ * failed=}: this process's streams of client.  INTERNAL, for the specs.
+ */
+static int l_watch_stats(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_stream *s;
+  long n = 0, ev = 0, ro = 0, gm = 0, failed = 0;
+  pid_t pid = getpid();
+  pthread_mutex_lock(&watch_mu);
+  for (s = streams; s; s = s->next) {
+    if (s->c != c || s->pid != pid) continue;
+    if (s->state == ST_RUNNING || s->state == ST_STARTING) n++;
+    if (s->state == ST_FAILED) failed++;
+    ev += s->events;
+    ro += s->reopens;
+    gm += s->getmores;
+  }
+  pthread_mutex_unlock(&watch_mu);
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, (lua_Integer)n);
+  lua_setfield(L, -2, "streams");
+  lua_pushinteger(L, (lua_Integer)ev);
+  lua_setfield(L, -2, "events");
+  lua_pushinteger(L, (lua_Integer)ro);
+  lua_setfield(L, -2, "reopens");
+  lua_pushinteger(L, (lua_Integer)gm);
+  lua_setfield(L, -2, "getmores");
+  lua_pushinteger(L, (lua_Integer)failed);
+  lua_setfield(L, -2, "failed");
+  return 1;
+}
+
+/*
+ * core._failpoint(client, spec) -> true | nil, message, code.  INTERNAL, for
+ * the specs: configures the failCommand fail point (mongod started with
+ * enableTestCommands, or the stand-in).  spec = {mode = "alwaysOn" | "off",
+ * times = n, commands = {...}, error_code = n, close_connection = bool,
+ * app_name = s, block_ms = n}.
+ */
+static int l_failpoint(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  bson_t cmd = BSON_INITIALIZER, mode, data, names, reply;
+  bson_error_t err;
+  int ok, n;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  BSON_APPEND_UTF8(&cmd, "configureFailPoint", "failCommand");
+  lua_getfield(L, 2, "times");
+  if (lua_isnumber(L, -1)) {
+    BSON_APPEND_DOCUMENT_BEGIN(&cmd, "mode", &mode);
+    BSON_APPEND_INT32(&mode, "times", (int32_t)lua_tointeger(L, -1));
+    bson_append_document_end(&cmd, &mode);
+  } else {
+    lua_getfield(L, 2, "mode");
+    BSON_APPEND_UTF8(&cmd, "mode", lua_isstring(L, -1) ? lua_tostring(L, -1) : "alwaysOn");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "data", &data);
+  BSON_APPEND_ARRAY_BEGIN(&data, "failCommands", &names);
+  lua_getfield(L, 2, "commands");
+  for (n = 1; lua_istable(L, -1); n++) {
+    char k[16];
+    lua_rawgeti(L, -1, n);
+    if (!lua_isstring(L, -1)) {
+      lua_pop(L, 1);
+      break;
+    }
+    bson_snprintf(k, sizeof k, "%d", n - 1);
+    BSON_APPEND_UTF8(&names, k, lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  bson_append_array_end(&data, &names);
+  lua_getfield(L, 2, "error_code");
+  if (lua_isnumber(L, -1)) BSON_APPEND_INT32(&data, "errorCode", (int32_t)lua_tointeger(L, -1));
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "close_connection");
+  if (lua_toboolean(L, -1)) BSON_APPEND_BOOL(&data, "closeConnection", true);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "app_name");
+  if (lua_isstring(L, -1)) BSON_APPEND_UTF8(&data, "appName", lua_tostring(L, -1));
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "block_ms");
+  if (lua_isnumber(L, -1)) {
+    BSON_APPEND_BOOL(&data, "blockConnection", true);
+    BSON_APPEND_INT32(&data, "blockTimeMS", (int32_t)lua_tointeger(L, -1));
+  }
+  lua_pop(L, 1);
+  bson_append_document_end(&cmd, &data);
+  ok = mongoc_client_command_simple(ml_client_get(L, c), "admin", &cmd, NULL, &reply, &err);
+  bson_destroy(&cmd);
+  bson_destroy(&reply);
+  if (!ok) return ml_pusherror(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+void ml_watch_open(lua_State *L) {
+  lua_pushcfunction(L, l_failpoint);
+  lua_setfield(L, -2, "_failpoint");
+  pthread_once(&atfork_once, install_atfork);
+  lua_pushcfunction(L, l_watch_wait);
+  lua_setfield(L, -2, "watch_wait");
+  lua_pushcfunction(L, l_watch_stats);
+  lua_setfield(L, -2, "_watch_stats");
+}
