@@ -1,0 +1,161 @@
+'use strict';
+// Change streams: events are read from the store's change log, which is in
+// cluster-time order. A resume token is {_data: hex} holding the cluster time
+// of the event (or of the point scanned so far, for a postBatchResumeToken):
+// resuming after it returns events with a later cluster time, so an event
+// token and a high-water-mark token resume the same way.
+
+const V = require('./values');
+const pipeline = require('./pipeline');
+const { tsBig } = require('./store');
+const { fail } = require('./errors');
+const { Timestamp } = V;
+
+function tokenFor(big, isEvent) {
+  return { _data: '82' + big.toString(16).padStart(16, '0') + (isEvent ? '04' : '01') };
+}
+
+function parseToken(tok, what) {
+  if (!V.isPlainDoc(tok) || typeof tok._data !== 'string' || !/^82[0-9a-f]{16}0[14]$/i.test(tok._data)) {
+    fail(2, `${what} must be a resume token this server issued (an object with a _data string), got ${V.render(tok)}`);
+  }
+  return BigInt('0x' + tok._data.slice(2, 18));
+}
+
+const CS_OPTIONS = new Set(['fullDocument', 'resumeAfter', 'startAfter', 'startAtOperationTime',
+  'allChangesForCluster', 'fullDocumentBeforeChange', 'showExpandedEvents']);
+
+// A change-stream cursor over db (and coll, unless null). spec is the
+// $changeStream stage's argument; rest the later stages.
+class ChangeStream {
+  constructor(engine, dbName, collName, spec, rest) {
+    if (!V.isPlainDoc(spec)) fail(50808, '$changeStream stage expects a document as argument');
+    for (const k of Object.keys(spec)) {
+      if (!CS_OPTIONS.has(k)) fail(40415, `BSON field '$changeStream.${k}' is an unknown field.`);
+    }
+    const fd = spec.fullDocument === undefined ? 'default' : spec.fullDocument;
+    if (!['default', 'updateLookup', 'whenAvailable', 'required'].includes(fd)) {
+      fail(2, `Enumeration value '${fd}' for field '$changeStream.fullDocument' is not a valid value.`);
+    }
+    if (fd === 'whenAvailable' || fd === 'required') {
+      fail(72, `fullDocument:'${fd}' needs changeStreamPreAndPostImages, which this server does not keep`);
+    }
+    this.fullDocument = fd;
+    const starts = ['resumeAfter', 'startAfter', 'startAtOperationTime'].filter((k) => spec[k] !== undefined);
+    if (starts.length > 1) {
+      fail(40674, 'Only one type of resume option is allowed, but multiple were found.');
+    }
+    this.engine = engine;
+    this.db = dbName;
+    this.coll = collName;
+    this.allForCluster = !!spec.allChangesForCluster;
+    if (spec.resumeAfter !== undefined) this.after = parseToken(spec.resumeAfter, 'resumeAfter');
+    else if (spec.startAfter !== undefined) this.after = parseToken(spec.startAfter, 'startAfter');
+    else if (spec.startAtOperationTime !== undefined) {
+      const ts = spec.startAtOperationTime;
+      if (V.typeName(ts) !== 'timestamp') fail(14, "BSON field '$changeStream.startAtOperationTime' is the wrong type, expected type 'timestamp'");
+      this.after = tsBig(ts) - 1n;
+    } else {
+      this.after = tsBig(engine.store.clock.now());
+    }
+    const log = engine.store.log;
+    if ((spec.resumeAfter || spec.startAfter) && log.length && this.after < log[0].tsBig - 1n && engine.logTrimmed) {
+      fail(286, 'Resume of change stream was not possible, as the resume point may no longer be in the oplog.');
+    }
+    for (const st of rest) {
+      const name = V.isPlainDoc(st) ? Object.keys(st)[0] : '';
+      if (!['$match', '$project', '$addFields', '$set', '$unset', '$replaceRoot', '$replaceWith', '$redact'].includes(name)) {
+        fail(20, `${name} is not permitted in a $changeStream pipeline`);
+      }
+    }
+    this.stages = rest.length ? pipeline.compileStages(rest) : null;
+    this.invalidated = false;
+    this.closed = false;
+  }
+
+  get ns() {
+    if (this.coll) return `${this.db}.${this.coll}`;
+    return `${this.db}.$cmd.aggregate`;
+  }
+
+  relevant(ev) {
+    if (this.allForCluster) return ev.db !== 'admin' && ev.db !== 'config' && ev.db !== 'local';
+    if (ev.db !== this.db) return false;
+    if (this.coll === null) return ev.op !== 'dropDatabase' || true;
+    return ev.name === this.coll || (ev.op === 'dropDatabase');
+  }
+
+  eventDoc(ev) {
+    const out = { _id: tokenFor(ev.tsBig, true), operationType: ev.op, clusterTime: ev.ts, wallTime: ev.wall };
+    if (ev.op === 'dropDatabase') { out.ns = { db: ev.db }; return out; }
+    out.ns = { db: ev.db, coll: ev.name };
+    if (ev.op === 'drop') return out;
+    if (ev.op === 'insert' || ev.op === 'replace') out.fullDocument = ev.doc;
+    if (ev.op !== 'insert' || true) out.documentKey = ev.key;
+    if (ev.op === 'update') {
+      out.updateDescription = diff(ev.old, ev.doc);
+      if (this.fullDocument === 'updateLookup') {
+        const c = this.engine.store.coll(ev.db, ev.name, false);
+        const cur = c ? c.get(ev.key._id) : undefined;
+        out.fullDocument = cur === undefined ? null : cur;
+      }
+    }
+    // documentKey comes after fullDocument in mongod's insert events
+    if (ev.op === 'insert' || ev.op === 'replace') {
+      const d = out.documentKey; delete out.documentKey; out.documentKey = d;
+    }
+    return out;
+  }
+
+  // Reads up to limit events after this.after. Returns {docs, token}.
+  read(limit) {
+    const log = this.engine.store.log;
+    let lo = 0, hi = log.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (log[mid].tsBig <= this.after) lo = mid + 1; else hi = mid;
+    }
+    const docs = [];
+    let i = lo;
+    for (; i < log.length && docs.length < limit && !this.invalidated; i++) {
+      const ev = log[i];
+      this.after = ev.tsBig;
+      if (!this.relevant(ev)) continue;
+      let evDoc = this.eventDoc(ev);
+      const invalidating = (this.coll !== null && (ev.op === 'drop' || ev.op === 'dropDatabase')) ||
+        (this.coll === null && !this.allForCluster && ev.op === 'dropDatabase');
+      if (ev.op === 'dropDatabase' && this.coll !== null) evDoc = null; // collection streams see the drop first
+      if (evDoc && this.stages) {
+        const r = this.stages([evDoc], { NOW: new Date() });
+        if (r.length && !V.identical(r[0]._id, evDoc._id)) {
+          fail(280, 'Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.');
+        }
+        evDoc = r.length ? r[0] : null;
+      }
+      if (evDoc) docs.push(evDoc);
+      if (invalidating) {
+        docs.push({ _id: tokenFor(ev.tsBig, true), operationType: 'invalidate', clusterTime: ev.ts, wallTime: ev.wall });
+        this.invalidated = true;
+      }
+    }
+    if (i >= log.length && !this.invalidated) {
+      const now = tsBig(this.engine.store.clock.now());
+      if (now > this.after) this.after = now;
+    }
+    const token = docs.length && i < log.length ? docs[docs.length - 1]._id : tokenFor(this.after, false);
+    return { docs, token: docs.length && this.invalidated ? docs[docs.length - 1]._id : token };
+  }
+}
+
+// updateDescription for top-level field changes between two versions.
+function diff(old, doc) {
+  const updatedFields = {};
+  const removedFields = [];
+  for (const k of Object.keys(doc)) {
+    if (!(k in old) || !V.identical(old[k], doc[k])) updatedFields[k] = doc[k];
+  }
+  for (const k of Object.keys(old)) if (!(k in doc)) removedFields.push(k);
+  return { updatedFields, removedFields, truncatedArrays: [] };
+}
+
+module.exports = { ChangeStream, tokenFor, parseToken };

@@ -1,0 +1,400 @@
+'use strict';
+// Aggregation stages and projections over arrays of documents. Stages are
+// compiled once per command; each compiled stage maps an array of documents
+// to a new array and never mutates its input documents.
+
+const V = require('./values');
+const expr = require('./expr');
+const query = require('./query');
+const { fail } = require('./errors');
+const { Int32 } = V;
+
+function setPathIn(doc, parts, value) {
+  let cur = doc;
+  for (let i = 0; i < parts.length - 1; i++) {
+    let next = cur[parts[i]];
+    if (!V.isPlainDoc(next)) { next = {}; cur[parts[i]] = next; } else { next = Object.assign({}, next); cur[parts[i]] = next; }
+    cur = next;
+  }
+  const last = parts[parts.length - 1];
+  if (value === undefined) delete cur[last];
+  else cur[last] = value;
+}
+
+function removePathIn(doc, parts) {
+  let cur = doc;
+  for (let i = 0; i < parts.length - 1; i++) {
+    const next = cur[parts[i]];
+    if (Array.isArray(next)) {
+      cur[parts[i]] = next.map((el) => {
+        if (!V.isPlainDoc(el)) return el;
+        const c = Object.assign({}, el);
+        removePathIn(c, parts.slice(i + 1));
+        return c;
+      });
+      return;
+    }
+    if (!V.isPlainDoc(next)) return;
+    cur[parts[i]] = Object.assign({}, next);
+    cur = cur[parts[i]];
+  }
+  delete cur[parts[parts.length - 1]];
+}
+
+function isExprObject(v) {
+  return V.isPlainDoc(v) && Object.keys(v).length > 0 && Object.keys(v)[0][0] !== '$';
+}
+
+// $set / $addFields: {path: expr}; object literals merge into embedded docs.
+function compileAddFields(spec, name) {
+  if (!V.isPlainDoc(spec)) fail(40272, `${name} specification stage must be an object, got ${V.typeName(spec)}`);
+  const ops = [];
+  for (const key of Object.keys(spec)) {
+    if (key[0] === '$') fail(16410, `Invalid ${name} :: caused by :: FieldPath field names may not start with '$'. Consider using $getField or $setField.`);
+    const parts = key.split('.');
+    const val = spec[key];
+    if (isExprObject(val)) {
+      const sub = compileAddFields(val, name);
+      ops.push((out, doc, vars) => {
+        const base = V.getPath(out, key);
+        const target = V.isPlainDoc(base) ? Object.assign({}, base) : {};
+        sub(target, doc, vars);
+        setPathIn(out, parts, target);
+      });
+    } else {
+      const f = expr.compile(val);
+      ops.push((out, doc, vars) => setPathIn(out, parts, f(doc, vars)));
+    }
+  }
+  return (out, doc, vars) => { for (const op of ops) op(out, doc, vars); };
+}
+
+function addFieldsStage(spec, name) {
+  const apply = compileAddFields(spec, name);
+  return (docs, vars) => docs.map((doc) => {
+    const out = Object.assign({}, doc);
+    apply(out, doc, Object.assign({}, vars, { ROOT: doc, CURRENT: doc }));
+    return out;
+  });
+}
+
+function unsetStage(spec) {
+  const fields = Array.isArray(spec) ? spec : [spec];
+  for (const f of fields) if (typeof f !== 'string') fail(31120, '$unset specification must be a string or an array containing only string values');
+  const paths = fields.map((f) => f.split('.'));
+  return (docs) => docs.map((doc) => {
+    const out = Object.assign({}, doc);
+    for (const p of paths) removePathIn(out, p);
+    return out;
+  });
+}
+
+// Projection as $project (and find/findAndModify projections, 4.4+) reads it.
+// Returns (doc, vars) => projected doc.
+function compileProjection(spec, where = '$project') {
+  if (!V.isPlainDoc(spec)) fail(2, `${where} specification must be an object`);
+  const keys = Object.keys(spec);
+  if (where === '$project' && keys.length === 0) fail(51272, 'Invalid $project :: caused by :: projection specification must have at least one field');
+  let mode = null; // 'include' | 'exclude'
+  let idMode = null;
+  const entries = [];
+  for (const key of keys) {
+    const v = spec[key];
+    let kind;
+    if (V.isNumber(v) || typeof v === 'boolean') kind = V.truthy(v) ? 'include' : 'exclude';
+    else kind = 'expr';
+    if (key === '_id' && kind !== 'expr') { idMode = kind; continue; }
+    const m = kind === 'exclude' ? 'exclude' : 'include';
+    if (mode && mode !== m) {
+      if (m === 'exclude') fail(31254, `Invalid ${where} :: caused by :: Cannot do exclusion on field ${key} in inclusion projection`);
+      fail(31253, `Invalid ${where} :: caused by :: Cannot do inclusion on field ${key} in exclusion projection`);
+    }
+    mode = m;
+    entries.push([key, kind, kind === 'expr' ? compileProjValue(v) : null]);
+  }
+  if (!mode) mode = idMode === 'include' ? 'include' : 'exclude';
+  if (mode === 'exclude') {
+    const paths = entries.map(([k]) => k.split('.'));
+    const dropId = idMode === 'exclude';
+    return (doc) => {
+      const out = Object.assign({}, doc);
+      if (dropId) delete out._id;
+      for (const p of paths) removePathIn(out, p);
+      return out;
+    };
+  }
+  const keepId = idMode !== 'exclude';
+  return (doc, vars) => {
+    const out = {};
+    if (keepId && doc._id !== undefined) out._id = doc._id;
+    const v2 = vars ? Object.assign({}, vars, { ROOT: doc, CURRENT: doc }) : { ROOT: doc, CURRENT: doc };
+    for (const [key, kind, f] of entries) {
+      if (kind === 'include') includePath(out, doc, key.split('.'), 0);
+      else {
+        const val = f(doc, v2);
+        if (val !== undefined) setPathIn(out, key.split('.'), val);
+      }
+    }
+    return out;
+  };
+}
+
+function compileProjValue(v) {
+  if (isExprObject(v)) {
+    const sub = Object.keys(v).map((k) => [k, compileProjValue(v[k]), V.isNumber(v[k]) || typeof v[k] === 'boolean']);
+    return (doc, vars) => {
+      const o = {};
+      for (const [k, f] of sub) {
+        const val = f(doc, vars);
+        if (val !== undefined) o[k] = val;
+      }
+      return o;
+    };
+  }
+  return expr.compile(v);
+}
+
+function includePath(out, src, parts, i) {
+  if (!V.isPlainDoc(src)) return;
+  const k = parts[i];
+  if (!Object.prototype.hasOwnProperty.call(src, k)) return;
+  const v = src[k];
+  if (i === parts.length - 1) { out[k] = v; return; }
+  if (Array.isArray(v)) {
+    const arr = [];
+    for (const el of v) {
+      if (V.isPlainDoc(el)) {
+        const o = {};
+        includePath(o, el, parts, i + 1);
+        arr.push(o);
+      }
+    }
+    out[k] = arr;
+    return;
+  }
+  if (!V.isPlainDoc(v)) return;
+  const o = V.isPlainDoc(out[k]) ? out[k] : {};
+  includePath(o, v, parts, i + 1);
+  out[k] = o;
+}
+
+function sortKeyFn(spec) {
+  if (!V.isPlainDoc(spec) || Object.keys(spec).length === 0) fail(15976, '$sort stage must have at least one sort key');
+  const keys = Object.keys(spec).map((k) => {
+    const d = spec[k];
+    let dir;
+    if (V.isNumber(d)) dir = V.num(d);
+    else if (V.isPlainDoc(d) && d.$meta) dir = 0;
+    else fail(15974, 'Illegal key in $sort specification: ' + k + ': ' + V.render(d));
+    if (dir !== 1 && dir !== -1) fail(15975, '$sort key ordering must be 1 (for ascending) or -1 (for descending)');
+    return [k.split('.'), dir];
+  });
+  const keyOf = (doc, parts, dir) => {
+    const vals = query.reach(doc, parts, 0, []);
+    // Arrays sort by their smallest (ascending) or largest (descending) element.
+    let best;
+    let seen = false;
+    for (const v of vals) {
+      const cands = Array.isArray(v) ? (v.length ? v : [undefined]) : [v];
+      for (const c of cands) {
+        if (!seen || dir * V.compare(c, best) < 0) { best = c; seen = true; }
+      }
+    }
+    return best;
+  };
+  return (a, b) => {
+    for (const [parts, dir] of keys) {
+      const c = V.compare(keyOf(a, parts, dir), keyOf(b, parts, dir));
+      if (c) return dir * c;
+    }
+    return 0;
+  };
+}
+
+function sortDocs(docs, spec) {
+  const cmp = sortKeyFn(spec);
+  // Array.prototype.sort is stable, so ties keep natural order as mongod's does.
+  return docs.slice().sort(cmp);
+}
+
+function groupStage(spec) {
+  if (!V.isPlainDoc(spec) || !('_id' in spec)) fail(15955, "a group specification must include an _id");
+  const idf = expr.compile(spec._id);
+  const accs = Object.keys(spec).filter((k) => k !== '_id').map((k) => {
+    const a = spec[k];
+    if (!V.isPlainDoc(a) || Object.keys(a).length !== 1) fail(40234, `The field '${k}' must be an accumulator object`);
+    const op = Object.keys(a)[0];
+    const f = expr.compile(a[op]);
+    return [k, op, f];
+  });
+  return (docs, vars) => {
+    const groups = new Map();
+    for (const doc of docs) {
+      const v2 = Object.assign({}, vars, { ROOT: doc, CURRENT: doc });
+      let id = idf(doc, v2);
+      if (id === undefined) id = null;
+      const key = groupKey(id);
+      let g = groups.get(key);
+      if (!g) { g = { _id: id, st: accs.map(() => ({ vals: [] })) }; groups.set(key, g); }
+      accs.forEach(([, , f], i) => g.st[i].vals.push(f(doc, v2)));
+    }
+    const out = [];
+    for (const g of groups.values()) {
+      const o = { _id: g._id };
+      accs.forEach(([k, op], i) => {
+        const vals = g.st[i].vals;
+        o[k] = accumulate(op, vals);
+      });
+      out.push(o);
+    }
+    return out;
+  };
+}
+
+function groupKey(v) {
+  const t = V.typeName(v);
+  if (V.isNumber(v)) return 'n:' + V.num(v);
+  if (t === 'string') return 's:' + v;
+  return t + ':' + V.render(v);
+}
+
+function accumulate(op, vals) {
+  switch (op) {
+    case '$sum': {
+      const nums = vals.filter((v) => V.isNumber(v));
+      return nums.length ? expr.addValues(nums, '$sum') : new Int32(0);
+    }
+    case '$avg': {
+      const nums = vals.filter((v) => V.isNumber(v));
+      return nums.length ? new V.Double(nums.reduce((s, v) => s + V.num(v), 0) / nums.length) : null;
+    }
+    case '$min': case '$max': {
+      let best;
+      for (const v of vals) {
+        if (v === undefined || v === null) continue;
+        if (best === undefined || (op === '$max' ? V.compare(v, best) > 0 : V.compare(v, best) < 0)) best = v;
+      }
+      return best === undefined ? null : best;
+    }
+    case '$first': return vals.length ? (vals[0] === undefined ? null : vals[0]) : null;
+    case '$last': return vals.length ? (vals[vals.length - 1] === undefined ? null : vals[vals.length - 1]) : null;
+    case '$push': return vals.filter((v) => v !== undefined);
+    case '$addToSet': {
+      const out = [];
+      for (const v of vals) if (v !== undefined && !out.some((o) => V.equals(o, v))) out.push(v);
+      return out;
+    }
+    case '$count': return new Int32(vals.length);
+    default: return fail(15952, `unknown group operator '${op}'`);
+  }
+}
+
+function unwindStage(spec) {
+  const opts = typeof spec === 'string' ? { path: spec } : spec;
+  if (!opts || typeof opts.path !== 'string' || opts.path[0] !== '$') fail(28818, "path option to $unwind stage should be prefixed with a '$'");
+  const parts = opts.path.slice(1).split('.');
+  const keepEmpty = !!opts.preserveNullAndEmptyArrays;
+  const idxField = opts.includeArrayIndex;
+  return (docs) => {
+    const out = [];
+    for (const doc of docs) {
+      const v = V.getPath(doc, parts.join('.'));
+      if (Array.isArray(v) && v.length) {
+        v.forEach((el, i) => {
+          const o = V.clone(doc);
+          setPathIn(o, parts, el);
+          if (idxField) o[idxField] = V.Long.fromNumber(i);
+          out.push(o);
+        });
+      } else if (v !== undefined && v !== null && !Array.isArray(v)) {
+        const o = Object.assign({}, doc);
+        if (idxField) o[idxField] = null;
+        out.push(o);
+      } else if (keepEmpty) {
+        const o = Object.assign({}, doc);
+        if (Array.isArray(v)) removePathIn(o, parts);
+        if (idxField) o[idxField] = null;
+        out.push(o);
+      }
+    }
+    return out;
+  };
+}
+
+function replaceRootStage(spec, name) {
+  let e;
+  if (name === '$replaceRoot') {
+    if (!V.isPlainDoc(spec) || !('newRoot' in spec)) fail(40231, "no newRoot specified for the $replaceRoot stage");
+    e = expr.compile(spec.newRoot);
+  } else e = expr.compile(spec);
+  return (docs, vars) => docs.map((doc) => {
+    const v = e(doc, Object.assign({}, vars, { ROOT: doc, CURRENT: doc }));
+    if (!V.isPlainDoc(v)) {
+      fail(40228, `'replacement document' must evaluate to an object, but resulting value was: ${V.render(v === undefined ? 'MISSING' : v)}. Type of resulting value: '${V.typeName(v)}'. Input document: ${V.render(doc)}`);
+    }
+    return v;
+  });
+}
+
+const UPDATE_STAGES = new Set(['$addFields', '$set', '$project', '$unset', '$replaceRoot', '$replaceWith']);
+
+// compileStages(pipeline, {update}) -> (docs, vars) => docs
+function compileStages(pipeline, opts = {}) {
+  if (!Array.isArray(pipeline)) fail(14, "'pipeline' option must be specified as an array");
+  const stages = pipeline.map((st) => {
+    if (!V.isPlainDoc(st) || Object.keys(st).length !== 1) {
+      fail(40323, 'A pipeline stage specification object must contain exactly one field.');
+    }
+    const name = Object.keys(st)[0];
+    const spec = st[name];
+    if (opts.update && !UPDATE_STAGES.has(name)) {
+      fail(72, `${name} is not allowed to be used within an update`);
+    }
+    switch (name) {
+      case '$addFields': case '$set': return addFieldsStage(spec, name);
+      case '$unset': return unsetStage(spec);
+      case '$project': {
+        const p = compileProjection(spec);
+        return (docs, vars) => docs.map((d) => p(d, vars));
+      }
+      case '$replaceRoot': case '$replaceWith': return replaceRootStage(spec, name);
+      case '$match': {
+        if (!V.isPlainDoc(spec)) fail(15959, 'the match filter must be an expression in an object');
+        let curVars = {};
+        const m = query.compile(spec, { compileExpr: expr.compile, vars: () => curVars });
+        return (docs, vars) => { curVars = vars; return docs.filter((d) => m(d)); };
+      }
+      case '$sort': { sortKeyFn(spec); return (docs) => sortDocs(docs, spec); }
+      case '$limit': {
+        if (!V.isNumber(spec) || V.num(spec) <= 0) fail(15958, 'the limit must be positive');
+        const n = V.num(spec);
+        return (docs) => docs.slice(0, n);
+      }
+      case '$skip': {
+        if (!V.isNumber(spec) || V.num(spec) < 0) fail(15956, 'the skip must be a non-negative number');
+        const n = V.num(spec);
+        return (docs) => docs.slice(n);
+      }
+      case '$count': {
+        if (typeof spec !== 'string' || !spec) fail(40156, 'the count field must be a non-empty string');
+        return (docs) => (docs.length ? [{ [spec]: new Int32(docs.length) }] : []);
+      }
+      case '$group': return groupStage(spec);
+      case '$unwind': return unwindStage(spec);
+      case '$sortByCount': {
+        const g = groupStage({ _id: spec, count: { $sum: 1 } });
+        return (docs, vars) => sortDocs(g(docs, vars), { count: -1 });
+      }
+      default:
+        if (opts.fallback) return opts.fallback(name, spec);
+        return fail(40324, `Unrecognized pipeline stage name: '${name}'`);
+    }
+  });
+  return (docs, vars) => {
+    let cur = docs;
+    for (const s of stages) cur = s(cur, vars);
+    return cur;
+  };
+}
+
+module.exports = { compileStages, compileProjection, sortDocs, sortKeyFn, setPathIn };

@@ -1,0 +1,203 @@
+'use strict';
+// MongoDB wire protocol framing: OP_QUERY (the legacy handshake) answered
+// with OP_REPLY, and OP_MSG with kind-0 and kind-1 sections and moreToCome.
+// One Connection per socket; messages on a connection are handled strictly
+// in order, one at a time, like mongod's per-connection thread.
+
+const BSON = require('bson');
+
+const OP_REPLY = 1;
+const OP_QUERY = 2004;
+const OP_COMPRESSED = 2012;
+const OP_MSG = 2013;
+const MAX_MESSAGE = 48000000;
+
+const DECODE = { promoteValues: false, promoteLongs: false, promoteBuffers: false, bsonRegExp: true };
+const ENCODE = { ignoreUndefined: true, checkKeys: false };
+
+let nextConnId = 1;
+let nextRequestId = 1;
+
+function readCString(buf, off) {
+  const end = buf.indexOf(0, off);
+  if (end < 0) throw new Error('unterminated cstring');
+  return [buf.toString('utf8', off, end), end + 1];
+}
+
+function docLen(buf, off) { return buf.readInt32LE(off); }
+
+class Connection {
+  constructor(socket, engine) {
+    this.socket = socket;
+    this.engine = engine;
+    this.id = nextConnId++;
+    this.address = `${socket.localAddress.replace(/^::ffff:/, '')}:${socket.localPort}`;
+    this.peer = `${(socket.remoteAddress || '').replace(/^::ffff:/, '')}:${socket.remotePort}`;
+    this.appName = undefined;
+    this.handshaken = false;
+    this.chunks = [];
+    this.buffered = 0;
+    this.busy = false;
+    this.closed = false;
+    socket.setNoDelay(true);
+    socket.on('data', (d) => this.onData(d));
+    socket.on('error', () => this.close());
+    socket.on('close', () => this.close());
+    engine.connections.current += 1;
+    engine.connections.totalCreated += 1;
+  }
+
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    this.engine.connections.current -= 1;
+    this.socket.destroy();
+  }
+
+  onData(d) {
+    this.chunks.push(d);
+    this.buffered += d.length;
+    if (!this.busy) this.pump();
+  }
+
+  // Takes one complete message off the buffer, or null.
+  nextMessage() {
+    if (this.buffered < 4) return null;
+    let buf = this.chunks.length === 1 ? this.chunks[0] : Buffer.concat(this.chunks);
+    this.chunks = [buf];
+    const len = buf.readInt32LE(0);
+    if (len < 16 || len > MAX_MESSAGE) { this.close(); return null; }
+    if (buf.length < len) return null;
+    const msg = buf.subarray(0, len);
+    buf = buf.subarray(len);
+    this.chunks = buf.length ? [buf] : [];
+    this.buffered = buf.length;
+    return msg;
+  }
+
+  pump() {
+    this.busy = true;
+    for (;;) {
+      if (this.closed) return;
+      const msg = this.nextMessage();
+      if (!msg) { this.busy = false; return; }
+      let r;
+      try {
+        r = this.handle(msg);
+      } catch (e) {
+        // A message that cannot be parsed ends the connection, as in mongod.
+        this.close();
+        return;
+      }
+      if (r && typeof r.then === 'function') {
+        r.then(() => this.pump(), () => this.close());
+        return;
+      }
+    }
+  }
+
+  handle(msg) {
+    const requestId = msg.readInt32LE(4);
+    const opCode = msg.readInt32LE(12);
+    if (opCode === OP_MSG) return this.handleMsg(msg, requestId);
+    if (opCode === OP_QUERY) return this.handleQuery(msg, requestId);
+    if (opCode === OP_COMPRESSED) throw new Error('compression was not negotiated');
+    throw new Error(`unsupported opcode ${opCode}`);
+  }
+
+  handleMsg(msg, requestId) {
+    const flags = msg.readUInt32LE(16);
+    const moreToCome = (flags & 2) !== 0;
+    const end = (flags & 1) ? msg.length - 4 : msg.length;
+    let off = 20;
+    let cmd = null;
+    const seqs = [];
+    while (off < end) {
+      const kind = msg[off];
+      off += 1;
+      if (kind === 0) {
+        const n = docLen(msg, off);
+        cmd = BSON.deserialize(msg.subarray(off, off + n), DECODE);
+        off += n;
+      } else if (kind === 1) {
+        const size = msg.readInt32LE(off);
+        const stop = off + size;
+        let [ident, p] = readCString(msg, off + 4);
+        const docs = [];
+        while (p < stop) {
+          const n = docLen(msg, p);
+          docs.push(BSON.deserialize(msg.subarray(p, p + n), DECODE));
+          p += n;
+        }
+        seqs.push([ident, docs]);
+        off = stop;
+      } else throw new Error(`unknown section kind ${kind}`);
+    }
+    if (!cmd) throw new Error('OP_MSG without a body');
+    for (const [ident, docs] of seqs) {
+      if (cmd[ident] !== undefined) {
+        return this.respond(requestId, moreToCome, {
+          ok: 0, errmsg: `Duplicate field '${ident}' in a document sequence and the command body`, code: 40413, codeName: 'Location40413',
+        }, OP_MSG);
+      }
+      cmd[ident] = docs;
+    }
+    this.legacy = false;
+    const r = this.engine.run(cmd, this);
+    if (r && typeof r.then === 'function') return r.then((b) => this.respond(requestId, moreToCome, b, OP_MSG));
+    return this.respond(requestId, moreToCome, r, OP_MSG);
+  }
+
+  handleQuery(msg, requestId) {
+    let off = 20;
+    const [ns, p] = readCString(msg, off);
+    off = p + 8; // numberToSkip, numberToReturn
+    const n = docLen(msg, off);
+    let q = BSON.deserialize(msg.subarray(off, off + n), DECODE);
+    if (!ns.endsWith('.$cmd')) {
+      return this.respond(requestId, false, { $err: 'OP_QUERY is only supported for commands', code: 5739101, ok: 0 }, OP_REPLY);
+    }
+    if (q.$query !== undefined) q = q.$query;
+    const name = Object.keys(q)[0];
+    if (!['hello', 'isMaster', 'ismaster'].includes(name)) {
+      return this.respond(requestId, false, {
+        ok: 0, errmsg: `Unsupported OP_QUERY command: ${name}. The client driver may require an upgrade.`, code: 352, codeName: 'UnsupportedOpQueryCommand',
+      }, OP_REPLY);
+    }
+    q.$db = ns.slice(0, -5);
+    this.legacy = true;
+    const r = this.engine.run(q, this);
+    if (r && typeof r.then === 'function') return r.then((b) => this.respond(requestId, false, b, OP_REPLY));
+    return this.respond(requestId, false, r, OP_REPLY);
+  }
+
+  respond(requestId, moreToCome, body, opCode) {
+    if (this.closed) return;
+    if (body && body.closeConnection) { this.close(); return; }
+    if (moreToCome) return;
+    const doc = BSON.serialize(body, ENCODE);
+    let head;
+    if (opCode === OP_MSG) {
+      head = Buffer.alloc(21);
+      head.writeInt32LE(21 + doc.length, 0);
+      head.writeInt32LE(nextRequestId++, 4);
+      head.writeInt32LE(requestId, 8);
+      head.writeInt32LE(OP_MSG, 12);
+      head.writeUInt32LE(0, 16);
+      head[20] = 0;
+    } else {
+      head = Buffer.alloc(36);
+      head.writeInt32LE(36 + doc.length, 0);
+      head.writeInt32LE(nextRequestId++, 4);
+      head.writeInt32LE(requestId, 8);
+      head.writeInt32LE(OP_REPLY, 12);
+      head.writeInt32LE(8, 16); // responseFlags: AwaitCapable
+      head.writeBigInt64LE(0n, 20); // cursorID
+      head.writeInt32LE(0, 28); // startingFrom
+      head.writeInt32LE(1, 32); // numberReturned
+    }
+    this.socket.write(Buffer.concat([head, doc]));
+  }
+}
+
+module.exports = { Connection };

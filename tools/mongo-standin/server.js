@@ -1,0 +1,100 @@
+#!/usr/bin/env node
+'use strict';
+// mongo-standin: an in-memory server speaking MongoDB's wire protocol.
+//
+//   node server.js --port 0      listen on a free loopback port; prints exactly
+//                                "listening 127.0.0.1:PORT" once it accepts
+//                                connections
+//
+// Options: --port N, --bind ADDR (anything but loopback must be asked for),
+// --replset NAME (default rs0), --standalone, --ttl-monitor-secs S (default 60).
+// Exits with status 0 on SIGTERM and SIGINT.
+
+const net = require('net');
+const { Engine } = require('./lib/engine');
+const { Connection } = require('./lib/wire');
+
+const USAGE = `usage: node server.js [--port N] [--bind ADDR] [--replset NAME | --standalone] [--ttl-monitor-secs S]
+  --port N               TCP port (0 picks a free one; default 27017)
+  --bind ADDR            address to listen on (default 127.0.0.1)
+  --replset NAME         report a replica-set primary of set NAME (default rs0)
+  --standalone           report a standalone mongod (no change streams, no sessions)
+  --ttl-monitor-secs S   seconds between TTL monitor passes (default 60)`;
+
+function parseArgs(argv) {
+  const o = { port: 27017, bind: '127.0.0.1', bindGiven: false, replset: 'rs0', standalone: false, ttlMonitorSecs: 60 };
+  const need = (i, name) => {
+    if (i + 1 >= argv.length) usage(`${name} needs a value`);
+    return argv[i + 1];
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    switch (a) {
+      case '--port': {
+        const v = need(i, a); i++;
+        if (!/^\d+$/.test(v) || Number(v) > 65535) usage(`bad --port: ${v}`);
+        o.port = Number(v);
+        break;
+      }
+      case '--bind': o.bind = need(i, a); o.bindGiven = true; i++; break;
+      case '--replset': {
+        const v = need(i, a); i++;
+        if (!v || /[\s/]/.test(v)) usage(`bad --replset: ${v}`);
+        o.replset = v;
+        break;
+      }
+      case '--standalone': o.standalone = true; break;
+      case '--ttl-monitor-secs': {
+        const v = need(i, a); i++;
+        if (!/^\d+(\.\d+)?$/.test(v) || Number(v) <= 0) usage(`bad --ttl-monitor-secs: ${v}`);
+        o.ttlMonitorSecs = Number(v);
+        break;
+      }
+      case '-h': case '--help': process.stdout.write(USAGE + '\n'); process.exit(0); break;
+      default: usage(`unknown option: ${a}`);
+    }
+  }
+  return o;
+}
+
+function usage(msg) {
+  process.stderr.write(`mongo-standin: ${msg}\n${USAGE}\n`);
+  process.exit(2);
+}
+
+function isLoopback(addr) {
+  return addr === 'localhost' || addr === '::1' || /^127\.\d+\.\d+\.\d+$/.test(addr);
+}
+
+function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  if (!isLoopback(opts.bind) && !opts.bindGiven) usage('refusing to listen on a non-loopback address');
+  const engine = new Engine(opts);
+  const sockets = new Set();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+    new Connection(socket, engine); // eslint-disable-line no-new
+  });
+  server.on('error', (e) => {
+    process.stderr.write(`mongo-standin: ${e.message}\n`);
+    process.exit(1);
+  });
+  server.listen(opts.port, opts.bind, () => {
+    const a = server.address();
+    const host = a.family === 'IPv6' ? `[${a.address}]` : a.address;
+    process.stdout.write(`listening ${host}:${a.port}\n`);
+  });
+  const stop = () => {
+    engine.close();
+    server.close();
+    for (const s of sockets) s.destroy();
+    process.exit(0);
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+if (require.main === module) main();
+
+module.exports = { parseArgs };
