@@ -221,6 +221,7 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_lock_open(L);
   ml_renew_open(L);
   ml_watch_open(L);
+  ml_proc_open(L);
   /* bson.c is optional at link time while it is being written */
   if (ml_bson_open) ml_bson_open(L);
   return 1;

@@ -255,6 +255,10 @@ void ml_bson_open(lua_State *L);
 void ml_renew_open(lua_State *L);
 void ml_watch_open(lua_State *L);
 
+/* [-0, +0] proc.c: child processes and signals for the mongolock command
+ * (proc_spawn, proc_wait, proc_kill, proc_trap, proc_signals) */
+void ml_proc_open(lua_State *L);
+
 /*
  * Hands l (a lease just won whose handle asked for renewal) to c's renewal
  * thread in this process, starting it when needed; the thread takes its

@@ -254,10 +254,6 @@ static const luaL_Reg proc_funcs[] = {
   {NULL, NULL}
 };
 
-/* [-0, +0] adds the proc_* functions to the module table at the top of the
- * stack (called once from luaopen_mongolock_core) */
-void ml_proc_open(lua_State *L);
-
 void ml_proc_open(lua_State *L) {
   luaL_setfuncs(L, proc_funcs, 0);
 }
