@@ -94,7 +94,7 @@ function _M.connect(uri, opts)
   end
   local c, err = core.connect(uri, appname, w, wtimeout, pool, sst)
   if not c then return nil, err end
-  return setmetatable({ _core = c, appname = appname, _indexed = {} }, client_mt)
+  return setmetatable({ _core = c, uri = uri, appname = appname }, client_mt)
 end
 
 -- ---- the client ---------------------------------------------------------

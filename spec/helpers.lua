@@ -115,6 +115,16 @@ end
 
 helpers.child_env = ""
 
+-- helpers.uri() with extra URI options appended ({heartbeatFrequencyMS=...})
+function helpers.uri_with(opts)
+  local u = helpers.uri()
+  local parts = {}
+  for k, v in pairs(opts) do parts[#parts + 1] = k .. "=" .. tostring(v) end
+  table.sort(parts)
+  local sep = u:find("?", 1, true) and "&" or (u:match("/$") and "?" or "/?")
+  return u .. sep .. table.concat(parts, "&")
+end
+
 -- ---- names and clients ----------------------------------------------------
 
 local seq = 0
@@ -132,9 +142,9 @@ end
 
 local clients = setmetatable({}, { __mode = "k" })
 
-function helpers.connect(opts)
+function helpers.connect(opts, uri)
   local mongolock = require "mongolock"
-  local c = assert(mongolock.connect(helpers.uri(), opts))
+  local c = assert(mongolock.connect(uri or helpers.uri(), opts))
   clients[c] = true
   return c
 end
@@ -160,6 +170,19 @@ function helpers.opcounters(client)
   end
   oc.total = total
   return oc
+end
+
+-- polls fn (which asks the server, never a clock) until it returns a true
+-- value or timeout seconds pass; returns that value or nil
+function helpers.eventually(fn, timeout)
+  local core = require "mongolock.core"
+  local deadline = core.monotonic() + (timeout or 5)
+  repeat
+    local v = fn()
+    if v then return v end
+    core.sleep(0.01)
+  until core.monotonic() > deadline
+  return nil
 end
 
 -- ---- child processes ------------------------------------------------------

@@ -16,6 +16,7 @@ local backoff = require "mongolock.backoff"
 
 local type = type
 local pcall = pcall
+local pairs = pairs
 local error = error
 local tostring = tostring
 local setmetatable = setmetatable
@@ -55,6 +56,7 @@ local _M = {
     max_step = 0.5,        -- largest step (s)
     expire_after = 86400,  -- TTL index: idle lock documents removed after (s)
     renew = false,         -- background renewal (mongolock.wait / renew)
+    wait = "auto",         -- "auto" | "watch" | "poll" (mongolock.wait)
   },
 }
 local defaults = _M.defaults
@@ -106,21 +108,24 @@ function _M.new(client, opts)
     expire_after = opts.expire_after ~= nil
       and check_seconds(opts.expire_after, 1, "locks", "expire_after", 2) or defaults.expire_after,
     renew = opts.renew ~= nil and opts.renew or defaults.renew,
+    wait = wait.check_mode and wait.check_mode(opts.wait, 1, "locks", 2) or defaults.wait,
     app = client.appname,
   }
   if self.ratio < 1 then argerror(1, "locks", "ratio must be >= 1", 2) end
   if #self.database == 0 or #self.collection == 0 then
     argerror(1, "locks", "database and collection must not be empty", 2)
   end
+  self.key = (client.uri or "") .. "\0" .. self.database .. "\0" .. self.collection
   return setmetatable(self, mt)
 end
 
--- the TTL index, once per collection per process (a forked child trusts
--- its parent's: the index is on the server either way)
+-- the TTL index, once per server, collection and process: keyed by URI,
+-- database and collection; a forked child makes it once more
+local indexed = {}
+
 local function ensure_index(self)
-  local indexed = self.client._indexed
-  local key = self.database .. "\0" .. self.collection
-  if indexed[key] then return true end
+  local key = self.key
+  if indexed[key] == getpid() then return true end
   local ok, err, code = self.core:ensure_index(self.database, self.collection,
     math_ceil(self.expire_after))
   -- 85/86: an index on expiresAt exists with other options; it serves
@@ -141,6 +146,7 @@ local function call_opts(self, opts, fname)
   if opts.ratio ~= nil then o.ratio = check_seconds(opts.ratio, 2, fname, "ratio", 3) end
   if opts.max_step ~= nil then o.max_step = check_seconds(opts.max_step, 2, fname, "max_step", 3) end
   if opts.renew ~= nil then o.renew = opts.renew and true or false end
+  if opts.wait ~= nil and wait.check_mode then o.wait = wait.check_mode(opts.wait, 2, fname, 3) end
   return math_ceil(o.ttl * 1000), o
 end
 
@@ -173,11 +179,13 @@ function _M.acquire(self, name, opts)
     if monotonic() >= deadline then return nil, "timeout", info end
     if not state then
       state = { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
-                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step } }
+                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
     end
     state.attempt = state.attempt + 1
     state.info = info
-    wait.sleep_until_retry(state)
+    -- nil, err only when wait = "watch" finds no change stream
+    local ok, werr, wcode = wait.sleep_until_retry(state)
+    if ok == nil and werr ~= nil then return nil, werr, wcode end
   end
 end
 
@@ -200,6 +208,13 @@ function _M.with(self, name, opts, fn, ...)
     return _M.with(self, name, nil, opts, fn, ...)
   end
   check_type(fn, "function", 3, "with")
+  if opts == nil or opts.renew == nil then
+    -- fn may run longer than a ttl: with renews in the background
+    check_type(opts, "table", 2, "with", true)
+    local o = { renew = true }
+    if opts then for k, v in pairs(opts) do o[k] = v end end
+    opts = o
+  end
   local h, err, code = _M.acquire(self, name, opts)
   if not h then return nil, err, code end
   return finish(h, pcall(fn, h, ...))

@@ -1,0 +1,65 @@
+-- #integration: every uncontended operation is one command, counted by the
+-- server itself (serverStatus opcounters), not by timing.
+local helpers = require "helpers"
+
+describe("#integration round trips", function()
+  local client, overhead
+
+  -- commands the server counted while fn ran, less serverStatus's own
+  local function commands(fn)
+    local a = helpers.opcounters(client)
+    local r = table.pack and table.pack(fn()) or { fn() }
+    local b = helpers.opcounters(client)
+    return b.total - a.total - overhead, r
+  end
+
+  setup(function()
+    -- no heartbeat lands inside a measurement: monitors poll once a minute
+    client = helpers.connect({ appname = "roundtrips" },
+      helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
+    helpers.opcounters(client)          -- connect, handshake
+    local a = helpers.opcounters(client)
+    local b = helpers.opcounters(client)
+    overhead = b.total - a.total        -- what one serverStatus counts (0 or 1)
+    assert.is_true(overhead == 0 or overhead == 1)
+  end)
+  teardown(function() client:close() end)
+
+  it("creates the TTL index once per collection per process", function()
+    local locks = helpers.locks(client)
+    local n = commands(function() assert(locks:try("a")):release() end)
+    assert.equal(3, n)                  -- createIndexes, findAndModify, update
+    n = commands(function() assert(locks:try("b")):release() end)
+    assert.equal(2, n)
+    -- another locks object, even another client, on the same collection
+    local again = client:locks({ database = locks.database, collection = locks.collection })
+    n = commands(function() assert(again:try("c")):release() end)
+    assert.equal(2, n)
+  end)
+
+  it("acquire, try, release, extend, status, list, force_release: one each", function()
+    local locks = helpers.locks(client)
+    assert(locks:try("warm")):release()
+    local h
+    assert.equal(1, (commands(function() h = assert(locks:acquire("x")) end)))
+    assert.equal(1, (commands(function() assert.equal("busy", select(2, locks:try("x"))) end)))
+    assert.equal(1, (commands(function() assert(h:extend(10)) end)))
+    assert.equal(1, (commands(function() assert(locks:status("x")) end)))
+    assert.equal(1, (commands(function() assert(locks:list()) end)))
+    assert.equal(1, (commands(function() assert(h:release()) end)))
+    assert.equal(1, (commands(function() assert(locks:try("x")) end)))
+    assert.equal(1, (commands(function() assert(locks:force_release("x")) end)))
+    -- a released handle answers without a round trip
+    assert.equal(0, (commands(function() assert.is_nil(h:release()) end)))
+    assert.equal(0, (commands(function() assert.is_nil(h:remaining()) end)))
+  end)
+
+  it("a full uncontended cycle is two commands", function()
+    local locks = helpers.locks(client)
+    assert(locks:try("warm")):release()
+    local n = commands(function()
+      for _ = 1, 50 do assert(assert(locks:acquire("cycle")):release()) end
+    end)
+    assert.equal(100, n)
+  end)
+end)
