@@ -50,6 +50,7 @@ typedef struct ml_renew {
   pid_t pid;                    /* process the thread runs in */
   pthread_t thread;
   pthread_cond_t cv;            /* new work or stop */
+  pthread_cond_t done;          /* a release was sent (core._renew_flush) */
   renew_item *items;
   renew_item *busy;             /* item whose command runs outside renew_mu */
   int stop;
@@ -182,6 +183,7 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
     pthread_mutex_unlock(&l->mu);
     if (r == 1) st->released++;
     item_drop(st, it);
+    pthread_cond_broadcast(&st->done);
     return;
   }
   pthread_mutex_lock(&l->mu);
@@ -233,6 +235,7 @@ static void *renew_main(void *arg) {
     if (st->stop) {
       /* no connection for the releases left: those leases expire */
       while (st->items) item_drop(st, st->items);
+      pthread_cond_broadcast(&st->done);
       break;
     }
     if (work || (!mc && st->items)) wake = now + 0.1;   /* no connection yet */
@@ -265,6 +268,7 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&st->cv, &ca);
+  pthread_cond_init(&st->done, &ca);
   pthread_condattr_destroy(&ca);
   /* the thread takes no signal: they belong to the application */
   sigfillset(&all);
@@ -273,6 +277,7 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {
     pthread_cond_destroy(&st->cv);
+    pthread_cond_destroy(&st->done);
     free(st);
     return NULL;
   }
@@ -382,6 +387,7 @@ static void renew_stop(ml_client *c) {
   c->renew_state = NULL;
   pthread_mutex_unlock(&renew_mu);
   pthread_cond_destroy(&st->cv);
+  pthread_cond_destroy(&st->done);
   free(st);
 }
 
@@ -466,7 +472,41 @@ static int l_check(lua_State *L) {
   return 1;
 }
 
+/*
+ * core._renew_flush(client [, timeout]) -> true | false: waits (up to
+ * timeout seconds, default 10) until no release of a collected handle is
+ * pending in this process.  INTERNAL, for the specs: the signal that a
+ * handoff has reached the server.
+ */
+static int l_renew_flush(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  double until = ml_monotonic() + luaL_optnumber(L, 2, 10);
+  int pending = 0;
+  pthread_mutex_lock(&renew_mu);
+  for (;;) {
+    ml_renew *st = (ml_renew *)c->renew_state;
+    renew_item *it;
+    pending = 0;
+    if (!st || st->pid != getpid()) break;
+    for (it = st->items; it; it = it->next)
+      if (it->release) pending = 1;
+    if (!pending || ml_monotonic() >= until) break;
+    {
+      struct timespec ts;
+      ts.tv_sec = (time_t)until;
+      ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+      if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+      pthread_cond_timedwait(&st->done, &renew_mu, &ts);
+    }
+  }
+  pthread_mutex_unlock(&renew_mu);
+  lua_pushboolean(L, !pending);
+  return 1;
+}
+
 void ml_renew_open(lua_State *L) {
+  lua_pushcfunction(L, l_renew_flush);
+  lua_setfield(L, -2, "_renew_flush");
   pthread_once(&atfork_once, install_atfork);
   ml_gc_handoff = renew_handoff;
   lua_pushcfunction(L, l_renew_stats);

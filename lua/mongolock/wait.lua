@@ -1,0 +1,143 @@
+-- Waiting between attempts: change-stream wake-ups, with backoff polling
+-- (mongolock.backoff) as the fallback.
+--
+-- The acquire loop (mongolock.locks) calls wait.sleep_until_retry(state)
+-- after every failed attempt; state is described in mongolock.backoff.
+-- state.opts.wait picks the strategy:
+--
+--   "auto"   (default) a change stream when the server has them (a replica
+--            set: the failed attempt's reply carries an operationTime),
+--            else, or when the stream fails, backoff polling
+--   "watch"  a change stream only; when there is none the wait step
+--            returns nil, message, code and acquire returns them
+--   "poll"   backoff polling only (step, ratio, max_step)
+--
+-- With a stream the waiter sleeps until its lock is released (an event
+-- after the operation time of its failed attempt, so a release between the
+-- attempt and the wait is never missed), until the holder's lease ends
+-- (the server's remaining time from the same reply: an expiry makes no
+-- event), or until the caller's deadline, whichever comes first.  One
+-- stream per process and collection serves every waiter (csrc/watch.c).
+--
+-- Fairness: a release wakes every waiter of that lock, in this process and
+-- in others; they race and one wins.  No order is promised.  Polling
+-- waiters are slower to notice a release, so under a mix watchers win more
+-- often.
+--
+-- Inside OpenResty (a phase where ngx.sleep yields) the stream is looked at
+-- without blocking, between cooperative ngx.sleep steps of 1 to 20 ms;
+-- elsewhere the calling thread blocks in C until woken.
+
+local core = require "mongolock.core"
+local backoff = require "mongolock.backoff"
+
+local type = type
+local rawget = rawget
+local math_min = math.min
+local monotonic = core.monotonic
+local watch_wait = core.watch_wait
+
+local _M = {
+  _VERSION = "0.1.0",
+  modes = { auto = true, watch = true, poll = true },
+  default = "auto",
+  -- after this many "retry" answers in a row (the shared stream started
+  -- after the attempt), one backoff step is taken instead
+  max_retries = 3,
+}
+
+-- Phases of ngx_lua in which ngx.sleep yields (as in mongolock.backoff).
+local yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+
+local function cooperative()
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.sleep and ngx.get_phase and yieldable[ngx.get_phase()] then
+    return ngx
+  end
+  return nil
+end
+
+-- raises at the caller's caller unless mode is a wait strategy
+function _M.check_mode(mode, argn, fname, level)
+  if mode == nil then return nil end
+  if type(mode) ~= "string" or not _M.modes[mode] then
+    error(("bad argument #%d to '%s' (wait must be \"auto\", \"watch\" or \"poll\", got %s)")
+      :format(argn, fname, type(mode) == "string" and ("%q"):format(mode) or type(mode)),
+      (level or 2) + 1)
+  end
+  return mode
+end
+
+-- the stream's answer within `seconds`: "event" | "timeout" | "retry" |
+-- nil, message, code
+local function watch(state, ot, seconds)
+  local locks = state.locks
+  local args = { locks.core, locks.database, locks.collection, state.field or "owner",
+    state.name, ot.t, ot.i }
+  local ngx = cooperative()
+  if not ngx then
+    args[8] = seconds
+    return watch_wait(args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8])
+  end
+  local stop = monotonic() + seconds
+  local step = 0.001
+  while true do
+    local res, err, code = watch_wait(args[1], args[2], args[3], args[4], args[5], args[6],
+      args[7], 0)
+    if res ~= "timeout" then return res, err, code end
+    local left = stop - monotonic()
+    if left <= 0 then return "timeout" end
+    ngx.sleep(math_min(step, left))
+    step = math_min(step * 2, 0.02)
+  end
+end
+
+-- true when the next attempt should be made; nil, message, code when
+-- wait = "watch" and no stream can be had
+function _M.sleep_until_retry(state)
+  local opts = state.opts or {}
+  local mode = opts.wait or _M.default
+  if mode == "poll" then
+    backoff.sleep_until_retry(state)
+    return true
+  end
+  local info = state.info
+  local ot = info and info.operation_time
+  if not ot then
+    if mode == "watch" then
+      return nil, "change streams need a replica set (the server sent no operationTime)"
+    end
+    backoff.sleep_until_retry(state)
+    return true
+  end
+  local left = state.deadline - monotonic()
+  if left <= 0 then return true end
+  local remaining = info.remaining
+  if type(remaining) == "number" and remaining >= 0 then
+    -- the holder's lease ends then (no event marks it); a millisecond
+    -- later the server is sure to see it expired
+    left = math_min(left, remaining + 0.001)
+  end
+  local res, err, code = watch(state, ot, left)
+  if res == nil then
+    if mode == "watch" then return nil, err, code end
+    backoff.sleep_until_retry(state)
+    return true
+  end
+  if res == "retry" then
+    state.retries = (state.retries or 0) + 1
+    if state.retries > _M.max_retries then
+      state.retries = 0
+      backoff.sleep_until_retry(state)
+    end
+  else
+    state.retries = 0
+  end
+  return true
+end
+
+return _M
