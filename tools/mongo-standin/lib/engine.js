@@ -776,7 +776,7 @@ COMMANDS.aggregate = function (cmd) {
   }
   const vars = this.vars();
   if (V.isPlainDoc(cmd.let)) for (const k of Object.keys(cmd.let)) vars[k] = expr.compile(cmd.let[k])({}, vars);
-  const run = pipeline.compileStages(pl, { fallback: (n) => fail(40324, `Unrecognized pipeline stage name: '${n}'`) });
+  const run = pipeline.compileStages(pl);
   const coll = this.store.coll(cmd.$db, target, false);
   let input;
   // Leading $match on _id: O(1) lookup instead of a scan.

@@ -491,8 +491,11 @@ function compileOp(op, arg) {
         return V.isPlainDoc(o) && Object.prototype.hasOwnProperty.call(o, k) ? o[k] : undefined;
       };
     }
-    default:
+    default: {
+      const delegated = require('./mingo-bridge').compileExpression(op, arg);
+      if (delegated) return delegated;
       return fail(168, `Unrecognized expression '${op}'`);
+    }
   }
 }
 

@@ -385,9 +385,11 @@ function compileStages(pipeline, opts = {}) {
         const g = groupStage({ _id: spec, count: { $sum: 1 } });
         return (docs, vars) => sortDocs(g(docs, vars), { count: -1 });
       }
-      default:
-        if (opts.fallback) return opts.fallback(name, spec);
+      default: {
+        const delegated = opts.update ? null : require('./mingo-bridge').compileStage(name, spec);
+        if (delegated) return delegated;
         return fail(40324, `Unrecognized pipeline stage name: '${name}'`);
+      }
     }
   });
   return (docs, vars) => {
