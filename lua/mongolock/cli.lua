@@ -166,7 +166,10 @@ local function open_locks(args)
   end
   local ok, client, err = pcall(mongolock.connect, uri, { appname = "mongolock-cli" })
   if not ok then fail(EXIT.usage, "%s", tostring(client)) end
-  if not client then fail(EXIT.unavailable, "cannot connect: %s", tostring(err)) end
+  if not client then
+    if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
+    fail(EXIT.unavailable, "cannot connect: %s", tostring(err))
+  end
   local ok2, locks, err2 = pcall(client.locks, client, {
     database = args.database, collection = args.collection, ttl = args.ttl,
   })
@@ -199,21 +202,10 @@ local function plain(v)
   return v
 end
 
--- seconds of wall time from a date as status returns it (ms since the epoch
--- or a Date value), or nil
-local function epoch_seconds(d)
-  if type(d) == "number" then return d / 1000 end
-  if type(d) == "table" then
-    local ms = tonumber(d.ms or d.value or d[1])
-    if ms then return ms / 1000 end
-  end
-  return nil
-end
-
-local function iso(d)
-  local s = epoch_seconds(d)
-  if not s then return d ~= nil and tostring(d) or "-" end
-  return os.date("!%Y-%m-%dT%H:%M:%SZ", floor(s)) .. ""
+-- a time as status returns it (seconds since the epoch) in ISO 8601, UTC
+local function iso(t)
+  if type(t) ~= "number" then return "-" end
+  return os.date("!%Y-%m-%dT%H:%M:%S", floor(t)) .. format(".%03dZ", floor((t % 1) * 1000))
 end
 
 local function holder_text(h)
@@ -225,10 +217,13 @@ local function holder_text(h)
 end
 
 local function remaining_text(st)
-  local r = st.remaining
-  if r == nil and st.remaining_ms then r = st.remaining_ms / 1000 end
-  if r == nil then return nil end
-  return format("%.1f s", r)
+  if type(st.remaining) ~= "number" then return nil end
+  return format("%.1f s", st.remaining)
+end
+
+-- a fencing token in full (tokens reach 16 digits)
+local function token_text(t)
+  return type(t) == "number" and format("%.0f", t) or "-"
 end
 
 local function json_out(v)
@@ -250,6 +245,15 @@ local function status_record(name, st)
   return rec
 end
 
+-- the JSON form of a record: the token as a decimal string, as lua-cjson
+-- writes at most 14 significant digits and tokens have 16
+local function json_record(rec)
+  local o = {}
+  for k, v in pairs(rec) do o[k] = v end
+  if type(o.token) == "number" then o.token = token_text(o.token) end
+  return o
+end
+
 local function cmd_status(args)
   local client, locks = open_locks(args)
   local st, err = call(locks, "status", args.name)
@@ -257,7 +261,7 @@ local function cmd_status(args)
   local rec = status_record(args.name, st)
   client:close()
   if args.json then
-    json_out(rec)
+    json_out(json_record(rec))
   else
     local out = { format("lock      %s", rec.name), format("state     %s", rec.held and "held" or "free") }
     if rec.held then
@@ -266,7 +270,7 @@ local function cmd_status(args)
       local rem = remaining_text(rec)
       out[#out + 1] = format("expires   %s%s", iso(rec.expires_at), rem and (" (in " .. rem .. ")") or "")
     end
-    if rec.token then out[#out + 1] = format("token     %s", format("%.0f", rec.token)) end
+    if rec.token then out[#out + 1] = format("token     %s", token_text(rec.token)) end
     if rec.acquired_at then out[#out + 1] = format("acquired  %s", iso(rec.acquired_at)) end
     io.stdout:write(concat(out, "\n"), "\n")
   end
@@ -285,13 +289,18 @@ local function cmd_list(args)
   end
   sort(recs, function(a, b) return tostring(a.name) < tostring(b.name) end)
   if args.json then
-    json_out(setmetatable(recs, cjson.array_mt))
+    if #recs == 0 then
+      io.stdout:write("[]\n")   -- lua-cjson writes an empty table as {}
+    else
+      for i, r in ipairs(recs) do recs[i] = json_record(r) end
+      json_out(recs)
+    end
   else
     local rows = { { "NAME", "STATE", "TOKEN", "HOLDER", "EXPIRES" } }
     for _, r in ipairs(recs) do
       rows[#rows + 1] = {
         tostring(r.name), r.held and "held" or "free",
-        r.token and format("%.0f", r.token) or "-",
+        token_text(r.token),
         r.held and holder_text(r.holder) or "-",
         r.held and (remaining_text(r) or iso(r.expires_at)) or "-",
       }
@@ -331,7 +340,7 @@ local function cmd_release(args)
   end
   if not args.yes then
     io.stderr:write(format("mongolock: release %s, held by %s (token %s)? [y/N] ",
-      args.name, holder_text(st.holder), st.token and format("%.0f", st.token) or "-"))
+      args.name, holder_text(st.holder), token_text(st.token)))
     io.stderr:flush()
     local answer = io.stdin:read("*l")
     if not (answer and answer:match("^%s*[yY]")) then
@@ -389,8 +398,8 @@ end
 -- waits for the lock the way flock(1) does: once (-n), up to -w seconds, or
 -- for ever.  Caught signals end the wait.  Returns the handle, or an exit
 -- status.
-local function exec_acquire(args, locks, renew)
-  local opts = { ttl = args.ttl, renew = renew or nil }
+local function exec_acquire(args, locks)
+  local opts = { ttl = args.ttl, renew = true }
   if args.nonblock then
     local h, err = call(locks, "try", args.name, opts)
     if h then return h end
@@ -413,6 +422,7 @@ local function exec_acquire(args, locks, renew)
 end
 
 -- runs argv as a child holding h, until it ends; returns its exit status
+-- and whether the lease was lost (and said so) meanwhile
 local function supervise(args, h, argv, background)
   local pid, err, errno = core.proc_spawn(argv)
   if not pid then
@@ -421,8 +431,6 @@ local function supervise(args, h, argv, background)
   end
   if args.verbose then warn("running %s (pid %d) holding %s", argv[1], pid, args.name) end
 
-  -- background renewal (renew = true) when the library offers it; else
-  -- extend from here every ttl/3
   local period = args.ttl / 3
   local next_renew = core.monotonic() + period
   local lost, kill_at = false, nil
@@ -443,8 +451,8 @@ local function supervise(args, h, argv, background)
     local wait = background and min(0.25, period) or max(0, next_renew - now)
     if kill_at then wait = min(wait, max(0, kill_at - now)) end
     local how, code, signo = core.proc_wait(pid, wait)
-    if how == "exit" then return code end
-    if how == "signal" then return 128 + signo end
+    if how == "exit" then return code, lost end
+    if how == "signal" then return 128 + signo, lost end
     if how == nil then fail(EXIT.software, "%s", tostring(code)) end
 
     for _, sig in ipairs(core.proc_signals()) do
@@ -480,16 +488,17 @@ local function cmd_exec(args)
   local client, locks = open_locks(args)
   load_core()
   core.proc_trap()
-  local renew = mongolock.features and mongolock.features.renew
-  local h, status = exec_acquire(args, locks, renew)
+  local h, status = exec_acquire(args, locks)
   if not h then
     client:close()
     return status
   end
-  if args.verbose then warn("took %s (token %s)", args.name, format("%.0f", h.token or 0)) end
-  local code = supervise(args, h, args.cmd, renew)
+  if args.verbose then warn("took %s (token %s)", args.name, token_text(h.token)) end
+  -- background renewal (renew = true) where the library has it (h:lost()),
+  -- else supervise extends the lease itself
+  local code, lost = supervise(args, h, args.cmd, type(h.lost) == "function")
   local ok, err = h:release()
-  if not ok and err ~= "closed" then
+  if not ok and not lost then
     warn("the lock %s was lost before the command ended (%s)", args.name, tostring(err))
   elseif args.verbose then
     warn("released %s", args.name)

@@ -1,0 +1,489 @@
+-- The mongolock command (bin/mongolock, lua/mongolock/cli.lua), run as a
+-- separate OS process with the interpreter running the specs.
+--   #unit         usage, --help, errors that need no server
+--   #integration  exec, status, list, release, wait against helpers.uri()
+local helpers = require "helpers"
+local cjson = require "cjson"
+local core = require "mongolock.core"
+
+local format = string.format
+local q = helpers.shell_quote
+local root = helpers.root
+local BIN = root .. "/bin/mongolock"
+local DEAD = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+
+local function read(path)
+  return helpers.read_file(path) or ""
+end
+
+-- the shell words that run the command with this interpreter
+local function cli_words(args)
+  local words = { helpers.lua, q(BIN) }
+  for _, a in ipairs(args) do words[#words + 1] = q(a) end
+  return table.concat(words, " ")
+end
+
+-- runs the command to completion: exit status, stdout, stderr
+local function mongolock(args, opts)
+  opts = opts or {}
+  local out, err = os.tmpname(), os.tmpname()
+  local env = opts.env or ""
+  local stdin = opts.stdin and ("printf '%s' " .. q(opts.stdin) .. " | ") or ""
+  local redirect_in = opts.stdin and "" or " </dev/null"
+  local cmd = format("%s%s %s%s >%s 2>%s; echo $?", stdin, env, cli_words(args), redirect_in, q(out), q(err))
+  local p = assert(io.popen(cmd, "r"))
+  local code = tonumber(p:read("*l"))
+  p:close()
+  local o, e = read(out), read(err)
+  os.remove(out); os.remove(err)
+  return code, o, e
+end
+
+-- starts the command in the background; :pid() is mongolock's own pid
+local Bg = {}
+Bg.__index = Bg
+
+local function background(args, env)
+  local self = setmetatable({ out = os.tmpname(), err = os.tmpname(), rc = os.tmpname(),
+    pidf = os.tmpname() }, Bg)
+  os.remove(self.rc); os.remove(self.pidf)
+  -- the inner sh writes its pid and becomes the interpreter (exec)
+  local inner = format("echo $$ >%s; exec %s %s", q(self.pidf), env or "", cli_words(args))
+  os.execute(format("( sh -c %s >%s 2>%s </dev/null; echo $? >%s ) >/dev/null 2>&1 &",
+    q(inner), q(self.out), q(self.err), q(self.rc)))
+  return self
+end
+
+local function poll(fn, timeout, what)
+  local deadline = core.monotonic() + (timeout or 20)
+  while core.monotonic() < deadline do
+    local v = fn()
+    if v then return v end
+    core.sleep(0.02)
+  end
+  error("timed out waiting for " .. what, 2)
+end
+
+function Bg:pid()
+  return poll(function() return tonumber(read(self.pidf):match("%d+")) end, 10, "the pid")
+end
+
+function Bg:wait_output(pattern, timeout)
+  return poll(function()
+    local m = read(self.out):match(pattern)
+    if m then return m end
+    if read(self.rc) ~= "" and not read(self.out):match(pattern) then
+      error(format("exited (%s) without printing %q; stderr: %s", read(self.rc), pattern, read(self.err)))
+    end
+  end, timeout, pattern)
+end
+
+-- exit status, stdout, stderr once it has ended
+function Bg:wait(timeout)
+  local rc = poll(function() return tonumber(read(self.rc):match("%d+")) end, timeout or 30, "exit")
+  return rc, read(self.out), read(self.err)
+end
+
+function Bg:kill(sig)
+  os.execute(format("kill -%s %d", sig, self:pid()))
+end
+
+function Bg:cleanup()
+  for _, f in ipairs({ self.out, self.err, self.rc, self.pidf }) do os.remove(f) end
+end
+
+-- one line on stderr, no traceback
+local function assert_one_line(err)
+  assert.is_truthy(err:match("^mongolock: [^\n]+\n$"), "expected one line, got: " .. err)
+  assert.is_falsy(err:find("traceback", 1, true))
+end
+
+describe("#unit mongolock command", function()
+  it("prints --help for itself and every subcommand, exit 0", function()
+    local code, out = mongolock({ "--help" })
+    assert.equal(0, code)
+    assert.matches("Usage: mongolock", out, 1, true)
+    for _, cmd in ipairs({ "exec", "status", "list", "release", "wait", "demo" }) do
+      assert.matches("Commands:.-\n   " .. cmd .. " ", out)
+      local c, o = mongolock({ cmd, "--help" })
+      assert.equal(0, c)
+      assert.matches("Usage: mongolock " .. cmd, o, 1, true)
+    end
+    local _, o = mongolock({ "exec", "--help" })
+    for _, flag in ipairs({ "--nonblock", "--timeout", "--ttl", "--conflict-exit-code", "--on-lost", "--kill-after" }) do
+      assert.matches(flag, o, 1, true)
+    end
+  end)
+
+  it("answers bad usage with one line on stderr and status 64", function()
+    local cases = {
+      {},                                          -- no command
+      { "frobnicate" },                            -- unknown command
+      { "exec", "job" },                           -- no command to run
+      { "exec", "-n", "-w", "3", "job", "--", "true" }, -- -n and -w together
+      { "exec", "--ttl=0", "job", "--", "true" },
+      { "exec", "--ttl=abc", "job", "--", "true" },
+      { "exec", "-w", "-1", "job", "--", "true" },
+      { "exec", "-E", "300", "job", "--", "true" },
+      { "exec", "--on-lost=explode", "job", "--", "true" },
+      { "exec", "job", "ls", "-l" },               -- option of CMD without --
+      { "status" },
+      { "release", "job" },                        -- no --force
+    }
+    for _, args in ipairs(cases) do
+      local code, out, err = mongolock(args, { env = "MONGODB_URI=" .. q(DEAD) })
+      assert.equal(64, code, table.concat(args, " ") .. ": " .. err)
+      assert.equal("", out)
+      assert_one_line(err)
+    end
+  end)
+
+  it("says where the server should come from when there is none", function()
+    local code, _, err = mongolock({ "status", "job" }, { env = "MONGODB_URI=" })
+    assert.equal(64, code)
+    assert_one_line(err)
+    assert.matches("MONGODB_URI", err, 1, true)
+  end)
+
+  it("reports a bad URI as bad usage and an unreachable server with status 69", function()
+    local code, _, err = mongolock({ "--uri", "http://nope", "status", "job" })
+    assert.equal(64, code)
+    assert_one_line(err)
+    code, _, err = mongolock({ "--uri", DEAD, "status", "job" })
+    assert.equal(69, code)
+    assert_one_line(err)
+    code, _, err = mongolock({ "--uri", DEAD, "exec", "-n", "job", "--", "true" })
+    assert.equal(69, code)
+    assert_one_line(err)
+  end)
+
+  it("rejects a bad lock name as bad usage", function()
+    local code, _, err = mongolock({ "--uri", DEAD, "status", "" })
+    assert.equal(64, code)
+    assert_one_line(err)
+    assert.matches("empty", err, 1, true)
+  end)
+end)
+
+describe("#integration mongolock command", function()
+  local client, locks, base
+
+  setup(function()
+    client = helpers.connect()
+    locks = helpers.locks(client)
+    base = { "--uri", helpers.uri(), "--database", locks.database, "--collection", locks.collection }
+  end)
+
+  teardown(function()
+    if client then client:close() end
+  end)
+
+  -- base options followed by args
+  local function a(...)
+    local t = {}
+    for _, v in ipairs(base) do t[#t + 1] = v end
+    for _, v in ipairs({ ... }) do t[#t + 1] = v end
+    return t
+  end
+
+  describe("exec", function()
+    it("runs the command holding the lock and passes its status and output through", function()
+      local name = helpers.unique("exec")
+      -- inside, the lock is held: a second -n attempt is refused with 1
+      local inner = cli_words(a("exec", "-n", name, "--", "true"))
+      local code, out, err = mongolock(a("exec", name, "--", "sh", "-c",
+        "echo hello; " .. inner .. "; echo inner=$?; exit 3"))
+      assert.equal(3, code, err)
+      assert.equal("hello\ninner=1\n", out)
+      assert.equal("", err)
+      -- released afterwards
+      local st = locks:status(name)
+      assert.is_false(st.held)
+      code = mongolock(a("exec", "-n", name, "--", "true"))
+      assert.equal(0, code)
+    end)
+
+    it("-n exits with the conflict code, 1 by default, when the lock is held", function()
+      local name = helpers.unique("busy")
+      local h = assert(locks:acquire(name))
+      local code, out, err = mongolock(a("exec", "-n", name, "--", "echo", "ran"))
+      assert.equal(1, code)
+      assert.equal("", out)
+      assert.equal("", err)
+      code, out = mongolock(a("exec", "-n", "-E", "75", name, "--", "echo", "ran"))
+      assert.equal(75, code)
+      assert.equal("", out)
+      assert.is_true(h:release())
+    end)
+
+    it("-w gives up with the conflict code after the timeout", function()
+      local name = helpers.unique("timeout")
+      local h = assert(locks:acquire(name))
+      local t0 = core.monotonic()
+      local code, out = mongolock(a("exec", "-w", "0.5", "--conflict-exit-code", "9", name, "--", "echo", "ran"))
+      assert.equal(9, code)
+      assert.equal("", out)
+      assert.is_true(core.monotonic() - t0 >= 0.5)
+      assert.is_true(h:release())
+    end)
+
+    it("waits for the lock and runs the command once it is released", function()
+      local name = helpers.unique("waits")
+      local h = assert(locks:acquire(name))
+      local bg = background(a("exec", "-w", "20", name, "--", "echo", "ran"))
+      -- it is waiting: nothing ran while we hold the lock
+      core.sleep(0.3)
+      assert.equal("", read(bg.out))
+      assert.is_true(h:release())
+      local code, out, err = bg:wait()
+      assert.equal(0, code, err)
+      assert.equal("ran\n", out)
+      bg:cleanup()
+    end)
+
+    it("exits 127 for a command not found and 126 for one not executable, releasing the lock", function()
+      local name = helpers.unique("noexec")
+      local code, _, err = mongolock(a("exec", name, "--", "no-such-command-anywhere"))
+      assert.equal(127, code)
+      assert_one_line(err)
+      local path = os.tmpname()   -- a file without the execute bit
+      code, _, err = mongolock(a("exec", name, "--", path))
+      os.remove(path)
+      assert.equal(126, code)
+      assert_one_line(err)
+      assert.is_false(locks:status(name).held)
+    end)
+
+    it("reports death by a signal as 128 + N", function()
+      local name = helpers.unique("killed")
+      local code = mongolock(a("exec", name, "--", "sh", "-c", "kill -KILL $$"))
+      assert.equal(137, code)
+      assert.is_false(locks:status(name).held)
+    end)
+
+    for _, sig in ipairs({ "TERM", "INT", "HUP" }) do
+      it("forwards SIG" .. sig .. " to the command and passes its status through", function()
+        local name = helpers.unique("sig")
+        local script = format("trap 'echo got %s; exit 42' %s; echo ready; while :; do sleep 0.05; done", sig, sig)
+        local bg = background(a("exec", name, "--", "sh", "-c", script))
+        bg:wait_output("ready")
+        assert.is_true(locks:status(name).held)
+        bg:kill(sig)
+        local code, out, err = bg:wait()
+        assert.equal(42, code, err)
+        assert.equal("ready\ngot " .. sig .. "\n", out)
+        assert.is_false(locks:status(name).held)
+        bg:cleanup()
+      end)
+    end
+
+    it("ends a wait for the lock on SIGTERM with 143, running nothing", function()
+      local name = helpers.unique("sigwait")
+      local h = assert(locks:acquire(name))
+      local bg = background(a("exec", name, "--", "echo", "ran"))
+      bg:pid()
+      core.sleep(0.3)   -- it is in its wait (nothing to observe but time)
+      bg:kill("TERM")
+      local code, out = bg:wait()
+      assert.equal(143, code)
+      assert.equal("", out)
+      assert.equal(h.token, locks:status(name).token)
+      assert.is_true(h:release())
+      bg:cleanup()
+    end)
+
+    it("keeps the lease alive for longer than its ttl while the command runs", function()
+      local name = helpers.unique("renew")
+      local bg = background(a("exec", "--ttl", "1", name, "--", "sh", "-c", "echo ready; sleep 2.5; echo done"))
+      bg:wait_output("ready")
+      core.sleep(1.6)   -- past one ttl
+      local h, err = locks:try(name)
+      assert.is_nil(h)
+      assert.equal("busy", err)
+      local code, out, e = bg:wait()
+      assert.equal(0, code, e)
+      assert.equal("ready\ndone\n", out)
+      assert.equal("", e)
+      assert.is_false(locks:status(name).held)
+      bg:cleanup()
+    end)
+
+    -- the command waits for the file named by its $1 before it goes on
+    local WAIT_GO = "echo ready; while [ ! -e \"$1\" ]; do sleep 0.05; done; echo finished; exit 5"
+
+    it("warns once on a lost lease and lets the command finish by default", function()
+      local name = helpers.unique("lost")
+      local go = os.tmpname(); os.remove(go)
+      local bg = background(a("exec", "--ttl", "1", name, "--", "sh", "-c", WAIT_GO, "sh", go))
+      bg:wait_output("ready")
+      assert.is_true(locks:force_release(name))
+      -- the next renewal (every ttl/3) finds the lock gone
+      poll(function() return read(bg.err):match("lost the lock") end, 10, "the warning")
+      assert.is_true(os.execute("touch " .. q(go)) ~= false)
+      local code, out, err = bg:wait()
+      os.remove(go)
+      assert.equal(5, code, err)
+      assert.equal("ready\nfinished\n", out)
+      assert_one_line(err)
+      assert.matches("keeps running", err, 1, true)
+      bg:cleanup()
+    end)
+
+    it("terminates the command on a lost lease with --on-lost=kill", function()
+      local name = helpers.unique("lostkill")
+      local bg = background(a("exec", "--ttl", "1", "--on-lost=kill", name, "--", "sh", "-c",
+        "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"))
+      bg:wait_output("ready")
+      assert.is_true(locks:force_release(name))
+      local code, out, err = bg:wait()
+      assert.equal(7, code, err)
+      assert.equal("ready\ngot TERM\n", out)
+      assert_one_line(err)
+      assert.matches("terminating", err, 1, true)
+      bg:cleanup()
+    end)
+
+    it("follows SIGTERM with SIGKILL after --kill-after when the command ignores it", function()
+      local name = helpers.unique("lostkill9")
+      local bg = background(a("exec", "--ttl", "1", "--on-lost=kill", "--kill-after", "0.3", name, "--",
+        "sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"))
+      bg:wait_output("ready")
+      assert.is_true(locks:force_release(name))
+      local code, out, err = bg:wait()
+      assert.equal(137, code, err)
+      assert.equal("ready\n", out)
+      bg:cleanup()
+    end)
+  end)
+
+  describe("status and list", function()
+    it("status --json tells a held lock's holder, token and lease", function()
+      local name = helpers.unique("status")
+      local h = assert(locks:acquire(name, { ttl = 20 }))
+      local code, out, err = mongolock(a("status", "--json", name))
+      assert.equal(0, code, err)
+      local st = cjson.decode(out)
+      assert.equal(name, st.name)
+      assert.is_true(st.held)
+      -- the token as a decimal string: exact (lua-cjson writes 14 digits)
+      assert.equal(format("%.0f", h.token), st.token)
+      assert.equal(h.owner, st.owner)
+      assert.equal(core.getpid(), st.holder.pid)
+      assert.is_true(st.remaining > 0 and st.remaining <= 20)
+      -- and the text form says the same
+      code, out = mongolock(a("status", name))
+      assert.equal(0, code)
+      assert.matches("state +held", out)
+      assert.matches("token +" .. format("%.0f", h.token), out)
+      assert.is_true(h:release())
+      code, out = mongolock(a("status", "--json", name))
+      assert.equal(0, code)
+      st = cjson.decode(out)
+      assert.is_false(st.held)
+      assert.equal(format("%.0f", h.token), st.token)
+    end)
+
+    it("status of a lock never taken is free", function()
+      local name = helpers.unique("never")
+      local code, out = mongolock(a("status", "--json", name))
+      assert.equal(0, code)
+      assert.same({ name = name, held = false }, cjson.decode(out))
+      code, out = mongolock(a("status", name))
+      assert.equal(0, code)
+      assert.matches("state +free", out)
+    end)
+
+    it("list --json gives every lock of the collection, held or not", function()
+      local fresh = helpers.locks(client)
+      local b = { "--uri", helpers.uri(), "--database", fresh.database, "--collection", fresh.collection }
+      local code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "list", "--json" })
+      assert.equal(0, code)
+      assert.equal("[]\n", out)
+      local h1 = assert(fresh:acquire("beta"))
+      local h2 = assert(fresh:acquire("alpha"))
+      assert.is_true(h2:release())
+      code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "list", "--json" })
+      assert.equal(0, code)
+      local all = cjson.decode(out)
+      assert.equal(2, #all)
+      assert.equal("alpha", all[1].name)
+      assert.is_false(all[1].held)
+      assert.equal("beta", all[2].name)
+      assert.is_true(all[2].held)
+      assert.equal(format("%.0f", h1.token), all[2].token)
+      code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "list" })
+      assert.equal(0, code)
+      assert.matches("^NAME +STATE +TOKEN +HOLDER +EXPIRES\nalpha +free", out)
+      assert.matches("\nbeta +held", out)
+      assert.is_true(h1:release())
+    end)
+  end)
+
+  describe("release --force", function()
+    it("asks first and releases only on yes", function()
+      local name = helpers.unique("force")
+      local h = assert(locks:acquire(name))
+      local code, _, err = mongolock(a("release", "--force", name), { stdin = "n\n" })
+      assert.equal(1, code)
+      assert.matches("? [y/N]", err, 1, true)
+      assert.is_true(locks:status(name).held)
+      code = mongolock(a("release", "--force", name))   -- no answer at all
+      assert.equal(1, code)
+      assert.is_true(locks:status(name).held)
+      code, _, err = mongolock(a("release", "--force", name), { stdin = "y\n" })
+      assert.equal(0, code, err)
+      assert.is_false(locks:status(name).held)
+      -- the holder learns it
+      local ok, herr = h:release()
+      assert.is_nil(ok)
+      assert.equal("not held", herr)
+    end)
+
+    it("releases without asking with --yes, and says when there is nothing to release", function()
+      local name = helpers.unique("forceyes")
+      assert(locks:acquire(name))
+      local code, out, err = mongolock(a("release", "--force", "--yes", name))
+      assert.equal(0, code, err)
+      assert.equal("", out)
+      assert.equal("", err)
+      assert.is_false(locks:status(name).held)
+      code, _, err = mongolock(a("release", "--force", "--yes", name))
+      assert.equal(1, code)
+      assert_one_line(err)
+      assert.matches("not held", err, 1, true)
+    end)
+  end)
+
+  describe("wait", function()
+    it("returns 0 at once for a free lock and the conflict code on timeout", function()
+      local name = helpers.unique("wait")
+      assert.equal(0, (mongolock(a("wait", name))))
+      local h = assert(locks:acquire(name))
+      assert.equal(1, (mongolock(a("wait", "-w", "0.3", name))))
+      assert.equal(4, (mongolock(a("wait", "-w", "0.3", "-E", "4", name))))
+      assert.is_true(locks:status(name).held)   -- waiting never takes it
+      assert.is_true(h:release())
+    end)
+
+    it("returns once the holder releases", function()
+      local name = helpers.unique("waitrel")
+      local h = assert(locks:acquire(name))
+      local bg = background(a("wait", "-w", "20", name))
+      bg:pid()
+      core.sleep(0.2)
+      assert.equal("", read(bg.rc))   -- still waiting
+      assert.is_true(h:release())
+      local code, _, err = bg:wait()
+      assert.equal(0, code, err)
+      bg:cleanup()
+    end)
+
+    it("returns once the holder's lease expires", function()
+      local name = helpers.unique("waitexp")
+      assert(locks:acquire(name, { ttl = 0.5 }))
+      local code = mongolock(a("wait", "-w", "20", name))
+      assert.equal(0, code)
+      assert.is_false(locks:status(name).held)
+    end)
+  end)
+end)
