@@ -1,0 +1,196 @@
+-- #integration: locks across OS processes: contention, a holder killed with
+-- SIGKILL, clients whose clocks are an hour off (faketime), and fork().
+local helpers = require "helpers"
+local core = require "mongolock.core"
+
+-- The child: connects, then follows its mode.
+--   hold NAME TTL      acquire, print "held PID TOKEN", sleep until killed
+--   loop NAME N FILE   N times: acquire, append "B pid token" / "E pid" to
+--                      FILE around a short critical section, release
+--   wait NAME TIMEOUT  try once (print "busy" or "free"), then acquire
+--                      waiting up to TIMEOUT, print "held PID TOKEN"
+local CHILD = [[
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+local db, coll, mode, name, a, b = ...
+local c = assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "child" }))
+local locks = c:locks({ database = db, collection = coll })
+local function say(...)
+  io.stdout:write(table.concat({ ... }, " "), "\n")
+  io.stdout:flush()
+end
+if mode == "hold" then
+  local h = assert(locks:acquire(name, { ttl = tonumber(a), timeout = 10 }))
+  say("held", core.getpid(), string.format("%.0f", h.token))
+  core.sleep(120)
+elseif mode == "loop" then
+  local f = assert(io.open(b, "a"))
+  f:setvbuf("no")
+  say("ready", core.getpid())
+  for _ = 1, tonumber(a) do
+    local h = assert(locks:acquire(name, { ttl = 10, timeout = 30 }))
+    f:write(string.format("B %d %.0f\n", core.getpid(), h.token))
+    core.sleep(0.002)
+    f:write(string.format("E %d\n", core.getpid()))
+    assert(h:release())
+  end
+  f:close()
+  say("done")
+elseif mode == "wait" then
+  local h, err = locks:try(name)
+  say(h and "free" or err)
+  if not h then h = assert(locks:acquire(name, { timeout = tonumber(a) })) end
+  say("held", core.getpid(), string.format("%.0f", h.token))
+  assert(h:release())
+end
+]]
+
+describe("#integration locks across processes", function()
+  local client, locks, script
+  setup(function()
+    client = helpers.connect({ appname = "parent" })
+    locks = helpers.locks(client)
+    script = helpers.script(CHILD)
+  end)
+  teardown(function()
+    client:close()
+    os.remove(script)
+  end)
+
+  local function spawn(mode, name, a, b, prefix)
+    return helpers.spawn(script, { locks.database, locks.collection, mode, name,
+      tostring(a or ""), tostring(b or "") }, prefix)
+  end
+
+  it("two processes never hold the lock at the same time", function()
+    local name = helpers.unique("contend")
+    local log = os.tmpname()
+    local n = 25
+    local p1 = spawn("loop", name, n, log)
+    local p2 = spawn("loop", name, n, log)
+    for _, p in ipairs({ p1, p2 }) do
+      local st, out = p:wait(60)
+      assert.equal(0, st, out)
+      p:cleanup()
+    end
+    local lines = {}
+    for l in io.lines(log) do lines[#lines + 1] = l end
+    os.remove(log)
+    assert.equal(4 * n, #lines)
+    local pids, last = {}, 0
+    for i = 1, #lines, 2 do
+      local bpid, token = lines[i]:match("^B (%d+) (%d+)$")
+      local epid = lines[i + 1]:match("^E (%d+)$")
+      assert.is_truthy(bpid, lines[i])
+      assert.equal(bpid, epid)          -- nobody entered between B and E
+      token = tonumber(token)
+      assert.is_true(token > last)      -- tokens increase in the order of entry
+      last = token
+      pids[bpid] = (pids[bpid] or 0) + 1
+    end
+    local count = 0
+    for _, k in pairs(pids) do
+      assert.equal(n, k)
+      count = count + 1
+    end
+    assert.equal(2, count)
+  end)
+
+  it("a holder killed with SIGKILL frees the lock when its lease ends", function()
+    local name = helpers.unique("killed")
+    local ttl = 1
+    local p = spawn("hold", name, ttl)
+    local pid, token = assert(p:wait_for("held (%d+) (%d+)"))
+    pid, token = tonumber(pid), nil
+    local _, err, info = locks:try(name)
+    assert.equal("busy", err)
+    assert.equal(pid, info.holder.pid)
+    token = info.token
+    p:kill("KILL", pid)
+    assert.is_truthy(p:wait(10))
+    p:cleanup()
+    -- nobody releases it: the server's clock ends the lease after ttl, and
+    -- the waiter's backoff never sleeps past the holder's known expiry
+    local h = assert(locks:acquire(name, { timeout = ttl + 5 }))
+    assert.is_true(h.token > token)
+    local st = assert(locks:status(name))
+    assert.equal(core.getpid(), st.holder.pid)
+    assert.is_true(h:release())
+  end)
+
+  describe("with clocks an hour off (faketime)", function()
+    local function have_faketime()
+      local out = helpers.run(helpers.script("print(os.time())"), {}, "faketime -f '+1h' ")
+      local t = tonumber(out:match("%d+"))
+      return t and t - os.time() > 3500
+    end
+
+    it("a skewed holder still excludes others and loses the lease on time", function()
+      assert.is_true(have_faketime(), "faketime does not shift the child's clock")
+      for _, skew in ipairs({ "+1h", "-1h" }) do
+        local name = helpers.unique("skew-holder")
+        local p = spawn("hold", name, 1.5, nil, ("faketime -f '%s' "):format(skew))
+        local pid = tonumber((assert(p:wait_for("held (%d+) %d+"))))
+        local _, err, info = locks:try(name)
+        assert.equal("busy", err, skew)
+        assert.equal(pid, info.holder.pid)
+        -- the lease is 1.5 s by the server's clock, not an hour more or less
+        assert.is_true(info.remaining > 0 and info.remaining <= 1.5, tostring(info.remaining))
+        p:kill("KILL", pid)
+        p:wait(10)
+        p:cleanup()
+        local h = assert(locks:acquire(name, { timeout = 6 }))
+        assert.is_true(h:release())
+      end
+    end)
+
+    it("a skewed waiter neither steals a held lock nor waits an hour", function()
+      for _, skew in ipairs({ "+1h", "-1h" }) do
+        local name = helpers.unique("skew-waiter")
+        local h = assert(locks:acquire(name, { ttl = 1 }))
+        local p = spawn("wait", name, 10, nil, ("faketime -f '%s' "):format(skew))
+        assert.equal("busy", (p:wait_for("^(%a+)\n")))
+        -- it gets the lock once our lease ends (we never release it)
+        assert.is_truthy(p:wait_for("held %d+ %d+"))
+        local st, out = p:wait(10)
+        assert.equal(0, st, out)
+        p:cleanup()
+        assert.same({ nil, "not held" }, { h:release() })
+      end
+    end)
+  end)
+
+  it("a client made before fork() works in the child, which never releases the parent's lock", function()
+    local name = helpers.unique("fork")
+    local h = assert(locks:acquire(name, { ttl = 30 }))
+    assert(locks:status(name))          -- the pool is in use before fork
+    local holder = { h = h }
+    local pid = assert(core._fork())
+    if pid == 0 then
+      -- the child: report by exit status only, never through busted
+      local ok, code = pcall(function()
+        local r, err = holder.h:release()
+        if r ~= nil or err ~= "not held" then return 10 end
+        if holder.h:held() then return 11 end
+        if select(2, holder.h:extend()) ~= "not held" then return 12 end
+        local h2 = locks:try(helpers.unique("fork-child"))
+        if not h2 then return 13 end
+        if not h2:release() then return 14 end
+        local st = locks:status(name)
+        if not (st and st.held and st.owner == holder.h.owner) then return 15 end
+        -- the child's copy of the handle is collected: nothing is released
+        holder.h = nil
+        collectgarbage()
+        collectgarbage()
+        if not locks:status(name).held then return 16 end
+        return 0
+      end)
+      core._exit(ok and code or 99)
+    end
+    assert.equal(0, core._waitpid(pid))
+    local st = assert(locks:status(name))
+    assert.is_true(st.held)
+    assert.equal(h.owner, st.owner)
+    assert.is_true(h:release())
+  end)
+end)
