@@ -71,6 +71,15 @@ function _M.set_wait(w)
 end
 function _M.get_wait() return wait end
 
+-- the wait strategy option, checked by the wait module when it has modes
+local function check_wait(mode, argn, fname, level)
+  if wait.check_mode then return wait.check_mode(mode, argn, fname, (level or 2) + 1) end
+  if type(mode) ~= "string" then
+    argerror(argn, fname, "wait must be a string", (level or 2) + 1)
+  end
+  return mode
+end
+
 local MAX_NAME = 1024
 
 -- raises at the caller of fname unless name is a valid lock name
@@ -112,6 +121,7 @@ function _M.new(client, opts)
     app = client.appname,
   }
   if self.ratio < 1 then argerror(1, "locks", "ratio must be >= 1", 2) end
+  if self.wait ~= nil then check_wait(self.wait, 1, "locks", 2) end
   if #self.database == 0 or #self.collection == 0 then
     argerror(1, "locks", "database and collection must not be empty", 2)
   end
@@ -146,6 +156,7 @@ local function call_opts(self, opts, fname)
   if opts.ratio ~= nil then o.ratio = check_seconds(opts.ratio, 2, fname, "ratio", 3) end
   if opts.max_step ~= nil then o.max_step = check_seconds(opts.max_step, 2, fname, "max_step", 3) end
   if opts.renew ~= nil then o.renew = opts.renew and true or false end
+  if opts.wait ~= nil then o.wait = check_wait(opts.wait, 2, fname, 3) end
   if opts.wait ~= nil and wait.check_mode then o.wait = wait.check_mode(opts.wait, 2, fname, 3) end
   return math_ceil(o.ttl * 1000), o
 end
