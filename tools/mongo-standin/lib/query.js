@@ -74,7 +74,7 @@ function rangeTest(op, target) {
       return op === '$gte' || op === '$lte';
     }
     const tv = V.typeName(v);
-    if (tv === 'minKey' || tv === 'maxKey' || V.typeName(target) === 'minKey' || V.typeName(target) === 'maxKey') {
+    if (V.typeName(target) === 'minKey' || V.typeName(target) === 'maxKey') {
       const c = V.compare(v, target);
       return cmpOk(op, c);
     }
