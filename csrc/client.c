@@ -272,7 +272,86 @@ static int l_opcounters(lua_State *L) {
   return 1;
 }
 
+/*
+ * client:get_number(db, coll, id, field) -> number | nil (no document or
+ * no such field) | nil, message, code.  One find on the primary.
+ * client:set_number(db, coll, id, field, value) -> true | nil, msg, code.
+ * One upserting update ($set) with the client's write concern.
+ * Plain reads and writes of one numeric field, for demos and benchmarks
+ * (examples/counter.lua) that need a shared value without locks of their
+ * own; id is a string _id.
+ */
+static int l_get_number(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db = luaL_checkstring(L, 2);
+  const char *coll = luaL_checkstring(L, 3);
+  const char *id = luaL_checkstring(L, 4);
+  const char *field = luaL_checkstring(L, 5);
+  mongoc_collection_t *col = mongoc_client_get_collection(ml_client_get(L, c), db, coll);
+  bson_t filter = BSON_INITIALIZER, opts = BSON_INITIALIZER, proj;
+  const bson_t *doc;
+  bson_error_t err;
+  bson_iter_t it;
+  mongoc_cursor_t *cur;
+  int found = 0;
+  BSON_APPEND_UTF8(&filter, "_id", id);
+  BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+  BSON_APPEND_INT32(&proj, field, 1);
+  bson_append_document_end(&opts, &proj);
+  BSON_APPEND_INT64(&opts, "limit", 1);
+  BSON_APPEND_BOOL(&opts, "singleBatch", true);
+  cur = mongoc_collection_find_with_opts(col, &filter, &opts, NULL);
+  bson_destroy(&filter);
+  bson_destroy(&opts);
+  if (mongoc_cursor_next(cur, &doc) && bson_iter_init_find(&it, doc, field) &&
+      BSON_ITER_HOLDS_NUMBER(&it)) {
+    if (BSON_ITER_HOLDS_DOUBLE(&it)) lua_pushnumber(L, bson_iter_double(&it));
+    else ml_pushint64(L, bson_iter_as_int64(&it));
+    found = 1;
+  }
+  if (mongoc_cursor_error(cur, &err)) {
+    if (found) lua_pop(L, 1);
+    mongoc_cursor_destroy(cur);
+    mongoc_collection_destroy(col);
+    return ml_pusherror(L, &err);
+  }
+  mongoc_cursor_destroy(cur);
+  mongoc_collection_destroy(col);
+  if (!found) lua_pushnil(L);
+  return 1;
+}
+
+static int l_set_number(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db = luaL_checkstring(L, 2);
+  const char *coll = luaL_checkstring(L, 3);
+  const char *id = luaL_checkstring(L, 4);
+  const char *field = luaL_checkstring(L, 5);
+  lua_Number v = luaL_checknumber(L, 6);
+  mongoc_collection_t *col = mongoc_client_get_collection(ml_client_get(L, c), db, coll);
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, set, opts = BSON_INITIALIZER;
+  bson_error_t err;
+  int ok;
+  BSON_APPEND_UTF8(&filter, "_id", id);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
+  if (v == floor(v) && fabs(v) < 9007199254740992.0) BSON_APPEND_INT64(&set, field, (int64_t)v);
+  else BSON_APPEND_DOUBLE(&set, field, (double)v);
+  bson_append_document_end(&update, &set);
+  BSON_APPEND_BOOL(&opts, "upsert", true);
+  ml_client_append_wc(c, &opts);
+  ok = mongoc_collection_update_one(col, &filter, &update, &opts, NULL, &err);
+  bson_destroy(&filter);
+  bson_destroy(&update);
+  bson_destroy(&opts);
+  mongoc_collection_destroy(col);
+  if (!ok) return ml_pusherror(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const luaL_Reg client_methods[] = {
+  {"get_number", l_get_number},
+  {"set_number", l_set_number},
   {"close", l_close},
   {"closed", l_closed},
   {"default_database", l_default_db},
