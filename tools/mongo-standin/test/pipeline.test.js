@@ -1,0 +1,164 @@
+'use strict';
+// Update pipelines and aggregation expressions as the lock library uses them
+// (doc/design.md): $$NOW as one value per command, missing vs null, date
+// arithmetic, no-op detection, expressions in findAndModify's fields.
+
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { Long, Int32, Double } = require('mongodb');
+const { setup } = require('./helpers');
+
+let env, db;
+before(async () => { env = await setup(); db = env.db('pipe'); });
+after(async () => { await env.stop(); });
+
+const RAW = { promoteValues: false, promoteLongs: false };
+
+// The acquire command of doc/design.md.
+function acquire(coll, name, owner, ttlMs) {
+  const FREE = { $or: [{ $eq: [{ $ifNull: ['$owner', null] }, null] }, { $lte: ['$expiresAt', '$$NOW'] }] };
+  return db.command({
+    findAndModify: coll, query: { _id: name }, upsert: true, new: true,
+    update: [{ $set: {
+      owner: { $cond: [FREE, owner, '$owner'] },
+      token: { $cond: [FREE, { $max: [{ $add: [{ $ifNull: ['$token', Long.fromNumber(0)] }, Long.fromNumber(1)] },
+        { $multiply: [{ $toLong: '$$NOW' }, Long.fromNumber(1024)] }] }, '$token'] },
+      acquiredAt: { $cond: [FREE, '$$NOW', '$acquiredAt'] },
+      expiresAt: { $cond: [FREE, { $add: ['$$NOW', Long.fromNumber(ttlMs)] }, '$expiresAt'] },
+      holder: { $cond: [FREE, { $literal: { host: 'h', pid: new Int32(1), app: '$notAField' } }, '$holder'] },
+    } }],
+    fields: { owner: 1, token: 1, expiresAt: 1, holder: 1, acquiredAt: 1, remainingMs: { $subtract: ['$expiresAt', '$$NOW'] } },
+    writeConcern: { w: 'majority' },
+  }, RAW);
+}
+
+test('lock acquire pipeline: upsert, token, server-side times, remainingMs as int64, $literal kept literal', async () => {
+  const r = await acquire('locks', 'job', 'A'.repeat(32), 30000);
+  assert.equal(r.ok.valueOf(), 1);
+  const v = r.value;
+  assert.equal(v._id, 'job');
+  assert.equal(v.owner, 'A'.repeat(32));
+  assert.equal(v.token._bsontype, 'Long');
+  assert.ok(v.acquiredAt instanceof Date);
+  assert.equal(v.expiresAt.getTime() - v.acquiredAt.getTime(), 30000, '$$NOW is one value for the whole command');
+  assert.equal(v.remainingMs._bsontype, 'Long');
+  assert.ok(v.remainingMs.toNumber() <= 30000 && v.remainingMs.toNumber() > 25000);
+  assert.deepEqual(v.holder, { host: 'h', pid: new Int32(1), app: '$notAField' });
+  assert.ok(v.token.toNumber() >= v.acquiredAt.getTime() * 1024);
+  assert.equal(r.lastErrorObject.upserted, 'job');
+});
+
+test('a held lock: the pipeline writes every field back unchanged, which is a no-op (nModified 0)', async () => {
+  const first = await acquire('locks', 'held', 'B'.repeat(32), 60000);
+  const again = await acquire('locks', 'held', 'C'.repeat(32), 60000);
+  assert.equal(again.value.owner, 'B'.repeat(32));
+  assert.equal(again.value.token.toString(), first.value.token.toString());
+  assert.equal(again.lastErrorObject.updatedExisting, true);
+  // the same no-op through update reports nModified 0
+  const u = await db.command({ update: 'locks', updates: [{ q: { _id: 'held' }, u: [{ $set: { owner: '$owner', token: '$token' } }] }] });
+  assert.equal(u.n, 1);
+  assert.equal(u.nModified, 0);
+  const u2 = await db.command({ update: 'locks', updates: [{ q: { _id: 'held' }, u: [{ $set: { expiresAt: { $add: ['$$NOW', 1000] } } }] }] });
+  assert.equal(u2.nModified, 1);
+});
+
+test('expired lease is taken over with token previous+1 or time*1024, whichever is larger', async () => {
+  await acquire('locks', 'exp', 'D'.repeat(32), 1);
+  const before = (await db.collection('locks').findOne({ _id: 'exp' }, RAW)).token;
+  await new Promise((r) => setTimeout(r, 5));
+  const r = await acquire('locks', 'exp', 'E'.repeat(32), 1000);
+  assert.equal(r.value.owner, 'E'.repeat(32));
+  assert.ok(BigInt(r.value.token.toString()) > BigInt(before.toString()));
+  // release keeps token, clears owner
+  const rel = await db.command({ update: 'locks', updates: [{ q: { _id: 'exp', owner: 'E'.repeat(32) }, u: [{ $set: { owner: null, expiresAt: '$$NOW' } }] }] });
+  assert.equal(rel.n, 1);
+  const doc = await db.collection('locks').findOne({ _id: 'exp' }, RAW);
+  assert.equal(doc.owner, null);
+  assert.equal(doc.token.toString(), r.value.token.toString());
+  const rel2 = await db.command({ update: 'locks', updates: [{ q: { _id: 'exp', owner: 'E'.repeat(32) }, u: [{ $set: { owner: null } }] }] });
+  assert.equal(rel2.n, 0);
+});
+
+test('missing vs null in expressions', async () => {
+  const c = db.collection('mn');
+  await c.insertOne({ _id: 1, n: null });
+  const [r] = await c.aggregate([{ $match: { _id: 1 } }, { $project: {
+    _id: 0,
+    missingEqNull: { $eq: ['$absent', null] },
+    nullEqNull: { $eq: ['$n', null] },
+    ifNullMissing: { $ifNull: ['$absent', 'dflt'] },
+    ifNullNull: { $ifNull: ['$n', 'dflt'] },
+    missingLtNull: { $lt: ['$absent', null] },
+    missingLteDate: { $lte: ['$absent', '$$NOW'] },
+    addNull: { $add: ['$n', 1] },
+    addMissing: { $add: ['$absent', 1] },
+    typeMissing: { $type: '$absent' },
+    typeNull: { $type: '$n' },
+    copied: '$absent',
+  } }]).toArray();
+  assert.deepEqual(r, {
+    missingEqNull: false, nullEqNull: true, ifNullMissing: 'dflt', ifNullNull: 'dflt', missingLtNull: true,
+    missingLteDate: true, addNull: null, addMissing: null, typeMissing: 'missing', typeNull: 'null',
+  });
+  // $set of a missing value leaves the field out; $$REMOVE removes it
+  await c.updateOne({ _id: 1 }, [{ $set: { x: '$absent', n: '$$REMOVE' } }]);
+  assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1 });
+});
+
+test('arithmetic keeps BSON types: int32+int32, int64, double, date +/- numbers, date - date', async () => {
+  const c = db.collection('arith');
+  await c.insertOne({ _id: 1, i: new Int32(2), l: Long.fromNumber(3), d: new Double(1.5), t: new Date(1000), big: new Int32(2147483647) });
+  const [r] = await c.aggregate([{ $match: { _id: 1 } }, { $project: {
+    _id: 0,
+    ii: { $add: ['$i', '$i'] }, il: { $add: ['$i', '$l'] }, id: { $add: ['$i', '$d'] },
+    overflow: { $add: ['$big', 1] },
+    dateAdd: { $add: ['$t', '$l'] }, dateSub: { $subtract: ['$t', 500] }, dd: { $subtract: ['$t', { $literal: new Date(400) }] },
+    toLong: { $toLong: '$t' }, mul: { $multiply: ['$l', 1024] }, max: { $max: ['$i', '$l', null] },
+    cond: { $cond: { if: { $gt: ['$l', '$i'] }, then: 'yes', else: 'no' } },
+  } }], RAW).toArray();
+  assert.equal(r.ii._bsontype, 'Int32'); assert.equal(r.ii.value, 4);
+  assert.equal(r.il._bsontype, 'Long'); assert.equal(r.il.toNumber(), 5);
+  assert.equal(r.id._bsontype, 'Double'); assert.equal(r.id.value, 3.5);
+  assert.equal(r.overflow._bsontype, 'Long'); assert.equal(r.overflow.toNumber(), 2147483648);
+  assert.equal(r.dateAdd.getTime(), 1003);
+  assert.equal(r.dateSub.getTime(), 500);
+  assert.equal(r.dd._bsontype, 'Long'); assert.equal(r.dd.toNumber(), 600);
+  assert.equal(r.toLong._bsontype, 'Long'); assert.equal(r.toLong.toNumber(), 1000);
+  assert.equal(r.mul._bsontype, 'Long'); assert.equal(r.mul.toNumber(), 3072);
+  assert.equal(r.max.toNumber(), 3);
+  assert.equal(r.cond, 'yes');
+});
+
+test('$$NOW is one value across every document of a multi-update', async () => {
+  const c = db.collection('now');
+  await c.insertMany(Array.from({ length: 50 }, (_, i) => ({ _id: i })));
+  await c.updateMany({}, [{ $set: { at: '$$NOW' } }]);
+  const times = new Set((await c.find({}).toArray()).map((d) => d.at.getTime()));
+  assert.equal(times.size, 1);
+});
+
+test('pipeline stages in updates: $unset, $replaceWith, $project; other stages are refused', async () => {
+  const c = db.collection('stages');
+  await c.insertOne({ _id: 1, a: 1, b: 2, sub: { x: 1 } });
+  await c.updateOne({ _id: 1 }, [{ $unset: ['b'] }, { $set: { 'sub.y': 2 } }]);
+  assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, a: 1, sub: { x: 1, y: 2 } });
+  await c.updateOne({ _id: 1 }, [{ $replaceWith: { $mergeObjects: ['$sub', { _id: '$_id' }] } }]);
+  assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, x: 1, y: 2 });
+  await c.updateOne({ _id: 1 }, [{ $project: { x: 1 } }]);
+  assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, x: 1 });
+  await assert.rejects(c.updateOne({ _id: 1 }, [{ $match: {} }]), (e) => typeof e.code === 'number');
+  await assert.rejects(c.updateOne({ _id: 1 }, [{ $set: { _id: 2 } }]), (e) => e.code === 66);
+});
+
+test('upsert with a pipeline builds the document from the filter equality fields', async () => {
+  const c = db.collection('ups');
+  const r = await c.updateOne({ _id: 'k', kind: 'lock' }, [{ $set: { n: { $add: [{ $ifNull: ['$n', 0] }, 1] } } }], { upsert: true });
+  assert.equal(r.upsertedId, 'k');
+  assert.deepEqual(await c.findOne({ _id: 'k' }), { _id: 'k', kind: 'lock', n: 1 });
+});
+
+test('unknown expression operators are errors (168)', async () => {
+  const c = db.collection('bad');
+  await c.insertOne({ _id: 1 });
+  await assert.rejects(c.aggregate([{ $project: { x: { $noSuchOp: 1 } } }]).toArray(), (e) => e.code === 168 || e.code === 31325);
+});
