@@ -1,0 +1,156 @@
+'use strict';
+// Change streams: events, resume tokens, startAtOperationTime, updateLookup,
+// $match, getMore that waits and answers the moment an event arrives, and
+// no event for a no-op update.
+
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { Long } = require('mongodb');
+const { setup } = require('./helpers');
+
+let env, db;
+before(async () => { env = await setup(); db = env.db('cs'); await db.createCollection('c'); });
+after(async () => { await env.stop(); });
+
+const RAW = { promoteLongs: false };
+
+async function open(pipeline, extra = {}) {
+  const r = await db.command({ aggregate: 'c', pipeline, cursor: {}, ...extra }, RAW);
+  return r.cursor;
+}
+async function more(id, maxTimeMS = 1000) {
+  return (await db.command({ getMore: id, collection: 'c', maxTimeMS }, RAW)).cursor;
+}
+// Reads until n events arrived (each getMore waits up to 1 s).
+async function take(id, n) {
+  const got = [];
+  for (let i = 0; i < 10 && got.length < n; i++) got.push(...(await more(id)).nextBatch);
+  return got;
+}
+
+test('insert, update, replace and delete events with resume tokens, clusterTime, documentKey, updateDescription', async () => {
+  const cur = await open([{ $changeStream: {} }]);
+  assert.equal(cur.firstBatch.length, 0);
+  assert.ok(cur.postBatchResumeToken && cur.postBatchResumeToken._data);
+  assert.equal(cur.ns, `${db.databaseName}.c`);
+  const c = db.collection('c');
+  await c.insertOne({ _id: 1, a: 1 });
+  await c.updateOne({ _id: 1 }, { $set: { b: 2 }, $unset: { a: '' } });
+  await c.replaceOne({ _id: 1 }, { z: 1 });
+  await c.deleteOne({ _id: 1 });
+  const ev = await take(cur.id, 4);
+  assert.deepEqual(ev.map((e) => e.operationType), ['insert', 'update', 'replace', 'delete']);
+  for (const e of ev) {
+    assert.ok(e._id && e._id._data);
+    assert.equal(e.clusterTime._bsontype, 'Timestamp');
+    assert.deepEqual(e.ns, { db: db.databaseName, coll: 'c' });
+    assert.deepEqual(e.documentKey, { _id: 1 });
+  }
+  assert.deepEqual(ev[0].fullDocument, { _id: 1, a: 1 });
+  assert.deepEqual(ev[1].updateDescription.updatedFields, { b: 2 });
+  assert.deepEqual(ev[1].updateDescription.removedFields, ['a']);
+  assert.equal(ev[1].fullDocument, undefined);
+  assert.deepEqual(ev[2].fullDocument, { _id: 1, z: 1 });
+  // cluster times strictly increase
+  for (let i = 1; i < ev.length; i++) assert.ok(ev[i].clusterTime.greaterThan(ev[i - 1].clusterTime));
+  // resumeAfter the second event replays the last two
+  const resumed = await open([{ $changeStream: { resumeAfter: ev[1]._id } }]);
+  const again = [...resumed.firstBatch, ...(resumed.firstBatch.length >= 2 ? [] : await take(resumed.id, 2 - resumed.firstBatch.length))];
+  assert.deepEqual(again.map((e) => e.operationType), ['replace', 'delete']);
+  assert.deepEqual(again[0]._id, ev[2]._id);
+  const sa = await open([{ $changeStream: { startAfter: ev[2]._id } }]);
+  const after3 = [...sa.firstBatch, ...(sa.firstBatch.length ? [] : await take(sa.id, 1))];
+  assert.deepEqual(after3.map((e) => e.operationType), ['delete']);
+  for (const id of [cur.id, resumed.id, sa.id]) await db.command({ killCursors: 'c', cursors: [id] });
+});
+
+test('startAtOperationTime = operationTime of a read misses nothing written after it', async () => {
+  const c = db.collection('c');
+  await c.insertOne({ _id: 'before' });
+  const read = await db.command({ find: 'c', filter: { _id: 'before' } });
+  await c.insertOne({ _id: 'after' });
+  const cur = await open([{ $changeStream: { startAtOperationTime: read.operationTime } }]);
+  const ev = [...cur.firstBatch];
+  if (!ev.some((e) => e.documentKey._id === 'after')) ev.push(...await take(cur.id, 1));
+  // startAtOperationTime is inclusive: the write the read observed (same
+  // cluster time) is replayed, then everything after it.
+  assert.deepEqual(ev.map((e) => e.documentKey._id), ['before', 'after']);
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
+
+test('fullDocument updateLookup and a later $match stage', async () => {
+  const cur = await open([{ $changeStream: { fullDocument: 'updateLookup' } }, { $match: { operationType: 'update', 'documentKey._id': 'watched' } }]);
+  const c = db.collection('c');
+  await c.insertOne({ _id: 'watched', v: 1 });
+  await c.insertOne({ _id: 'other', v: 1 });
+  await c.updateOne({ _id: 'other' }, { $set: { v: 2 } });
+  await c.updateOne({ _id: 'watched' }, { $set: { v: 3 } });
+  const ev = await take(cur.id, 1);
+  assert.equal(ev.length, 1);
+  assert.equal(ev[0].operationType, 'update');
+  assert.deepEqual(ev[0].fullDocument, { _id: 'watched', v: 3 });
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
+
+test('getMore waits up to maxTimeMS, then answers an empty batch with the same cursor id', async () => {
+  const cur = await open([{ $changeStream: {} }]);
+  const t0 = Date.now();
+  const r = await more(cur.id, 300);
+  const waited = Date.now() - t0;
+  assert.equal(r.nextBatch.length, 0);
+  assert.equal(r.id.toString(), cur.id.toString());
+  assert.ok(r.postBatchResumeToken._data);
+  assert.ok(waited >= 250, `returned after ${waited} ms`);
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
+
+test('getMore answers as soon as an event arrives, not at maxTimeMS', async () => {
+  const cur = await open([{ $changeStream: {} }]);
+  const pending = more(cur.id, 20000);
+  // the write goes over another connection while the getMore waits
+  const other = env.client.db(db.databaseName).collection('c');
+  const t0 = Date.now();
+  setTimeout(() => { other.insertOne({ _id: 'wake' }).catch(() => {}); }, 50);
+  const r = await pending;
+  assert.equal(r.nextBatch.length, 1);
+  assert.equal(r.nextBatch[0].documentKey._id, 'wake');
+  assert.ok(Date.now() - t0 < 10000, 'woken by the event');
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
+
+test('a no-op update produces no event', async () => {
+  const c = db.collection('c');
+  await c.insertOne({ _id: 'noop', owner: 'x' });
+  const cur = await open([{ $changeStream: {} }]);
+  await c.updateOne({ _id: 'noop' }, [{ $set: { owner: '$owner' } }]);
+  await c.updateOne({ _id: 'noop' }, { $set: { owner: 'x' } });
+  await c.insertOne({ _id: 'marker' });
+  const ev = await take(cur.id, 1);
+  assert.deepEqual(ev.map((e) => [e.operationType, e.documentKey._id]), [['insert', 'marker']]);
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
+
+test('the Node.js driver ChangeStream API works and resumes', async () => {
+  const c = db.collection('c');
+  const stream = c.watch([], { maxAwaitTimeMS: 200 });
+  await stream.tryNext(); // opens the cursor
+  await c.insertOne({ _id: 'drv' });
+  let change = null;
+  for (let i = 0; i < 20 && !change; i++) change = await stream.tryNext();
+  assert.equal(change.operationType, 'insert');
+  assert.equal(change.documentKey._id, 'drv');
+  const token = stream.resumeToken;
+  await stream.close();
+  await c.insertOne({ _id: 'drv2' });
+  const s2 = c.watch([], { resumeAfter: token, maxAwaitTimeMS: 200 });
+  let c2 = null;
+  for (let i = 0; i < 20 && !c2; i++) c2 = await s2.tryNext();
+  assert.equal(c2.documentKey._id, 'drv2');
+  await s2.close();
+});
+
+test('bad change stream options are refused', async () => {
+  await assert.rejects(open([{ $changeStream: { bogus: 1 } }]), (e) => e.code === 40415);
+  await assert.rejects(open([{ $match: {} }, { $changeStream: {} }]), (e) => typeof e.code === 'number');
+  await assert.rejects(db.command({ getMore: Long.fromNumber(123456789), collection: 'c' }), (e) => e.code === 43);
+});
