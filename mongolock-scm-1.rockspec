@@ -1,0 +1,68 @@
+-- luarocks --lua-version=5.4 make --tree=DIR   (or: luarocks make, for LuaJIT
+-- with --lua-version=5.1).  The Makefile builds the same C module for Lua
+-- 5.4 and LuaJIT without luarocks.
+rockspec_format = "3.0"
+package = "mongolock"
+version = "scm-1"
+
+source = {
+  url = "git+file:///work/main",
+  branch = "main",
+}
+
+description = {
+  summary = "Distributed locks on MongoDB for Lua: named locks with fencing tokens, document locks",
+  detailed = [[
+Named locks that any number of processes on any number of machines can
+contend for, that expire when their holder dies and that only their holder
+can release.  Every expiry decision uses the server's clock; every
+uncontended operation is one round trip; fencing tokens strictly increase.
+A C core on libmongoc, a Lua layer, a command-line tool and an
+OpenResty-friendly API.]],
+  license = "MIT",
+  labels = { "mongodb", "lock", "distributed", "openresty" },
+}
+
+dependencies = {
+  "lua >= 5.1",   -- Lua 5.4, or LuaJIT 2.1 (reports 5.1)
+}
+
+external_dependencies = {
+  LIBMONGOC = {
+    header = "libmongoc-1.0/mongoc/mongoc.h",
+    library = "mongoc-1.0",
+  },
+  LIBBSON = {
+    header = "libbson-1.0/bson/bson.h",
+    library = "bson-1.0",
+  },
+}
+
+build = {
+  type = "builtin",
+  modules = {
+    ["mongolock"] = "lua/mongolock.lua",
+    ["mongolock.locks"] = "lua/mongolock/locks.lua",
+    ["mongolock.backoff"] = "lua/mongolock/backoff.lua",
+    ["mongolock.wait"] = "lua/mongolock/wait.lua",
+    ["mongolock.cli"] = "lua/mongolock/cli.lua",
+    ["resty.mongolock"] = "lua/resty/mongolock.lua",
+    ["mongolock.core"] = {
+      sources = {
+        "csrc/core.c", "csrc/client.c", "csrc/lock.c",
+        "csrc/renew.c", "csrc/watch.c", "csrc/proc.c",
+      },
+      -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
+      incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },
+      libdirs = { "$(LIBMONGOC_LIBDIR)", "$(LIBBSON_LIBDIR)" },
+      libraries = { "mongoc-1.0", "bson-1.0", "pthread" },
+    },
+  },
+  install = {
+    bin = { mongolock = "bin/mongolock" },
+  },
+}
+
+test = {
+  type = "busted",
+}
