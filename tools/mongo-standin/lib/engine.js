@@ -420,7 +420,7 @@ COMMANDS.configureFailPoint = function (cmd) {
   const name = cmd.configureFailPoint;
   if (name !== 'failCommand') fail(2, `Cannot find failpoint: ${name}`);
   const mode = cmd.mode;
-  const data = cmd.data === undefined ? {} : cmd.data;
+  const data = cmd.data === undefined || (cmd.data === null && mode === 'off') ? {} : cmd.data;
   if (!V.isPlainDoc(data)) fail(14, "the 'data' field must be an object");
   const fp = { data };
   if (mode === 'off') { this.failpoint = null; return { count: new Int32(0), ok: 1 }; }
