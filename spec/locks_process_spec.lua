@@ -100,12 +100,11 @@ describe("#integration locks across processes", function()
     local name = helpers.unique("killed")
     local ttl = 1
     local p = spawn("hold", name, ttl)
-    local pid, token = assert(p:wait_for("held (%d+) (%d+)"))
-    pid, token = tonumber(pid), nil
+    local pid = tonumber((assert(p:wait_for("held (%d+) %d+"))))
     local _, err, info = locks:try(name)
     assert.equal("busy", err)
     assert.equal(pid, info.holder.pid)
-    token = info.token
+    local token = info.token
     p:kill("KILL", pid)
     assert.is_truthy(p:wait(10))
     p:cleanup()

@@ -15,6 +15,7 @@ describe("#unit mongolock-scm-1.rockspec", function()
   setup(function()
     local path = helpers.root .. "/mongolock-scm-1.rockspec"
     local chunk = assert(loadfile(path, "t", spec) or loadfile(path))
+    local setfenv = rawget(_G, "setfenv")          -- LuaJIT
     if setfenv then setfenv(chunk, spec) end
     chunk()
   end)
