@@ -73,7 +73,8 @@ node %s --port 0 >%s 2>&1 &
 n=$!
 echo $n
 L=$PPID
-( while kill -0 $L 2>/dev/null && kill -0 $n 2>/dev/null; do sleep 1; done; kill $n 2>/dev/null ) >/dev/null 2>&1 </dev/null &
+( while kill -0 $L 2>/dev/null && kill -0 $n 2>/dev/null; do sleep 1; done; kill $n 2>/dev/null ) \
+  >/dev/null 2>&1 </dev/null &
 ]], shell_quote(server), shell_quote(standin_log))
   local p = assert(io.popen(cmd, "r"))
   standin_pid = tonumber(p:read("*l"))
@@ -142,9 +143,9 @@ end
 
 local clients = setmetatable({}, { __mode = "k" })
 
-function helpers.connect(opts, uri)
+function helpers.connect(opts, at)
   local mongolock = require "mongolock"
-  local c = assert(mongolock.connect(uri or helpers.uri(), opts))
+  local c = assert(mongolock.connect(at or helpers.uri(), opts))
   clients[c] = true
   return c
 end
