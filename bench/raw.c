@@ -1,0 +1,221 @@
+/*
+ * raw: the ceiling for mongolock's uncontended cycle.  The same two commands
+ * the library sends (doc/design.md: acquire = one findAndModify with the
+ * update pipeline, release = one update), built and sent from C on libmongoc
+ * with nothing else around them: no Lua, no argument checks, no lease table.
+ *
+ *   raw URI [SECONDS [WARMUP]]
+ *
+ * Prints one JSON line:
+ *   {"impl":"raw","cycles":N,"seconds":S,"cpu":S,"ops":N,"failed":N}
+ * cpu is user + sys of this process (getrusage, every thread: the pool's
+ * monitor included, as in the library); ops is the serverStatus opcounters
+ * delta over the measured cycles (the closing serverStatus itself removed).
+ */
+#include <mongoc/mongoc.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+
+#define TTL_MS 30000
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* 32 hex digits from 16 random bytes, as the library's owner id */
+static void new_owner(char out[33]) {
+  static const char hex[] = "0123456789abcdef";
+  unsigned char b[16];
+  size_t i;
+  if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+    for (i = 0; i < sizeof b; i++) b[i] = (unsigned char)rand();
+  }
+  for (i = 0; i < 16; i++) {
+    out[2 * i] = hex[b[i] >> 4];
+    out[2 * i + 1] = hex[b[i] & 15];
+  }
+  out[32] = '\0';
+}
+
+/* FREE = {$or: [{$eq: [{$ifNull: ["$owner", null]}, null]}, {$lte: ["$expiresAt", "$$NOW"]}]} */
+#define FREE                                                                              \
+  "$or", "[", "{", "$eq", "[", "{", "$ifNull", "[", BCON_UTF8("$owner"), BCON_NULL, "]", "}", \
+      BCON_NULL, "]", "}", "{", "$lte", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", \
+      "}", "]"
+
+static bson_t *acquire_cmd(const char *coll, const char *name, const char *owner,
+                           const char *host, int64_t pid) {
+  return BCON_NEW(
+      "findAndModify", BCON_UTF8(coll),
+      "query", "{", "_id", BCON_UTF8(name), "}",
+      "upsert", BCON_BOOL(true),
+      "new", BCON_BOOL(true),
+      "update", "[", "{", "$set", "{",
+        "owner", "{", "$cond", "[", "{", FREE, "}", BCON_UTF8(owner), BCON_UTF8("$owner"), "]", "}",
+        "token", "{", "$cond", "[", "{", FREE, "}",
+          "{", "$max", "[",
+            "{", "$add", "[", "{", "$ifNull", "[", BCON_UTF8("$token"), BCON_INT64(0), "]", "}",
+                              BCON_INT64(1), "]", "}",
+            "{", "$multiply", "[", "{", "$toLong", BCON_UTF8("$$NOW"), "}", BCON_INT64(1024), "]", "}",
+          "]", "}",
+          BCON_UTF8("$token"), "]", "}",
+        "acquiredAt", "{", "$cond", "[", "{", FREE, "}", BCON_UTF8("$$NOW"), BCON_UTF8("$acquiredAt"), "]", "}",
+        "expiresAt", "{", "$cond", "[", "{", FREE, "}",
+          "{", "$add", "[", BCON_UTF8("$$NOW"), BCON_INT64(TTL_MS), "]", "}",
+          BCON_UTF8("$expiresAt"), "]", "}",
+        "holder", "{", "$cond", "[", "{", FREE, "}",
+          "{", "$literal", "{", "host", BCON_UTF8(host), "pid", BCON_INT64(pid), "}", "}",
+          BCON_UTF8("$holder"), "]", "}",
+      "}", "}", "]",
+      "fields", "{", "owner", BCON_INT32(1), "token", BCON_INT32(1), "expiresAt", BCON_INT32(1),
+        "holder", BCON_INT32(1), "acquiredAt", BCON_INT32(1),
+        "remainingMs", "{", "$subtract", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", "}",
+      "}");
+}
+
+static bson_t *release_cmd(const char *coll, const char *name, const char *owner) {
+  return BCON_NEW(
+      "update", BCON_UTF8(coll),
+      "updates", "[", "{",
+        "q", "{", "_id", BCON_UTF8(name), "owner", BCON_UTF8(owner), "}",
+        "u", "[", "{", "$set", "{", "owner", BCON_NULL, "expiresAt", BCON_UTF8("$$NOW"), "}", "}", "]",
+        "upsert", BCON_BOOL(false), "multi", BCON_BOOL(false),
+      "}", "]");
+}
+
+/* 1 when the reply's value.owner is ours */
+static int won(const bson_t *reply, const char *owner) {
+  bson_iter_t it;
+  return bson_iter_init(&it, reply) && bson_iter_find_descendant(&it, "value.owner", &it) &&
+         BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), owner) == 0;
+}
+
+/* n of an update reply, or -1 */
+static int64_t reply_n(const bson_t *reply) {
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, reply, "n") && BSON_ITER_HOLDS_NUMBER(&it))
+    return bson_iter_as_int64(&it);
+  return -1;
+}
+
+/* sum of serverStatus opcounters, or -1 */
+static int64_t opcounters(mongoc_client_t *c) {
+  bson_t cmd = BSON_INITIALIZER, reply;
+  bson_iter_t it, sub;
+  bson_error_t err;
+  int64_t total = -1;
+  BSON_APPEND_INT32(&cmd, "serverStatus", 1);
+  if (mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &err) &&
+      bson_iter_init_find(&it, &reply, "opcounters") && bson_iter_recurse(&it, &sub)) {
+    total = 0;
+    while (bson_iter_next(&sub))
+      if (BSON_ITER_HOLDS_NUMBER(&sub)) total += bson_iter_as_int64(&sub);
+  } else if (err.code) {
+    fprintf(stderr, "raw: serverStatus: %s\n", err.message);
+  }
+  bson_destroy(&reply);
+  bson_destroy(&cmd);
+  return total;
+}
+
+/* one acquire + release; 0 on success */
+static int cycle(mongoc_client_t *c, const char *db, const char *coll, const char *name,
+                 const char *host, int64_t pid, const bson_t *wc_opts) {
+  char owner[33];
+  bson_t *cmd, reply;
+  bson_error_t err;
+  int ok;
+  new_owner(owner);
+  cmd = acquire_cmd(coll, name, owner, host, pid);
+  ok = mongoc_client_write_command_with_opts(c, db, cmd, wc_opts, &reply, &err) && won(&reply, owner);
+  if (!ok && err.code) fprintf(stderr, "raw: findAndModify: %s\n", err.message);
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  if (!ok) return -1;
+  cmd = release_cmd(coll, name, owner);
+  ok = mongoc_client_write_command_with_opts(c, db, cmd, wc_opts, &reply, &err) && reply_n(&reply) == 1;
+  if (!ok && err.code) fprintf(stderr, "raw: update: %s\n", err.message);
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  return ok ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+  const char *uri_s = argc > 1 ? argv[1] : getenv("MONGODB_URI");
+  double seconds = argc > 2 ? atof(argv[2]) : 5.0;
+  long warmup = argc > 3 ? atol(argv[3]) : 200;
+  mongoc_uri_t *uri;
+  mongoc_client_pool_t *pool;
+  mongoc_client_t *c;
+  mongoc_write_concern_t *wc;
+  bson_t wc_opts = BSON_INITIALIZER;
+  bson_error_t err;
+  char host[256], name[64];
+  const char *db = "mongolock_bench", *coll = "locks";
+  int64_t pid = (int64_t)getpid(), ops0, ops1;
+  long i, n = 0, failed = 0;
+  double t0, t1, c0, c1;
+
+  if (!uri_s || seconds <= 0) {
+    fprintf(stderr, "usage: raw URI [SECONDS [WARMUP]]\n");
+    return 2;
+  }
+  mongoc_init();
+  uri = mongoc_uri_new_with_error(uri_s, &err);
+  if (!uri) {
+    fprintf(stderr, "raw: %s\n", err.message);
+    return 2;
+  }
+  mongoc_uri_set_option_as_utf8(uri, MONGOC_URI_APPNAME, "bench-raw");
+  pool = mongoc_client_pool_new(uri);
+  mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
+  c = mongoc_client_pool_pop(pool);
+  wc = mongoc_write_concern_new();
+  mongoc_write_concern_set_wmajority(wc, 0);
+  mongoc_write_concern_append(wc, &wc_opts);
+  if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
+  host[sizeof host - 1] = '\0';
+  snprintf(name, sizeof name, "bench-raw-%ld", (long)pid);
+
+  for (i = 0; i < warmup; i++)
+    if (cycle(c, db, coll, name, host, pid, &wc_opts) != 0) failed++;
+
+  ops0 = opcounters(c);
+  c0 = cpu_s();
+  t0 = now_s();
+  do {
+    for (i = 0; i < 64; i++) {
+      if (cycle(c, db, coll, name, host, pid, &wc_opts) != 0) failed++;
+      n++;
+    }
+    t1 = now_s();
+  } while (t1 - t0 < seconds);
+  c1 = cpu_s();
+  ops1 = opcounters(c);
+
+  printf("{\"impl\":\"raw\",\"cycles\":%ld,\"seconds\":%.6f,\"cpu\":%.6f,\"ops\":%lld,\"failed\":%ld}\n",
+         n, t1 - t0, c1 - c0, (ops0 < 0 || ops1 < 0) ? -1LL : (long long)(ops1 - ops0 - 1), failed);
+
+  mongoc_write_concern_destroy(wc);
+  bson_destroy(&wc_opts);
+  mongoc_client_pool_push(pool, c);
+  mongoc_client_pool_destroy(pool);
+  mongoc_uri_destroy(uri);
+  mongoc_cleanup();
+  return failed ? 1 : 0;
+}
