@@ -198,9 +198,11 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
     st->renewals++;
     it->retry_at = 0;
   } else if (r == 0) {
-    /* matched nothing: expired and taken, or the document is gone */
+    /* matched nothing: expired and taken, or the document is gone
+     * (ml_lease_extend marks it too; a release by the Lua side in the
+     * meantime has already cleared held and leaves it alone) */
     pthread_mutex_lock(&l->mu);
-    if (l->held) {
+    if (l->held || l->lost) {
       l->held = 0;
       l->lost = 1;
       st->lost++;
