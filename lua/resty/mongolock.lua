@@ -1,0 +1,287 @@
+-- resty.mongolock: lua-resty-lock's API on a mongolock named lock, so that
+-- OpenResty handlers on every host of a fleet exclude each other, not only
+-- the workers of one host.
+--
+--   local lock = require("resty.mongolock"):new({ uri = ..., exptime = 30 })
+--   local elapsed, err = lock:lock("key")    -- nil, "timeout" | "locked"
+--   ... the critical section ...
+--   local ok, err = lock:unlock()            -- nil, "unlocked"
+--
+-- Invariants:
+-- - Each library call below is one round trip to the server (try, release,
+--   extend); between attempts the handler waits with ngx.sleep or on an
+--   ngx.semaphore, so the worker keeps serving other requests while it
+--   waits.  (The first use of a collection in a worker adds the index
+--   check, once.)
+-- - The gate: in a worker, the lock objects waiting for one key queue on a
+--   semaphore and only the gate's owner asks the server, so the server sees
+--   at most one waiter per worker and key, and a release hands over to the
+--   worker's next waiter at once (in arrival order).  The gate is a hint
+--   that never blocks for good: it is free once its owner unlocks, gives
+--   up, is collected, or outlives its deadline (the lease end while it
+--   holds the lock, the end of its wait while it waits), and every waiter
+--   looks again at least every max_step.  Exclusion itself comes only from
+--   the server.
+-- - Clients are made lazily, once per process: a client made before fork
+--   (init_by_lua) is never used by a worker, which makes its own.
+-- - A lock object holds at most one lock at a time; a lock object collected
+--   while holding releases through the handle's own __gc.
+
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+
+local ok_sema, semaphore = pcall(require, "ngx.semaphore")
+if not ok_sema then semaphore = nil end
+
+local type, error, pairs, tostring = type, error, pairs, tostring
+local setmetatable = setmetatable
+local math_min, math_max = math.min, math.max
+local getpid = core.getpid
+local monotonic = core.monotonic
+
+local _M = { _VERSION = "0.1.0" }
+local mt = { __index = _M }
+
+-- every default, written down once (lua-resty-lock's, but the collection)
+local defaults = {
+  exptime = 30,        -- lease length (s); lua-resty-lock's exptime
+  timeout = 5,         -- how long lock() waits (s); 0 makes one attempt
+  step = 0.001,        -- first sleep between attempts (s)
+  ratio = 2,           -- the step grows by this factor after each attempt
+  max_step = 0.5,      -- up to this (s)
+  collection = "locks",
+}
+
+local function sleep(s)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.sleep then return ngx.sleep(s) end
+  return core.sleep(s)           -- outside nginx (scripts, specs)
+end
+
+-- per process: uri -> client, uri|db|collection -> locks, and the gates
+-- (locks -> key -> gate)
+local cache = { pid = nil, clients = {}, locks = {}, gates = {} }
+
+-- phases where ngx.semaphore and ngx.sleep yield
+local yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+
+local function locks_for(opts)
+  local pid = getpid()
+  if cache.pid ~= pid then
+    -- a forked worker: the parent's objects stay the parent's
+    cache = { pid = pid, clients = {}, locks = {}, gates = {} }
+  end
+  local client = opts.client
+  local key
+  if client then
+    key = tostring(client)
+  else
+    key = opts.uri
+    client = cache.clients[key]
+    if not client then
+      local err
+      client, err = mongolock.connect(opts.uri, { appname = opts.appname or "resty.mongolock" })
+      if not client then return nil, err end
+      cache.clients[key] = client
+    end
+  end
+  key = key .. "|" .. tostring(opts.database) .. "|" .. opts.collection
+  local locks = cache.locks[key]
+  if not locks then
+    local err
+    locks, err = client:locks({ database = opts.database, collection = opts.collection, ttl = opts.exptime })
+    if not locks then return nil, err end
+    cache.locks[key] = locks
+  end
+  return locks
+end
+
+local function check_seconds(opts, name, allow_zero)
+  local v = opts[name]
+  if v == nil then return defaults[name] end
+  if type(v) ~= "number" or v ~= v or v == math.huge or v < 0 or (v == 0 and not allow_zero) then
+    error("bad option '" .. name .. "' to 'new' (" .. (allow_zero and "non-negative" or "positive")
+      .. " number expected, got " .. tostring(v) .. ")", 3)
+  end
+  return v
+end
+
+-- syntax: obj, err = mongolock:new(opts)
+-- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
+-- timeout, step, ratio, max_step, appname.
+function _M.new(_, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  opts = opts or {}
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  if o.client == nil then
+    if o.uri == nil then o.uri = os.getenv("MONGODB_URI") end
+    if type(o.uri) ~= "string" or o.uri == "" then
+      error("bad option 'uri' to 'new' (a MongoDB URI or a client expected; MONGODB_URI is unset "
+        .. "(nginx passes it to workers only with 'env MONGODB_URI;'))", 2)
+    end
+  end
+  if o.collection ~= nil and type(o.collection) ~= "string" then
+    error("bad option 'collection' to 'new' (string expected, got " .. type(o.collection) .. ")", 2)
+  end
+  o.collection = o.collection or defaults.collection
+  o.exptime = check_seconds(o, "exptime", false)
+  o.timeout = check_seconds(o, "timeout", true)
+  o.step = check_seconds(o, "step", false)
+  o.ratio = check_seconds(o, "ratio", false)
+  o.max_step = check_seconds(o, "max_step", false)
+
+  local locks, err = locks_for(o)
+  if not locks then return nil, err end
+  return setmetatable({
+    locks = locks, handle = nil, exptime = o.exptime, timeout = o.timeout,
+    step = o.step, ratio = o.ratio, max_step = o.max_step,
+  }, mt)
+end
+
+-- ---- the gate (see the invariants at the top) ------------------------------
+
+-- the gate of locks/key in this worker, or nil outside a yieldable
+-- OpenResty phase (plain Lua, init phases): then every waiter polls
+local function gate_for(locks, key)
+  local ngx = rawget(_G, "ngx")
+  if not (semaphore and ngx and ngx.get_phase and yieldable[ngx.get_phase()]) then return nil end
+  local by_key = cache.gates[locks]
+  if not by_key then
+    by_key = {}
+    cache.gates[locks] = by_key
+  end
+  local gate = by_key[key]
+  if not gate then
+    local sema, err = semaphore.new(0)
+    if not sema then return nil, err end
+    -- owner is held weakly: a lock object collected frees the gate
+    gate = { sema = sema, owner = setmetatable({}, { __mode = "v" }), deadline = 0, waiting = 0 }
+    by_key[key] = gate
+  end
+  return gate
+end
+
+local function gate_free(gate)
+  return gate.owner[1] == nil or monotonic() >= gate.deadline
+end
+
+-- the gate's owner leaves: wake the next waiter of this worker
+local function gate_leave(self)
+  local gate = self.gate
+  if not gate then return end
+  self.gate = nil
+  if gate.owner[1] == self then
+    gate.owner[1] = nil
+    if gate.waiting > 0 then gate.sema:post(1) end
+  end
+end
+
+-- waits until the gate is free (true) or deadline passes (false)
+local function gate_enter(self, gate, deadline)
+  while not gate_free(gate) do
+    local left = deadline - monotonic()
+    if left <= 0 then return false end
+    gate.waiting = gate.waiting + 1
+    -- woken by the owner leaving; else look again after max_step
+    gate.sema:wait(math_max(0.001, math_min(left, self.max_step)))
+    gate.waiting = gate.waiting - 1
+  end
+  gate.owner[1] = self
+  gate.deadline = deadline
+  self.gate = gate
+  return true
+end
+
+-- syntax: elapsed, err = obj:lock(key)
+-- elapsed: seconds waited before the lock was won (0 at once).
+-- err: "timeout" (still held by another after opts.timeout), "locked"
+-- (this object already holds a lock), or the library's error.
+function _M.lock(self, key)
+  if type(key) ~= "string" then
+    error("bad argument #1 to 'lock' (string expected, got " .. type(key) .. ")", 2)
+  end
+  if self.handle then return nil, "locked" end
+  local locks, topts = self.locks, { ttl = self.exptime }
+  local start = monotonic()
+  local deadline = start + self.timeout
+
+  local gate = gate_for(locks, key)
+  local waited = gate ~= nil and not gate_free(gate)
+  if gate and not gate_enter(self, gate, deadline) then return nil, "timeout" end
+
+  -- lua-resty-lock's wait: try, sleep step, grow the step, until timeout
+  local step, ratio, max_step = self.step, self.ratio, self.max_step
+  while true do
+    local h, err = locks:try(key, topts)
+    if h then
+      self.handle = h
+      if gate then gate.deadline = monotonic() + self.exptime end
+      return waited and (monotonic() - start) or 0
+    end
+    if err ~= "busy" then
+      gate_leave(self)
+      return nil, err
+    end
+    local left = deadline - monotonic()
+    if left <= 0 then break end
+    sleep(math_min(step, left))
+    waited = true
+    step = math_min(math_max(0.001, step * ratio), max_step)
+  end
+  gate_leave(self)
+  return nil, "timeout"
+end
+
+-- syntax: ok, err = obj:unlock()
+-- ok is 1 as in lua-resty-lock.  err: "unlocked" (this object holds no
+-- lock), or "not held" (the lease had expired and the lock was taken or
+-- released meanwhile: the critical section was not exclusive to its end).
+function _M.unlock(self)
+  local h = self.handle
+  if not h then return nil, "unlocked" end
+  self.handle = nil
+  local ok, err = h:release()
+  gate_leave(self)
+  if not ok then return nil, err end
+  return 1
+end
+
+-- syntax: ok, err = obj:expire(timeout)
+-- Renews the lease for timeout seconds (default: exptime).  err:
+-- "unlocked" (no lock held), "lost" (the lease had ended: the object no
+-- longer holds the lock), or the library's error.
+function _M.expire(self, timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout <= 0 or timeout == math.huge) then
+    error("bad argument #1 to 'expire' (positive number expected, got " .. tostring(timeout) .. ")", 2)
+  end
+  local h = self.handle
+  if not h then return nil, "unlocked" end
+  local t = timeout or self.exptime
+  local ok, err = h:extend(t)
+  if not ok then
+    if err == "lost" or err == "not held" or err == "closed" then
+      self.handle = nil
+      gate_leave(self)
+    end
+    return nil, err
+  end
+  if self.gate then self.gate.deadline = monotonic() + t end
+  return true
+end
+
+-- syntax: token = obj:token()
+-- The fencing token of the lock held (nil when none): pass it to the
+-- resource the lock guards so that it can refuse a stale holder's writes.
+function _M.token(self)
+  local h = self.handle
+  return h and h.token or nil
+end
+
+return _M

@@ -1,0 +1,222 @@
+-- A real nginx (Debian's, with lua-nginx-module on LuaJIT) running
+-- examples/nginx/nginx.conf with 2 workers on a free loopback port against
+-- helpers.uri(): N concurrent requests to the guarded counter lose no
+-- update, and /ping keeps answering while the handlers wait for the lock.
+-- The HTTP client is luasocket's, one connection per request.
+local helpers = require "helpers"
+local socket = require "socket"
+
+local format = string.format
+local q = helpers.shell_quote
+-- nginx gets symbolic links to the tree: they need an absolute path
+local root = helpers.root
+if root:sub(1, 1) ~= "/" then root = assert(os.getenv("PWD")) .. "/" .. root end
+
+local REQUESTS = 500          -- all sent at once, one connection each
+local EXAMPLE = root .. "/examples/nginx/nginx.conf"
+
+local function sh(cmd)
+  local ok = os.execute(cmd)
+  return ok == true or ok == 0
+end
+
+local function poll(fn, timeout, what)
+  local deadline = socket.gettime() + timeout
+  repeat
+    local v = fn()
+    if v then return v end
+    socket.sleep(0.02)
+  until socket.gettime() > deadline
+  error("timed out waiting for " .. what, 2)
+end
+
+-- ---- the nginx we start ------------------------------------------------------
+
+local Nginx = {}
+Nginx.__index = Nginx
+
+-- a prefix directory whose lua/, build/ and examples/ are the tree's, with
+-- the example's config on port
+local function start_nginx()
+  local example = assert(helpers.read_file(EXAMPLE))
+  local prefix = os.tmpname()
+  os.remove(prefix)
+  assert(sh(format("mkdir -p %s/logs %s/conf", q(prefix), q(prefix))))
+  for _, d in ipairs({ "lua", "build", "examples" }) do
+    assert(sh(format("ln -s %s %s", q(root .. "/" .. d), q(prefix .. "/" .. d))))
+  end
+  local log = prefix .. "/logs/error.log"
+  for _ = 1, 10 do
+    local port = math.random(20000, 60000)
+    local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d;", port))
+    assert.equal(1, n, "the example's listen directive moved")
+    local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
+    f:write(conf)
+    f:close()
+    -- the config alone decides where nginx's LuaJIT finds modules
+    if sh(format("env -u LUA_PATH -u LUA_CPATH MONGODB_URI=%s nginx -p %s/ -c conf/nginx.conf -e logs/error.log",
+        q(helpers.uri()), q(prefix))) then
+      local self = setmetatable({ prefix = prefix, port = port, log = log }, Nginx)
+      self.pid = poll(function()
+        return tonumber((helpers.read_file(prefix .. "/logs/nginx.pid") or ""):match("%d+"))
+      end, 10, "nginx's pid file")
+      return self
+    end
+    local err = helpers.read_file(log) or ""
+    if not err:find("Address already in use", 1, true) then
+      error("nginx did not start: " .. err)
+    end
+  end
+  error("no free port for nginx")
+end
+
+-- stops the nginx we started (its pid file), and waits until it is gone
+function Nginx:stop()
+  if not self.pid then return end
+  sh(format("kill -QUIT %d 2>/dev/null", self.pid))
+  poll(function() return not sh(format("kill -0 %d 2>/dev/null", self.pid)) end, 20, "nginx to exit")
+  self.pid = nil
+  sh(format("rm -rf %s", q(self.prefix)))
+end
+
+-- ---- HTTP over luasocket ----------------------------------------------------------
+
+local function request_text(path)
+  -- HTTP/1.0: the body comes unchunked, the server closes after it
+  return format("GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path)
+end
+
+-- a connection in flight: connects, sends, reads until the server closes
+local function open(port, path)
+  local c = assert(socket.tcp())
+  c:settimeout(0)
+  local ok, err = c:connect("127.0.0.1", port)
+  if not ok and err ~= "timeout" then error("connect: " .. err) end
+  return { sock = c, path = path, out = request_text(path), sent = 0, buf = {}, t0 = socket.gettime() }
+end
+
+-- status code and body of a complete response
+local function parse(raw)
+  local code = tonumber(raw:match("^HTTP/1%.%d (%d%d%d)"))
+  local body = raw:match("\r\n\r\n(.*)$") or ""
+  return code, body
+end
+
+-- one request, to completion (for /count, /reset)
+local function get(port, path)
+  local c = assert(socket.connect("127.0.0.1", port))
+  c:settimeout(10)
+  assert(c:send(request_text(path)))
+  local raw = c:receive("*a")
+  c:close()
+  return parse(raw)
+end
+
+--[[
+Sends n requests to path at once and, while any of them is unanswered,
+keeps one request to ping_path in flight, one after the other.  Returns the
+responses ({code, body}, in completion order), the ping latencies (seconds,
+each from connect to the full response) and the wall time.
+]]
+local function load(port, path, n, ping_path)
+  local conns, done, pings = {}, {}, {}
+  for i = 1, n do conns[i] = open(port, path) end
+  local ping = open(port, ping_path)
+  local t0 = socket.gettime()
+  local active = n
+  local deadline = t0 + 45
+  while active > 0 do
+    assert(socket.gettime() < deadline, "the load did not finish in 45 s")
+    local all = {}
+    for _, c in ipairs(conns) do all[#all + 1] = c end
+    all[#all + 1] = ping
+    local recvt, sendt, by = {}, {}, {}
+    for _, c in ipairs(all) do
+      by[c.sock] = c
+      if c.sent < #c.out then sendt[#sendt + 1] = c.sock else recvt[#recvt + 1] = c.sock end
+    end
+    local readable, writable = socket.select(recvt, sendt, 0.1)
+    for _, s in ipairs(writable) do
+      local c = by[s]
+      local last, err, partial = s:send(c.out, c.sent + 1)
+      if last then c.sent = last
+      elseif err == "timeout" then c.sent = partial or c.sent
+      else error("send " .. c.path .. ": " .. err) end
+    end
+    for _, s in ipairs(readable) do
+      local c = by[s]
+      local data, err, partial = s:receive(8192)
+      c.buf[#c.buf + 1] = data or partial or ""
+      if err == "closed" then
+        s:close()
+        local code, body = parse(table.concat(c.buf))
+        if c == ping then
+          pings[#pings + 1] = socket.gettime() - c.t0
+          ping = open(port, ping_path)
+        else
+          done[#done + 1] = { code = code, body = body }
+          active = active - 1
+          for i, x in ipairs(conns) do
+            if x == c then table.remove(conns, i); break end
+          end
+        end
+      elseif err and err ~= "timeout" then
+        error("receive " .. c.path .. ": " .. err)
+      end
+    end
+  end
+  ping.sock:close()
+  return done, pings, socket.gettime() - t0
+end
+
+local function percentile(sorted, p)
+  if #sorted == 0 then return 0 end
+  return sorted[math.max(1, math.ceil(#sorted * p))]
+end
+
+describe("#integration nginx with resty.mongolock", function()
+  local nginx
+
+  setup(function()
+    assert(io.open(root .. "/build/luajit/mongolock/core.so"), "build/luajit is not built (make build)"):close()
+    math.randomseed(os.time() + math.floor(socket.gettime() * 1000) % 100000)
+    nginx = start_nginx()
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+  end)
+
+  it("loses no update of the guarded counter under " .. REQUESTS .. " concurrent requests, and /ping answers meanwhile", function()
+    local code, body = get(nginx.port, "/reset")
+    assert.equal(200, code)
+    assert.equal("0 0\n", body)
+
+    local responses, pings, wall = load(nginx.port, "/incr", REQUESTS, "/ping")
+    assert.equal(REQUESTS, #responses)
+    local seen, waited = {}, 0
+    for _, r in ipairs(responses) do
+      assert.equal(200, r.code, r.body)
+      local n, elapsed = r.body:match("^(%d+) (%S+)\n$")
+      n = tonumber(n)
+      assert.is_nil(seen[n], "two requests wrote " .. tostring(n))
+      seen[n] = true
+      if tonumber(elapsed) > 0 then waited = waited + 1 end
+    end
+    -- every value 1..N was written exactly once
+    for i = 1, REQUESTS do assert.is_true(seen[i], "no request wrote " .. i) end
+    code, body = get(nginx.port, "/count")
+    assert.equal(200, code)
+    assert.equal(REQUESTS, tonumber(body:match("^(%d+)")))
+    assert.is_true(#pings > 0, "no /ping completed during the load")
+
+    table.sort(pings)
+    print(format("# nginx: %d concurrent /incr in %.2f s (%.0f req/s), %d waited for the lock; counter %d",
+      REQUESTS, wall, REQUESTS / wall, waited, REQUESTS))
+    print(format("# nginx: /ping during the load: %d requests, median %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms",
+      #pings, percentile(pings, 0.5) * 1000, percentile(pings, 0.9) * 1000,
+      percentile(pings, 0.99) * 1000, pings[#pings] * 1000))
+    local log = helpers.read_file(nginx.log) or ""
+    assert.is_nil(log:match("%[error%][^\n]*"), log:match("%[error%][^\n]*"))
+  end)
+end)

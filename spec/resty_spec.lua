@@ -1,0 +1,147 @@
+-- resty.mongolock outside nginx (its sleep falls back to the core's): the
+-- lua-resty-lock contract, against helpers.uri().  spec/nginx_spec.lua runs
+-- it inside a real nginx.
+local helpers = require "helpers"
+local core = require "mongolock.core"
+
+describe("#integration resty.mongolock", function()
+  local resty = require "resty.mongolock"
+  local client, coll
+
+  setup(function()
+    client = helpers.connect()
+  end)
+
+  teardown(function()
+    if client then client:close() end
+  end)
+
+  before_each(function()
+    coll = helpers.unique("resty")
+  end)
+
+  local function new(opts)
+    local o = { client = client, database = helpers.database, collection = coll }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return assert(resty:new(o))
+  end
+
+  it("locks at once when free (elapsed 0) and unlocks with 1", function()
+    local lock = new()
+    local key = helpers.unique("k")
+    assert.equal(0, lock:lock(key))
+    local other = new({ timeout = 0 })
+    local elapsed, err = other:lock(key)
+    assert.is_nil(elapsed)
+    assert.equal("timeout", err)
+    assert.equal(1, lock:unlock())
+    assert.equal(0, other:lock(key))
+    assert.equal(1, other:unlock())
+  end)
+
+  it("answers 'locked' when the object already holds a lock, 'unlocked' when it holds none", function()
+    local lock = new()
+    local ok, err = lock:unlock()
+    assert.is_nil(ok)
+    assert.equal("unlocked", err)
+    ok, err = lock:expire(10)
+    assert.is_nil(ok)
+    assert.equal("unlocked", err)
+    assert.equal(0, lock:lock(helpers.unique("a")))
+    local e
+    e, err = lock:lock(helpers.unique("b"))
+    assert.is_nil(e)
+    assert.equal("locked", err)
+    assert.equal(1, lock:unlock())
+    ok, err = lock:unlock()
+    assert.is_nil(ok)
+    assert.equal("unlocked", err)
+  end)
+
+  it("waits until the holder's lease ends and returns the time waited", function()
+    local key = helpers.unique("k")
+    local holder = new({ exptime = 0.3 })
+    assert.equal(0, holder:lock(key))
+    -- the holder never unlocks: its lease ends after 0.3 s
+    local waiter = new({ timeout = 5, step = 0.01, ratio = 2, max_step = 0.05 })
+    local t0 = core.monotonic()
+    local elapsed, err = waiter:lock(key)
+    local took = core.monotonic() - t0
+    assert.is_number(elapsed, err)
+    assert.is_true(elapsed >= 0.25 and elapsed <= took, tostring(elapsed))
+    assert.equal(1, waiter:unlock())
+    -- the first holder learns its lease was taken
+    local ok, uerr = holder:unlock()
+    assert.is_nil(ok)
+    assert.equal("not held", uerr)
+  end)
+
+  it("times out after timeout seconds of steps", function()
+    local key = helpers.unique("k")
+    local holder = new()
+    assert.equal(0, holder:lock(key))
+    local waiter = new({ timeout = 0.2, step = 0.05, ratio = 1 })
+    local t0 = core.monotonic()
+    local elapsed, err = waiter:lock(key)
+    assert.is_nil(elapsed)
+    assert.equal("timeout", err)
+    assert.is_true(core.monotonic() - t0 >= 0.2)
+    assert.equal(1, holder:unlock())
+  end)
+
+  it("expire() renews the lease, and says 'lost' once it has ended", function()
+    local key = helpers.unique("k")
+    local lock = new({ exptime = 0.4 })
+    assert.equal(0, lock:lock(key))
+    assert.is_true(lock:expire(10))
+    core.sleep(0.6)   -- past the first exptime
+    local other = new({ timeout = 0 })
+    assert.same({ nil, "timeout" }, { other:lock(key) })
+    assert.is_true(lock:expire(0.2))
+    core.sleep(0.4)
+    assert.equal(0, other:lock(key))
+    local ok, err = lock:expire()
+    assert.is_nil(ok)
+    assert.equal("lost", err)
+    assert.same({ nil, "unlocked" }, { lock:unlock() })
+    assert.equal(1, other:unlock())
+  end)
+
+  it("gives the fencing token of the lock held", function()
+    local key = helpers.unique("k")
+    local lock = new()
+    assert.is_nil(lock:token())
+    assert.equal(0, lock:lock(key))
+    local t1 = lock:token()
+    assert.is_number(t1)
+    assert.equal(1, lock:unlock())
+    assert.equal(0, lock:lock(key))
+    assert.is_true(lock:token() > t1)
+    assert.equal(1, lock:unlock())
+  end)
+
+  it("makes one client per process for a uri", function()
+    local a = assert(resty:new({ uri = helpers.uri(), collection = coll }))
+    local b = assert(resty:new({ uri = helpers.uri(), collection = coll }))
+    assert.equal(a.locks, b.locks)
+    local key = helpers.unique("k")
+    assert.equal(0, a:lock(key))
+    b.timeout = 0
+    assert.same({ nil, "timeout" }, { b:lock(key) })
+    assert.equal(1, a:unlock())
+  end)
+
+  it("raises on bad arguments, at the caller", function()
+    local lock = new()
+    assert.has_error(function() lock:lock(nil) end, "bad argument #1 to 'lock' (string expected, got nil)")
+    assert.has_error(function() lock:expire(-1) end)
+    assert.has_error(function() resty:new("x") end, "bad argument #1 to 'new' (table expected, got string)")
+    for _, bad in ipairs({ { exptime = 0 }, { timeout = -1 }, { step = "x" }, { max_step = 0 / 0 },
+                           { collection = 5 } }) do
+      bad.client = client
+      assert.has_error(function() resty:new(bad) end)
+    end
+    -- no uri and no client, with MONGODB_URI unset, is an error too (not
+    -- checked here: the environment of this process is not ours to change)
+  end)
+end)
