@@ -78,8 +78,14 @@ run: deps build
 test: deps build
 	@tools/run-tests
 
+# the stand-in in the foreground (PORT=27017 unless given; ARGS for more options)
 standin: deps-npm
-	node $(STANDIN)/server.js --port $${PORT:-27017}
+	node $(STANDIN)/server.js --port $${PORT:-27017} $(ARGS)
+
+# ping vs lock-style findAndModify through libmongoc, 1 and 8 clients
+.PHONY: bench-standin
+bench-standin: deps-npm
+	@$(STANDIN)/bench/run
 
 lint: deps-apt
 	luacheck lua spec examples bin
