@@ -842,6 +842,28 @@ static int l_acquire(lua_State *L) {
   bson_destroy(&cmd);
   bson_destroy(&opts);
   if (!ok) {
+    /* A write concern error comes after the write was applied: if it took
+     * the lock, give it back (best effort; the lease ends at ttl anyway)
+     * so that a failed acquire leaves no lock held by nobody. */
+    if (find_doc(&reply, "value", &value) && bson_iter_init_find(&it, &value, "owner") &&
+        BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), owner) == 0) {
+      ml_lease_spec s;
+      ml_lease *l;
+      bson_value_t id;
+      bson_error_t err2;
+      id.value_type = BSON_TYPE_UTF8;
+      id.value.v_utf8.str = (char *)name;
+      id.value.v_utf8.len = (uint32_t)namelen;
+      memset(&s, 0, sizeof s);
+      s.db = db;
+      s.coll = coll;
+      s.id = &id;
+      s.owner = owner;
+      s.ttl_ms = ttl_ms;
+      l = lease_new(&s);
+      (void)ml_lease_release(mc, c, l, NULL, &err2);
+      ml_lease_unref(l);
+    }
     bson_destroy(&reply);
     return ml_pusherror(L, &err);
   }
