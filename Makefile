@@ -16,7 +16,7 @@ SHELL := /bin/bash
 APT_PKGS := gcc make pkg-config libmongoc-dev libbson-dev \
 	lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev \
 	lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
-	nodejs npm faketime nginx libnginx-mod-http-lua wrk gnuplot-nox valgrind
+	faketime nginx libnginx-mod-http-lua wrk gnuplot-nox valgrind
 
 STANDIN := tools/mongo-standin
 STANDIN_MODULES := $(STANDIN)/node_modules/.installed
@@ -28,6 +28,7 @@ deps-apt:
 	@missing=$$(for p in $(APT_PKGS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	  done); \
+	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:" $$missing; \
 	  export DEBIAN_FRONTEND=noninteractive; \
