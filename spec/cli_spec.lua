@@ -110,7 +110,8 @@ describe("#unit mongolock command", function()
       assert.matches("Usage: mongolock " .. cmd, o, 1, true)
     end
     local _, o = mongolock({ "exec", "--help" })
-    for _, flag in ipairs({ "--nonblock", "--timeout", "--ttl", "--conflict-exit-code", "--on-lost", "--kill-after" }) do
+    for _, flag in ipairs({ "--nonblock", "--timeout", "--ttl", "--conflict-exit-code",
+                            "--on-lost", "--kill-after" }) do
       assert.matches(flag, o, 1, true)
     end
   end)
@@ -356,6 +357,23 @@ describe("#integration mongolock command", function()
     end)
   end)
 
+  describe("demo", function()
+    it("runs examples/counter.lua with its arguments and passes its status through", function()
+      local code, out, err = mongolock({ "--uri", helpers.uri(), "demo", "2", "3" })
+      assert.equal(0, code, err)
+      assert.matches("with the lock: +6 of 6", out)
+    end)
+  end)
+
+  it("-v says when the lock is taken and released", function()
+    local name = helpers.unique("verbose")
+    local code, out, err = mongolock(a("exec", "-v", name, "--", "echo", "hi"))
+    assert.equal(0, code, err)
+    assert.equal("hi\n", out)
+    assert.matches("took " .. name, err, 1, true)
+    assert.matches("released " .. name, err, 1, true)
+  end)
+
   describe("status and list", function()
     it("status --json tells a held lock's holder, token and lease", function()
       local name = helpers.unique("status")
@@ -447,6 +465,7 @@ describe("#integration mongolock command", function()
       assert.equal("", out)
       assert.equal("", err)
       assert.is_false(locks:status(name).held)
+      local _
       code, _, err = mongolock(a("release", "--force", "--yes", name))
       assert.equal(1, code)
       assert_one_line(err)

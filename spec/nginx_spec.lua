@@ -187,7 +187,8 @@ describe("#integration nginx with resty.mongolock", function()
     if nginx then nginx:stop() end
   end)
 
-  it("loses no update of the guarded counter under " .. REQUESTS .. " concurrent requests, and /ping answers meanwhile", function()
+  it("loses no update of the guarded counter under " .. REQUESTS
+     .. " concurrent requests, and /ping answers meanwhile", function()
     local code, body = get(nginx.port, "/reset")
     assert.equal(200, code)
     assert.equal("0 0\n", body)

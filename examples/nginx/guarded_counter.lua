@@ -3,6 +3,7 @@
 -- the write the handler yields (ngx.sleep), as any handler doing I/O would:
 -- without the lock, requests interleave there and updates are lost.
 
+-- luacheck: read globals ngx
 local mongolock = require "resty.mongolock"
 
 local ngx = ngx

@@ -415,9 +415,8 @@ local function exec_acquire(args, locks)
     local h, err = call(locks, "acquire", args.name, opts)
     if h then return h end
     if err ~= "timeout" then fail(EXIT.unavailable, "cannot take %s: %s", args.name, tostring(err)) end
-    for _, sig in ipairs(core.proc_signals()) do
-      return nil, signal_status(sig.name)
-    end
+    local caught = core.proc_signals()
+    if caught[1] then return nil, signal_status(caught[1].name) end
   end
 end
 
