@@ -350,6 +350,7 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   client_idx = lua_absindex(L, client_idx);
   h = (ml_lock *)ml_newuserdata(L, sizeof *h);
   h->lease = NULL;
+  h->keep = NULL;
   luaL_getmetatable(L, ML_LOCK_MT);
   lua_setmetatable(L, -2);
   /* uservalue {client}: the client outlives its handles */
@@ -358,6 +359,8 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   lua_rawseti(L, -2, 1);
   ml_setuservalue(L, -2);
   h->lease = lease_new(spec);
+  h->keep = h->lease;
+  h->keep->refs++;              /* not yet visible to any other thread */
   /* background renewal (renew.c) takes its own reference */
   if (spec->renew)
     (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
@@ -526,6 +529,10 @@ static int l_close(lua_State *L) {
 static int l_gc(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   lock_close(L, 1, h, 1);
+  if (h->keep) {
+    ml_lease_unref(h->keep);
+    h->keep = NULL;
+  }
   return 0;
 }
 
@@ -569,8 +576,7 @@ static void push_id(lua_State *L, const bson_value_t *v) {
 }
 
 /*
- * __index: methods first, then the lease's data, readable after close too
- * while the lease exists: name (the _id), token, owner, ttl (seconds),
+ * __index: methods first, then the lease's data, readable after close too: name (the _id), token, owner, ttl (seconds),
  * database, collection, renew, lost.  Unknown keys give nil.
  * Upvalue 1: the methods table.
  */
@@ -582,24 +588,24 @@ static int l_index(lua_State *L) {
   if (!lua_isnil(L, -1) || lua_type(L, 2) != LUA_TSTRING) return 1;
   lua_pop(L, 1);
   k = lua_tostring(L, 2);
-  if (!h->lease) {
+  if (!h->keep) {
     lua_pushnil(L);
     return 1;
   }
-  if (!strcmp(k, "name") || !strcmp(k, "id")) push_id(L, &h->lease->id);
-  else if (!strcmp(k, "token")) ml_pushint64(L, h->lease->token);
-  else if (!strcmp(k, "owner")) lua_pushstring(L, h->lease->owner);
+  if (!strcmp(k, "name") || !strcmp(k, "id")) push_id(L, &h->keep->id);
+  else if (!strcmp(k, "token")) ml_pushint64(L, h->keep->token);
+  else if (!strcmp(k, "owner")) lua_pushstring(L, h->keep->owner);
   else if (!strcmp(k, "ttl")) {
-    pthread_mutex_lock(&h->lease->mu);
-    lua_pushnumber(L, (lua_Number)h->lease->ttl_ms / 1000.0);
-    pthread_mutex_unlock(&h->lease->mu);
-  } else if (!strcmp(k, "database")) lua_pushstring(L, h->lease->db);
-  else if (!strcmp(k, "collection")) lua_pushstring(L, h->lease->coll);
+    pthread_mutex_lock(&h->keep->mu);
+    lua_pushnumber(L, (lua_Number)h->keep->ttl_ms / 1000.0);
+    pthread_mutex_unlock(&h->keep->mu);
+  } else if (!strcmp(k, "database")) lua_pushstring(L, h->keep->db);
+  else if (!strcmp(k, "collection")) lua_pushstring(L, h->keep->coll);
   else if (!strcmp(k, "renew") || !strcmp(k, "lost")) {
     int v;
-    pthread_mutex_lock(&h->lease->mu);
-    v = k[0] == 'r' ? h->lease->renew : h->lease->lost;
-    pthread_mutex_unlock(&h->lease->mu);
+    pthread_mutex_lock(&h->keep->mu);
+    v = k[0] == 'r' ? h->keep->renew : h->keep->lost;
+    pthread_mutex_unlock(&h->keep->mu);
     lua_pushboolean(L, v);
   } else lua_pushnil(L);
   return 1;

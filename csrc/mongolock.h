@@ -176,6 +176,9 @@ typedef struct ml_lease {
 /* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
 typedef struct ml_lock {
   ml_lease *lease;              /* NULL once closed */
+  ml_lease *keep;               /* a reference kept until __gc, so that
+                                   h.name, h.token, ... stay readable after
+                                   close; never used to act on the lock */
 } ml_lock;
 
 /*

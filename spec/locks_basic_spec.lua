@@ -69,7 +69,11 @@ describe("#integration named locks", function()
     assert.same({ nil, "not held" }, { h:release() })
     assert.same({ nil, "not held" }, { h:extend(5) })
     assert.same({ nil, "not held" }, { h:remaining() })
+    local token = h.token
     assert.is_true(h:close())
+    assert.is_string(h.name)            -- the data stays readable
+    assert.equal(token, h.token)
+    assert.equal(32, #h.owner)
     assert.same({ nil, "closed" }, { h:release() })
     assert.same({ nil, "closed" }, { h:extend() })
     assert.same({ nil, "closed" }, { h:remaining() })
