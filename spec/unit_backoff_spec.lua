@@ -105,3 +105,57 @@ describe("#unit backoff.sleep", function()
     assert.same({}, calls)
   end)
 end)
+
+describe("#unit the wait seam of locks:acquire", function()
+  local mongolock = require "mongolock"
+  local locks_mod = require "mongolock.locks"
+  local saved
+  before_each(function() saved = locks_mod.get_wait() end)
+  after_each(function() locks_mod.set_wait(saved) end)
+
+  -- a client whose acquire always answers "busy" after one command
+  local function fake_locks()
+    local client = assert(mongolock.connect("mongodb://127.0.0.1:9/"))
+    local l = client:locks()
+    local calls = 0
+    l.core = setmetatable({
+      closed = function() return false end,
+      ensure_index = function() return true end,
+      acquire = function()
+        calls = calls + 1
+        return nil, "busy", { remaining = 5, operation_time = { t = 1, i = 2 } }
+      end,
+    }, {})
+    return l, function() return calls end, client
+  end
+
+  it("calls the wait step after each busy attempt with the reply's info", function()
+    local l, calls, client = fake_locks()
+    local seen = {}
+    locks_mod.set_wait({ sleep_until_retry = function(state)
+      seen[#seen + 1] = { attempt = state.attempt, name = state.name, info = state.info,
+                          wait = state.opts.wait }
+      if state.attempt == 3 then                          -- sleep out the timeout
+        require("mongolock.core").sleep(state.deadline - require("mongolock.core").monotonic())
+      end
+    end })
+    local h, err, info = l:acquire("x", { timeout = 0.05, wait = "poll" })
+    assert.is_nil(h)
+    assert.equal("timeout", err)
+    assert.equal(5, info.remaining)
+    assert.equal(4, calls())
+    assert.equal(3, #seen)
+    assert.equal("x", seen[1].name)
+    assert.equal("poll", seen[1].wait)
+    assert.same({ t = 1, i = 2 }, seen[2].info.operation_time)
+    client:close()
+  end)
+
+  it("returns the wait step's error", function()
+    local l, calls, client = fake_locks()
+    locks_mod.set_wait({ sleep_until_retry = function() return nil, "no change stream", 40573 end })
+    assert.same({ nil, "no change stream", 40573 }, { l:acquire("x") })
+    assert.equal(1, calls())
+    client:close()
+  end)
+end)

@@ -15,8 +15,9 @@
 --                      remaining (holder's seconds left by the server's
 --                      clock), operation_time {t=, i=}
 --   state.opts         the acquire options (step, ratio, max_step)
--- sleep_until_retry returns when the next attempt should be made; it never
--- sleeps past state.deadline.
+-- sleep_until_retry returns (nothing) when the next attempt should be made;
+-- it never sleeps past state.deadline.  A wait step that cannot wait returns
+-- nil, message[, code], and acquire returns those.
 
 local core = require "mongolock.core"
 
