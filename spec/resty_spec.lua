@@ -131,6 +131,19 @@ describe("#integration resty.mongolock", function()
     assert.equal(1, a:unlock())
   end)
 
+  it("answers an unreachable server with an error within its 1 s server selection", function()
+    local lock = assert(resty:new({ uri = "mongodb://127.0.0.1:9/", collection = coll }))
+    local t0 = core.monotonic()
+    local elapsed, err, code = lock:lock("k")
+    local took = core.monotonic() - t0
+    assert.is_nil(elapsed)
+    assert.is_string(err)
+    assert.is_not_nil(code)
+    -- libmongoc's default would block the worker for 30 s; the bound is
+    -- loose on purpose, it tells the 1 s default from that
+    assert.is_true(took < 10, "took " .. took .. " s")
+  end)
+
   it("raises on bad arguments, at the caller", function()
     local lock = new()
     assert.has_error(function() lock:lock(nil) end, "bad argument #1 to 'lock' (string expected, got nil)")

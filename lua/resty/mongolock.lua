@@ -50,6 +50,9 @@ local defaults = {
   ratio = 2,           -- the step grows by this factor after each attempt
   max_step = 0.5,      -- up to this (s)
   collection = "locks",
+  -- seconds an attempt waits for a reachable server, blocking the worker:
+  -- 1 s unless the URI says otherwise (libmongoc's own default is 30 s)
+  server_selection_timeout = 1,
 }
 
 local function sleep(s)
@@ -80,11 +83,16 @@ local function locks_for(opts)
   if client then
     key = tostring(client)
   else
-    key = opts.uri
+    local sst = opts.server_selection_timeout
+    if sst == nil and not opts.uri:lower():find("serverselectiontimeoutms=", 1, true) then
+      sst = defaults.server_selection_timeout
+    end
+    key = opts.uri .. "|" .. tostring(sst)
     client = cache.clients[key]
     if not client then
       local err
-      client, err = mongolock.connect(opts.uri, { appname = opts.appname or "resty.mongolock" })
+      client, err = mongolock.connect(opts.uri, { appname = opts.appname or "resty.mongolock",
+                                                  server_selection_timeout = sst })
       if not client then return nil, err end
       cache.clients[key] = client
     end
@@ -112,7 +120,7 @@ end
 
 -- syntax: obj, err = mongolock:new(opts)
 -- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
--- timeout, step, ratio, max_step, appname.
+-- timeout, step, ratio, max_step, appname, server_selection_timeout.
 function _M.new(_, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
@@ -136,6 +144,9 @@ function _M.new(_, opts)
   o.step = check_seconds(o, "step", false)
   o.ratio = check_seconds(o, "ratio", false)
   o.max_step = check_seconds(o, "max_step", false)
+  if o.server_selection_timeout ~= nil then
+    o.server_selection_timeout = check_seconds(o, "server_selection_timeout", false)
+  end
 
   local locks, err = locks_for(o)
   if not locks then return nil, err end
@@ -219,7 +230,7 @@ function _M.lock(self, key)
   -- lua-resty-lock's wait: try, sleep step, grow the step, until timeout
   local step, ratio, max_step = self.step, self.ratio, self.max_step
   while true do
-    local h, err = locks:try(key, topts)
+    local h, err, code = locks:try(key, topts)
     if h then
       self.handle = h
       if gate then gate.deadline = monotonic() + self.exptime end
@@ -227,7 +238,7 @@ function _M.lock(self, key)
     end
     if err ~= "busy" then
       gate_leave(self)
-      return nil, err
+      return nil, err, code
     end
     local left = deadline - monotonic()
     if left <= 0 then break end
@@ -247,9 +258,9 @@ function _M.unlock(self)
   local h = self.handle
   if not h then return nil, "unlocked" end
   self.handle = nil
-  local ok, err = h:release()
+  local ok, err, code = h:release()
   gate_leave(self)
-  if not ok then return nil, err end
+  if not ok then return nil, err, code end
   return 1
 end
 
@@ -264,13 +275,13 @@ function _M.expire(self, timeout)
   local h = self.handle
   if not h then return nil, "unlocked" end
   local t = timeout or self.exptime
-  local ok, err = h:extend(t)
+  local ok, err, code = h:extend(t)
   if not ok then
     if err == "lost" or err == "not held" or err == "closed" then
       self.handle = nil
       gate_leave(self)
     end
-    return nil, err
+    return nil, err, code
   end
   if self.gate then self.gate.deadline = monotonic() + t end
   return true
