@@ -228,6 +228,7 @@ describe("#integration nginx with resty.mongolock", function()
     -- the same without the lock, for the record (not asserted)
     local unguarded = load(nginx.port, "/incr-unguarded", REQUESTS, "/ping")
     code, body = get(nginx.port, "/count")
+    assert.equal(200, code)
     local u = tonumber(body:match("^%d+ (%d+)"))
     print(format("# nginx: without the lock: %d responses, counter %d (%d updates lost)",
       #unguarded, u, REQUESTS - u))
