@@ -1,0 +1,132 @@
+-- #unit: the torture checker (tools/torture/check.lua) on synthetic logs:
+-- it must pass a clean log and catch each kind of violation.
+local helpers = require "helpers"
+
+local check = dofile(helpers.root .. "/tools/torture/check.lua")
+
+-- runs the checker on lines; returns violations and the printed TAP
+local function run(lines, opts)
+  local out = {}
+  opts = opts or {}
+  local v = check.run(lines, { ttl = opts.ttl or 2, retry = opts.retry or 1,
+                               print = function(s) out[#out + 1] = s end })
+  return v, table.concat(out, "\n")
+end
+
+-- a clean history: three holders one after another, a kill and a takeover
+-- after the lease ran out, a section whose lease ran out overlapped by the
+-- next holder (allowed: it was not valid any more)
+local clean = {
+  "X begin 100.0",
+  "A 1000 100.10 11",
+  "S 1000 100.10 100.20 11 1",
+  "R 1000 11 ok",
+  "A 1001 100.25 12",
+  "S 1001 100.25 100.30 12 1",
+  "R 1001 12 ok",
+  "F close-findAndModify 100.31",
+  "A 1002 100.40 13",
+  "K 13 1002 100.45",
+  "E 14 Failing command via 'failCommand' failpoint",
+  "A 1003 102.50 14",
+  "S 1003 102.50 105.00 14 0",
+  "A 1004 104.60 15",
+  "S 1004 104.60 104.70 15 1",
+  "R 1003 14 lost",
+  "R 1004 15 ok",
+  "X end 110.0",
+}
+
+describe("#unit torture checker", function()
+  it("passes a clean log and counts what it saw", function()
+    local v, tap = run(clean)
+    assert.equal(0, v, tap)
+    assert.is_nil(tap:find("not ok", 1, true), tap)
+    assert.truthy(tap:find("# sections 4 (valid 3, lease ran out 1), failed releases 1, acquire errors 1, "
+      .. "kills 1, faults 1, violations 0", 1, true), tap)
+    assert.truthy(tap:find("1 checked", 1, true), tap)
+  end)
+
+  it("catches two valid sections that overlap", function()
+    local log = {
+      "A 1 10.0 1", "S 1 10.0 10.5 1 1",
+      "A 2 10.4 2", "S 2 10.4 10.6 2 1",
+    }
+    local v, tap = run(log)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("not ok 3 - no two valid critical sections overlap", 1, true), tap)
+    assert.truthy(tap:find("token 1 (pid 1, 10.000000..10.500000) overlaps token 2", 1, true), tap)
+  end)
+
+  it("catches an overlap with a section that started earlier than the last one", function()
+    -- a long section spanning two short ones: the sweep keeps the furthest end
+    local log = {
+      "A 1 10.0 1", "S 1 10.0 12.0 1 1",
+      "A 2 10.5 2", "S 2 10.5 10.6 2 0",
+      "A 3 11.0 3", "S 3 11.0 11.1 3 1",
+    }
+    local v, tap = run(log)
+    assert.is_true(v > 0, tap)
+    assert.truthy(tap:find("overlaps token 3", 1, true), tap)
+  end)
+
+  it("catches a token going backwards", function()
+    local log = {
+      "A 10 10.0 1", "S 10 10.0 10.1 1 1",
+      "A 9 10.2 2", "S 9 10.2 10.3 2 1",
+    }
+    local v, tap = run(log)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("not ok 4 - fencing tokens increase", 1, true), tap)
+    assert.truthy(tap:find("token 9 (pid 2, start 10.200000) follows token 10", 1, true), tap)
+  end)
+
+  it("catches a token granted twice", function()
+    local log = {
+      "A 7 10.0 1", "S 7 10.0 10.1 1 0",
+      "A 7 10.2 2", "S 7 10.2 10.3 2 0",
+    }
+    local v, tap = run(log)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("token 7 granted twice", 1, true), tap)
+  end)
+
+  it("catches a lock left held by a killed process beyond ttl + retry", function()
+    local log = {
+      "A 5 10.0 1", "K 1 5 10.1",
+      "A 6 13.5 2", "S 6 13.5 13.6 2 1",
+      "X end 20",
+    }
+    local v, tap = run(log, { ttl = 2, retry = 1 })
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("not ok 5", 1, true), tap)
+    assert.truthy(tap:find("taken again after 3.500 s > ttl + retry = 3.000 s", 1, true), tap)
+    -- within the bound it passes
+    log[3] = "A 6 12.5 2"
+    log[4] = "S 6 12.5 12.6 2 1"
+    assert.equal(0, (run(log, { ttl = 2, retry = 1 })))
+  end)
+
+  it("catches a lock never taken again after its holder was killed", function()
+    local v, tap = run({ "A 5 10.0 1", "S 5 10.0 10.1 1 1", "K 1 5 10.2", "X end 20" })
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("never taken again", 1, true), tap)
+    -- unless the run ended too soon to tell
+    v, tap = run({ "A 5 10.0 1", "S 5 10.0 10.1 1 1", "K 1 5 10.2", "X end 11" })
+    assert.equal(0, v, tap)
+    assert.truthy(tap:find("1 too near the end to judge", 1, true), tap)
+  end)
+
+  it("does not count a kill after a clean release", function()
+    local v, tap = run({ "A 5 10.0 1", "S 5 10.0 10.1 1 1", "R 5 1 ok", "K 1 5 10.2", "X end 20" })
+    assert.equal(0, v, tap)
+  end)
+
+  it("rejects malformed lines and an empty log", function()
+    local v, tap = run({ "A 1 10.0", "S 1 x 2 3 1", "S 1 1 2 3 2", "Q what", "A 1 10 1 extra",
+                         "K 1 nan 3", "X middle 3" })
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("7 lines did not", 1, true), tap)
+    assert.truthy(tap:find("not ok 2 - critical sections were logged (0)", 1, true), tap)
+  end)
+end)

@@ -1,0 +1,239 @@
+-- The torture checker: reads the log written by the workers (worker.lua)
+-- and the harness (run.js) and decides, property by property, whether the
+-- lock kept its promises.  Prints TAP (one "ok"/"not ok" line per property,
+-- then the counts) and exits 1 on any violation.
+--
+--   lua check.lua --ttl S [--retry S] LOG
+--   local check = dofile("tools/torture/check.lua"); check.run(lines, opts)
+--
+-- Log lines (times are CLOCK_MONOTONIC seconds, comparable across processes):
+--   A token start pid                  acquired
+--   S token start end pid valid        a critical section; valid = 1 when the
+--                                      holder's lease still ran after `end`
+--   R token pid ok|lost|error          the release's answer
+--   E pid message                      acquire failed
+--   K pid token time                   the harness SIGKILLed pid, which the
+--                                      server showed holding token
+--   F kind time                        the harness armed a failCommand fault
+--   X begin|end time                   the run's bounds
+--
+-- Properties:
+--   1. no two valid critical sections overlap (mutual exclusion);
+--   2. among valid sections, tokens strictly increase in the order the
+--      sections started, and no token was granted twice;
+--   3. a lock held by a killed process is taken again within ttl + retry of
+--      the acquisition that process held (or, when that acquisition was
+--      not logged yet, of the kill), unless the run ended before that.
+
+local M = {}
+
+local tonumber, ipairs, sort, format = tonumber, ipairs, table.sort, string.format
+
+-- line kinds: field names after the kind letter; "#" marks a number, "*"
+-- the rest of the line
+local SHAPES = {
+  A = { list = "acquired", "#token", "#start", "#pid" },
+  S = { list = "sections", "#token", "#start", "#stop", "#pid", "valid" },
+  R = { list = "releases", "#token", "#pid", "result" },
+  E = { list = "errors", "#pid", "*message" },
+  K = { list = "kills", "#pid", "#token", "#time" },
+  F = { list = "faults", "kind", "#time" },
+  X = { list = "bounds", "what", "#time" },
+}
+
+-- parses one line into (list name, record), or nil when malformed
+local function parse_line(line)
+  local shape = SHAPES[line:sub(1, 1)]
+  if not shape or line:sub(2, 2) ~= " " then return nil end
+  local rest = line:sub(3)
+  local rec = {}
+  for i, spec in ipairs(shape) do
+    local kind, key = spec:sub(1, 1), spec:match("^[#*]?(.*)$")
+    local w
+    if kind == "*" then
+      w, rest = rest:match("^(.+)$"), ""
+    else
+      w, rest = rest:match("^(%S+)%s*(.*)$")
+    end
+    if not w then return nil end
+    if kind == "#" then
+      w = tonumber(w)
+      if not w or w ~= w then return nil end
+    end
+    rec[key] = w
+    if i == #shape and rest ~= "" then return nil end
+  end
+  return shape.list, rec
+end
+
+-- parses lines (an iterator or a table of strings) into a log table
+function M.parse(lines)
+  local log = { acquired = {}, sections = {}, releases = {}, errors = {}, kills = {},
+                faults = {}, bounds = {}, bad = {} }
+  local function one(line)
+    if line:match("^%s*$") then return end
+    local list, rec = parse_line(line)
+    if not list or (list == "sections" and rec.valid ~= "0" and rec.valid ~= "1")
+       or (list == "bounds" and rec.what ~= "begin" and rec.what ~= "end") then
+      log.bad[#log.bad + 1] = line
+      return
+    end
+    if list == "sections" then rec.valid = rec.valid == "1" end
+    if list == "bounds" then log[rec.what == "begin" and "began" or "ended"] = rec.time end
+    local t = log[list]
+    t[#t + 1] = rec
+  end
+  if type(lines) == "table" then
+    for _, l in ipairs(lines) do one(l) end
+  else
+    for l in lines do one(l) end
+  end
+  return log
+end
+
+-- property 1: overlapping valid sections; returns a list of messages
+function M.overlaps(log)
+  local v = {}
+  for _, s in ipairs(log.sections) do if s.valid then v[#v + 1] = s end end
+  sort(v, function(a, b) return a.start < b.start end)
+  local out = {}
+  -- sweep: the section reaching furthest so far against the next one
+  local far
+  for _, s in ipairs(v) do
+    if s.stop < s.start then
+      out[#out + 1] = format("section of token %s ends before it starts", tostring(s.token))
+    end
+    if far and s.start < far.stop then
+      out[#out + 1] = format("token %s (pid %d, %.6f..%.6f) overlaps token %s (pid %d, %.6f..%.6f)",
+        tostring(far.token), far.pid, far.start, far.stop, tostring(s.token), s.pid, s.start, s.stop)
+    end
+    if not far or s.stop > far.stop then far = s end
+  end
+  return out, #v
+end
+
+-- property 2: tokens against start order; duplicate grants
+function M.token_order(log)
+  local out = {}
+  local v = {}
+  for _, s in ipairs(log.sections) do if s.valid then v[#v + 1] = s end end
+  sort(v, function(a, b) return a.start < b.start end)
+  for i = 2, #v do
+    if not (v[i].token > v[i - 1].token) then
+      out[#out + 1] = format("token %s (pid %d, start %.6f) follows token %s (pid %d, start %.6f)",
+        tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
+    end
+  end
+  local seen = {}
+  for _, a in ipairs(log.acquired) do
+    local p = seen[a.token]
+    if p then
+      out[#out + 1] = format("token %s granted twice (pids %d and %d)", tostring(a.token), p, a.pid)
+    end
+    seen[a.token] = a.pid
+  end
+  return out
+end
+
+-- property 3: recovery after SIGKILL of a holder.  Returns messages, the
+-- number of kills checked, the largest recovery seen, and how many kills
+-- came too close to the end of the run to be judged.
+function M.recovery(log, ttl, retry)
+  local out, checked, worst, unjudged = {}, 0, 0, 0
+  local acq = {}
+  for _, a in ipairs(log.acquired) do acq[#acq + 1] = a end
+  sort(acq, function(a, b) return a.start < b.start end)
+  local by_token = {}
+  for _, a in ipairs(acq) do by_token[a.token] = a end
+  local released = {}
+  for _, r in ipairs(log.releases) do if r.result == "ok" then released[r.token] = true end end
+  for _, k in ipairs(log.kills) do
+    if not released[k.token] then
+      local a = by_token[k.token]
+      local from = a and a.start or k.time
+      local nxt
+      for _, b in ipairs(acq) do
+        if b.token > k.token and b.start >= from then nxt = b break end
+      end
+      local bound = from + ttl + retry
+      if nxt then
+        checked = checked + 1
+        local took = nxt.start - from
+        if took > worst then worst = took end
+        if nxt.start > bound then
+          out[#out + 1] = format("lock of killed pid %d (token %s) taken again after %.3f s > ttl + retry = %.3f s",
+            k.pid, tostring(k.token), took, ttl + retry)
+        end
+      elseif log.ended and log.ended > bound then
+        checked = checked + 1
+        out[#out + 1] = format("lock of killed pid %d (token %s) never taken again in the %.3f s left",
+          k.pid, tostring(k.token), log.ended - from)
+      else
+        unjudged = unjudged + 1
+      end
+    end
+  end
+  return out, checked, worst, unjudged
+end
+
+-- runs every check; prints TAP through `print`; returns the number of
+-- violations
+function M.run(lines, opts)
+  local print = opts.print or print
+  local ttl, retry = assert(opts.ttl, "ttl"), opts.retry or 2
+  local log = M.parse(lines)
+  local violations = 0
+  local n = 0
+  local function report(ok, desc, msgs)
+    n = n + 1
+    print(format("%s %d - %s", ok and "ok" or "not ok", n, desc))
+    for i, m in ipairs(msgs or {}) do
+      if i > 20 then print(format("#   ... and %d more", #msgs - 20)) break end
+      print("#   " .. m)
+    end
+    if not ok then violations = violations + math.max(1, #(msgs or {})) end
+  end
+  print("TAP version 13")
+  report(#log.bad == 0, format("every log line parses (%d lines did not)", #log.bad), log.bad)
+  report(#log.sections > 0, format("critical sections were logged (%d)", #log.sections))
+  local ov, nvalid = M.overlaps(log)
+  report(#ov == 0, format("no two valid critical sections overlap (%d valid of %d)", nvalid, #log.sections), ov)
+  local to = M.token_order(log)
+  report(#to == 0, "fencing tokens increase in the order sections started; none granted twice", to)
+  local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
+  report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "
+    .. "(%d checked, slowest %.3f s, %d too near the end to judge)", ttl + retry, checked, worst, unjudged), rc)
+  print(format("1..%d", n))
+  local lost = 0
+  for _, r in ipairs(log.releases) do if r.result ~= "ok" then lost = lost + 1 end end
+  local invalid = #log.sections - nvalid
+  print(format("# sections %d (valid %d, lease ran out %d), failed releases %d, acquire errors %d, "
+    .. "kills %d, faults %d, violations %d", #log.sections, nvalid, invalid, lost, #log.errors,
+    #log.kills, #log.faults, violations))
+  return violations, log
+end
+
+local function main(argv)
+  local opts, path = {}, nil
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--ttl" then opts.ttl = tonumber(argv[i + 1]); i = i + 2
+    elseif a == "--retry" then opts.retry = tonumber(argv[i + 1]); i = i + 2
+    else path = a; i = i + 1 end
+  end
+  if not path or not opts.ttl then
+    io.stderr:write("usage: check.lua --ttl S [--retry S] LOG\n")
+    os.exit(2)
+  end
+  local f = assert(io.open(path, "r"))
+  local v = M.run(f:lines(), opts)
+  f:close()
+  os.exit(v == 0 and 0 or 1)
+end
+
+if arg and arg[0] and arg[0]:match("check%.lua$") and select("#", ...) > 0 then
+  main({ ... })
+end
+
+return M

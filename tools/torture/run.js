@@ -1,0 +1,207 @@
+#!/usr/bin/env node
+'use strict';
+// The torture harness: N worker processes (worker.lua) loop acquire / log /
+// hold / release on one lock while this process SIGKILLs random holders,
+// arms failCommand faults on the server (closeConnection; errorCode
+// 91/189/11600, with and without the RetryableWriteError label;
+// blockConnection), and runs some workers under faketime an hour ahead or
+// behind.  At the end it stops the workers and runs the
+// checker (check.lua) on the log; its TAP output and exit status are ours.
+//
+//   tools/with-standin node tools/torture/run.js [options]
+//
+//   --workers N       worker processes (default 16)
+//   --seconds S       length of the run (default 60)
+//   --ttl S           lease of every acquisition (default 2)
+//   --hold-ms MS      a section holds a random 0..MS ms (default 30)
+//   --retry S         slack over ttl the checker allows a takeover (default 2)
+//   --skewed N        workers under faketime, alternately +1h and -1h (default 2)
+//   --lua L           lua5.4, luajit or both (alternating; default both)
+//   --kill-every S    mean seconds between kills of the holder (default 4)
+//   --fault-every S   mean seconds between armed faults (default 1)
+//   --log PATH        the log (default build/torture/torture.log)
+//
+// Needs MONGODB_URI, a server that accepts configureFailPoint (the
+// stand-in, or mongod with enableTestCommands=1), and `make build`.
+
+const fs = require('fs');
+const path = require('path');
+const { spawn, spawnSync } = require('child_process');
+
+const root = path.resolve(__dirname, '..', '..');
+const { MongoClient } = require(require.resolve('mongodb', {
+  paths: [path.join(root, 'tools', 'mongo-standin'), path.join(root, 'bench', 'peer')],
+}));
+
+function parseArgs(argv) {
+  const o = { workers: 16, seconds: 60, ttl: 2, holdMs: 30, retry: 2, skewed: 2, lua: 'both',
+    killEvery: 4, faultEvery: 1, log: path.join(root, 'build', 'torture', 'torture.log') };
+  const num = { '--workers': 'workers', '--seconds': 'seconds', '--ttl': 'ttl', '--hold-ms': 'holdMs',
+    '--retry': 'retry', '--skewed': 'skewed', '--kill-every': 'killEvery', '--fault-every': 'faultEvery' };
+  for (let i = 0; i < argv.length; i += 2) {
+    const k = argv[i];
+    const v = argv[i + 1];
+    if (v === undefined) usage(`${k} needs a value`);
+    if (num[k]) {
+      const n = Number(v);
+      if (!Number.isFinite(n) || n < 0) usage(`bad ${k}: ${v}`);
+      o[num[k]] = n;
+    } else if (k === '--lua') {
+      if (!['lua5.4', 'luajit', 'both'].includes(v)) usage(`bad --lua: ${v}`);
+      o.lua = v;
+    } else if (k === '--log') {
+      o.log = path.resolve(v);
+    } else usage(`unknown option ${k}`);
+  }
+  if (o.workers < 2 || o.ttl <= 0 || o.seconds <= 0) usage('need --workers >= 2, --ttl > 0, --seconds > 0');
+  return o;
+}
+
+function usage(msg) {
+  process.stderr.write(`torture: ${msg}\n`);
+  process.exit(2);
+}
+
+const mono = () => Number(process.hrtime.bigint()) / 1e9; // CLOCK_MONOTONIC, as the workers
+const rand = (a, b) => a + Math.random() * (b - a);
+const pick = (xs) => xs[Math.floor(Math.random() * xs.length)];
+const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
+
+const FAULTS = [
+  { kind: 'close-findAndModify', data: { failCommands: ['findAndModify'], closeConnection: true } },
+  { kind: 'close-update', data: { failCommands: ['update'], closeConnection: true } },
+  { kind: 'error91-findAndModify', data: { failCommands: ['findAndModify'], errorCode: 91 } },
+  { kind: 'error189-findAndModify', data: { failCommands: ['findAndModify'], errorCode: 189 } },
+  { kind: 'error11600-findAndModify', data: { failCommands: ['findAndModify'], errorCode: 11600 } },
+  { kind: 'error91-update', data: { failCommands: ['update'], errorCode: 91 } },
+  { kind: 'error189-update', data: { failCommands: ['update'], errorCode: 189 } },
+  { kind: 'error11600-update', data: { failCommands: ['update'], errorCode: 11600 } },
+  { kind: 'block-findAndModify', data: { failCommands: ['findAndModify'], blockConnection: true, blockTimeMS: 300 } },
+  { kind: 'block-update', data: { failCommands: ['update'], blockConnection: true, blockTimeMS: 300 } },
+];
+
+async function main() {
+  const o = parseArgs(process.argv.slice(2));
+  const uri = process.env.MONGODB_URI;
+  if (!uri) usage('MONGODB_URI is not set (run under tools/with-standin)');
+  fs.mkdirSync(path.dirname(o.log), { recursive: true });
+  fs.writeFileSync(o.log, '');
+  const stopfile = `${o.log}.stop`;
+  fs.rmSync(stopfile, { force: true });
+  const errlog = fs.openSync(`${o.log}.stderr`, 'w');
+  const emit = (line) => fs.appendFileSync(o.log, `${line}\n`);
+  const name = `torture-${process.pid}-${Date.now()}`;
+
+  const client = new MongoClient(uri, { appName: 'torture-harness', serverSelectionTimeoutMS: 10000 });
+  await client.connect();
+  const admin = client.db('admin');
+  const coll = client.db('mongolock_torture').collection('locks');
+
+  const workers = new Map(); // child process pid -> { proc, lua, skew, pid (the Lua process's) }
+  let started = 0;
+  let stopping = false;
+  const stats = { kills: 0, faults: 0, respawns: 0 };
+
+  function startWorker(slot) {
+    const lua = o.lua === 'both' ? (slot % 2 ? 'luajit' : 'lua5.4') : o.lua;
+    const skew = slot < o.skewed ? (slot % 2 ? '-1h' : '+1h') : null;
+    const env = {
+      ...process.env,
+      LUA_PATH: `${root}/lua/?.lua;${root}/lua/?/init.lua;;`,
+      LUA_CPATH: `${root}/build/${lua}/?.so;;`,
+    };
+    const args = [path.join(__dirname, 'worker.lua'), o.log, name, String(o.ttl), String(o.holdMs), stopfile];
+    let proc;
+    if (skew) {
+      // the monotonic clock stays real so that log times compare
+      env.FAKETIME_DONT_FAKE_MONOTONIC = '1';
+      proc = spawn('faketime', ['-f', skew, lua, ...args], { env, stdio: ['ignore', 'pipe', errlog] });
+    } else {
+      proc = spawn(lua, args, { env, stdio: ['ignore', 'pipe', errlog] });
+    }
+    started += 1;
+    const w = { proc, lua, skew, slot, pid: null };
+    workers.set(proc.pid, w);
+    proc.stdout.on('data', (b) => {
+      const m = /ready (\d+)/.exec(String(b));
+      if (m) w.pid = Number(m[1]);
+    });
+    proc.on('exit', () => {
+      workers.delete(proc.pid);
+      if (!stopping) {
+        stats.respawns += 1;
+        startWorker(slot);
+      }
+    });
+  }
+
+  emit(`X begin ${mono().toFixed(6)}`);
+  for (let i = 0; i < o.workers; i++) startWorker(i);
+  const deadline = mono() + o.seconds;
+
+  async function killer() {
+    while (mono() < deadline) {
+      await sleep(rand(0.5, 1.5) * o.killEvery);
+      if (mono() >= deadline) break;
+      const doc = await coll.findOne({ _id: name }).catch(() => null);
+      if (!doc || doc.owner == null || !doc.holder) continue;
+      const victim = [...workers.values()].find((w) => w.pid === Number(doc.holder.pid));
+      if (!victim) continue;
+      const t = mono();
+      try {
+        process.kill(victim.pid, 'SIGKILL');
+      } catch (e) {
+        continue;
+      }
+      stats.kills += 1;
+      emit(`K ${victim.pid} ${String(doc.token)} ${t.toFixed(6)}`);
+    }
+  }
+
+  async function faulter() {
+    while (mono() < deadline) {
+      await sleep(rand(0.5, 1.5) * o.faultEvery);
+      if (mono() >= deadline) break;
+      const f = pick(FAULTS);
+      const data = { ...f.data, appName: 'torture' };
+      if (data.blockConnection) data.blockTimeMS = Math.round(rand(100, 400));
+      // with the label the driver retries once; without, the error reaches the caller
+      if (data.errorCode && Math.random() < 0.5) data.errorLabels = ['RetryableWriteError'];
+      try {
+        await admin.command({ configureFailPoint: 'failCommand', mode: { times: 1 + Math.floor(Math.random() * 2) }, data });
+        stats.faults += 1;
+        emit(`F ${f.kind} ${mono().toFixed(6)}`);
+      } catch (e) {
+        process.stderr.write(`torture: configureFailPoint: ${e.message}\n`);
+      }
+    }
+  }
+
+  await Promise.all([killer(), faulter()]);
+
+  // stop: no new acquisitions; those in flight finish their section
+  stopping = true;
+  emit(`X end ${mono().toFixed(6)}`);
+  fs.writeFileSync(stopfile, '');
+  await admin.command({ configureFailPoint: 'failCommand', mode: 'off' }).catch(() => {});
+  const until = mono() + 10 * o.ttl + 5;
+  while (workers.size && mono() < until) await sleep(0.1);
+  for (const w of workers.values()) {
+    try { process.kill(w.proc.pid, 'SIGKILL'); } catch (e) { /* gone */ }
+    if (w.pid) try { process.kill(w.pid, 'SIGKILL'); } catch (e) { /* gone */ }
+  }
+  await client.close();
+  fs.rmSync(stopfile, { force: true });
+
+  const r = spawnSync('lua5.4', [path.join(__dirname, 'check.lua'), '--ttl', String(o.ttl),
+    '--retry', String(o.retry), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
+  process.stdout.write(`# workers ${o.workers} (${o.skewed} under faketime +/-1h, lua ${o.lua}), `
+    + `processes started ${started}, killed ${stats.kills}, faults armed ${stats.faults}, `
+    + `${o.seconds} s, ttl ${o.ttl} s, log ${path.relative(root, o.log)}\n`);
+  process.exit(r.status === null ? 1 : r.status);
+}
+
+main().catch((e) => {
+  process.stderr.write(`torture: ${e && e.stack || e}\n`);
+  process.exit(1);
+});

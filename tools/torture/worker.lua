@@ -1,0 +1,70 @@
+-- One torture worker: loops acquire / log / hold / release on one shared
+-- lock until the stop file appears (or it is killed).
+--
+--   worker.lua LOG NAME TTL HOLD_MS STOPFILE [LONG_PERMILLE]    (MONGODB_URI set)
+--
+-- Appends to LOG (O_APPEND, one write(2) per line, so lines from many
+-- processes never interleave):
+--   A token start pid                     acquired (start: CLOCK_MONOTONIC, s)
+--   S token start end pid valid           the critical section ended; valid
+--                                         is 1 when h:remaining() > 0 after
+--                                         `end` (the lease still covered it)
+--   R token pid ok|lost|error             the release's answer
+--   E pid message                         acquire failed (not a timeout)
+-- CLOCK_MONOTONIC is system-wide, so times from every worker compare; run
+-- under faketime only with FAKETIME_DONT_FAKE_MONOTONIC=1.
+-- Now and then (LONG_PERMILLE per mille, default 10) a section holds past
+-- its ttl on purpose: such a section is invalid and may be overlapped.
+
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+
+local logpath, name, ttl, hold_ms, stopfile, long_pm =
+  arg[1], arg[2], tonumber(arg[3]), tonumber(arg[4]), arg[5], tonumber(arg[6] or 10)
+assert(logpath and name and ttl and hold_ms and stopfile,
+  "usage: worker.lua LOG NAME TTL HOLD_MS STOPFILE [LONG_PERMILLE]")
+local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI is not set")
+
+local monotonic, sleep, random = core.monotonic, core.sleep, math.random
+local pid = core.getpid()
+math.randomseed(pid * 7919 + math.floor(monotonic() * 1000) % 100000)
+
+local log = assert(io.open(logpath, "a"))
+log:setvbuf("full", 4096)
+local function emit(fmt, ...)
+  log:write(string.format(fmt, ...))
+  log:flush()
+end
+
+local function exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local client = assert(mongolock.connect(uri, { appname = "torture" }))
+local locks = client:locks { database = "mongolock_torture", collection = "locks", ttl = ttl,
+                             timeout = 10 * ttl }
+io.stdout:write("ready ", pid, "\n")
+io.stdout:flush()
+
+while not exists(stopfile) do
+  local h, err = locks:acquire(name)
+  if h then
+    local token = h.token
+    local start = monotonic()
+    emit("A %d %.6f %d\n", token, start, pid)
+    local hold = random() * hold_ms / 1000
+    if random(1000) <= long_pm then hold = ttl + 0.2 + random() * 0.3 end
+    sleep(hold)
+    local stop = monotonic()
+    local rem = h:remaining()
+    emit("S %d %.6f %.6f %d %d\n", token, start, stop, pid, (rem and rem > 0) and 1 or 0)
+    local ok, rerr = h:release()
+    emit("R %d %d %s\n", token, pid, ok and "ok" or (rerr == "not held" and "lost" or "error"))
+  elseif err ~= "timeout" then
+    emit("E %d %s\n", pid, tostring(err):gsub("%s+", " "))
+    sleep(0.01)
+  end
+end
+client:close()
