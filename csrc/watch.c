@@ -23,7 +23,7 @@
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
  * - The thread owns its connection and change stream; it never touches a
- *   lua_State.  A stream is stopped (and the thread joined) by the
+ *   lua_State.  It sends getMore only while a waiter waits.  A stream is stopped (and the thread joined) by the
  *   client's close, or by the thread itself after IDLE seconds without a
  *   waiter.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
@@ -251,7 +251,13 @@ static void *watch_main(void *arg) {
   tries = 0;
   while (!s->stop) {
     int got;
-    if (s->waiters == 0 && ml_monotonic() - s->idle_since > IDLE) break;
+    if (s->waiters == 0) {
+      /* nobody waits: send no getMore (events queue in the server's
+       * cursor and are read when a waiter comes); close when idle */
+      if (ml_monotonic() - s->idle_since > IDLE) break;
+      cv_wait_until(&s->cv, s->idle_since + IDLE + 0.01);
+      continue;
+    }
     pthread_mutex_unlock(&watch_mu);
     got = mongoc_change_stream_next(cs, &doc);
     pthread_mutex_lock(&watch_mu);
@@ -486,6 +492,7 @@ static int l_watch_wait(lua_State *L) {
     return ml_pushfail(L, "change stream: cannot start its thread", 0);
   }
   s->waiters++;
+  pthread_cond_broadcast(&s->cv);   /* the thread reads while anyone waits */
   for (;;) {
     if (s->state == ST_FAILED) {
       lua_pushnil(L);

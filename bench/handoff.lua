@@ -1,0 +1,245 @@
+-- Hand-off latency: from a holder's release to the next waiter's acquire,
+-- with change-stream wake-ups (wait = "watch") and with backoff polling
+-- (wait = "poll"), for 2, 8, 16 and 32 contending processes.
+--
+--   lua5.4|luajit bench/handoff.lua [--waiters 2,8,16,32] [--modes watch,poll]
+--                                   [--handoffs N] [--poll-handoffs N]
+--                                   [--hold MS] [--out DIR]  (MONGODB_URI set)
+--
+-- Prints a Markdown table (median and p99 in milliseconds, server commands
+-- per acquisition) and writes the raw samples, one latency in ms per line,
+-- to DIR/handoff-<mode>-<waiters>.txt (DIR: bench/out).
+--
+-- How it measures.  Every process loops: acquire, note the time (the
+-- system-wide CLOCK_MONOTONIC, comparable across processes), hold it
+-- (--hold, 50 ms: long enough for a poller's backoff to grow as it would
+-- behind real work),
+-- note the time, release; then it waits, locally and without a server
+-- command, until another process has taken the lock, and only then asks
+-- again, so that every acquisition after the first is a hand-off to a
+-- process that was already waiting.  A sample is the time from the
+-- release's start to the next acquire's return (one release, a wake-up,
+-- one findAndModify).  Commands per acquisition are the serverStatus
+-- opcounters delta over the run divided by the acquisitions: failed
+-- attempts, releases, the streams' aggregate and getMore, everything.
+
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+local locks_mod = require "mongolock.locks"
+
+local monotonic = core.monotonic
+local getenv = os.getenv
+local format = string.format
+
+local uri = getenv("MONGODB_URI")
+if not uri or uri == "" then
+  io.stderr:write("handoff: MONGODB_URI is not set (run it through tools/with-standin)\n")
+  os.exit(2)
+end
+
+local DB = "mongolock_bench"
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function write_file(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- ---- a worker process -----------------------------------------------------
+
+-- worker DIR COLL MODE TARGET INDEX HOLD_MS
+local function worker(dir, coll, mode, target, index, hold)
+  target = tonumber(target)
+  hold = tonumber(hold) / 1000
+  local client = assert(mongolock.connect(uri, { appname = "handoff-" .. index }))
+  local locks = client:locks({ database = DB, collection = coll, ttl = 30 })
+  local real = locks_mod.get_wait()
+  local waits = 0
+  locks_mod.set_wait({
+    check_mode = real.check_mode,
+    sleep_until_retry = function(state)
+      waits = waits + 1
+      return real.sleep_until_retry(state)
+    end,
+  })
+  local seqf, gof = dir .. "/seq", dir .. "/go"
+  local function seq()
+    return tonumber(read_file(seqf) or "") or -1
+  end
+  -- the connection is made and the collection's index exists before "go"
+  assert(locks:try("warm-" .. index)):release()
+  write_file(dir .. "/ready-" .. index, "")
+  while not exists(gof) do core.sleep(0.001) end
+
+  local out = {}
+  while true do
+    waits = 0
+    local h, err = locks:acquire("the-lock", { timeout = 600, wait = mode })
+    local t_acq = monotonic()
+    if not h then
+      io.stderr:write("handoff worker ", index, ": acquire: ", tostring(err), "\n")
+      os.exit(1)
+    end
+    local s = seq()
+    if s >= target then          -- done: let the others see it too
+      h:release()
+      break
+    end
+    s = s + 1
+    write_file(seqf, tostring(s))
+    out[#out + 1] = format("A %d %.9f %d", s, t_acq, waits)
+    core.sleep(hold)
+    out[#out + 1] = format("R %d %.9f", s, monotonic())
+    assert(h:release())
+    -- back in line only once another process holds it (or all are done)
+    while seq() == s and s < target do core.sleep(0.0002) end
+  end
+  write_file(dir .. "/samples-" .. index, table.concat(out, "\n") .. "\n")
+  client:close()
+  os.exit(0)
+end
+
+if arg[1] == "--worker" then
+  worker(arg[2], arg[3], arg[4], arg[5], arg[6], arg[7])
+end
+
+-- ---- the coordinator ------------------------------------------------------
+
+local opts = { waiters = "2,8,16,32", modes = "watch,poll", handoffs = 200, poll_handoffs = 60,
+  hold = 50, out = "bench/out" }
+do
+  local i = 1
+  while arg[i] do
+    local k, v = arg[i]:match("^%-%-([%w%-]+)$"), arg[i + 1]
+    if not k or v == nil then
+      io.stderr:write("usage: handoff.lua [--waiters 2,8,16,32] [--modes watch,poll] ",
+        "[--handoffs N] [--poll-handoffs N] [--hold MS] [--out DIR]\n")
+      os.exit(2)
+    end
+    opts[k:gsub("%-", "_")] = tonumber(v) or v
+    i = i + 2
+  end
+end
+
+local interp = arg[-1] or "lua5.4"
+local script = arg[0]
+local impl = rawget(_G, "jit") and "luajit" or "lua5.4"
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+
+local function opcount(client)
+  local oc = assert(client._core:_opcounters())
+  local t = 0
+  for _, k in ipairs({ "insert", "query", "update", "delete", "getmore", "command" }) do
+    t = t + (oc[k] or 0)
+  end
+  return t
+end
+
+local function percentile(sorted, p)
+  if #sorted == 0 then return 0 / 0 end
+  local k = math.max(1, math.ceil(p * #sorted))
+  return sorted[k]
+end
+
+local function run(client, mode, n, handoffs)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. sh_quote(dir)))
+  local coll = format("handoff-%s-%d-%d", mode, n, core.getpid())
+  local cmds = {}
+  for i = 1, n do
+    cmds[#cmds + 1] = format("%s %s --worker %s %s %s %d %d %s &", sh_quote(interp),
+      sh_quote(script), sh_quote(dir), sh_quote(coll), mode, handoffs, i, tostring(opts.hold))
+  end
+  local p = assert(io.popen("( " .. table.concat(cmds, " ") .. " wait ) 2>&1", "r"))
+  -- everyone connected and ready
+  local deadline = monotonic() + 120
+  repeat
+    local ready = 0
+    for i = 1, n do if exists(dir .. "/ready-" .. i) then ready = ready + 1 end end
+    if ready == n then break end
+    core.sleep(0.01)
+  until monotonic() > deadline
+  write_file(dir .. "/seq", "0")
+  local o0 = opcount(client)
+  write_file(dir .. "/go", "")
+  local log = p:read("*a")
+  p:close()
+  local o1 = opcount(client) - 1        -- less the closing serverStatus
+  if log ~= "" then io.stderr:write(log) end
+
+  local acq, rel = {}, {}
+  local acquisitions = 0
+  for i = 1, n do
+    for line in (read_file(dir .. "/samples-" .. i) or ""):gmatch("[^\n]+") do
+      local kind, s, t, w = line:match("^(%u) (%d+) (%S+) ?(%d*)$")
+      s, t = tonumber(s), tonumber(t)
+      if kind == "A" then
+        acq[s] = { t = t, waits = tonumber(w) or 0 }
+        acquisitions = acquisitions + 1
+      elseif kind == "R" then
+        rel[s] = t
+      end
+    end
+    os.remove(dir .. "/samples-" .. i)
+    os.remove(dir .. "/ready-" .. i)
+  end
+  os.remove(dir .. "/seq")
+  os.remove(dir .. "/go")
+  os.remove(dir)
+
+  local samples = {}
+  for s, a in pairs(acq) do
+    if s > 1 and rel[s - 1] and a.waits > 0 then
+      samples[#samples + 1] = (a.t - rel[s - 1]) * 1000
+    end
+  end
+  table.sort(samples)
+  assert(os.execute("mkdir -p " .. sh_quote(opts.out)))
+  local raw = {}
+  for i, v in ipairs(samples) do raw[i] = format("%.3f", v) end
+  write_file(format("%s/handoff-%s-%d.txt", opts.out, mode, n), table.concat(raw, "\n") .. "\n")
+  -- the workers' final acquire that only sees "done" counts as well
+  return {
+    mode = mode, n = n, samples = #samples,
+    median = percentile(samples, 0.5), p99 = percentile(samples, 0.99),
+    per_acq = (o1 - o0) / math.max(1, acquisitions + n),
+  }
+end
+
+local client = assert(mongolock.connect(uri, { appname = "handoff-coordinator" }))
+local rows = {}
+for mode in tostring(opts.modes):gmatch("[^,]+") do
+  for n in tostring(opts.waiters):gmatch("[^,]+") do
+    n = tonumber(n)
+    local handoffs = mode == "poll" and opts.poll_handoffs or opts.handoffs
+    io.stderr:write(format("handoff: %s, %d waiters, %d hand-offs ...\n", mode, n, handoffs))
+    rows[#rows + 1] = run(client, mode, n, handoffs)
+  end
+end
+client:close()
+
+io.write(format("\n### Hand-off latency (%s, release -> next waiter's acquire, hold %s ms)\n\n",
+  impl, tostring(opts.hold)))
+io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition |\n")
+io.write("|---|---:|---:|---:|---:|---:|\n")
+for _, r in ipairs(rows) do
+  io.write(format("| %s | %d | %d | %.2f | %.2f | %.1f |\n", r.mode, r.n, r.samples, r.median,
+    r.p99, r.per_acq))
+end
+io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))
