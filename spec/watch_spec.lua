@@ -238,18 +238,16 @@ describe("#integration change-stream waits", function()
       assert(p:wait_for("held (%d+)"))
       failpoint(c2, { mode = "alwaysOn", commands = { "getMore", "aggregate" },
         close_connection = true, app_name = "watch-dead" })
-      local h, err, code, w
-      local ok, perr = pcall(function()
-        w = with_wait(trigger, function()
-          h, err = locks:acquire("d", { timeout = 20, wait = "auto" })
-        end)
+      local h, err
+      local ok, perr = pcall(with_wait, trigger, function()
+        h, err = locks:acquire("d", { timeout = 20, wait = "auto" })
       end)
       local st = core._watch_stats(c2._core)
       local r2, err2
       if ok then
         -- the stream is known to be broken: watch mode says so at once
         ok, perr = pcall(function()
-          r2, err2, code = locks:acquire("d", { timeout = 5, wait = "watch" })
+          r2, err2 = locks:acquire("d", { timeout = 5, wait = "watch" })
         end)
       end
       failpoint(c2, { mode = "off" })
