@@ -179,10 +179,16 @@ local function open_locks(args)
 end
 
 -- calls locks[method](locks, ...) turning a raised argument error (a bad
--- name) into a usage failure
+-- name) into a usage failure; any other error stays internal
 local function call(locks, method, ...)
   local ok, a, b, c = pcall(locks[method], locks, ...)
-  if not ok then fail(EXIT.usage, "%s", (tostring(a):gsub("^[^:]*:%d+: ", ""))) end
+  if not ok then
+    local msg = tostring(a):match("^[^\n]*")
+    if msg:find("bad argument", 1, true) then
+      fail(EXIT.usage, "%s", (msg:gsub("^[^:]*:%d+: ", "")))
+    end
+    fail(EXIT.software, "internal error: %s", msg)
+  end
   return a, b, c
 end
 
@@ -396,8 +402,8 @@ local function signal_status(name)
 end
 
 -- waits for the lock the way flock(1) does: once (-n), up to -w seconds, or
--- for ever.  Caught signals end the wait.  Returns the handle, or an exit
--- status.
+-- for ever.  Caught signals end the wait.  Returns the handle (renewed
+-- every ttl/3 by the library's background renewal), or an exit status.
 local function exec_acquire(args, locks)
   local opts = { ttl = args.ttl, renew = true }
   if args.nonblock then
@@ -420,9 +426,10 @@ local function exec_acquire(args, locks)
   end
 end
 
--- runs argv as a child holding h, until it ends; returns its exit status
--- and whether the lease was lost (and said so) meanwhile
-local function supervise(args, h, argv, background)
+-- runs argv as a child holding h (a handle renewed in the background),
+-- until it ends; returns its exit status and whether the lease was lost
+-- (and said so) meanwhile
+local function supervise(args, h, argv)
   local pid, err, errno = core.proc_spawn(argv)
   if not pid then
     warn("failed to execute %s", err)
@@ -430,25 +437,13 @@ local function supervise(args, h, argv, background)
   end
   if args.verbose then warn("running %s (pid %d) holding %s", argv[1], pid, args.name) end
 
-  local period = args.ttl / 3
-  local next_renew = core.monotonic() + period
+  -- how often h:lost() is looked at: a fraction of the renewal period
+  local look = min(0.25, args.ttl / 6)
   local lost, kill_at = false, nil
 
-  local function on_lost(why)
-    lost = true
-    if args.on_lost == "kill" then
-      warn("lost the lock %s (%s); terminating %s (pid %d)", args.name, why, argv[1], pid)
-      core.proc_kill(pid, "TERM")
-      kill_at = core.monotonic() + args.kill_after
-    else
-      warn("lost the lock %s (%s); %s keeps running", args.name, why, argv[1])
-    end
-  end
-
   while true do
-    local now = core.monotonic()
-    local wait = background and min(0.25, period) or max(0, next_renew - now)
-    if kill_at then wait = min(wait, max(0, kill_at - now)) end
+    local wait = look
+    if kill_at then wait = min(wait, max(0, kill_at - core.monotonic())) end
     local how, code, signo = core.proc_wait(pid, wait)
     if how == "exit" then return code, lost end
     if how == "signal" then return 128 + signo, lost end
@@ -459,24 +454,19 @@ local function supervise(args, h, argv, background)
       if not sig.tty then core.proc_kill(pid, sig.name) end
     end
 
-    now = core.monotonic()
-    if not lost then
-      if background then
-        if h:lost() then on_lost("its lease could not be renewed") end
-      elseif now >= next_renew then
-        local ok, eerr = h:extend(args.ttl)
-        if ok then
-          next_renew = core.monotonic() + period
-        elseif eerr == "lost" or eerr == "not held" or eerr == "closed" then
-          on_lost("it was taken or had expired")
-        elseif h:remaining() <= 0 then
-          on_lost("no renewal succeeded before the lease ended: " .. tostring(eerr))
-        else
-          next_renew = now + min(1, period)   -- a server error: retry soon
-        end
+    -- lost: a renewal found the lock gone, or none succeeded in time
+    if not lost and h:lost() then
+      lost = true
+      if args.on_lost == "kill" then
+        warn("lost the lock %s (its lease could not be renewed); terminating %s (pid %d)",
+          args.name, argv[1], pid)
+        core.proc_kill(pid, "TERM")
+        kill_at = core.monotonic() + args.kill_after
+      else
+        warn("lost the lock %s (its lease could not be renewed); %s keeps running", args.name, argv[1])
       end
     end
-    if kill_at and now >= kill_at then
+    if kill_at and core.monotonic() >= kill_at then
       core.proc_kill(pid, "KILL")
       kill_at = nil
     end
@@ -493,9 +483,7 @@ local function cmd_exec(args)
     return status
   end
   if args.verbose then warn("took %s (token %s)", args.name, token_text(h.token)) end
-  -- background renewal (renew = true) where the library has it (h:lost()),
-  -- else supervise extends the lease itself
-  local code, lost = supervise(args, h, args.cmd, type(h.lost) == "function")
+  local code, lost = supervise(args, h, args.cmd)
   local ok, err = h:release()
   if not ok and not lost then
     warn("the lock %s was lost before the command ended (%s)", args.name, tostring(err))
