@@ -50,7 +50,7 @@ build = {
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
-        "csrc/renew.c", "csrc/watch.c", "csrc/proc.c",
+        "csrc/renew.c", "csrc/watch.c", "csrc/proc.c", "csrc/bson.c", "csrc/command.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },
