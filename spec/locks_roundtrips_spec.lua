@@ -31,10 +31,17 @@ describe("#integration round trips", function()
     assert.equal(3, n)                  -- createIndexes, findAndModify, update
     n = commands(function() assert(locks:try("b")):release() end)
     assert.equal(2, n)
-    -- another locks object, even another client, on the same collection
+    -- another locks object on the same collection
     local again = client:locks({ database = locks.database, collection = locks.collection })
     n = commands(function() assert(again:try("c")):release() end)
     assert.equal(2, n)
+    -- another client of this process, on the same server and collection
+    local other = helpers.connect({}, helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
+    local third = other:locks({ database = locks.database, collection = locks.collection })
+    assert(third:status("c"))           -- connected before counting
+    n = commands(function() assert(third:try("d")):release() end)
+    assert.equal(2, n)
+    other:close()
   end)
 
   it("acquire, try, release, extend, status, list, force_release: one each", function()
