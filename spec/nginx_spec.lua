@@ -15,6 +15,64 @@ if root:sub(1, 1) ~= "/" then root = assert(os.getenv("PWD")) .. "/" .. root end
 local REQUESTS = 500          -- all sent at once, one connection each
 local EXAMPLE = root .. "/examples/nginx/nginx.conf"
 
+-- a location the spec adds to the example: the per-worker queue of
+-- resty.mongolock, checked from inside one request of one worker
+local GATE_LOCATION = [[
+        location = /gate-spec {
+            content_by_lua_file gate_spec.lua;
+        }
+]]
+local GATE_HANDLER = [==[
+local mongolock = require "resty.mongolock"
+local key = ngx.var.arg_key
+local function new(o)
+  local t = { uri = os.getenv("MONGODB_URI"), collection = "nginx_gate_spec" }
+  for k, v in pairs(o or {}) do t[k] = v end
+  return assert(mongolock:new(t))
+end
+local out = {}
+
+-- five waiters queue behind a holder, for longer than their max_step
+-- (they look again several times), and get the lock in arrival order
+local holder = new()
+assert(holder:lock(key .. "-fifo") == 0)
+local order, threads = {}, {}
+for i = 1, 5 do
+  threads[i] = ngx.thread.spawn(function()
+    local l = new({ timeout = 10, max_step = 0.05 })
+    local elapsed, err = l:lock(key .. "-fifo")
+    if not elapsed then order[#order + 1] = "error:" .. tostring(err); return end
+    order[#order + 1] = i
+    ngx.sleep(0.01)
+    assert(l:unlock() == 1)
+  end)
+end
+ngx.sleep(0.3)
+assert(holder:unlock() == 1)
+for i = 1, 5 do ngx.thread.wait(threads[i]) end
+out[#out + 1] = "order " .. table.concat(order, ",")
+
+-- a holder that never unlocks holds the queue no longer than its lease
+do
+  local a = new({ exptime = 0.3 })
+  assert(a:lock(key .. "-abandoned") == 0)
+end
+local b = new({ timeout = 5 })
+local elapsed, err = b:lock(key .. "-abandoned")
+out[#out + 1] = "abandoned " .. (elapsed and "locked" or tostring(err))
+if elapsed then b:unlock() end
+
+-- a waiter behind a holder gives up after its timeout
+local c = new()
+assert(c:lock(key .. "-timeout") == 0)
+local d = new({ timeout = 0.2 })
+local e2, err2 = d:lock(key .. "-timeout")
+out[#out + 1] = "timeout " .. tostring(e2) .. " " .. tostring(err2)
+assert(c:unlock() == 1)
+
+ngx.say(table.concat(out, "\n"))
+]==]
+
 local function sh(cmd)
   local ok = os.execute(cmd)
   return ok == true or ok == 0
@@ -46,10 +104,15 @@ local function start_nginx()
     assert(sh(format("ln -s %s %s", q(root .. "/" .. d), q(prefix .. "/" .. d))))
   end
   local log = prefix .. "/logs/error.log"
+  local g = assert(io.open(prefix .. "/gate_spec.lua", "w"))
+  g:write(GATE_HANDLER)
+  g:close()
   for _ = 1, 10 do
     local port = math.random(20000, 60000)
     local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d;", port))
     assert.equal(1, n, "the example's listen directive moved")
+    conf, n = conf:gsub("\n        location = /ping {", "\n" .. GATE_LOCATION:gsub("%%", "%%%%") .. "%0")
+    assert.equal(1, n, "the example's /ping location moved")
     local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
     f:write(conf)
     f:close()
@@ -185,6 +248,12 @@ describe("#integration nginx with resty.mongolock", function()
 
   teardown(function()
     if nginx then nginx:stop() end
+  end)
+
+  it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()
+    local code, body = get(nginx.port, "/gate-spec?key=" .. helpers.unique("gate"))
+    assert.equal(200, code, body)
+    assert.equal("order 1,2,3,4,5\nabandoned locked\ntimeout nil timeout\n", body)
   end)
 
   it("loses no update of the guarded counter under " .. REQUESTS

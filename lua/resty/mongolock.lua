@@ -13,10 +13,10 @@
 --   ngx.semaphore, so the worker keeps serving other requests while it
 --   waits.  (The first use of a collection in a worker adds the index
 --   check, once.)
--- - The gate: in a worker, the lock objects waiting for one key queue on a
---   semaphore and only the gate's owner asks the server, so the server sees
---   at most one waiter per worker and key, and a release hands over to the
---   worker's next waiter at once (in arrival order).  The gate is a hint
+-- - The gate: in a worker, the lock objects waiting for one key queue in
+--   arrival order and only the gate's owner asks the server, so the server
+--   sees at most one waiter per worker and key, and a release hands over to
+--   the worker's next waiter at once.  The gate is a hint
 --   that never blocks for good: it is free once its owner unlocks, gives
 --   up, is collected, or outlives its deadline (the lease end while it
 --   holds the lock, the end of its wait while it waits), and every waiter
@@ -36,6 +36,7 @@ if not ok_sema then semaphore = nil end
 local type, error, pairs, tostring = type, error, pairs, tostring
 local setmetatable = setmetatable
 local math_min, math_max = math.min, math.max
+local table_remove = table.remove
 local getpid = core.getpid
 local monotonic = core.monotonic
 
@@ -159,21 +160,22 @@ end
 -- ---- the gate (see the invariants at the top) ------------------------------
 
 -- the gate of locks/key in this worker, or nil outside a yieldable
--- OpenResty phase (plain Lua, init phases): then every waiter polls
+-- OpenResty phase (plain Lua, init phases): then every waiter polls.
+-- gate = { owner = {obj} (weak), deadline = monotonic time, queue = {waiter...} }
+-- A gate lives while a lock object or a waiter refers to it (by_key is
+-- weak-valued), so keys used once do not accumulate.
 local function gate_for(locks, key)
   local ngx = rawget(_G, "ngx")
   if not (semaphore and ngx and ngx.get_phase and yieldable[ngx.get_phase()]) then return nil end
   local by_key = cache.gates[locks]
   if not by_key then
-    by_key = {}
+    by_key = setmetatable({}, { __mode = "v" })
     cache.gates[locks] = by_key
   end
   local gate = by_key[key]
   if not gate then
-    local sema, err = semaphore.new(0)
-    if not sema then return nil, err end
     -- owner is held weakly: a lock object collected frees the gate
-    gate = { sema = sema, owner = setmetatable({}, { __mode = "v" }), deadline = 0, waiting = 0 }
+    gate = { owner = setmetatable({}, { __mode = "v" }), deadline = 0, queue = {} }
     by_key[key] = gate
   end
   return gate
@@ -183,31 +185,65 @@ local function gate_free(gate)
   return gate.owner[1] == nil or monotonic() >= gate.deadline
 end
 
--- the gate's owner leaves: wake the next waiter of this worker
+local function gate_take(self, gate, deadline)
+  gate.owner[1] = self
+  gate.deadline = deadline
+  self.gate = gate
+end
+
+local function wake_head(gate)
+  local head = gate.queue[1]
+  if head then head.sema:post(1) end
+end
+
+-- the gate's owner leaves: wake the first waiter of this worker
 local function gate_leave(self)
   local gate = self.gate
   if not gate then return end
   self.gate = nil
   if gate.owner[1] == self then
     gate.owner[1] = nil
-    if gate.waiting > 0 then gate.sema:post(1) end
+    wake_head(gate)
   end
 end
 
--- waits until the gate is free (true) or deadline passes (false)
+-- waits in the gate's queue until it is this waiter's turn and the gate is
+-- free (true), or deadline passes (false).  Each waiter sleeps on its own
+-- semaphore: the owner leaving wakes the first; without that wake-up (an
+-- owner collected or past its deadline) it looks again at the gate's
+-- deadline, or after max_step.  The queue keeps its order through all that.
 local function gate_enter(self, gate, deadline)
-  while not gate_free(gate) do
-    local left = deadline - monotonic()
-    if left <= 0 then return false end
-    gate.waiting = gate.waiting + 1
-    -- woken by the owner leaving; else look again after max_step
-    gate.sema:wait(math_max(0.001, math_min(left, self.max_step)))
-    gate.waiting = gate.waiting - 1
+  local queue = gate.queue
+  if queue[1] == nil and gate_free(gate) then
+    gate_take(self, gate, deadline)
+    return true
   end
-  gate.owner[1] = self
-  gate.deadline = deadline
-  self.gate = gate
-  return true
+  local sema, err = semaphore.new(0)
+  if not sema then return nil, err end
+  local me = { sema = sema }
+  queue[#queue + 1] = me
+  while true do
+    local now = monotonic()
+    if queue[1] == me and gate_free(gate) then
+      table_remove(queue, 1)
+      gate_take(self, gate, deadline)
+      return true
+    end
+    local left = deadline - now
+    if left <= 0 then
+      for i = 1, #queue do
+        if queue[i] == me then
+          table_remove(queue, i)
+          break
+        end
+      end
+      if gate_free(gate) then wake_head(gate) end   -- pass the turn on
+      return false
+    end
+    local nap = self.max_step
+    if gate.owner[1] ~= nil and gate.deadline > now then nap = math_min(nap, gate.deadline - now) end
+    sema:wait(math_max(0.001, math_min(left, nap)))
+  end
 end
 
 -- syntax: elapsed, err = obj:lock(key)
@@ -224,8 +260,11 @@ function _M.lock(self, key)
   local deadline = start + self.timeout
 
   local gate = gate_for(locks, key)
-  local waited = gate ~= nil and not gate_free(gate)
-  if gate and not gate_enter(self, gate, deadline) then return nil, "timeout" end
+  local waited = gate ~= nil and (gate.queue[1] ~= nil or not gate_free(gate))
+  if gate then
+    local entered, gerr = gate_enter(self, gate, deadline)
+    if not entered then return nil, gerr or "timeout" end
+  end
 
   -- lua-resty-lock's wait: try, sleep step, grow the step, until timeout
   local step, ratio, max_step = self.step, self.ratio, self.max_step
