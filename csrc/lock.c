@@ -833,6 +833,7 @@ static int l_acquire(lua_State *L) {
   int ok = 0, attempt, won;
 
   if (!ml_random_owner(owner)) return ml_pushfail(L, "getrandom failed", 0);
+  if (!app) app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
   if (gethostname(host, sizeof host) != 0) host[0] = '\0';
   host[sizeof host - 1] = '\0';
   if (!bson_utf8_validate(host, strlen(host), false)) host[0] = '\0';

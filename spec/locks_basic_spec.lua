@@ -128,6 +128,15 @@ describe("#integration named locks", function()
     assert.equal(h.token, st.token)          -- the token survives release
   end)
 
+  it("names the holder's app from the URI when connect has no appname", function()
+    local c = helpers.connect(nil, helpers.uri_with({ appName = "from-uri" }))
+    local l = helpers.locks(c)
+    local h = assert(l:acquire("app"))
+    assert.equal("from-uri", assert(l:status("app")).holder.app)
+    assert.is_true(h:release())
+    c:close()
+  end)
+
   it("list shows every lock of the collection, sorted", function()
     local l = helpers.locks(client)
     local a = assert(l:acquire("a-lock"))
