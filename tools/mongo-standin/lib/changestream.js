@@ -59,7 +59,7 @@ class ChangeStream {
       this.after = tsBig(engine.store.clock.now());
     }
     const log = engine.store.log;
-    if ((spec.resumeAfter || spec.startAfter) && log.length && this.after < log[0].tsBig - 1n && engine.logTrimmed) {
+    if ((spec.resumeAfter || spec.startAfter || spec.startAtOperationTime) && engine.store.logTrimmed && log.length && this.after < log[0].tsBig - 1n) {
       fail(286, 'Resume of change stream was not possible, as the resume point may no longer be in the oplog.');
     }
     for (const st of rest) {

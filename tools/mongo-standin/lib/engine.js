@@ -13,6 +13,8 @@ const update = require('./update');
 const { Store, Index, tsBig } = require('./store');
 const { ChangeStream } = require('./changestream');
 const { fail, MongoError, codeName } = require('./errors');
+const { memo } = require('./bsoncache');
+const shape = require('./shape');
 const { Int32, Long, ObjectId, Timestamp, Binary } = V;
 
 // Fields every command accepts (mongod's generic arguments).
@@ -489,7 +491,7 @@ function checkStmt(kind, stmt, i) {
 
 // Applies one update statement. Returns {n, nModified, upserted}.
 Engine.prototype.updateOne = function (coll, db, name, filter, u, opts, vars) {
-  const upd = update.compileUpdate(u);
+  const upd = memo(u, 'update', shape.compileUpdate);
   if (opts.multi && upd.kind === 'replacement') fail(9, 'multi update is not supported for replacement-style update');
   let matched = this.select(coll, filter, vars, opts.multi ? Infinity : 1);
   if (opts.sort && matched.length && !opts.multi) {
@@ -604,7 +606,7 @@ COMMANDS.find = function (cmd) {
   if (batchSize !== undefined && batchSize < 0) fail(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
   const vars = this.vars();
   const coll = this.store.coll(cmd.$db, name, false);
-  const proj = cmd.projection && Object.keys(cmd.projection).length ? pipeline.compileProjection(cmd.projection, 'projection') : null;
+  const proj = cmd.projection && Object.keys(cmd.projection).length ? memo(cmd.projection, 'projection', (f) => shape.compileProjection(f, 'projection')) : null;
   let docs;
   if (cmd.sort && Object.keys(cmd.sort).length) {
     docs = pipeline.sortDocs(this.select(coll, cmd.filter, vars), cmd.sort);
@@ -678,7 +680,7 @@ COMMANDS.findAndModify = function (cmd) {
   const vars = this.vars();
   if (V.isPlainDoc(cmd.let)) for (const k of Object.keys(cmd.let)) vars[k] = expr.compile(cmd.let[k])({}, vars);
   const filter = cmd.query || {};
-  const proj = cmd.fields && Object.keys(cmd.fields).length ? pipeline.compileProjection(cmd.fields, 'projection') : null;
+  const proj = cmd.fields && Object.keys(cmd.fields).length ? memo(cmd.fields, 'projection', (f) => shape.compileProjection(f, 'projection')) : null;
   const show = (d) => (d === null || d === undefined ? null : proj ? proj(d, vars) : d);
   const coll = this.store.coll(cmd.$db, name, false);
   let target;
@@ -689,7 +691,7 @@ COMMANDS.findAndModify = function (cmd) {
     this.store.remove(coll, target);
     return { lastErrorObject: { n: new Int32(1) }, value: show(target), ok: 1 };
   }
-  const upd = update.compileUpdate(cmd.update);
+  const upd = memo(cmd.update, 'update', shape.compileUpdate);
   if (target) {
     const ctx = { isInsert: false, vars, clusterTime: this.replset ? this.store.clock.now() : undefined };
     const next = upd.apply(target, ctx);

@@ -60,7 +60,18 @@ function compilePath(str) {
   return (doc, vars) => walk(vars.CURRENT !== undefined ? vars.CURRENT : doc, 0);
 }
 
+// A parameter slot of a shape-compiled template (see shape.js): evaluates to
+// vars[PARAMS][i]. Client input can never produce one.
+const PARAMS = Symbol('params');
+class Param {
+  constructor(i) { Object.defineProperty(this, 'i', { value: i, enumerable: false }); }
+}
+
 function compile(expr) {
+  if (expr instanceof Param) {
+    const i = expr.i;
+    return (doc, vars) => vars[PARAMS][i];
+  }
   if (typeof expr === 'string') {
     if (expr[0] === '$') return compilePath(expr);
     return () => expr;
@@ -506,4 +517,4 @@ function unary(op, arg, fn) {
   return (doc, vars) => fn(f(doc, vars));
 }
 
-module.exports = { compile, addValues, multiply, subtract, cmpMissing };
+module.exports = { compile, addValues, multiply, subtract, cmpMissing, Param, PARAMS };

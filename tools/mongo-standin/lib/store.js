@@ -161,7 +161,11 @@ class Store {
     ev.tsBig = tsBig(ev.ts);
     ev.wall = new Date();
     this.log.push(ev);
-    if (this.log.length > this.logLimit) this.log.splice(0, this.log.length - this.logLimit);
+    // Trim in chunks so that a full log costs O(1) per write on average.
+    if (this.log.length > this.logLimit * 1.25) {
+      this.log.splice(0, this.log.length - this.logLimit);
+      this.logTrimmed = true;
+    }
     for (const l of this.listeners) l(ev);
   }
 

@@ -5,6 +5,7 @@
 // in order, one at a time, like mongod's per-connection thread.
 
 const BSON = require('bson');
+const { decode } = require('./bsoncache');
 
 const OP_REPLY = 1;
 const OP_QUERY = 2004;
@@ -117,7 +118,7 @@ class Connection {
       off += 1;
       if (kind === 0) {
         const n = docLen(msg, off);
-        cmd = BSON.deserialize(msg.subarray(off, off + n), DECODE);
+        cmd = decode(msg.subarray(off, off + n));
         off += n;
       } else if (kind === 1) {
         const size = msg.readInt32LE(off);
@@ -126,7 +127,7 @@ class Connection {
         const docs = [];
         while (p < stop) {
           const n = docLen(msg, p);
-          docs.push(BSON.deserialize(msg.subarray(p, p + n), DECODE));
+          docs.push(ident === 'documents' ? BSON.deserialize(msg.subarray(p, p + n), DECODE) : decode(msg.subarray(p, p + n)));
           p += n;
         }
         seqs.push([ident, docs]);

@@ -1,0 +1,149 @@
+'use strict';
+// Compilation cached by shape. Two lock acquisitions send the same update
+// pipeline except for literal values (owner, ttl, holder), so the pipeline is
+// turned into a template whose literal leaves are parameter slots, compiled
+// once per template shape, and run with the command's own literals as
+// parameters. Anything the template cannot express faithfully (operators
+// delegated to mingo, stages other than $set/$addFields/$replaceWith, whose
+// literals are structural) is kept verbatim in the key instead.
+
+const BSON = require('bson');
+const V = require('./values');
+const expr = require('./expr');
+
+const NATIVE = new Set(('$abs $add $and $arrayElemAt $avg $ceil $cmp $concat $cond $divide $eq $floor $getField $gt ' +
+  '$gte $ifNull $in $isArray $isNumber $let $lt $lte $max $mergeObjects $min $mod $multiply $ne $not $or $size ' +
+  '$subtract $sum $switch $toBool $toDate $toDouble $toInt $toLong $toLower $toString $toUpper $trunc $type').split(' '));
+
+const NOSHAPE = new Error('no shape');
+
+function param(v, params) {
+  params.push(v);
+  return [new expr.Param(params.length - 1), '?'];
+}
+
+// [template, key] of an aggregation expression.
+function shapeExpr(v, params) {
+  if (typeof v === 'string') return v[0] === '$' ? [v, 'S' + JSON.stringify(v)] : param(v, params);
+  if (Array.isArray(v)) {
+    const t = [], k = [];
+    for (const x of v) { const [a, b] = shapeExpr(x, params); t.push(a); k.push(b); }
+    return [t, '[' + k.join(',') + ']'];
+  }
+  if (V.isPlainDoc(v)) {
+    const keys = Object.keys(v);
+    if (keys.length === 0) return [v, '{}'];
+    if (keys[0][0] === '$') {
+      if (keys.length !== 1) throw NOSHAPE;
+      const op = keys[0];
+      if (op === '$literal') return param(v.$literal, params);
+      if (!NATIVE.has(op)) throw NOSHAPE;
+      const [t, k] = shapeExpr(v[op], params);
+      return [{ [op]: t }, '{' + op + ':' + k + '}'];
+    }
+    const t = {}, k = [];
+    for (const key of keys) {
+      if (key[0] === '$') throw NOSHAPE;
+      const [a, b] = shapeExpr(v[key], params);
+      t[key] = a;
+      k.push(JSON.stringify(key) + ':' + b);
+    }
+    return [t, '{' + k.join(',') + '}'];
+  }
+  return param(v, params);
+}
+
+function verbatim(v) {
+  return BSON.EJSON.stringify(v, { relaxed: false });
+}
+
+// [template, key] of an update pipeline, or null.
+function shapePipeline(stages, params) {
+  try {
+    const t = [], k = [];
+    for (const st of stages) {
+      const names = V.isPlainDoc(st) ? Object.keys(st) : [];
+      const name = names[0];
+      if (names.length === 1 && (name === '$set' || name === '$addFields') && V.isPlainDoc(st[name])) {
+        const spec = st[name], ts = {}, ks = [];
+        for (const key of Object.keys(spec)) {
+          const [a, b] = shapeExpr(spec[key], params);
+          ts[key] = a;
+          ks.push(JSON.stringify(key) + ':' + b);
+        }
+        t.push({ [name]: ts });
+        k.push(name + '{' + ks.join(',') + '}');
+      } else if (names.length === 1 && name === '$replaceWith') {
+        const [a, b] = shapeExpr(st[name], params);
+        t.push({ $replaceWith: a });
+        k.push('$replaceWith' + b);
+      } else {
+        t.push(st);
+        k.push('R' + verbatim(st));
+      }
+    }
+    return [t, 'P[' + k.join(',') + ']'];
+  } catch (e) {
+    if (e === NOSHAPE) return null;
+    throw e;
+  }
+}
+
+// [template, key] of a find/findAndModify projection, or null.
+function shapeProjection(spec, params) {
+  try {
+    const t = {}, k = [];
+    for (const key of Object.keys(spec)) {
+      const v = spec[key];
+      if (V.isNumber(v) || typeof v === 'boolean') { t[key] = v; k.push(JSON.stringify(key) + ':N' + (V.truthy(v) ? 1 : 0)); continue; }
+      const [a, b] = shapeExpr(v, params);
+      t[key] = a;
+      k.push(JSON.stringify(key) + ':' + b);
+    }
+    return [t, 'J{' + k.join(',') + '}'];
+  } catch (e) {
+    if (e === NOSHAPE) return null;
+    throw e;
+  }
+}
+
+const compiled = new Map();
+const LIMIT = 2048;
+
+function cached(key, make) {
+  let c = compiled.get(key);
+  if (c === undefined) {
+    c = make();
+    if (compiled.size >= LIMIT) compiled.clear();
+    compiled.set(key, c);
+  }
+  return c;
+}
+
+function withParams(vars, params) {
+  const v = Object.assign({}, vars);
+  v[expr.PARAMS] = params;
+  return v;
+}
+
+// compileUpdate(u) as update.compileUpdate, shared by shape for pipelines.
+function compileUpdate(u) {
+  const update = require('./update');
+  if (!Array.isArray(u)) return update.compileUpdate(u);
+  const params = [];
+  const s = shapePipeline(u, params);
+  if (!s) return update.compileUpdate(u);
+  const c = cached(s[1], () => update.compileUpdate(s[0]));
+  return { kind: c.kind, apply: (doc, ctx) => c.apply(doc, Object.assign({}, ctx, { vars: withParams(ctx.vars, params) })) };
+}
+
+function compileProjection(spec, where) {
+  const pipeline = require('./pipeline');
+  const params = [];
+  const s = shapeProjection(spec, params);
+  if (!s) return pipeline.compileProjection(spec, where);
+  const c = cached(s[1] + where, () => pipeline.compileProjection(s[0], where));
+  return (doc, vars) => c(doc, withParams(vars || {}, params));
+}
+
+module.exports = { compileUpdate, compileProjection, shapePipeline, shapeProjection };
