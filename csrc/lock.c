@@ -17,8 +17,6 @@
 
 #include "mongolock.h"
 
-#pragma weak ml_pushbsonvalue
-
 int (*ml_gc_handoff)(ml_client *c, ml_lease *l) = NULL;
 
 #define NAME_MAX_BYTES 1024
@@ -553,25 +551,22 @@ static int l_tostring(lua_State *L) {
   return 1;
 }
 
-/* pushes the lock's _id: a string for named locks; other BSON values
- * through bson.c when it is linked in */
+/* pushes the lock's _id: a string for named locks; other BSON values as
+ * bson.c maps them */
 static void push_id(lua_State *L, const bson_value_t *v) {
   switch (v->value_type) {
   case BSON_TYPE_UTF8: lua_pushlstring(L, v->value.v_utf8.str, v->value.v_utf8.len); return;
   case BSON_TYPE_INT32: lua_pushinteger(L, v->value.v_int32); return;
   case BSON_TYPE_INT64: ml_pushint64(L, v->value.v_int64); return;
   case BSON_TYPE_DOUBLE: lua_pushnumber(L, v->value.v_double); return;
-  default:
-    if (ml_pushbsonvalue) {
-      bson_t tmp = BSON_INITIALIZER;
-      bson_iter_t it;
-      BSON_APPEND_VALUE(&tmp, "v", v);
-      bson_iter_init_find(&it, &tmp, "v");
-      ml_pushbsonvalue(L, &it);
-      bson_destroy(&tmp);
-    } else {
-      lua_pushnil(L);
-    }
+  default: {
+    bson_t tmp = BSON_INITIALIZER;
+    bson_iter_t it;
+    BSON_APPEND_VALUE(&tmp, "v", v);
+    if (bson_iter_init_find(&it, &tmp, "v")) ml_pushbsonvalue(L, &it);
+    else lua_pushnil(L);
+    bson_destroy(&tmp);
+  }
   }
 }
 
