@@ -224,5 +224,6 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_proc_open(L);
   /* bson.c is optional at link time while it is being written */
   if (ml_bson_open) ml_bson_open(L);
+  ml_command_open(L);
   return 1;
 }

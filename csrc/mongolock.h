@@ -251,6 +251,11 @@ void ml_pushbsonvalue(lua_State *L, const bson_iter_t *it);
  * to the module table at the top of the stack */
 void ml_bson_open(lua_State *L);
 
+/* [-0, +0] command.c, documents.c: add client:command and the document-lock
+ * commands to mongolock.Client (after ml_client_open) */
+void ml_command_open(lua_State *L);
+void ml_documents_open(lua_State *L);
+
 /* ---- renew.c, watch.c: background renewal and change-stream waits ----- */
 
 /* [-0, +0] add the renewal and wait functions to the module table at the
