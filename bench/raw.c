@@ -52,50 +52,86 @@ static void new_owner(char out[33]) {
   out[32] = '\0';
 }
 
-/* FREE = {$or: [{$eq: [{$ifNull: ["$owner", null]}, null]}, {$lte: ["$expiresAt", "$$NOW"]}]} */
-#define FREE                                                                              \
-  "$or", "[", "{", "$eq", "[", "{", "$ifNull", "[", BCON_UTF8("$owner"), BCON_NULL, "]", "}", \
-      BCON_NULL, "]", "}", "{", "$lte", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", \
-      "}", "]"
+/*
+ * The parts of both commands that do not change between cycles are built
+ * once (the library builds them every time): what is left per cycle is the
+ * least any client of these two commands must do.
+ *
+ * FREE = {$or: [{$eq: [{$ifNull: ["$owner", null]}, null]}, {$lte: ["$expiresAt", "$$NOW"]}]}
+ */
+static bson_t *FREE, *TOKEN, *EXPIRES, *FIELDS, *RELEASE_U, *WC_OPTS;
 
-static bson_t *acquire_cmd(const char *coll, const char *name, const char *owner,
-                           const char *host, int64_t pid) {
-  return BCON_NEW(
-      "findAndModify", BCON_UTF8(coll),
-      "query", "{", "_id", BCON_UTF8(name), "}",
-      "upsert", BCON_BOOL(true),
-      "new", BCON_BOOL(true),
-      "update", "[", "{", "$set", "{",
-        "owner", "{", "$cond", "[", "{", FREE, "}", BCON_UTF8(owner), BCON_UTF8("$owner"), "]", "}",
-        "token", "{", "$cond", "[", "{", FREE, "}",
-          "{", "$max", "[",
-            "{", "$add", "[", "{", "$ifNull", "[", BCON_UTF8("$token"), BCON_INT64(0), "]", "}",
-                              BCON_INT64(1), "]", "}",
-            "{", "$multiply", "[", "{", "$toLong", BCON_UTF8("$$NOW"), "}", BCON_INT64(1024), "]", "}",
-          "]", "}",
-          BCON_UTF8("$token"), "]", "}",
-        "acquiredAt", "{", "$cond", "[", "{", FREE, "}", BCON_UTF8("$$NOW"), BCON_UTF8("$acquiredAt"), "]", "}",
-        "expiresAt", "{", "$cond", "[", "{", FREE, "}",
-          "{", "$add", "[", BCON_UTF8("$$NOW"), BCON_INT64(TTL_MS), "]", "}",
-          BCON_UTF8("$expiresAt"), "]", "}",
-        "holder", "{", "$cond", "[", "{", FREE, "}",
-          "{", "$literal", "{", "host", BCON_UTF8(host), "pid", BCON_INT64(pid), "}", "}",
-          BCON_UTF8("$holder"), "]", "}",
-      "}", "}", "]",
-      "fields", "{", "owner", BCON_INT32(1), "token", BCON_INT32(1), "expiresAt", BCON_INT32(1),
-        "holder", BCON_INT32(1), "acquiredAt", BCON_INT32(1),
-        "remainingMs", "{", "$subtract", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", "}",
-      "}");
+static void build_static(int64_t ttl_ms) {
+  FREE = BCON_NEW("$or", "[",
+      "{", "$eq", "[", "{", "$ifNull", "[", BCON_UTF8("$owner"), BCON_NULL, "]", "}", BCON_NULL, "]", "}",
+      "{", "$lte", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", "}", "]");
+  TOKEN = BCON_NEW("$max", "[",
+      "{", "$add", "[", "{", "$ifNull", "[", BCON_UTF8("$token"), BCON_INT64(0), "]", "}", BCON_INT64(1), "]", "}",
+      "{", "$multiply", "[", "{", "$toLong", BCON_UTF8("$$NOW"), "}", BCON_INT64(1024), "]", "}", "]");
+  EXPIRES = BCON_NEW("$add", "[", BCON_UTF8("$$NOW"), BCON_INT64(ttl_ms), "]");
+  FIELDS = BCON_NEW("owner", BCON_INT32(1), "token", BCON_INT32(1), "expiresAt", BCON_INT32(1),
+      "holder", BCON_INT32(1), "acquiredAt", BCON_INT32(1),
+      "remainingMs", "{", "$subtract", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", "}");
+  RELEASE_U = BCON_NEW("0", "{", "$set", "{", "owner", BCON_NULL, "expiresAt", BCON_UTF8("$$NOW"), "}", "}");
 }
 
-static bson_t *release_cmd(const char *coll, const char *name, const char *owner) {
-  return BCON_NEW(
-      "update", BCON_UTF8(coll),
-      "updates", "[", "{",
-        "q", "{", "_id", BCON_UTF8(name), "owner", BCON_UTF8(owner), "}",
-        "u", "[", "{", "$set", "{", "owner", BCON_NULL, "expiresAt", BCON_UTF8("$$NOW"), "}", "}", "]",
-        "upsert", BCON_BOOL(false), "multi", BCON_BOOL(false),
-      "}", "]");
+/* key: {$cond: [FREE, <new>, "$key"]}; new is a document or a string */
+static void cond(bson_t *set, const char *key, const char *old, const bson_t *doc, const char *str,
+                 const bson_t *holder) {
+  bson_t d, arr, lit;
+  BSON_APPEND_DOCUMENT_BEGIN(set, key, &d);
+  BSON_APPEND_ARRAY_BEGIN(&d, "$cond", &arr);
+  BSON_APPEND_DOCUMENT(&arr, "0", FREE);
+  if (doc) BSON_APPEND_DOCUMENT(&arr, "1", doc);
+  else if (holder) {
+    BSON_APPEND_DOCUMENT_BEGIN(&arr, "1", &lit);
+    BSON_APPEND_DOCUMENT(&lit, "$literal", holder);
+    bson_append_document_end(&arr, &lit);
+  } else BSON_APPEND_UTF8(&arr, "1", str);
+  BSON_APPEND_UTF8(&arr, "2", old);
+  bson_append_array_end(&d, &arr);
+  bson_append_document_end(set, &d);
+}
+
+/* the acquire of doc/design.md into cmd (initialised by the caller) */
+static void acquire_cmd(bson_t *cmd, const char *coll, const char *name, const char *owner,
+                        const bson_t *holder) {
+  bson_t q, u, stage, set;
+  BSON_APPEND_UTF8(cmd, "findAndModify", coll);
+  BSON_APPEND_DOCUMENT_BEGIN(cmd, "query", &q);
+  BSON_APPEND_UTF8(&q, "_id", name);
+  bson_append_document_end(cmd, &q);
+  BSON_APPEND_BOOL(cmd, "upsert", true);
+  BSON_APPEND_BOOL(cmd, "new", true);
+  BSON_APPEND_ARRAY_BEGIN(cmd, "update", &u);
+  BSON_APPEND_DOCUMENT_BEGIN(&u, "0", &stage);
+  BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
+  cond(&set, "owner", "$owner", NULL, owner, NULL);
+  cond(&set, "token", "$token", TOKEN, NULL, NULL);
+  cond(&set, "acquiredAt", "$acquiredAt", NULL, "$$NOW", NULL);
+  cond(&set, "expiresAt", "$expiresAt", EXPIRES, NULL, NULL);
+  cond(&set, "holder", "$holder", NULL, NULL, holder);
+  bson_append_document_end(&stage, &set);
+  bson_append_document_end(&u, &stage);
+  bson_append_array_end(cmd, &u);
+  BSON_APPEND_DOCUMENT(cmd, "fields", FIELDS);
+}
+
+/* the release of doc/design.md into cmd */
+static void release_cmd(bson_t *cmd, const char *coll, const char *name, const char *owner) {
+  bson_t updates, one, q;
+  BSON_APPEND_UTF8(cmd, "update", coll);
+  BSON_APPEND_ARRAY_BEGIN(cmd, "updates", &updates);
+  BSON_APPEND_DOCUMENT_BEGIN(&updates, "0", &one);
+  BSON_APPEND_DOCUMENT_BEGIN(&one, "q", &q);
+  BSON_APPEND_UTF8(&q, "_id", name);
+  BSON_APPEND_UTF8(&q, "owner", owner);
+  bson_append_document_end(&one, &q);
+  BSON_APPEND_ARRAY(&one, "u", RELEASE_U);
+  BSON_APPEND_BOOL(&one, "upsert", false);
+  BSON_APPEND_BOOL(&one, "multi", false);
+  bson_append_document_end(&updates, &one);
+  bson_append_array_end(cmd, &updates);
 }
 
 /* 1 when the reply's value.owner is ours */
@@ -135,23 +171,25 @@ static int64_t opcounters(mongoc_client_t *c) {
 
 /* one acquire + release; 0 on success */
 static int cycle(mongoc_client_t *c, const char *db, const char *coll, const char *name,
-                 const char *host, int64_t pid, const bson_t *wc_opts) {
+                 const bson_t *holder) {
   char owner[33];
-  bson_t *cmd, reply;
+  bson_t cmd, reply;
   bson_error_t err;
   int ok;
   new_owner(owner);
-  cmd = acquire_cmd(coll, name, owner, host, pid);
-  ok = mongoc_client_write_command_with_opts(c, db, cmd, wc_opts, &reply, &err) && won(&reply, owner);
+  bson_init(&cmd);
+  acquire_cmd(&cmd, coll, name, owner, holder);
+  ok = mongoc_client_write_command_with_opts(c, db, &cmd, WC_OPTS, &reply, &err) && won(&reply, owner);
   if (!ok && err.code) fprintf(stderr, "raw: findAndModify: %s\n", err.message);
   bson_destroy(&reply);
-  bson_destroy(cmd);
+  bson_destroy(&cmd);
   if (!ok) return -1;
-  cmd = release_cmd(coll, name, owner);
-  ok = mongoc_client_write_command_with_opts(c, db, cmd, wc_opts, &reply, &err) && reply_n(&reply) == 1;
+  bson_init(&cmd);
+  release_cmd(&cmd, coll, name, owner);
+  ok = mongoc_client_write_command_with_opts(c, db, &cmd, WC_OPTS, &reply, &err) && reply_n(&reply) == 1;
   if (!ok && err.code) fprintf(stderr, "raw: update: %s\n", err.message);
   bson_destroy(&reply);
-  bson_destroy(cmd);
+  bson_destroy(&cmd);
   return ok ? 0 : -1;
 }
 
@@ -163,7 +201,7 @@ int main(int argc, char **argv) {
   mongoc_client_pool_t *pool;
   mongoc_client_t *c;
   mongoc_write_concern_t *wc;
-  bson_t wc_opts = BSON_INITIALIZER;
+  bson_t wc_opts = BSON_INITIALIZER, *holder;
   bson_error_t err;
   char host[256], name[64];
   const char *db = "mongolock_bench", *coll = "locks";
@@ -191,16 +229,19 @@ int main(int argc, char **argv) {
   if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
   host[sizeof host - 1] = '\0';
   snprintf(name, sizeof name, "bench-raw-%ld", (long)pid);
+  build_static(TTL_MS);
+  WC_OPTS = &wc_opts;
+  holder = BCON_NEW("host", BCON_UTF8(host), "pid", BCON_INT64(pid));
 
   for (i = 0; i < warmup; i++)
-    if (cycle(c, db, coll, name, host, pid, &wc_opts) != 0) failed++;
+    if (cycle(c, db, coll, name, holder) != 0) failed++;
 
   ops0 = opcounters(c);
   c0 = cpu_s();
   t0 = now_s();
   do {
     for (i = 0; i < 64; i++) {
-      if (cycle(c, db, coll, name, host, pid, &wc_opts) != 0) failed++;
+      if (cycle(c, db, coll, name, holder) != 0) failed++;
       n++;
     }
     t1 = now_s();
@@ -211,6 +252,12 @@ int main(int argc, char **argv) {
   printf("{\"impl\":\"raw\",\"cycles\":%ld,\"seconds\":%.6f,\"cpu\":%.6f,\"ops\":%lld,\"failed\":%ld}\n",
          n, t1 - t0, c1 - c0, (ops0 < 0 || ops1 < 0) ? -1LL : (long long)(ops1 - ops0 - 1), failed);
 
+  bson_destroy(holder);
+  bson_destroy(FREE);
+  bson_destroy(TOKEN);
+  bson_destroy(EXPIRES);
+  bson_destroy(FIELDS);
+  bson_destroy(RELEASE_U);
   mongoc_write_concern_destroy(wc);
   bson_destroy(&wc_opts);
   mongoc_client_pool_push(pool, c);
