@@ -3,6 +3,7 @@
  * wait for it while signals arrive, forward them, collect its exit status.
  *
  *   core.proc_trap()              catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
+ *   core.proc_untrap()            back to their default disposition
  *   core.proc_signals()           -> {{name=, tty=}, ...} caught since last call
  *   core.proc_spawn(argv)         -> pid | nil, message, errno
  *   core.proc_wait(pid, timeout)  -> "exit", code | "signal", name, signo | false
@@ -98,6 +99,21 @@ static int l_proc_trap(lua_State *L) {
   for (i = 0; i < NTRAPPED; i++)
     sigaction(trapped[i], &sa, NULL);
   sa.sa_flags |= SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, NULL);
+  return 0;
+}
+
+/* core.proc_untrap(): the trapped signals and SIGCHLD back to their
+ * default disposition (the pipe stays for a later proc_trap) */
+static int l_proc_untrap(lua_State *L) {
+  struct sigaction sa;
+  size_t i;
+  (void)L;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  for (i = 0; i < NTRAPPED; i++)
+    sigaction(trapped[i], &sa, NULL);
   sigaction(SIGCHLD, &sa, NULL);
   return 0;
 }
@@ -247,6 +263,7 @@ static int l_proc_kill(lua_State *L) {
 
 static const luaL_Reg proc_funcs[] = {
   {"proc_trap", l_proc_trap},
+  {"proc_untrap", l_proc_untrap},
   {"proc_signals", l_proc_signals},
   {"proc_spawn", l_proc_spawn},
   {"proc_wait", l_proc_wait},
