@@ -213,11 +213,14 @@ function helpers.command(path, args, prefix)
 end
 
 -- runs a script to completion; returns its stdout and whether it exited 0
+-- (the status is echoed: LuaJIT's pclose does not report it)
 function helpers.run(path, args, prefix)
-  local p = assert(io.popen(helpers.command(path, args, prefix) .. " 2>&1", "r"))
+  local p = assert(io.popen(helpers.command(path, args, prefix) .. " 2>&1; echo \"exit:$?\"", "r"))
   local out = p:read("*a")
-  local ok = p:close()
-  return out, ok == true
+  p:close()
+  local status = tonumber(out:match("exit:(%d+)%s*$"))
+  out = out:gsub("exit:%d+%s*$", "")
+  return out, status == 0
 end
 
 -- starts a script in the background; returns a process object with
