@@ -197,7 +197,9 @@ end
 
 -- writes src to a temporary .lua file; returns its path
 function helpers.script(src)
-  local path = tmpname() .. ".lua"
+  local base = tmpname()
+  os.remove(base)                       -- os.tmpname made it; we use base.lua
+  local path = base .. ".lua"
   local f = assert(io.open(path, "wb"))
   f:write(src)
   f:close()

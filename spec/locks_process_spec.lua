@@ -119,7 +119,9 @@ describe("#integration locks across processes", function()
 
   describe("with clocks an hour off (faketime)", function()
     local function have_faketime()
-      local out = helpers.run(helpers.script("print(os.time())"), {}, "faketime -f '+1h' ")
+      local probe = helpers.script("print(os.time())")
+      local out = helpers.run(probe, {}, "faketime -f '+1h' ")
+      os.remove(probe)
       local t = tonumber(out:match("%d+"))
       return t and t - os.time() > 3500
     end
