@@ -192,6 +192,49 @@ describe("#integration change-stream waits", function()
     fresh:close()
   end)
 
+  it("after fork the child watches with its own stream, the parent keeps its own", function()
+    local c2 = helpers.connect({ appname = "watch-fork" })
+    local locks = helpers.locks(c2, { ttl = 60 })
+    local function handoff(name)
+      local trigger = trigger_path()
+      local p = helpers.spawn(holder_path, { name, locks.database, locks.collection, trigger, "0.05" })
+      assert(p:wait_for("held (%d+)"))
+      local h, err
+      local w = with_wait(trigger, function()
+        h, err = locks:acquire(name, { timeout = 20, wait = "watch" })
+      end)
+      p:wait()
+      p:cleanup()
+      os.remove(trigger)
+      return h, err, w.calls
+    end
+    local h, err, calls = handoff("before")
+    assert.is_truthy(h, err)
+    assert.equal(1, calls)
+    assert.is_true(h:release())
+    assert.equal(1, core._watch_stats(c2._core).streams)
+    local pid = assert(core._fork())
+    if pid == 0 then
+      local code = 1
+      pcall(function()
+        -- the parent's stream is not this process's
+        if core._watch_stats(c2._core).streams ~= 0 then code = 10 return end
+        local hc, _, n = handoff("child")
+        if not hc then code = 11 return end
+        if n ~= 1 then code = 12 return end
+        if not hc:release() then code = 13 return end
+        code = 0
+      end)
+      core._exit(code)
+    end
+    assert.equal(0, core._waitpid(pid))
+    h, err, calls = handoff("after")
+    assert.is_truthy(h, err)
+    assert.equal(1, calls)
+    assert.is_true(h:release())
+    c2:close()
+  end)
+
   describe("a stream killed by failCommand closeConnection", function()
     local function failpoint(c, spec)
       local ok, err = core._failpoint(c._core, spec)
