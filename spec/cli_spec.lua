@@ -397,6 +397,24 @@ describe("#integration mongolock command", function()
       bg:cleanup()
     end)
 
+    it("terminates the command when no renewal succeeds before the lease ends", function()
+      local name = helpers.unique("renewfail")
+      local app = helpers.unique("cli"):sub(1, 60)
+      local bg = background(a("--app", app, "exec", "--ttl", "1", "--on-lost=kill", name, "--", "sh", "-c",
+        "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"))
+      bg:wait_output("ready")
+      assert.equal(app, locks:status(name).holder.app)
+      -- from now on the server refuses every update of that process
+      assert(core._failpoint(client._core, { mode = "alwaysOn", commands = { "update" },
+        error_code = 2, app_name = app }))
+      finally(function() core._failpoint(client._core, { mode = "off" }) end)
+      local code, out, err = bg:wait()
+      assert.equal(7, code, err)
+      assert.equal("ready\ngot TERM\n", out)
+      assert.matches("lost the lock", err, 1, true)
+      bg:cleanup()
+    end)
+
     it("follows SIGTERM with SIGKILL after --kill-after when the command ignores it", function()
       local name = helpers.unique("lostkill9")
       local bg = background(a("exec", "--ttl", "1", "--on-lost=kill", "--kill-after", "0.3", name, "--",

@@ -93,6 +93,7 @@ function _M.parser()
   p:option("--uri", "MongoDB connection string (default: $MONGODB_URI).")
   p:option("--database", "Database of the lock collection.")
   p:option("--collection", "Collection of the lock documents.", "locks")
+  p:option("--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
 
   local e = p:command("exec", [[
 Run a command while holding the lock NAME, renewing the lease while it runs.
@@ -164,7 +165,7 @@ local function open_locks(args)
   if not uri or uri == "" then
     fail(EXIT.usage, "no server given: use --uri URI or set MONGODB_URI")
   end
-  local ok, client, err = pcall(mongolock.connect, uri, { appname = "mongolock-cli" })
+  local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app })
   if not ok then fail(EXIT.usage, "%s", tostring(client)) end
   if not client then
     if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
