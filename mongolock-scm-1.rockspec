@@ -46,6 +46,7 @@ build = {
     ["mongolock.backoff"] = "lua/mongolock/backoff.lua",
     ["mongolock.wait"] = "lua/mongolock/wait.lua",
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
+    ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
     ["mongolock.core"] = {
       sources = {
