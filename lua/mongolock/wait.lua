@@ -107,10 +107,12 @@ function _M.sleep_until_retry(state)
   end
   local info = state.info
   local ot = info and info.operation_time
+  local why = "change streams need a replica set (the server sent no operationTime)"
+  if type(state.name) ~= "string" then
+    ot, why = nil, "change-stream waits need a string lock name"
+  end
   if not ot then
-    if mode == "watch" then
-      return nil, "change streams need a replica set (the server sent no operationTime)"
-    end
+    if mode == "watch" then return nil, why end
     backoff.sleep_until_retry(state)
     return true
   end
