@@ -13,8 +13,6 @@
 
 #include "mongolock.h"
 
-#pragma weak ml_bson_open
-
 double ml_monotonic(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -222,8 +220,7 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_renew_open(L);
   ml_watch_open(L);
   ml_proc_open(L);
-  /* bson.c is optional at link time while it is being written */
-  if (ml_bson_open) ml_bson_open(L);
+  ml_bson_open(L);
   ml_command_open(L);
   return 1;
 }
