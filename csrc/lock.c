@@ -835,10 +835,11 @@ static int l_acquire(lua_State *L) {
   mc = ml_client_get(L, c);
   build_acquire(&cmd, coll, name, namelen, owner, ttl_ms, host, (int64_t)getpid(), app);
   ml_client_append_wc(c, &opts);
-  for (attempt = 0; attempt < 2; attempt++) {
+  /* reply is initialised by every call; destroyed only before a retry */
+  for (attempt = 0;; attempt++) {
     started = ml_monotonic();
     ok = mongoc_client_write_command_with_opts(mc, db, &cmd, &opts, &reply, &err);
-    if (ok || err.domain != MONGOC_ERROR_STREAM) break;
+    if (ok || err.domain != MONGOC_ERROR_STREAM || attempt == 1) break;
     bson_destroy(&reply);
   }
   bson_destroy(&cmd);
