@@ -1,0 +1,219 @@
+-- Locks on the application's own documents: two fields of the document
+-- (owner and time) hold the lock, so no separate lock collection is needed.
+--
+--   local docs = client:documents("app", "orders", { ttl = 30 })
+--   local doc, h = docs:lock(order_id, { insert = { status = "new" } })
+--   doc.status = "paid"
+--   h:release({ status = doc.status })   -- write and unlock in one command
+--
+-- Acquire is one findAndModify on {_id} (csrc/documents.c): the lock is
+-- taken only when free by the server's clock, and a missing document is
+-- created from opts.insert in the same write.  The handle is a
+-- mongolock.Lock: h:release([changes]), h:extend([ttl]), h:remaining(),
+-- <close> and __gc, as for named locks.
+--
+-- Documents locked by other services with the LockId/LockTime scheme
+-- (a Guid owner, the time it was locked) interoperate with
+--   { fields = { owner = "LockId", time = "LockTime" }, time = "locked",
+--     owner_type = "uuid", ttl = <their lock duration> }
+
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+local backoff = require "mongolock.backoff"
+
+local type = type
+local pcall = pcall
+local error = error
+local setmetatable = setmetatable
+local string_format = string.format
+local math_ceil = math.ceil
+local monotonic = core.monotonic
+
+local argerror = mongolock._argerror
+local check_type = mongolock._check_type
+local check_seconds = mongolock._check_seconds
+
+local _M = {
+  _VERSION = "0.1.0",
+  defaults = {
+    ttl = 30,                   -- seconds a lock lasts unless extended
+    timeout = 10,               -- seconds lock() waits
+    owner_field = "lockId",     -- fields.owner
+    time_field = "lockExpires", -- fields.time
+    time = "expires",           -- the time field holds: "expires" (lease
+                                -- end) or "locked" (when it was locked)
+    owner_type = "string",      -- "string" (32 hex digits) or "uuid"
+    step = 0.001,               -- backoff: first step (s), ratio, cap
+    ratio = 2,
+    max_step = 0.5,
+  },
+}
+local defaults = _M.defaults
+
+local mt = { __index = _M }
+
+local function check_name(v, n, fname, what, level)
+  if type(v) ~= "string" then
+    argerror(n, fname, string_format("%s: string expected, got %s", what, type(v)), level + 1)
+  end
+  if v == "" or #v > 255 or not core.utf8_valid(v) then
+    argerror(n, fname, what .. " must be 1..255 bytes of UTF-8 without NUL", level + 1)
+  end
+  return v
+end
+
+local function check_field(v, n, fname, what, level)
+  check_name(v, n, fname, what, level + 1)
+  if v == "_id" or v:find(".", 1, true) or v:sub(1, 1) == "$" then
+    argerror(n, fname, what .. " must be a top-level field name (no '.', no leading '$', not _id)",
+      level + 1)
+  end
+  return v
+end
+
+-- docs = documents.new(client, db, coll, opts)
+function _M.new(client, db, coll, opts)
+  check_name(db, 1, "documents", "database", 2)
+  check_name(coll, 2, "documents", "collection", 2)
+  check_type(opts, "table", 3, "documents", true, 2)
+  opts = opts or {}
+  local fields = check_type(opts.fields, "table", 3, "documents", true, 2) or {}
+  local self = {
+    client = client, core = client._core, db = db, coll = coll,
+    owner_field = fields.owner ~= nil and check_field(fields.owner, 3, "documents", "fields.owner", 2)
+      or defaults.owner_field,
+    time_field = fields.time ~= nil and check_field(fields.time, 3, "documents", "fields.time", 2)
+      or defaults.time_field,
+    ttl = opts.ttl ~= nil and check_seconds(opts.ttl, 3, "documents", "ttl", 2) or defaults.ttl,
+    timeout = opts.timeout ~= nil and check_seconds(opts.timeout, 3, "documents", "timeout", 2)
+      or defaults.timeout,
+    time = opts.time == nil and defaults.time or opts.time,
+    owner_type = opts.owner_type == nil and defaults.owner_type or opts.owner_type,
+    step = defaults.step, ratio = defaults.ratio, max_step = defaults.max_step,
+    renew = opts.renew and true or false,
+  }
+  if self.owner_field == self.time_field then
+    argerror(3, "documents", "fields.owner and fields.time must differ", 2)
+  end
+  if self.time ~= "expires" and self.time ~= "locked" then
+    argerror(3, "documents", 'time must be "expires" or "locked"', 2)
+  end
+  if self.owner_type ~= "string" and self.owner_type ~= "uuid" then
+    argerror(3, "documents", 'owner_type must be "string" or "uuid"', 2)
+  end
+  return setmetatable(self, mt)
+end
+
+-- per-call options: ttl, timeout, insert, renew
+local function call_opts(self, opts, fname)
+  check_type(opts, "table", 2, fname, true, 3)
+  opts = opts or {}
+  local o = {
+    ttl = opts.ttl ~= nil and check_seconds(opts.ttl, 2, fname, "ttl", 3) or self.ttl,
+    timeout = opts.timeout ~= nil and check_seconds(opts.timeout, 2, fname, "timeout", 3)
+      or self.timeout,
+    insert = check_type(opts.insert, "table", 2, fname, true, 3),
+    renew = opts.renew == nil and self.renew or (opts.renew and true or false),
+  }
+  if self.time == "locked" and opts.ttl ~= nil and opts.ttl ~= self.ttl then
+    -- every party computes expiry as lockTime + the same ttl
+    argerror(2, fname, 'ttl is fixed per collection when time = "locked"', 3)
+  end
+  return o
+end
+
+local function check_id(id, fname)
+  if id == nil then argerror(1, fname, "_id expected, got nil", 3) end
+  return id
+end
+
+-- one attempt: doc, h | nil, "busy", info | nil, "not found" | nil, err, code
+local function attempt(self, id, o)
+  if self.core:closed() then return nil, "closed" end
+  local h, doc, info = self.core:doc_acquire(self.db, self.coll, id, math_ceil(o.ttl * 1000),
+    self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex",
+    o.insert, o.renew)
+  if h then return doc, h end
+  return nil, doc, info
+end
+
+-- doc, h = docs:try(id, opts): one attempt; nil, "busy", {owner,
+-- remaining, doc} when held by another; nil, "not found" when the document
+-- does not exist and opts.insert was not given
+function _M.try(self, id, opts)
+  check_id(id, "try")
+  local o = call_opts(self, opts, "try")
+  return attempt(self, id, o)
+end
+
+-- doc, h = docs:lock(id, opts): waits up to opts.timeout (backoff with
+-- jitter, never past the holder's expiry as the server reported it);
+-- nil, "timeout", info when still held then
+function _M.lock(self, id, opts)
+  check_id(id, "lock")
+  local o = call_opts(self, opts, "lock")
+  local deadline = monotonic() + o.timeout
+  local state
+  while true do
+    local doc, h, info = attempt(self, id, o)
+    if doc then return doc, h end
+    if h ~= "busy" then return nil, h, info end
+    if monotonic() >= deadline then return nil, "timeout", info end
+    if not state then
+      state = { step = self.step, deadline = deadline,
+                opts = { step = self.step, ratio = self.ratio, max_step = self.max_step } }
+    end
+    state.info = info
+    backoff.sleep_until_retry(state)
+  end
+end
+
+-- docs:with(id, opts, fn, ...) -> fn's results | nil, err, code:
+-- runs fn(doc, h, ...) holding the lock; when fn returns a table first,
+-- it is the changes written by the releasing command; always releases;
+-- re-raises fn's error (after releasing without changes)
+function _M.with(self, id, opts, fn, ...)
+  if type(opts) == "function" then return _M.with(self, id, nil, opts, fn, ...) end
+  check_id(id, "with")
+  check_type(fn, "function", 3, "with")
+  local doc, h, info = _M.lock(self, id, opts)
+  if not doc then return nil, h, info end
+  local res = { pcall(fn, doc, h, ...) }
+  if not res[1] then
+    pcall(h.release, h)
+    error(res[2], 0)
+  end
+  local changes = res[2]
+  if type(changes) ~= "table" then changes = nil end
+  local ok, err, code = h:release(changes)
+  if not ok then return nil, err, code end
+  return (table.unpack or unpack)(res, 2, res.n or #res)
+end
+
+-- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code
+-- (one find; remaining by the server's clock)
+function _M.status(self, id)
+  check_id(id, "status")
+  if self.core:closed() then return nil, "closed" end
+  local tf = "$" .. self.time_field
+  local expiry = self.time == "expires" and tf
+    or { ["$add"] = { tf, math_ceil(self.ttl * 1000) } }
+  local r, err, code = self.core:command(self.db, { aggregate = self.coll }, {
+    pipeline = {
+      { ["$match"] = { _id = id } },
+      { ["$project"] = { _id = 0, owner = "$" .. self.owner_field,
+        remainingMs = { ["$subtract"] = { expiry, "$$NOW" } } } },
+    },
+    cursor = {},
+  })
+  if not r then return nil, err, code end
+  local d = r.cursor and r.cursor.firstBatch and r.cursor.firstBatch[1]
+  if not d then return nil, "not found" end
+  local owner = d.owner
+  if owner == core.null then owner = nil end
+  local rem = type(d.remainingMs) == "number" and d.remainingMs / 1000 or 0
+  local held = owner ~= nil and rem > 0
+  return { held = held, owner = held and owner or nil, remaining = held and rem or 0 }
+end
+
+return _M
