@@ -47,11 +47,13 @@ build = {
     ["mongolock.wait"] = "lua/mongolock/wait.lua",
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
+    ["mongolock.documents"] = "lua/mongolock/documents.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
         "csrc/renew.c", "csrc/watch.c", "csrc/proc.c", "csrc/bson.c", "csrc/command.c",
+        "csrc/documents.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },
