@@ -23,7 +23,9 @@ local function die(msg)
 end
 
 local function connect(app)
-  local client, err = mongolock.connect(URI, { appname = app, server_selection_timeout = 5 })
+  -- give up on an unreachable server after 5 s, unless the URI says otherwise
+  local sst = not URI:lower():find("serverselectiontimeoutms", 1, true) and 5 or nil
+  local client, err = mongolock.connect(URI, { appname = app, server_selection_timeout = sst })
   if not client then die(err) end
   return client
 end

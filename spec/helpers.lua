@@ -253,7 +253,8 @@ end
 -- waits until the child printed a line matching pattern (or exited, or
 -- timeout seconds passed); returns the first capture or the match
 function Proc:wait_for(pattern, timeout)
-  local deadline = os.time() + (timeout or 20)
+  local monotonic = require("mongolock.core").monotonic
+  local deadline = monotonic() + (timeout or 20)
   repeat
     local s = self:output()
     local m = s:match(pattern)
@@ -263,20 +264,21 @@ function Proc:wait_for(pattern, timeout)
       return s:match(pattern), "exited: " .. s
     end
     sleep(0.02)
-  until os.time() > deadline
+  until monotonic() > deadline
   return nil, "timed out waiting for " .. pattern .. ": " .. self:output()
 end
 
 -- waits for the child to exit; returns its exit status and output
 function Proc:wait(timeout)
-  local deadline = os.time() + (timeout or 30)
+  local monotonic = require("mongolock.core").monotonic
+  local deadline = monotonic() + (timeout or 30)
   repeat
     local st = read_file(self.done)
     if st then
       return tonumber(st), self:output()
     end
     sleep(0.02)
-  until os.time() > deadline
+  until monotonic() > deadline
   return nil, self:output()
 end
 
