@@ -147,6 +147,8 @@ describe("#integration resty.mongolock", function()
   it("raises on bad arguments, at the caller", function()
     local lock = new()
     assert.has_error(function() lock:lock(nil) end, "bad argument #1 to 'lock' (string expected, got nil)")
+    assert.has_error(function() lock:lock("") end, "bad argument #1 to 'lock' (name must not be empty)")
+    assert.has_error(function() lock:lock("\255") end, "bad argument #1 to 'lock' (name is not valid UTF-8)")
     assert.has_error(function() lock:expire(-1) end)
     assert.has_error(function() resty:new("x") end, "bad argument #1 to 'new' (table expected, got string)")
     for _, bad in ipairs({ { exptime = 0 }, { timeout = -1 }, { step = "x" }, { max_step = 0 / 0 },

@@ -29,6 +29,7 @@
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
+local check_name = require("mongolock.locks").check_name
 
 local ok_sema, semaphore = pcall(require, "ngx.semaphore")
 if not ok_sema then semaphore = nil end
@@ -251,9 +252,8 @@ end
 -- err: "timeout" (still held by another after opts.timeout), "locked"
 -- (this object already holds a lock), or the library's error.
 function _M.lock(self, key)
-  if type(key) ~= "string" then
-    error("bad argument #1 to 'lock' (string expected, got " .. type(key) .. ")", 2)
-  end
+  -- a bad key raises here, before this object enters the gate
+  check_name(key, "lock")
   if self.handle then return nil, "locked" end
   local locks, topts = self.locks, { ttl = self.exptime }
   local start = monotonic()
