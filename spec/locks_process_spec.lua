@@ -114,6 +114,12 @@ describe("#integration locks across processes", function()
     assert.is_true(h.token > token)
     local st = assert(locks:status(name))
     assert.equal(core.getpid(), st.holder.pid)
+    -- on the server's clock: taken no earlier than the dead holder's lease
+    -- end, and well before the TTL monitor's minute (the waiter's sleeps
+    -- are capped by the holder's remaining time)
+    local gap = st.acquired_at - info.expires_at
+    assert.is_true(gap >= 0, "taken before the lease ended: " .. gap)
+    assert.is_true(gap < 2, "taken " .. gap .. " s after the lease ended")
     assert.is_true(h:release())
   end)
 
@@ -141,6 +147,8 @@ describe("#integration locks across processes", function()
         p:wait(10)
         p:cleanup()
         local h = assert(locks:acquire(name, { timeout = 6 }))
+        local gap = assert(locks:status(name)).acquired_at - info.expires_at
+        assert.is_true(gap >= 0 and gap < 2, skew .. ": taken " .. gap .. " s after the lease ended")
         assert.is_true(h:release())
       end
     end)
