@@ -57,12 +57,6 @@ local defaults = {
   server_selection_timeout = 1,
 }
 
-local function sleep(s)
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.sleep then return ngx.sleep(s) end
-  return core.sleep(s)           -- outside nginx (scripts, specs)
-end
-
 -- per process: uri -> client, uri|db|collection -> locks, and the gates
 -- (locks -> key -> gate)
 local cache = { pid = nil, clients = {}, locks = {}, gates = {} }
@@ -73,6 +67,14 @@ local yieldable = {
   ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
   server_rewrite = true, preread = true,
 }
+
+-- ngx.sleep where it yields; elsewhere (plain Lua, init_worker_by_lua)
+-- the core's sleep, which blocks
+local function sleep(s)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.sleep and ngx.get_phase and yieldable[ngx.get_phase()] then return ngx.sleep(s) end
+  return core.sleep(s)
+end
 
 local function locks_for(opts)
   local pid = getpid()
