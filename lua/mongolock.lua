@@ -116,6 +116,14 @@ function client_mt:versioned(...)
   return require("mongolock.versioned").new(self, ...)
 end
 
+-- reply = client:command(db, cmd [, opts]): any command; cmd holds only
+-- the command name, the other fields go in opts (csrc/command.c).
+-- nil, message, code, reply on failure; nil, "closed" on a closed client
+function client_mt:command(db, cmd, opts)
+  if self._core:closed() then return nil, "closed" end
+  return self._core:command(db, cmd, opts)
+end
+
 -- the URI's database, or "mongolock"
 function client_mt:default_database()
   return (self._core:default_database())
@@ -135,5 +143,13 @@ client_mt.__tostring = function(self)
 end
 
 _M.client_mt = client_mt
+
+-- BSON values Lua has no type for (csrc/bson.c): mongolock.null,
+-- mongolock.array(t) (an array, even when empty), ObjectId, Date, Binary,
+-- Timestamp, Decimal128, Int64, Regex, MinKey, MaxKey
+for _, k in ipairs({ "null", "array", "is_array", "ObjectId", "Date", "Binary", "Timestamp",
+                     "Decimal128", "Int64", "Regex", "MinKey", "MaxKey" }) do
+  _M[k] = core[k]
+end
 
 return _M

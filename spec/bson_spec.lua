@@ -284,7 +284,7 @@ describe("#unit BSON mapping", function()
       { "top-level marked empty array", core.array(), "document expected" },
     }
     if jit then
-      bad[#bad + 1] = { "LuaJIT cdata", { c = loadstring("return 1LL")() }, "cdata" }
+      bad[#bad + 1] = { "LuaJIT cdata", { c = rawget(_G, "loadstring")("return 1LL")() }, "cdata" }
     else
       bad[#bad + 1] = { "NaN index in a sequence", { x = { [1] = 1, [2] = 2, [2.5] = 3 } }, "non-integer" }
     end
@@ -314,7 +314,7 @@ describe("#unit BSON mapping", function()
     end)
 
     it("NaN cannot even be a table key in Lua", function()
-      assert.has_error(function() local t = {}; t[0 / 0] = 1 end)
+      assert.has_error(function() rawset({}, 0 / 0, 1) end)
     end)
 
     it("a table shared (not cyclic) is written twice", function()

@@ -112,6 +112,7 @@ describe("#integration documents", function()
     cmd("insert", docs.coll, { documents = { { _id = 1, n = 1, tmp = true } } })
     local doc, h = assert(docs:lock(1))
     assert.is_true(h:release({ n = doc.n + 1, note = "x" }))
+    local _
     local s = get(docs, 1)
     assert.equal(2, s.n)
     assert.equal("x", s.note)

@@ -2,9 +2,6 @@
 -- client:command; round trips counted by the server (serverStatus
 -- opcounters); a race between two OS processes on one document.
 local helpers = require "helpers"
-local core = require "mongolock.core"
-
-local null = core.null
 
 describe("#integration versioned", function()
   local client, overhead, DB
@@ -341,7 +338,7 @@ describe("#integration versioned", function()
       assert.equal(1, sent)
       assert.same({ insert = 3, update = 0, delete = 0, query = 0, command = 0 }, d)
       assert.is_true(r[1])
-      for _, d in ipairs(docs) do assert.equal(1, d.version) end
+      for _, doc in ipairs(docs) do assert.equal(1, doc.version) end
       local again = { { _id = 4 }, { _id = 2 } }
       local ok, results = vc:insert_many(again)
       assert.is_nil(ok)
@@ -358,11 +355,11 @@ describe("#integration versioned", function()
       assert.equal(1, sent)
       assert.same({ insert = 0, update = 3, delete = 0, query = 0, command = 0 }, d)
       assert.same({ true, true, true }, r[1])
-      for i, d in ipairs(docs) do
-        assert.equal(2, d.version)
+      for i, doc in ipairs(docs) do
+        assert.equal(2, doc.version)
         assert.equal(i + 10, assert(vc:get(i)).n)
       end
-      for _, d in ipairs(docs) do d.n = 0 end
+      for _, doc in ipairs(docs) do doc.n = 0 end
       sent, d, r = measured(vc, function() return vc:replace_many(docs) end)
       assert.equal(1, sent)
       assert.same({ insert = 0, update = 3, delete = 0, query = 0, command = 0 }, d)

@@ -28,6 +28,7 @@ local setmetatable = setmetatable
 local string_format = string.format
 local math_ceil = math.ceil
 local monotonic = core.monotonic
+local table_unpack = table.unpack or rawget(_G, "unpack")
 
 local argerror = mongolock._argerror
 local check_type = mongolock._check_type
@@ -187,7 +188,7 @@ function _M.with(self, id, opts, fn, ...)
   if type(changes) ~= "table" then changes = nil end
   local ok, err, code = h:release(changes)
   if not ok then return nil, err, code end
-  return (table.unpack or unpack)(res, 2, res.n or #res)
+  return table_unpack(res, 2, #res)
 end
 
 -- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code

@@ -446,7 +446,7 @@ end
 -- sends one update command with a statement per document; results[i] =
 -- true | "conflict" | "not found" | message; conflicting documents'
 -- current state in currents[i] (read in one more round trip)
-local function write_many(self, docs, changes, fname)
+local function write_many(self, docs, changes)
   local n = #docs
   local updates, ids, vs = {}, {}, {}
   for i, d in ipairs(docs) do
@@ -522,7 +522,7 @@ function _M.replace_many(self, docs)
     if not ok then argerror(1, "replace_many", ch) end
     changes[i] = ch
   end
-  return write_many(self, docs, changes, "replace_many")
+  return write_many(self, docs, changes)
 end
 
 -- results, currents = vc:update_many(docs, update): the same update on
@@ -534,7 +534,7 @@ function _M.update_many(self, docs, update)
   if #docs == 0 then return {}, {} end
   local changes = {}
   for i = 1, #docs do changes[i] = change end
-  return write_many(self, docs, changes, "update_many")
+  return write_many(self, docs, changes)
 end
 
 -- results, currents = vc:delete_many(docs): one delete command; a version
