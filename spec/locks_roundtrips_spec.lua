@@ -61,6 +61,18 @@ describe("#integration round trips", function()
     assert.equal(0, (commands(function() assert.is_nil(h:remaining()) end)))
   end)
 
+  it("a waiter backs off: one command per attempt, a handful per second", function()
+    local locks = helpers.locks(client)
+    local h = assert(locks:acquire("held"))
+    -- step 1 ms doubling to 0.5 s with jitter: about a dozen attempts in
+    -- 1 s, where a busy loop would make thousands
+    local n = commands(function()
+      assert.equal("timeout", select(2, locks:acquire("held", { timeout = 1, wait = "poll" })))
+    end)
+    assert.is_true(n >= 5 and n <= 20, n .. " commands")
+    assert.is_true(h:release())
+  end)
+
   it("a full uncontended cycle is two commands", function()
     local locks = helpers.locks(client)
     assert(locks:try("warm")):release()
