@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/random.h>
+#include <sys/wait.h>
 
 #include "mongolock.h"
 
@@ -149,7 +150,6 @@ static int l_exit(lua_State *L) {
 }
 
 /* core._waitpid(pid) -> exit status: INTERNAL test hook */
-#include <sys/wait.h>
 static int l_waitpid(lua_State *L) {
   pid_t p = (pid_t)luaL_checkinteger(L, 1);
   int st = 0;

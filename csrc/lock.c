@@ -611,7 +611,7 @@ static int l_index(lua_State *L) {
 /* FREE = {$or: [{$eq: [{$ifNull: ["$owner", null]}, null]},
  *               {$lte: ["$expiresAt", "$$NOW"]}]} */
 static void append_free(bson_t *parent, const char *key) {
-  bson_t d, or_, a, eq, eqa, ifn, ifna, lte, ltea;
+  bson_t d, or_, eq, eqa, ifn, ifna, lte, ltea;
   BSON_APPEND_DOCUMENT_BEGIN(parent, key, &d);
   BSON_APPEND_ARRAY_BEGIN(&d, "$or", &or_);
   BSON_APPEND_DOCUMENT_BEGIN(&or_, "0", &eq);
@@ -633,7 +633,6 @@ static void append_free(bson_t *parent, const char *key) {
   bson_append_document_end(&or_, &lte);
   bson_append_array_end(&d, &or_);
   bson_append_document_end(parent, &d);
-  (void)a;
 }
 
 /* key: {$cond: [FREE, <value appended by the caller>, "$key"]}: begins the
