@@ -5,6 +5,11 @@
  *   client.c  mongolock.Client: the connection pool, fork detection, errors
  *   lock.c    mongolock.Lock: leases (named locks and document locks)
  *   bson.c    Lua value <-> BSON, and the typed values (null, ObjectId, ...)
+ *   command.c client:command, a generic command for the Lua layer
+ *   documents.c  locks on the application's own documents
+ *   renew.c   background lease renewal (a thread per process)
+ *   watch.c   change-stream waits
+ *   proc.c    child processes for the mongolock command
  *
  * Only luaopen_mongolock_core is exported; everything else is static or
  * hidden (the build uses -fvisibility=hidden).
