@@ -9,6 +9,7 @@
 // also skips compilation.
 
 const BSON = require('bson');
+const { Lazy } = require('./lazy');
 
 const DECODE = { promoteValues: false, promoteLongs: false, promoteBuffers: false, bsonRegExp: true };
 const CACHED = new Set(['update', 'fields', 'query', 'filter', 'sort', 'projection', 'pipeline', 'q', 'u', 'lsid']);
@@ -56,6 +57,16 @@ function decode(buf, cacheable = true) {
       case 0x03: case 0x04: {
         const n = buf.readInt32LE(p);
         const isArray = type === 0x04;
+        if (cacheable && isArray && (name === 'update' || name === 'u')) {
+          out[name] = new Lazy(buf.subarray(p, p + n), true, 'pipeline');
+          p += n;
+          break;
+        }
+        if (cacheable && !isArray && (name === 'fields' || name === 'projection')) {
+          out[name] = new Lazy(buf.subarray(p, p + n), false, 'projection');
+          p += n;
+          break;
+        }
         out[name] = cacheable && CACHED.has(name) ? cachedSub(buf, p, p + n, isArray) : decodeSub(buf, p, p + n, isArray);
         p += n;
         break;

@@ -93,7 +93,7 @@ class ChangeStream {
     if (ev.op === 'insert' || ev.op === 'replace') out.fullDocument = ev.doc;
     if (ev.op !== 'insert' || true) out.documentKey = ev.key;
     if (ev.op === 'update') {
-      out.updateDescription = diff(ev.old, ev.doc);
+      out.updateDescription = ev.desc;
       if (this.fullDocument === 'updateLookup') {
         const c = this.engine.store.coll(ev.db, ev.name, false);
         const cur = c ? c.get(ev.key._id) : undefined;
@@ -145,17 +145,6 @@ class ChangeStream {
     const token = docs.length && i < log.length ? docs[docs.length - 1]._id : tokenFor(this.after, false);
     return { docs, token: docs.length && this.invalidated ? docs[docs.length - 1]._id : token };
   }
-}
-
-// updateDescription for top-level field changes between two versions.
-function diff(old, doc) {
-  const updatedFields = {};
-  const removedFields = [];
-  for (const k of Object.keys(doc)) {
-    if (!(k in old) || !V.identical(old[k], doc[k])) updatedFields[k] = doc[k];
-  }
-  for (const k of Object.keys(old)) if (!(k in doc)) removedFields.push(k);
-  return { updatedFields, removedFields, truncatedArrays: [] };
 }
 
 module.exports = { ChangeStream, tokenFor, parseToken };

@@ -126,9 +126,32 @@ function withParams(vars, params) {
   return v;
 }
 
+const { Lazy } = require('./lazy');
+
+// Compiled template for a value decoded lazily: keyed by the shape read from
+// its bytes; the template itself comes from the decoded value, and is used
+// only if the object walk finds exactly the parameters the byte walk found.
+function lazyCompiled(lazy, shapeOf, compile) {
+  const s = lazy.shaped();
+  if (!s) return null;
+  const c = cached(s.key, () => {
+    const params = [];
+    const t = shapeOf(lazy.value(), params);
+    if (!t || params.length !== s.params.length) return { mismatch: true };
+    return { fn: compile(t[0]) };
+  });
+  return c.mismatch ? null : { fn: c.fn, params: s.params };
+}
+
 // compileUpdate(u) as update.compileUpdate, shared by shape for pipelines.
 function compileUpdate(u) {
   const update = require('./update');
+  if (u instanceof Lazy) {
+    const lc = lazyCompiled(u, shapePipeline, update.compileUpdate);
+    if (!lc) return update.compileUpdate(u.value());
+    const { fn: c, params } = lc;
+    return { kind: c.kind, apply: (doc, ctx) => c.apply(doc, Object.assign({}, ctx, { vars: withParams(ctx.vars, params) })) };
+  }
   if (!Array.isArray(u)) return update.compileUpdate(u);
   const params = [];
   const s = shapePipeline(u, params);
@@ -139,6 +162,12 @@ function compileUpdate(u) {
 
 function compileProjection(spec, where) {
   const pipeline = require('./pipeline');
+  if (spec instanceof Lazy) {
+    const lc = lazyCompiled(spec, shapeProjection, (t) => pipeline.compileProjection(t, where));
+    if (!lc) return pipeline.compileProjection(spec.value(), where);
+    const { fn: c, params } = lc;
+    return (doc, vars) => c(doc, withParams(vars || {}, params));
+  }
   const params = [];
   const s = shapeProjection(spec, params);
   if (!s) return pipeline.compileProjection(spec, where);

@@ -198,7 +198,10 @@ class Store {
     coll.indexRemove(old);
     coll.docs.set(valueKey(doc._id), doc);
     coll.indexAdd(doc);
-    this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, doc, old });
+    // An update event keeps only its updateDescription, a replace event the
+    // new document: the log holds no old versions.
+    if (opType === 'update') this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, desc: diff(old, doc) });
+    else this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, doc });
     return true;
   }
 
@@ -221,6 +224,17 @@ class Store {
     this.dbs.delete(db.name);
     this.emit({ op: 'dropDatabase', db: db.name });
   }
+}
+
+// updateDescription of a change: top-level fields set or removed.
+function diff(old, doc) {
+  const updatedFields = {};
+  const removedFields = [];
+  for (const k of Object.keys(doc)) {
+    if (!(k in old) || !V.identical(old[k], doc[k])) updatedFields[k] = doc[k];
+  }
+  for (const k of Object.keys(old)) if (!(k in doc)) removedFields.push(k);
+  return { updatedFields, removedFields, truncatedArrays: [] };
 }
 
 function validateCollName(name) {

@@ -14,6 +14,9 @@ const INT32_MAX = 2147483647;
 const LONG_MIN = -(2n ** 63n);
 const LONG_MAX = 2n ** 63n - 1n;
 
+// Marks a value whose decoding is deferred (lazy.js); holds its type alias.
+const LAZY = Symbol.for('mongo-standin.lazy');
+
 // BSON type alias of a value, as $type reports it.
 function typeName(v) {
   if (v === undefined) return 'missing';
@@ -27,6 +30,7 @@ function typeName(v) {
   }
   if (Array.isArray(v)) return 'array';
   if (v instanceof Date) return 'date';
+  if (v[LAZY]) return v[LAZY];
   switch (v._bsontype) {
     case 'Int32': return 'int';
     case 'Double': return 'double';
@@ -83,7 +87,15 @@ function num(v) {
 
 function toBig(v) {
   if (typeof v === 'bigint') return v;
-  if (v && v._bsontype === 'Long') return v.toBigInt();
+  if (v && v._bsontype === 'Long') {
+    // (Long.toBigInt goes through a decimal string)
+    if (v.high === 0 || v.high === -1) {
+      const n = v.high === 0 ? v.low >>> 0 : v.low - 0; // fits in 33 bits
+      if (v.high === 0 || v.low < 0) return BigInt(v.high === 0 ? n : v.low);
+    }
+    const b = (BigInt(v.high) << 32n) | BigInt(v.low >>> 0);
+    return v.unsigned ? BigInt.asUintN(64, b) : b;
+  }
   const n = num(v);
   return BigInt(Math.trunc(n));
 }
@@ -245,7 +257,7 @@ function identical(a, b) {
 }
 
 function isPlainDoc(v) {
-  return v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof Date) &&
+  return v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof Date) && !v[LAZY] &&
     v._bsontype === undefined && !(v instanceof Uint8Array) && !(v instanceof RegExp);
 }
 
@@ -310,7 +322,7 @@ function getPath(doc, path) {
 
 module.exports = {
   Int32, Double, Long, Decimal128, ObjectId, Timestamp, Binary, BSONRegExp, MinKey, MaxKey,
-  INT32_MIN, INT32_MAX, LONG_MIN, LONG_MAX, TYPE_NUMBERS, CANON,
+  LAZY, INT32_MIN, INT32_MAX, LONG_MIN, LONG_MAX, TYPE_NUMBERS, CANON,
   typeName, isNumber, num, toBig, isIntegral, makeInt, makeDouble, makeLong, intResult,
   compare, equals, identical, isPlainDoc, clone, truthy, render, getPath, compareStrings,
 };

@@ -162,3 +162,26 @@ test('unknown expression operators are errors (168)', async () => {
   await c.insertOne({ _id: 1 });
   await assert.rejects(c.aggregate([{ $project: { x: { $noSuchOp: 1 } } }]).toArray(), (e) => e.code === 168 || e.code === 31325);
 });
+
+test('repeated pipelines with changing literals (lengths, types, $literal, "$path" vs text) use each command\'s own values', async () => {
+  const c = db.collection('shapes');
+  await c.insertOne({ _id: 1, b: 'from-b' });
+  const kinds = [(n) => new Int32(n), (n) => Long.fromNumber(n), (n) => new Double(n + 0.5)];
+  for (let i = 0; i < 30; i++) {
+    const owner = 'o'.repeat((i % 7) + 1) + i;
+    const num = kinds[i % 3](i);
+    const lit = i % 2 ? { n: new Int32(i), pad: 'p'.repeat(i % 4) } : { n: new Int32(i) };
+    const r = await db.command({
+      findAndModify: 'shapes', query: { _id: 1 }, new: true,
+      update: [{ $set: { owner: { $cond: [true, owner, '$owner'] }, num: { $add: [num, 0] }, lit: { $literal: lit }, s: i % 2 ? '$b' : 'xy$b' } }],
+      fields: { owner: 1, num: 1, lit: 1, s: 1, calc: { $add: [num, new Int32(1)] } },
+    }, RAW);
+    assert.equal(r.value.owner, owner);
+    assert.equal(r.value.num._bsontype, num._bsontype);
+    const asNumber = (v) => (v._bsontype === 'Long' ? v.toNumber() : v.value);
+    assert.equal(asNumber(r.value.num), asNumber(num));
+    assert.deepEqual(r.value.lit, lit);
+    assert.equal(r.value.s, i % 2 ? 'from-b' : 'xy$b');
+    assert.equal(asNumber(r.value.calc), asNumber(num) + 1);
+  }
+});
