@@ -23,7 +23,8 @@
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
  * - The thread owns its connection and change stream; it never touches a
- *   lua_State.  It sends getMore only while a waiter waits.  A stream is stopped (and the thread joined) by the
+ *   lua_State.  It sends getMore only while a waiter waits (or looked
+ *   without blocking less than POLL_GRACE ago).  A stream is stopped (and the thread joined) by the
  *   client's close, or by the thread itself after IDLE seconds without a
  *   waiter.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
@@ -42,6 +43,7 @@
 #define IDLE 10.0               /* seconds without a waiter before closing */
 #define FAILED_FOR 30.0         /* a failed stream is not retried for this long */
 #define REOPENS 3               /* reopen attempts after the driver's own resume */
+#define POLL_GRACE 0.5          /* see polled_until */
 
 enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
 
@@ -69,7 +71,9 @@ typedef struct ml_stream {
   watch_event ring[RING];
   unsigned long long seq;       /* events recorded so far */
   uint32_t drop_t, drop_i;      /* newest time pushed out of ring */
-  int waiters;
+  int waiters;                  /* blocked in watch_wait now */
+  double polled_until;          /* a non-blocking waiter (timeout 0) looked
+                                   recently: keep reading until then */
   double idle_since;
   long events, reopens, getmores;
 } ml_stream;
@@ -251,7 +255,7 @@ static void *watch_main(void *arg) {
   tries = 0;
   while (!s->stop) {
     int got;
-    if (s->waiters == 0) {
+    if (s->waiters == 0 && ml_monotonic() >= s->polled_until) {
       /* nobody waits: send no getMore (events queue in the server's
        * cursor and are read when a waiter comes); close when idle */
       if (ml_monotonic() - s->idle_since > IDLE) break;
@@ -492,7 +496,10 @@ static int l_watch_wait(lua_State *L) {
     return ml_pushfail(L, "change stream: cannot start its thread", 0);
   }
   s->waiters++;
-  pthread_cond_broadcast(&s->cv);   /* the thread reads while anyone waits */
+  /* the thread reads while anyone waits; a non-blocking caller (OpenResty)
+   * comes back within 20 ms, so it counts as waiting a while longer */
+  if (!(timeout > 0)) s->polled_until = ml_monotonic() + POLL_GRACE;
+  pthread_cond_broadcast(&s->cv);
   for (;;) {
     if (s->state == ST_FAILED) {
       lua_pushnil(L);

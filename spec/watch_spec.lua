@@ -192,6 +192,33 @@ describe("#integration change-stream waits", function()
     fresh:close()
   end)
 
+  it("inside OpenResty looks at the stream between ngx.sleep steps", function()
+    -- an ngx stand-in: a content phase whose sleep is recorded
+    local slept = 0
+    local fake = { get_phase = function() return "content" end,
+      sleep = function(s) slept = slept + 1; core.sleep(s) end }
+    local locks = helpers.locks(client, { ttl = 60 })
+    local trigger = trigger_path()
+    local p = helpers.spawn(holder_path, { "ngx", locks.database, locks.collection, trigger, "0.2" })
+    assert(p:wait_for("held (%d+)"))
+    local h, err
+    rawset(_G, "ngx", fake)
+    local ok, perr = pcall(with_wait, trigger, function(w)
+      h, err = locks:acquire("ngx", { timeout = 20, wait = "watch" })
+      assert.equal(1, w.calls)
+    end)
+    rawset(_G, "ngx", nil)
+    assert(ok, perr)
+    assert.is_truthy(h, err)
+    -- it yielded (slept cooperatively) instead of blocking in C; steps
+    -- grow to 20 ms, so 0.2 s takes more than one and fewer than 200
+    assert.is_true(slept > 1 and slept < 200, "ngx.sleep calls: " .. slept)
+    assert.is_true(h:release())
+    p:wait()
+    p:cleanup()
+    os.remove(trigger)
+  end)
+
   it("after fork the child watches with its own stream, the parent keeps its own", function()
     local c2 = helpers.connect({ appname = "watch-fork" })
     local locks = helpers.locks(c2, { ttl = 60 })
