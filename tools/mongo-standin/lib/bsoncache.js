@@ -62,6 +62,12 @@ function decode(buf, cacheable = true) {
           p += n;
           break;
         }
+        if (name === '$clusterTime' && !isArray) {
+          // gossiped by drivers, never read here: not decoded at all
+          out[name] = new Lazy(buf.subarray(p, p + n), false, 'raw');
+          p += n;
+          break;
+        }
         if (cacheable && !isArray && (name === 'fields' || name === 'projection')) {
           out[name] = new Lazy(buf.subarray(p, p + n), false, 'projection');
           p += n;
