@@ -113,6 +113,9 @@ function compileOperators(u) {
       if (path === '') fail(56, `An empty update path is not valid.`);
       const parts = path.split('.');
       if (parts.some((p) => p === '')) fail(56, `The update path '${path}' contains an empty field name, which is not allowed.`);
+      if (parts.some((p) => p[0] === '$')) {
+        fail(2, `The positional operators in '${path}' are not supported by this server`);
+      }
       const arg = fields[path];
       paths.push(path);
       if (op === '$rename') {
