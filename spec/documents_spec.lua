@@ -179,6 +179,18 @@ describe("#integration documents", function()
     assert.same({ nil, "not found" }, { docs:status(2) })
   end)
 
+  it("renews a held lock in the background with renew = true", function()
+    local docs = fresh({ ttl = 0.5, renew = true })
+    local _, h = assert(docs:lock(1, { insert = {} }))
+    assert.is_true(h.renew)
+    -- the lease is 0.5 s; well past it the server still sees it held
+    core.sleep(1.2)
+    assert.equal("busy", select(2, docs:try(1)))
+    assert.is_true(assert(docs:status(1)).held)
+    assert.is_true(h:release({ done = true }))
+    assert.is_true(get(docs, 1).done)
+  end)
+
   it("takes any BSON value as _id", function()
     local docs = fresh()
     local oid = core.ObjectId()
