@@ -257,6 +257,15 @@ describe("#integration mongolock command", function()
       assert.equal(0, code)
     end)
 
+    it("gives the command its stdin, stdout and stderr", function()
+      local name = helpers.unique("stdio")
+      local code, out, err = mongolock(a("exec", name, "--", "sh", "-c", "tr a-z A-Z; echo oops >&2"),
+        { stdin = "piped in\n" })
+      assert.equal(0, code, err)
+      assert.equal("PIPED IN\n", out)
+      assert.equal("oops\n", err)
+    end)
+
     it("-n exits with the conflict code, 1 by default, when the lock is held", function()
       local name = helpers.unique("busy")
       local h = assert(locks:acquire(name))
