@@ -354,6 +354,7 @@ end
       local s = get(docs, "counter")
       assert.equal(2 * ROUNDS, s.n)
       assert.equal(null, s.lockId)
+      print(string.format("# document lock race: 2 processes x %d increments, counter %d", ROUNDS, s.n))
     end)
 
     it("a client whose clock is an hour off neither steals nor waits an hour", function()

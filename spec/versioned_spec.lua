@@ -494,6 +494,8 @@ io.stdout:write("done\n"); io.stdout:flush()
       assert.equal(ROUNDS, final.n)               -- no update lost
       assert.equal(ROUNDS + 1, final.version)
       assert.is_true(conflicts > 0)               -- they did contend
+      print(string.format("# versioned race: %d rounds, wins %d (replace) + %d (update), %d conflicts",
+        ROUNDS, wins[1], wins[2], conflicts))
       os.remove(start)
       os.remove(script)
     end)
