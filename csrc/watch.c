@@ -24,9 +24,9 @@
  *   (it may have missed its event).
  * - The thread owns its connection and change stream; it never touches a
  *   lua_State.  It sends getMore only while a waiter waits (or looked
- *   without blocking less than POLL_GRACE ago).  A stream is stopped (and the thread joined) by the
- *   client's close, or by the thread itself after IDLE seconds without a
- *   waiter.
+ *   without blocking less than POLL_GRACE ago).  A stream is stopped (and
+ *   the thread joined) by the client's close, or by the thread itself
+ *   after IDLE seconds without a waiter.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
  *   streams without touching them (their threads do not exist there).
  */
