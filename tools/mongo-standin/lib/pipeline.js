@@ -191,24 +191,37 @@ function sortKeyFn(spec) {
   });
   const keyOf = (doc, parts, dir) => {
     const vals = query.reach(doc, parts, 0, []);
-    // Arrays sort by their smallest (ascending) or largest (descending) element.
+    // Arrays sort by their smallest (ascending) or largest (descending)
+    // element; an empty array sorts before null and missing.
     let best;
     let seen = false;
     for (const v of vals) {
-      const cands = Array.isArray(v) ? (v.length ? v : [undefined]) : [v];
+      const cands = Array.isArray(v) ? (v.length ? v : [EMPTY_ARRAY]) : [v];
       for (const c of cands) {
-        if (!seen || dir * V.compare(c, best) < 0) { best = c; seen = true; }
+        if (!seen || dir * sortCompare(c, best) < 0) { best = c; seen = true; }
       }
     }
     return best;
   };
   return (a, b) => {
     for (const [parts, dir] of keys) {
-      const c = V.compare(keyOf(a, parts, dir), keyOf(b, parts, dir));
+      const c = sortCompare(keyOf(a, parts, dir), keyOf(b, parts, dir));
       if (c) return dir * c;
     }
     return 0;
   };
+}
+
+const EMPTY_ARRAY = Symbol('empty array');
+
+function sortCompare(a, b) {
+  if (a === EMPTY_ARRAY || b === EMPTY_ARRAY) {
+    if (a === b) return 0;
+    const other = a === EMPTY_ARRAY ? b : a;
+    const c = V.typeName(other) === 'minKey' ? 1 : -1; // EMPTY_ARRAY vs other
+    return a === EMPTY_ARRAY ? c : -c;
+  }
+  return V.compare(a, b);
 }
 
 function sortDocs(docs, spec) {

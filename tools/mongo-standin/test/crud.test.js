@@ -48,8 +48,8 @@ test('comparisons and sorts follow MongoDB type order; range queries bracket by 
     { _id: 12, v: new Double(4.5) }, { _id: 13, v: Long.fromNumber(6) },
   ]);
   const order = (await c.find({}).sort({ v: 1, _id: 1 }).toArray()).map((d) => d._id);
-  // MinKey < null/missing (and []) < numbers < strings < objects < ObjectId < bool < date < MaxKey
-  assert.deepEqual(order, [10, 3, 5, 11, 12, 2, 13, 1, 4, 6, 7, 8, 9]);
+  // MinKey < [] < null = missing < numbers < strings < objects < ObjectId < bool < date < MaxKey
+  assert.deepEqual(order, [10, 5, 3, 11, 12, 2, 13, 1, 4, 6, 7, 8, 9]);
   assert.deepEqual((await c.find({ v: { $gt: 4 } }).sort({ _id: 1 }).toArray()).map((d) => d._id), [2, 12, 13]);
   assert.deepEqual((await c.find({ v: { $lt: 'z' } }).toArray()).map((d) => d._id), [1]);
   assert.deepEqual((await c.find({ v: 5 }).toArray()).map((d) => d._id), [2]);
@@ -182,8 +182,14 @@ test('count, distinct, aggregate with $match/$project/$sort/$limit/$group/$count
   const p = await c.aggregate([{ $sort: { _id: -1 } }, { $limit: 2 }, { $project: { _id: 1, twice: { $multiply: ['$v', 2] } } }]).toArray();
   assert.deepEqual(p, [{ _id: 5, twice: null }, { _id: 4, twice: 1 }]);
   assert.deepEqual(await c.aggregate([{ $match: { k: 'a' } }, { $count: 'n' }]).toArray(), [{ n: 3 }]);
-  // a stage delegated to mingo
   assert.deepEqual(await c.aggregate([{ $match: { _id: 5 } }, { $unwind: '$k' }, { $project: { k: 1 } }]).toArray(), [{ _id: 5, k: 'a' }, { _id: 5, k: 'd' }]);
+  // a stage and an expression operator the stand-in delegates to mingo
+  const f = await c.aggregate([{ $facet: { as: [{ $match: { k: 'a' } }, { $count: 'n' }], all: [{ $count: 'n' }] } }], { promoteValues: false }).toArray();
+  assert.equal(f[0].as[0].n._bsontype, 'Int32');
+  assert.equal(f[0].as[0].n.value, 3);
+  assert.equal(f[0].all[0].n.value, 5);
+  const l = await c.aggregate([{ $match: { _id: 2 } }, { $project: { _id: 0, len: { $strLenCP: { $concat: ['$k', 'xyz'] } } } }]).toArray();
+  assert.deepEqual(l, [{ len: 4 }]);
   await assert.rejects(c.aggregate([{ $noSuchStage: {} }]).toArray(), (e) => e.code === 40324);
 });
 

@@ -105,11 +105,13 @@ test('serverStatus opcounters: insert per document, update/delete per statement,
   await db.command({ findAndModify: 'c', query: { _id: 1 }, update: { $set: { b: 1 } } });
   const s1 = (await admin.command({ serverStatus: 1 })).opcounters;
   const d = (k) => Number(s1[k]) - Number(s0[k]);
-  assert.equal(d('insert'), 3);
-  assert.equal(d('update'), 2);
-  assert.equal(d('delete'), 1);
-  assert.equal(d('query'), 1);
-  assert.equal(d('getmore'), 1);
+  // a shared real server may see other clients meanwhile: at least, then
+  const same = external ? (a, b) => assert.ok(a >= b, `${a} >= ${b}`) : (a, b) => assert.equal(a, b);
+  same(d('insert'), 3);
+  same(d('update'), 2);
+  same(d('delete'), 1);
+  same(d('query'), 1);
+  same(d('getmore'), 1);
   // findAndModify and the first serverStatus; the driver may add its own
   // commands (e.g. endSessions) but never fewer.
   assert.ok(d('command') >= 2, `command delta ${d('command')}`);
