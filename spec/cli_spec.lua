@@ -328,17 +328,56 @@ describe("#integration mongolock command", function()
       it("forwards SIG" .. sig .. " to the command and passes its status through", function()
         local name = helpers.unique("sig")
         local script = format("trap 'echo got %s; exit 42' %s; echo ready; while :; do sleep 0.05; done", sig, sig)
-        local bg = background(a("exec", name, "--", "sh", "-c", script))
+        local bg = background(a("exec", "-v", name, "--", "sh", "-c", script))
         bg:wait_output("ready")
         assert.is_true(locks:status(name).held)
         bg:kill(sig)
         local code, out, err = bg:wait()
         assert.equal(42, code, err)
         assert.equal("ready\ngot " .. sig .. "\n", out)
+        assert.matches("forwarding SIG" .. sig, err, 1, true)
         assert.is_false(locks:status(name).held)
         bg:cleanup()
       end)
     end
+
+    it("does not forward a terminal's ^C, which the command received already", function()
+      local name = helpers.unique("tty")
+      local dir = os.tmpname(); os.remove(dir)
+      assert(os.execute("mkdir " .. q(dir) .. " && mkfifo " .. q(dir .. "/in")))
+      -- perl's "unsafe" signals run the handler at each delivery: two
+      -- SIGINTs a millisecond apart count twice (a shell's trap merges them)
+      local child = [[$| = 1; $SIG{INT} = sub { print "got-INT\n" }; print "ready\n";
+        until (-e $ARGV[0]) { select(undef, undef, undef, 0.05) } print "done\n";]]
+      -- mongolock runs on a pseudo-terminal as its session leader (exec),
+      -- with the command in its foreground process group
+      local inner = "exec env PERL_SIGNALS=unsafe "
+        .. cli_words(a("exec", "-v", name, "--", "perl", "-e", child, dir .. "/go"))
+      os.execute(format("( script -qfec %s /dev/null <%s >%s 2>&1; echo $? >%s ) >/dev/null 2>&1 &",
+        q(inner), q(dir .. "/in"), q(dir .. "/out"), q(dir .. "/rc")))
+      local tty = assert(io.open(dir .. "/in", "w"))
+      local function out() return read(dir .. "/out") end
+      poll(function() return out():find("ready", 1, true) end, 20, "ready")
+      tty:write("\3")            -- ^C typed at the terminal
+      tty:flush()
+      poll(function() return out():find("got-INT", 1, true) end, 20, "the command's trap")
+      -- a forwarded copy would reach the command well within this
+      core.sleep(0.5)
+      assert(os.execute("touch " .. q(dir .. "/go")))
+      local rc = poll(function() return tonumber(read(dir .. "/rc"):match("%d+")) end, 20, "exit")
+      tty:close()
+      local text = out()
+      os.execute("rm -rf " .. q(dir))
+      assert.equal(0, rc, text)
+      -- mongolock saw it and left it alone (-v says which); the command
+      -- got it once (a forwarded copy can merge with the first in the
+      -- kernel, so the count alone would not tell)
+      assert.matches("SIGINT came from the terminal", text, 1, true)
+      assert.is_nil(text:find("forwarding", 1, true), text)
+      local _, ints = text:gsub("got%-INT", "")
+      assert.equal(1, ints, text)
+      assert.matches("done", text, 1, true)
+    end)
 
     it("ends a wait for the lock on SIGTERM with 143, running nothing", function()
       local name = helpers.unique("sigwait")

@@ -452,7 +452,12 @@ local function supervise(args, h, argv)
 
     for _, sig in ipairs(core.proc_signals()) do
       -- a terminal's key already reached the child (same process group)
-      if not sig.tty then core.proc_kill(pid, sig.name) end
+      if sig.tty then
+        if args.verbose then warn("SIG%s came from the terminal, which sent it to %s too", sig.name, argv[1]) end
+      else
+        if args.verbose then warn("forwarding SIG%s to %s (pid %d)", sig.name, argv[1], pid) end
+        core.proc_kill(pid, sig.name)
+      end
     end
 
     -- lost: a renewal found the lock gone, or none succeeded in time
