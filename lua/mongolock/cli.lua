@@ -117,7 +117,7 @@ waits for the lock as long as it takes, as flock(1) does.]])
   e:option("--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
   e:option("--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
-  e:flag("-v --verbose", "Say on stderr when the lock is taken and released.")
+  e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
 
   local s = p:command("status", "Show who holds the lock NAME, its token and its lease.")
   s:argument("name", "Lock name.")
