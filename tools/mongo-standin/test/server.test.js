@@ -163,3 +163,21 @@ test('int32, int64 and doubles keep their BSON types through storage', async () 
   assert.equal(after.d._bsontype, 'Double');
   assert.equal(after.i._bsontype, 'Int32');
 });
+
+test('a malformed message closes that connection only; the server keeps serving', { skip: external }, async () => {
+  const net = require('net');
+  const port = Number(/:(\d+)/.exec(env.uri)[1]);
+  const closed = await new Promise((resolve) => {
+    const s = net.connect(port, '127.0.0.1', () => {
+      const bad = Buffer.alloc(40, 0xab);
+      bad.writeInt32LE(40, 0);
+      bad.writeInt32LE(2013, 12); // OP_MSG with a body that is not BSON
+      s.write(bad);
+    });
+    s.on('close', () => resolve(true));
+    s.on('error', () => {});
+    setTimeout(() => { s.destroy(); resolve(false); }, 5000);
+  });
+  assert.equal(closed, true);
+  assert.equal((await env.client.db('admin').command({ ping: 1 })).ok, 1);
+});
