@@ -119,7 +119,7 @@ function M.token_order(log)
   for _, s in ipairs(log.sections) do if s.valid then v[#v + 1] = s end end
   sort(v, function(a, b) return a.start < b.start end)
   for i = 2, #v do
-    if not (v[i].token > v[i - 1].token) then
+    if v[i].token <= v[i - 1].token then
       out[#out + 1] = format("token %s (pid %d, start %.6f) follows token %s (pid %d, start %.6f)",
         tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
     end
