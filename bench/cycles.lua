@@ -51,7 +51,7 @@ for _ = 1, warmup do cycle() end
 local monotonic, clock = core.monotonic, os.clock
 local o0 = ops()
 local c0, t0 = clock(), monotonic()
-local n, t1 = 0, nil
+local n, t1 = 0
 repeat
   for _ = 1, 64 do cycle() end
   n = n + 64
