@@ -88,6 +88,49 @@ standin: deps-npm
 bench-standin: deps-npm
 	@$(STANDIN)/bench/run
 
+# ---- benchmarks, torture, sanitizers ---------------------------------------
+
+# peers for the benchmarks, pinned by bench/peer/package-lock.json
+BENCH_PEER_MODULES := bench/peer/node_modules/.installed
+$(BENCH_PEER_MODULES): bench/peer/package.json bench/peer/package-lock.json | deps-apt
+	cd bench/peer && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# the raw-driver ceiling: the library's two commands from C
+build/bench/raw: bench/raw.c | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -o $@ $< $(MONGOC_LIBS)
+
+.PHONY: bench torture test-asan test-valgrind
+bench: deps build build/bench/raw $(BENCH_PEER_MODULES)
+	@bench/run
+
+# TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js)
+torture: deps build
+	@tools/with-standin node tools/torture/run.js $(TORTURE_ARGS)
+
+# The C core under AddressSanitizer + UBSan in its own tree (build/asan),
+# the Lua 5.4 specs run with libasan preloaded into the interpreter.  The
+# faketime specs are left out: libfaketime's clock_gettime and ASan's
+# interceptors deadlock the child at start-up.
+ASAN_SO = build/asan/mongolock/core.so
+INC_asan := $(INC_lua5.4)
+$(ASAN_SO): SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ASAN_ENV = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+test-asan: deps $(ASAN_SO)
+	@LUA_CPATH='$(CURDIR)/build/asan/?.so;;' MONGOLOCK_ROOT=$(CURDIR) \
+	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=faketime $(ASAN_SPECS)
+ASAN_SPECS ?= spec
+
+# The Lua 5.4 specs under valgrind (children are not traced); the set is a
+# subset because busted under valgrind is slow: VALGRIND_SPECS to change it.
+VALGRIND_SPECS ?= spec/unit_args_spec.lua spec/locks_basic_spec.lua spec/malformed_spec.lua
+test-valgrind: deps build
+	@LUA_CPATH='$(LUA_CPATH_lua5.4)' MONGOLOCK_ROOT=$(CURDIR) tools/with-standin \
+	  valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 \
+	  lua5.4 /usr/bin/busted $(VALGRIND_SPECS)
+
 lint: deps-apt
 	luacheck lua spec examples bin
 
