@@ -239,8 +239,11 @@ function helpers.spawn(path, args, prefix)
   local done = tmpname()
   os.remove(done)
   local p = assert(io.popen(format(
-    "( %s >%s 2>&1; echo $? >%s ) </dev/null >/dev/null 2>&1 & echo $!",
-    helpers.command(path, args, prefix), shell_quote(out), shell_quote(done)), "r"))
+    -- the status is written to a temporary name and renamed, so that a
+    -- reader never sees the file created but still empty
+    "( %s >%s 2>&1; echo $? >%s.tmp; mv %s.tmp %s ) </dev/null >/dev/null 2>&1 & echo $!",
+    helpers.command(path, args, prefix), shell_quote(out), shell_quote(done),
+    shell_quote(done), shell_quote(done)), "r"))
   local spid = tonumber(p:read("*l"))
   p:close()
   return setmetatable({ shell_pid = spid, out = out, done = done }, Proc)
