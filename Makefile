@@ -111,17 +111,21 @@ torture: deps build
 
 # The C core under AddressSanitizer + UBSan in its own tree (build/asan),
 # the Lua 5.4 specs run with libasan preloaded into the interpreter.  The
-# faketime specs are left out: libfaketime's clock_gettime and ASan's
-# interceptors deadlock the child at start-up.
+# preload reaches every program the specs start (shells, script, forked
+# workers), so leak detection is off here: LeakSanitizer reports the system
+# tools' own leaks and crashes in forked children of threaded processes.
+# Leaks are test-valgrind's job.  The specs with clocks an hour off are left
+# out: under faketime the child preloads libfaketime and libasan together
+# and hangs at start-up.
 ASAN_SO = build/asan/mongolock/core.so
 INC_asan := $(INC_lua5.4)
 $(ASAN_SO): SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 ASAN_ENV = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ASAN_SPECS ?= spec
 test-asan: deps $(ASAN_SO)
 	@LUA_CPATH='$(CURDIR)/build/asan/?.so;;' MONGOLOCK_ROOT=$(CURDIR) \
-	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=faketime $(ASAN_SPECS)
-ASAN_SPECS ?= spec
+	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=hour.off $(ASAN_SPECS)
 
 # The Lua 5.4 specs under valgrind (spawned children are not traced).  Left
 # out: the specs that depend on timing (renewal, change-stream waits, child
