@@ -10,6 +10,7 @@
 
 const BSON = require('bson');
 const { Lazy } = require('./lazy');
+const { LAZY } = require('./values');
 
 const DECODE = { promoteValues: false, promoteLongs: false, promoteBuffers: false, bsonRegExp: true };
 const CACHED = new Set(['update', 'fields', 'query', 'filter', 'sort', 'projection', 'pipeline', 'q', 'u', 'lsid']);
@@ -92,7 +93,9 @@ function decode(buf, cacheable = true) {
 const memos = new WeakMap();
 // memo(value, kind, make) -> make(value), computed once per (value, kind).
 function memo(value, kind, make) {
-  if (value === null || typeof value !== 'object') return make(value);
+  // lazily decoded values are fresh per command: their shape cache is enough
+  // (short-lived WeakMap keys are costly for the garbage collector)
+  if (value === null || typeof value !== 'object' || value[LAZY]) return make(value);
   let m = memos.get(value);
   if (!m) { m = new Map(); memos.set(value, m); }
   let r = m.get(kind);

@@ -140,12 +140,11 @@ class Engine {
   }
 
   // ---- dispatch ------------------------------------------------------------
+  // Replies on a replica set end with $clusterTime and operationTime; the
+  // wire layer appends them from pre-encoded bytes (see wire.js), keyed by
+  // the CLUSTER_TIME symbol, which BSON encoding ignores.
   reply(body) {
-    if (this.replset) {
-      const ct = this.store.clock.now();
-      body.$clusterTime = { clusterTime: ct, signature: { hash: new Binary(Buffer.alloc(20), 0), keyId: Long.fromNumber(0) } };
-      body.operationTime = ct;
-    }
+    if (this.replset) body[CLUSTER_TIME] = this.store.clock.now();
     return body;
   }
 
@@ -251,9 +250,15 @@ class Engine {
     return c.id;
   }
 
-  batchFrom(cursor, batchSize, first) {
+  batchFrom(cursor, batchSize) {
     const docs = cursor.docs;
-    const end = batchSize === undefined ? docs.length : Math.min(docs.length, cursor.pos + batchSize);
+    let end = batchSize === undefined ? docs.length : Math.min(docs.length, cursor.pos + batchSize);
+    // like mongod, a batch stops before 16 MiB of documents (at least one)
+    let bytes = 0;
+    for (let i = cursor.pos; i < end; i++) {
+      bytes += BSON_SIZE(docs[i]);
+      if (bytes > 16 * 1024 * 1024 - 16384 && i > cursor.pos) { end = i; break; }
+    }
     const batch = docs.slice(cursor.pos, end);
     cursor.pos = end;
     return batch;
@@ -295,6 +300,9 @@ class Engine {
     if (V.isNumber(wc.w) && V.num(wc.w) > 1) fail(100, `Not enough data-bearing nodes`);
   }
 }
+
+const CLUSTER_TIME = Symbol.for('mongo-standin.clusterTime');
+const BSON_SIZE = (d) => require('bson').calculateObjectSize(d, { ignoreUndefined: true });
 
 const ALIASES = { ismaster: 'isMaster', findandmodify: 'findAndModify' };
 const COMMANDS = {};
@@ -639,7 +647,7 @@ COMMANDS.getMore = function (cmd) {
   }
   const batchSize = intOf(cmd.batchSize, undefined);
   if (cursor.kind === 'changeStream') return this.changeStreamGetMore(cursor, cmd, batchSize);
-  const batch = this.batchFrom(cursor, batchSize);
+  const batch = this.batchFrom(cursor, batchSize === 0 ? undefined : batchSize);
   let id = cursor.id;
   if (cursor.pos >= cursor.docs.length) { this.cursors.delete(idv.toString()); id = Long.fromNumber(0); }
   return { cursor: { nextBatch: batch, id, ns: cursor.ns }, ok: 1 };
@@ -1018,4 +1026,4 @@ for (const name of ['abortTransaction', 'commitTransaction']) {
   };
 }
 
-module.exports = { Engine, COMMANDS };
+module.exports = { Engine, COMMANDS, CLUSTER_TIME };

@@ -58,7 +58,7 @@ function shapeOf(buf, kindCode) {
       if (ok) params[i] = decodeParam(buf, a, b, type);
     }
     if (ok) {
-      buf.copy(r.buf);
+      for (const [a, b] of r.ranges) buf.copy(r.buf, a, a, b);
       r.params = params;
       return { key: r.key, params };
     }

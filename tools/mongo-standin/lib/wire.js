@@ -16,7 +16,26 @@ const MAX_MESSAGE = 48000000;
 const DECODE = { promoteValues: false, promoteLongs: false, promoteBuffers: false, bsonRegExp: true };
 const ENCODE = { ignoreUndefined: true, checkKeys: false };
 
+const CLUSTER_TIME = Symbol.for('mongo-standin.clusterTime');
+
+// The elements {$clusterTime: {clusterTime: T, signature: {hash: BinData(0,
+// 20 zero bytes), keyId: Long(0)}}, operationTime: T} pre-encoded once, with
+// the offsets where T goes.
+const TAIL = (() => {
+  const mark1 = BSON.Timestamp.fromBits(0x11111111, 0x22222222);
+  const mark2 = BSON.Timestamp.fromBits(0x33333333, 0x44444444);
+  const doc = BSON.serialize({
+    $clusterTime: { clusterTime: mark1, signature: { hash: new BSON.Binary(Buffer.alloc(20), 0), keyId: BSON.Long.fromNumber(0) } },
+    operationTime: mark2,
+  });
+  const bytes = Buffer.from(doc.subarray(4, doc.length - 1));
+  const at1 = bytes.indexOf(Buffer.from([0x11, 0x11, 0x11, 0x11, 0x22, 0x22, 0x22, 0x22]));
+  const at2 = bytes.indexOf(Buffer.from([0x33, 0x33, 0x33, 0x33, 0x44, 0x44, 0x44, 0x44]));
+  return { bytes, at1, at2 };
+})();
+
 let nextConnId = 1;
+let scratch = Buffer.alloc(1 << 20);
 let nextRequestId = 1;
 
 function readCString(buf, off) {
@@ -176,29 +195,54 @@ class Connection {
     if (this.closed) return;
     if (body && body.closeConnection) { this.close(); return; }
     if (moreToCome) return;
-    const doc = BSON.serialize(body, ENCODE);
-    let head;
-    if (opCode === OP_MSG) {
-      head = Buffer.alloc(21);
-      head.writeInt32LE(21 + doc.length, 0);
-      head.writeInt32LE(nextRequestId++, 4);
-      head.writeInt32LE(requestId, 8);
-      head.writeInt32LE(OP_MSG, 12);
-      head.writeUInt32LE(0, 16);
-      head[20] = 0;
-    } else {
-      head = Buffer.alloc(36);
-      head.writeInt32LE(36 + doc.length, 0);
-      head.writeInt32LE(nextRequestId++, 4);
-      head.writeInt32LE(requestId, 8);
-      head.writeInt32LE(OP_REPLY, 12);
-      head.writeInt32LE(8, 16); // responseFlags: AwaitCapable
-      head.writeBigInt64LE(0n, 20); // cursorID
-      head.writeInt32LE(0, 28); // startingFrom
-      head.writeInt32LE(1, 32); // numberReturned
+    // The body is encoded into a scratch buffer after room for the header,
+    // then header, body and the cluster-time tail go out in one new buffer.
+    const headLen = opCode === OP_MSG ? 21 : 36;
+    let end = -1;
+    let src = scratch;
+    try {
+      end = BSON.serializeWithBufferAndIndex(body, scratch, Object.assign({ index: headLen }, ENCODE)) + 1;
+    } catch (e) {
+      if (!(e instanceof RangeError)) throw e;
     }
-    this.socket.write(Buffer.concat([head, doc]));
+    if (end < 0 || end > scratch.length) {
+      // larger than the scratch buffer: encode on its own
+      const doc = BSON.serialize(body, ENCODE);
+      src = Buffer.allocUnsafe(headLen + doc.length);
+      doc.copy(src, headLen);
+      end = src.length;
+    }
+    const ct = body[CLUSTER_TIME];
+    const total = ct ? end + TAIL.bytes.length : end; // (end - 1) + tail + final 0
+    const out = Buffer.allocUnsafe(total);
+    src.copy(out, 0, 0, ct ? end - 1 : end);
+    if (ct) {
+      const base = end - 1;
+      TAIL.bytes.copy(out, base);
+      for (const at of [TAIL.at1, TAIL.at2]) {
+        out.writeUInt32LE(ct.low >>> 0, base + at);
+        out.writeUInt32LE(ct.high >>> 0, base + at + 4);
+      }
+      out[total - 1] = 0;
+    }
+    out.writeInt32LE(total - headLen, headLen); // the body document's length
+    out.writeInt32LE(total, 0);
+    out.writeInt32LE(nextRequestId++, 4);
+    out.writeInt32LE(requestId, 8);
+    if (opCode === OP_MSG) {
+      out.writeInt32LE(OP_MSG, 12);
+      out.writeUInt32LE(0, 16);
+      out[20] = 0;
+    } else {
+      out.writeInt32LE(OP_REPLY, 12);
+      out.writeInt32LE(8, 16); // responseFlags: AwaitCapable
+      out.writeBigInt64LE(0n, 20); // cursorID
+      out.writeInt32LE(0, 28); // startingFrom
+      out.writeInt32LE(1, 32); // numberReturned
+    }
+    this.socket.write(out);
   }
+
 }
 
 module.exports = { Connection };

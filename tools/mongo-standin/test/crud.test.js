@@ -232,3 +232,15 @@ test('write concern majority/1/0 and read concern are accepted; w:0 gets no repl
   const docs = await c.find({}, { readConcern: { level: 'majority' } }).toArray();
   assert.deepEqual(docs.map((x) => x._id), [1, 2, 3]);
 });
+
+test('batches stop before 16 MiB; large replies go through whole', async () => {
+  const c = db.collection('big');
+  const blob = 'x'.repeat(4 * 1024 * 1024);
+  await c.insertMany([0, 1, 2, 3, 4].map((i) => ({ _id: i, blob })));
+  const f = await db.command({ find: 'big', filter: {}, batchSize: 0 }, { promoteLongs: false });
+  assert.equal(f.cursor.firstBatch.length, 0);
+  const g = await db.command({ getMore: f.cursor.id, collection: 'big' }, { promoteLongs: false });
+  assert.ok(g.cursor.nextBatch.length >= 1 && g.cursor.nextBatch.length <= 3, `batch of ${g.cursor.nextBatch.length}`);
+  assert.equal((await c.find({}).toArray()).length, 5);
+  await c.drop();
+});
