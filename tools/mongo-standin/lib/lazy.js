@@ -45,20 +45,9 @@ let recent = new Map();
 function shapeOf(buf, kindCode) {
   const slot = kindCode * 0x1000000 + buf.length;
   const r = recent.get(slot);
-  if (r && sameOutside(r, buf)) {
-    const params = r.params.slice();
-    let ok = true;
-    for (let i = 0; i < r.ranges.length && ok; i++) {
-      const [a, b, type] = r.ranges[i];
-      if (buf.compare(r.buf, a, b, a, b) === 0) continue;
-      // A string or document that changed length would move everything
-      // after it: the first one to do so shows in its own length prefix.
-      if (type === 0x02) ok = buf.readInt32LE(a) + 4 === b - a;
-      else if (type === 'literal') ok = buf.readInt32LE(a) === b - a;
-      if (ok) params[i] = decodeParam(buf, a, b, type);
-    }
-    if (ok) {
-      for (const [a, b] of r.ranges) buf.copy(r.buf, a, a, b);
+  if (r) {
+    const params = changedParams(r, buf);
+    if (params) {
       r.params = params;
       return { key: r.key, params };
     }
@@ -76,13 +65,31 @@ function shapeOf(buf, kindCode) {
   return { key: w.key, params: w.params };
 }
 
-function sameOutside(r, buf) {
-  let from = 0;
-  for (const [a, b] of r.ranges) {
-    if (a > from && buf.compare(r.buf, from, a, from, a) !== 0) return false;
-    from = b;
+// Parameters of buf when it differs from r.buf only inside parameter ranges
+// (r.buf is updated to buf), else null. One pass over the bytes.
+function changedParams(r, buf) {
+  const old = r.buf;
+  const ranges = r.ranges;
+  let params = null;
+  let k = 0;
+  for (let i = 0; i < buf.length; i++) {
+    if (buf[i] === old[i]) continue;
+    while (k < ranges.length && ranges[k][1] <= i) k++;
+    if (k === ranges.length || ranges[k][0] > i) return null; // a structural byte changed
+    const [a, b, type] = ranges[k];
+    // A string or document that changed length would move everything after
+    // it: the first one to do so shows in its own length prefix.
+    if (type === 0x02 && buf.readInt32LE(a) + 4 !== b - a) return null;
+    if (type === 'literal' && buf.readInt32LE(a) !== b - a) return null;
+    if (!params) params = r.params.slice();
+    params[k] = decodeParam(buf, a, b, type);
+    i = b - 1;
   }
-  return from >= buf.length || buf.compare(r.buf, from, buf.length, from, buf.length) === 0;
+  if (!params) return r.params;
+  for (let j = 0; j < ranges.length; j++) {
+    if (params[j] !== r.params[j]) buf.copy(old, ranges[j][0], ranges[j][0], ranges[j][1]);
+  }
+  return params;
 }
 
 function decodeParam(buf, a, b, type) {

@@ -189,7 +189,8 @@ class Store {
   // Replaces old with doc (same _id). Returns false when nothing changed
   // (a no-op: no write, no change event).
   replace(coll, old, doc, opType = 'update') {
-    if (V.identical(old, doc)) return false;
+    const desc = diff(old, doc);
+    if (!desc) return false; // identical: a no-op
     if (!V.identical(old._id, doc._id)) {
       fail(66, `Performing an update on the path '_id' would modify the immutable field '_id'`);
     }
@@ -200,7 +201,7 @@ class Store {
     coll.indexAdd(doc);
     // An update event keeps only its updateDescription, a replace event the
     // new document: the log holds no old versions.
-    if (opType === 'update') this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, desc: diff(old, doc) });
+    if (opType === 'update') this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, desc });
     else this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, doc });
     return true;
   }
@@ -226,15 +227,26 @@ class Store {
   }
 }
 
-// updateDescription of a change: top-level fields set or removed.
+// updateDescription of a change (top-level fields set or removed), or null
+// when the two versions are identical, field order and BSON types included.
 function diff(old, doc) {
-  const updatedFields = {};
-  const removedFields = [];
-  for (const k of Object.keys(doc)) {
-    if (!(k in old) || !V.identical(old[k], doc[k])) updatedFields[k] = doc[k];
+  let updatedFields = null;
+  let removedFields = null;
+  const ko = Object.keys(old), kd = Object.keys(doc);
+  let sameOrder = ko.length === kd.length;
+  for (let i = 0; i < kd.length; i++) {
+    const k = kd[i];
+    if (sameOrder && ko[i] !== k) sameOrder = false;
+    if (!Object.prototype.hasOwnProperty.call(old, k) || !V.identical(old[k], doc[k])) {
+      if (!updatedFields) updatedFields = {};
+      updatedFields[k] = doc[k];
+    }
   }
-  for (const k of Object.keys(old)) if (!(k in doc)) removedFields.push(k);
-  return { updatedFields, removedFields, truncatedArrays: [] };
+  for (const k of ko) {
+    if (!Object.prototype.hasOwnProperty.call(doc, k)) (removedFields || (removedFields = [])).push(k);
+  }
+  if (!updatedFields && !removedFields && sameOrder) return null;
+  return { updatedFields: updatedFields || {}, removedFields: removedFields || [], truncatedArrays: [] };
 }
 
 function validateCollName(name) {
