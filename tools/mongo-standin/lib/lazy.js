@@ -61,29 +61,51 @@ function shapeOf(buf, kindCode) {
     return null;
   }
   if (recent.size >= 256) recent = new Map();
-  recent.set(slot, { buf: Buffer.from(buf), ranges: w.ranges, key: w.key, params: w.params });
+  recent.set(slot, { buf: aligned(buf), ranges: w.ranges, key: w.key, params: w.params });
   return { key: w.key, params: w.params };
 }
 
+// Word-aligned copies for comparing four bytes at a time.
+function aligned(buf) {
+  const ab = new ArrayBuffer((buf.length + 3) & ~3);
+  const copy = Buffer.from(ab, 0, buf.length);
+  buf.copy(copy);
+  return copy;
+}
+let cmpScratch = new ArrayBuffer(4096);
+
 // Parameters of buf when it differs from r.buf only inside parameter ranges
-// (r.buf is updated to buf), else null. One pass over the bytes.
+// (r.buf is updated to buf), else null. One pass over the bytes, a word at
+// a time.
 function changedParams(r, buf) {
-  const old = r.buf;
+  const old = r.buf; // aligned, zero-padded to a multiple of 4
   const ranges = r.ranges;
+  const words = old.buffer.byteLength >> 2;
+  if (cmpScratch.byteLength < words * 4) cmpScratch = new ArrayBuffer(words * 8);
+  const cur = Buffer.from(cmpScratch, 0, words * 4);
+  buf.copy(cur);
+  cur.fill(0, buf.length);
+  const wa = new Int32Array(cmpScratch, 0, words);
+  const wb = new Int32Array(old.buffer, 0, words);
   let params = null;
   let k = 0;
-  for (let i = 0; i < buf.length; i++) {
-    if (buf[i] === old[i]) continue;
-    while (k < ranges.length && ranges[k][1] <= i) k++;
-    if (k === ranges.length || ranges[k][0] > i) return null; // a structural byte changed
-    const [a, b, type] = ranges[k];
-    // A string or document that changed length would move everything after
-    // it: the first one to do so shows in its own length prefix.
-    if (type === 0x02 && buf.readInt32LE(a) + 4 !== b - a) return null;
-    if (type === 'literal' && buf.readInt32LE(a) !== b - a) return null;
-    if (!params) params = r.params.slice();
-    params[k] = decodeParam(buf, a, b, type);
-    i = b - 1;
+  let skipTo = 0;
+  for (let w = 0; w < words; w++) {
+    if (wa[w] === wb[w]) continue;
+    for (let i = w * 4; i < w * 4 + 4; i++) {
+      if (i < skipTo || cur[i] === old[i]) continue;
+      while (k < ranges.length && ranges[k][1] <= i) k++;
+      if (k === ranges.length || ranges[k][0] > i) return null; // a structural byte changed
+      const [a, b, type] = ranges[k];
+      // A string or document that changed length would move everything
+      // after it: the first one to do so shows in its own length prefix.
+      if (type === 0x02 && buf.readInt32LE(a) + 4 !== b - a) return null;
+      if (type === 'literal' && buf.readInt32LE(a) !== b - a) return null;
+      if (!params) params = r.params.slice();
+      params[k] = decodeParam(buf, a, b, type);
+      skipTo = b;
+    }
+    if (skipTo > (w + 1) * 4) w = (skipTo >> 2) - 1;
   }
   if (!params) return r.params;
   for (let j = 0; j < ranges.length; j++) {
