@@ -92,14 +92,17 @@ bench-standin: deps-npm
 
 # peers for the benchmarks, pinned by bench/peer/package-lock.json
 BENCH_PEER_MODULES := bench/peer/node_modules/.installed
+# (their output goes to stderr: make bench's stdout is the report alone)
 $(BENCH_PEER_MODULES): bench/peer/package.json bench/peer/package-lock.json | deps-apt
-	cd bench/peer && npm ci --no-audit --no-fund --loglevel=error
+	@echo "npm ci in bench/peer" >&2
+	@cd bench/peer && npm ci --no-audit --no-fund --loglevel=error >&2
 	@touch $@
 
 # the raw-driver ceiling: the library's two commands from C
 build/bench/raw: bench/raw.c | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -o $@ $< $(MONGOC_LIBS)
+	@echo "cc -o $@ $<" >&2
+	@$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -o $@ $< $(MONGOC_LIBS) >&2
 
 .PHONY: bench torture test-asan test-valgrind
 bench: deps build build/bench/raw $(BENCH_PEER_MODULES)

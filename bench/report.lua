@@ -35,19 +35,25 @@ for line in io.lines(results) do
   end
 end
 
+-- the median round by rate, the number of rounds, the slowest and fastest rate
 local function median_round(rounds)
-  table.sort(rounds, function(a, b) return a.cycles / a.seconds < b.cycles / b.seconds end)
-  return rounds[math.floor((#rounds + 1) / 2)], #rounds
+  local function rate(x) return x.cycles / x.seconds end
+  table.sort(rounds, function(a, b) return rate(a) < rate(b) end)
+  return rounds[math.floor((#rounds + 1) / 2)], #rounds, rate(rounds[1]), rate(rounds[#rounds])
 end
 
 local rows = {}
 for _, impl in ipairs(ORDER) do
   if cyc[impl] then
-    local r, n = median_round(cyc[impl])
+    local r, n, lo, hi = median_round(cyc[impl])
     local failed = 0
     for _, x in ipairs(cyc[impl]) do failed = failed + (x.failed or 0) end
-    rows[#rows + 1] = { impl = impl, rate = r.cycles / r.seconds, cpu_us = r.cpu / r.cycles * 1e6,
-                        rt = r.ops >= 0 and r.ops / r.cycles or nil, rounds = n, failed = failed }
+    local cpus = {}
+    for _, x in ipairs(cyc[impl]) do cpus[#cpus + 1] = x.cpu / x.cycles * 1e6 end
+    table.sort(cpus)
+    rows[#rows + 1] = { impl = impl, rate = r.cycles / r.seconds, cpu_us = cpus[math.floor((#cpus + 1) / 2)],
+                        rt = r.ops >= 0 and r.ops / r.cycles or nil, rounds = n, failed = failed,
+                        lo = lo, hi = hi }
   end
 end
 local raw
@@ -55,18 +61,20 @@ for _, r in ipairs(rows) do if r.impl == "raw" then raw = r end end
 
 local out = io.stdout
 out:write("### Uncontended acquire + release (one lock, one client process)\n\n")
-out:write("| implementation | cycles/s | × raw | round trips / cycle | client CPU µs / cycle | CPU × raw |\n")
-out:write("|---|---:|---:|---:|---:|---:|\n")
+out:write("| implementation | cycles/s | rounds' range | × raw | round trips / cycle | client CPU µs / cycle | CPU × raw |\n")
+out:write("|---|---:|---:|---:|---:|---:|---:|\n")
 for _, r in ipairs(rows) do
-  out:write(string.format("| %s | %.0f | %s | %s | %.0f | %s |\n", LABEL[r.impl] or r.impl, r.rate,
+  out:write(string.format("| %s | %.0f | %.0f–%.0f | %s | %s | %.0f | %s |\n", LABEL[r.impl] or r.impl, r.rate,
+    r.lo, r.hi,
     raw and string.format("%.2f", r.rate / raw.rate) or "-",
     r.rt and string.format("%.2f", r.rt) or "-", r.cpu_us,
     raw and string.format("%.2f", r.cpu_us / raw.cpu_us) or "-"))
 end
 local failed = 0
 for _, r in ipairs(rows) do failed = failed + r.failed end
-out:write(string.format("\nMedian of %d rounds by rate; round trips from serverStatus opcounters deltas; "
-  .. "CPU is user + sys of the client process (getrusage). Failed cycles: %d.\n",
+out:write(string.format("\nMedians of %d rounds (cycles/s; CPU per cycle); round trips of the median round, "
+  .. "from serverStatus opcounters deltas; CPU is user + sys of the client process (getrusage). "
+  .. "Failed cycles: %d.\n",
   rows[1] and rows[1].rounds or 0, failed))
 
 if #mem > 0 then
