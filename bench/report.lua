@@ -61,7 +61,8 @@ for _, r in ipairs(rows) do if r.impl == "raw" then raw = r end end
 
 local out = io.stdout
 out:write("### Uncontended acquire + release (one lock, one client process)\n\n")
-out:write("| implementation | cycles/s | rounds' range | × raw | round trips / cycle | client CPU µs / cycle | CPU × raw |\n")
+out:write("| implementation | cycles/s | rounds' range | × raw | round trips / cycle "
+  .. "| client CPU µs / cycle | CPU × raw |\n")
 out:write("|---|---:|---:|---:|---:|---:|---:|\n")
 for _, r in ipairs(rows) do
   out:write(string.format("| %s | %.0f | %.0f–%.0f | %s | %s | %.0f | %s |\n", LABEL[r.impl] or r.impl, r.rate,
