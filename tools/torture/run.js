@@ -20,6 +20,9 @@
 //   --kill-every S    mean seconds between kills of the holder (default 4)
 //   --fault-every S   mean seconds between armed faults (default 1)
 //   --log PATH        the log (default build/torture/torture.log)
+//   --lie             negative control: workers claim every lease valid and
+//                     one section in five outlives its ttl; the checker must
+//                     then report overlaps (the run fails)
 //
 // Needs MONGODB_URI, a server that accepts configureFailPoint (the
 // stand-in, or mongod with enableTestCommands=1), and `make build`.
@@ -40,6 +43,7 @@ function parseArgs(argv) {
     '--retry': 'retry', '--skewed': 'skewed', '--kill-every': 'killEvery', '--fault-every': 'faultEvery' };
   for (let i = 0; i < argv.length; i += 2) {
     const k = argv[i];
+    if (k === '--lie') { o.lie = true; i -= 1; continue; }
     const v = argv[i + 1];
     if (v === undefined) usage(`${k} needs a value`);
     if (num[k]) {
@@ -110,7 +114,9 @@ async function main() {
       LUA_PATH: `${root}/lua/?.lua;${root}/lua/?/init.lua;;`,
       LUA_CPATH: `${root}/build/${lua}/?.so;;`,
     };
-    const args = [path.join(__dirname, 'worker.lua'), o.log, name, String(o.ttl), String(o.holdMs), stopfile];
+    const args = [path.join(__dirname, 'worker.lua'), o.log, name, String(o.ttl), String(o.holdMs), stopfile,
+      o.lie ? '200' : '10'];
+    if (o.lie) env.TORTURE_LIE = '1';
     let proc;
     if (skew) {
       // the monotonic clock stays real so that log times compare

@@ -24,6 +24,7 @@ local logpath, name, ttl, hold_ms, stopfile, long_pm =
 assert(logpath and name and ttl and hold_ms and stopfile,
   "usage: worker.lua LOG NAME TTL HOLD_MS STOPFILE [LONG_PERMILLE]")
 local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI is not set")
+local LIE = os.getenv("TORTURE_LIE") == "1"
 
 local monotonic, sleep, random = core.monotonic, core.sleep, math.random
 local pid = core.getpid()
@@ -59,7 +60,10 @@ while not exists(stopfile) do
     sleep(hold)
     local stop = monotonic()
     local rem = h:remaining()
-    emit("S %d %.6f %.6f %d %d\n", token, start, stop, pid, (rem and rem > 0) and 1 or 0)
+    -- LIE: the harness's --lie, a negative control: every section claims a
+    -- valid lease, so sections held past their ttl must show as overlaps
+    local valid = LIE or (rem and rem > 0)
+    emit("S %d %.6f %.6f %d %d\n", token, start, stop, pid, valid and 1 or 0)
     local ok, rerr = h:release()
     emit("R %d %d %s\n", token, pid, ok and "ok" or (rerr == "not held" and "lost" or "error"))
   elseif err ~= "timeout" then
