@@ -90,9 +90,11 @@ if #mem > 0 then
 end
 if #leaks > 0 then
   out:write("\n### valgrind --leak-check=full (Lua 5.4, bench/mem.lua)\n\n")
-  out:write("| cycles | definitely lost | indirectly lost | possibly lost | errors |\n|---:|---:|---:|---:|---:|\n")
+  out:write("| cycles | heap in use at exit | definitely lost | indirectly lost | possibly lost | errors |\n"
+    .. "|---:|---:|---:|---:|---:|---:|\n")
   for _, l in ipairs(leaks) do
-    out:write(string.format("| %d | %s | %s | %s | %s |\n", l.cycles, l.definite, l.indirect, l.possible, l.errors))
+    out:write(string.format("| %d | %s | %s | %s | %s | %s |\n", l.cycles, l.inuse or "-", l.definite,
+      l.indirect, l.possible, l.errors))
   end
 end
 
