@@ -810,24 +810,38 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
   if (now.docs.length || cs.invalidated) return finish(now.docs, now.token);
   const wait = cmd.maxTimeMS === undefined ? 1000 : intOf(cmd.maxTimeMS, 1000);
   if (wait <= 0) return finish(now.docs, now.token);
+  // Like mongod, an awaitData getMore returns when an event passes the
+  // stream's pipeline or at maxTimeMS: events the pipeline filters out do
+  // not end the wait (the stream still advances past them).
   return new Promise((resolve, reject) => {
-    let timer = null;
-    const done = () => {
+    let timer = null, pending = false;
+    const done = (final) => {
+      pending = false;
+      if (timer === null && !final) return;   // already answered
+      try {
+        if (!this.cursors.has(cursor.id.toString())) {
+          stop();
+          reject(new MongoError(43, `cursor id ${cursor.id} not found`));
+          return;
+        }
+        const r = cs.read(limit);
+        if (!final && !r.docs.length && !cs.invalidated) return;
+        stop();
+        resolve(finish(r.docs, r.token));
+      } catch (e) { stop(); reject(e); }
+    };
+    const stop = () => {
       this.store.listeners.delete(listener);
       if (timer) clearTimeout(timer);
+      timer = null;
       cursor.wake = null;
-      try {
-        if (!this.cursors.has(cursor.id.toString())) { reject(new MongoError(43, `cursor id ${cursor.id} not found`)); return; }
-        const r = cs.read(limit);
-        resolve(finish(r.docs, r.token));
-      } catch (e) { reject(e); }
     };
     const listener = (ev) => {
-      if (cs.relevant(ev)) setImmediate(done);
+      if (cs.relevant(ev) && !pending) { pending = true; setImmediate(() => done(false)); }
     };
     this.store.listeners.add(listener);
-    cursor.wake = done;
-    timer = setTimeout(done, wait);
+    cursor.wake = () => done(true);
+    timer = setTimeout(() => done(true), wait);
   });
 };
 

@@ -261,7 +261,22 @@ function cmpMissing(a, b) {
 function arity(op, list, min, max = min) {
   if (list.length < min || list.length > max) {
     if (min === max) fail(16020, `Expression ${op} takes exactly ${min} arguments. ${list.length} were passed in.`);
-    fail(16020, `Expression ${op} takes at least ${min} arguments, and at most ${max}. ${list.length} were passed in.`);
+    fail(28667, `Expression ${op} takes at least ${min} arguments, and at most ${max}, but ${list.length} were passed in.`);
+  }
+}
+
+// A variable that $let, $filter or $map defines: mongod's rules (a lowercase
+// or non-ASCII first character, then letters, digits, _ or non-ASCII;
+// CURRENT is the one system variable a user may rebind). A name that is not
+// a string reads as "" there.
+function checkUserVar(name) {
+  if (name === 'CURRENT') return;
+  if (typeof name !== 'string' || name === '') fail(16866, 'empty variable names are not allowed');
+  const ok = (c, first) => c > 0x7f || (c >= 0x61 && c <= 0x7a) ||
+    (!first && ((c >= 0x41 && c <= 0x5a) || (c >= 0x30 && c <= 0x39) || c === 0x5f));
+  if (!ok(name.charCodeAt(0), true)) fail(16867, `'${name}' starts with an invalid character for a user variable name`);
+  for (let i = 1; i < name.length; i++) {
+    if (!ok(name.charCodeAt(i), false)) fail(16868, `'${name}' contains an invalid character for a variable name: '${name[i]}'`);
   }
 }
 
@@ -468,6 +483,86 @@ function compileOp(op, arg) {
         return idx >= 0 && idx < arr.length ? arr[idx] : undefined;
       };
     }
+    case '$filter': case '$map': {
+      const isFilter = op === '$filter';
+      if (!V.isPlainDoc(arg)) fail(isFilter ? 28646 : 16878, `${op} only supports an object as its argument`);
+      const body = isFilter ? 'cond' : 'in';
+      for (const k of Object.keys(arg)) {
+        if (!['input', 'as', body].concat(isFilter ? ['limit'] : []).includes(k)) {
+          fail(isFilter ? 28647 : 16879, `Unrecognized parameter to ${op}: ${k}`);
+        }
+      }
+      if (!('input' in arg)) fail(isFilter ? 28648 : 16880, `Missing 'input' parameter to ${op}`);
+      if (!(body in arg)) fail(isFilter ? 28650 : 16882, `Missing '${body}' parameter to ${op}`);
+      const as = arg.as === undefined ? 'this' : arg.as;
+      checkUserVar(as);
+      const input = compile(arg.input), fn = compile(arg[body]);
+      const limit = isFilter && arg.limit !== undefined ? compile(arg.limit) : null;
+      return (doc, vars) => {
+        const arr = input(doc, vars);
+        if (nullish(arr)) return null;
+        if (!Array.isArray(arr)) fail(isFilter ? 28651 : 16883, `input to ${op} must be an array not ${V.typeName(arr)}`);
+        // mongod answers an empty input as it is, before it reads the limit
+        if (arr.length === 0) return [];
+        const inner = Object.assign({}, vars);
+        const out = [];
+        let max = Infinity;
+        if (limit) {
+          const l = limit(doc, vars);
+          if (!nullish(l)) {
+            const n = V.isNumber(l) ? V.num(l) : NaN;
+            if (!Number.isInteger(n) || n < -2147483648 || n > 2147483647) fail(327391, `$filter: limit must be represented as a 32-bit integral value: ${V.render(l)}`);
+            if (n < 1) fail(327392, `$filter: limit must be greater than 0: ${V.render(l)}`);
+            max = n;
+          }
+        }
+        for (const el of arr) {
+          if (out.length >= max) break;
+          inner[as] = el;
+          const v = fn(doc, inner);
+          if (isFilter) { if (V.truthy(v)) out.push(el); } else out.push(v === undefined ? null : v);
+        }
+        return out;
+      };
+    }
+    case '$concatArrays': {
+      const fs = args(arg).map(compile);
+      return (doc, vars) => {
+        const out = [];
+        for (const f of fs) {
+          const v = f(doc, vars);
+          if (nullish(v)) return null;
+          if (!Array.isArray(v)) fail(28664, `$concatArrays only supports arrays, not ${V.typeName(v)}`);
+          for (const el of v) out.push(el);
+        }
+        return out;
+      };
+    }
+    case '$indexOfArray': {
+      const list = args(arg);
+      arity(op, list, 2, 4);
+      const fs = list.map(compile);
+      return (doc, vars) => {
+        const arr = fs[0](doc, vars);
+        if (nullish(arr)) return null;
+        if (!Array.isArray(arr)) fail(40090, `$indexOfArray requires an array as a first argument, found: ${V.typeName(arr)}`);
+        const x = fs[1](doc, vars);
+        const bound = (f, dflt, which) => {
+          if (!f) return dflt;
+          const b = f(doc, vars);
+          const n = V.isNumber(b) ? V.num(b) : NaN;
+          if (!Number.isInteger(n) || n < -2147483648 || n > 2147483647) {
+            fail(40096, `$indexOfArrayrequires an integral ${which} index, found a value of type: ${V.typeName(b)}, with value: ${V.render(b)}`);
+          }
+          if (n < 0) fail(40097, `$indexOfArray requires a nonnegative ${which} index, found: ${n}`);
+          return n;
+        };
+        const from = bound(fs[2], 0, 'starting'), to = Math.min(bound(fs[3], arr.length, 'ending'), arr.length);
+        // a missing value is not null: it equals nothing an array holds
+        for (let i = from; i < to; i++) if (V.equals(arr[i], x)) return new Int32(i);
+        return new Int32(-1);
+      };
+    }
     case '$mergeObjects': {
       const fs = args(arg).map(compile);
       return (doc, vars) => {
@@ -482,7 +577,12 @@ function compileOp(op, arg) {
       };
     }
     case '$let': {
-      if (!V.isPlainDoc(arg) || !V.isPlainDoc(arg.vars) || !('in' in arg)) fail(16880, "Missing 'vars' parameter to $let");
+      if (!V.isPlainDoc(arg)) fail(16874, '$let only supports an object as its argument');
+      for (const k of Object.keys(arg)) if (k !== 'vars' && k !== 'in') fail(16875, `Unrecognized parameter to $let: ${k}`);
+      if (!('vars' in arg)) fail(16876, "Missing 'vars' parameter to $let");
+      if (!('in' in arg)) fail(16877, "Missing 'in' parameter to $let");
+      if (!V.isPlainDoc(arg.vars)) fail(10065, 'invalid parameter: expected an object (vars)');
+      for (const k of Object.keys(arg.vars)) checkUserVar(k);
       const defs = Object.keys(arg.vars).map((k) => [k, compile(arg.vars[k])]);
       const body = compile(arg.in);
       return (doc, vars) => {
