@@ -28,7 +28,9 @@ static int is_write_command(const char *name) {
 /* a database name: 1..63 bytes, none of /\. "$ and no NUL */
 static const char *check_db(lua_State *L, int i) {
   size_t len;
-  const char *s = luaL_checklstring(L, i, &len);
+  const char *s;
+  luaL_checktype(L, i, LUA_TSTRING);   /* a number is no database name */
+  s = lua_tolstring(L, i, &len);
   luaL_argcheck(L, len > 0 && len < 64 && strlen(s) == len && strcspn(s, "/\\. \"$") == len, i,
                 "invalid database name");
   return s;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/wait.h>
 
@@ -49,6 +50,36 @@ int ml_random_owner(char out[33]) {
   return 1;
 }
 
+/*
+ * This process's tag: 64 random bits as 16 hex digits, drawn again in a
+ * forked child.  A queued waiter's entry carries it, and a release handed
+ * to a waiter names it in the document's next (tag and waiter id), so that
+ * the event reaches only the process that waits (csrc/watch.c filters its
+ * stream on the tag).
+ */
+static pthread_mutex_t tag_mu = PTHREAD_MUTEX_INITIALIZER;
+static char tag_hex[17];
+static pid_t tag_pid;
+
+int ml_process_tag(char out[17]) {
+  int ok = 1;
+  pthread_mutex_lock(&tag_mu);
+  if (tag_pid != getpid()) {
+    char full[33];
+    if (ml_random_owner(full)) {
+      memcpy(tag_hex, full, 16);
+      tag_hex[16] = '\0';
+      tag_pid = getpid();
+    } else {
+      ok = 0;
+    }
+  }
+  if (ok) memcpy(out, tag_hex, 17);
+  pthread_mutex_unlock(&tag_mu);
+  return ok;
+}
+
+
 /* core.monotonic() -> seconds (a local, monotonic clock; not wall time) */
 static int l_monotonic(lua_State *L) {
   lua_pushnumber(L, ml_monotonic());
@@ -63,16 +94,30 @@ static int l_sleep(lua_State *L) {
   return 0;
 }
 
-/* core.random_owner() -> 32 hex digits, or nil, message */
-static int l_random_owner(lua_State *L) {
-  char id[33];
-  if (!ml_random_owner(id)) {
+/* [-0, +1|2] hex (when ok) or nil, the getrandom error */
+static int push_random_hex(lua_State *L, int ok, const char *hex) {
+  if (!ok) {
     lua_pushnil(L);
     lua_pushfstring(L, "getrandom: %s", strerror(errno));
     return 2;
   }
-  lua_pushstring(L, id);
+  lua_pushstring(L, hex);
   return 1;
+}
+
+/* core.random_owner() -> 32 hex digits, or nil, message */
+static int l_random_owner(lua_State *L) {
+  char id[33];
+  int ok = ml_random_owner(id);
+  return push_random_hex(L, ok, id);
+}
+
+/* core._process_tag() -> 16 hex digits, or nil, message.  INTERNAL, for
+ * the specs (the prefix of the next a release sets for this process) */
+static int l_process_tag(lua_State *L) {
+  char tag[17];
+  int ok = ml_process_tag(tag);
+  return push_random_hex(L, ok, tag);
 }
 
 /*
@@ -168,6 +213,8 @@ static const luaL_Reg core_funcs[] = {
   {"monotonic", l_monotonic},
   {"sleep", l_sleep},
   {"random_owner", l_random_owner},
+  {"waiter_id", l_random_owner},   /* a queued acquire's id: its owner id */
+  {"_process_tag", l_process_tag},
   {"random", l_random},
   {"utf8_valid", l_utf8_valid},
   {"getpid", l_getpid},
@@ -194,9 +241,6 @@ static void log_handler(mongoc_log_level_t level, const char *domain, const char
 
 static void init_mongoc(void) {
   const char *lv = getenv("MONGOLOCK_LOG");
-  /* never paired with mongoc_cleanup: other Lua states in this process
-   * (nginx workers' VMs, threads) may still use the driver */
-  mongoc_init();
   if (lv && *lv) {
     log_on = 1;
     if (!strcmp(lv, "warning")) log_max = MONGOC_LOG_LEVEL_WARNING;
@@ -205,6 +249,21 @@ static void init_mongoc(void) {
     else if (!strcmp(lv, "debug")) log_max = MONGOC_LOG_LEVEL_DEBUG;
   }
   mongoc_log_set_handler(log_handler, NULL);
+  /* never paired with mongoc_cleanup: other Lua states in this process
+   * (nginx workers' VMs, threads) may still use the driver */
+  mongoc_init();
+  /* libmongoc keeps its statistics counters in a shared-memory segment
+   * named after the pid, removed at a normal exit only: a process killed
+   * (SIGKILL, a crash) leaves /dev/shm/mongoc-PID behind, and a later
+   * process given the same pid finds the name taken and prints "Falling
+   * back to malloc for counters" on stderr (the library initializes at
+   * load time, before any log handler of ours).  Removing the name now
+   * leaves nothing behind whatever the exit; the mapping stays valid. */
+  {
+    char shm[32];
+    snprintf(shm, sizeof shm, "/mongoc-%u", (unsigned)getpid());
+    shm_unlink(shm);
+  }
 }
 
 __attribute__((visibility("default")))

@@ -191,7 +191,8 @@ static const char *arg_ns(lua_State *L, int i) {
  *                    "expires" | "locked", "hex" | "uuid", insert | nil,
  *                    renew)
  *   -> handle, doc
- *    | nil, "busy", {owner = <value>, remaining = s, doc = <current>}
+ *    | nil, "busy", {owner = <value>, remaining = s, doc = <current>,
+ *                    operation_time = {t, i}}
  *    | nil, "not found"            (no such document and no insert given)
  *    | nil, message, code
  */
@@ -410,6 +411,7 @@ static int l_doc_acquire(lua_State *L) {
     lua_setfield(L, -2, "doc");
     lua_pushnumber(L, (lua_Number)(remaining > 0 ? remaining : 0) / 1000.0);
     lua_setfield(L, -2, "remaining");
+    ml_set_operation_time(L, &reply);
     bson_destroy(&idholder);
     bson_destroy(&reply);
     return 3;

@@ -12,6 +12,8 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -51,6 +53,122 @@ static int find_doc(const bson_t *doc, const char *key, bson_t *out) {
   if (!bson_iter_init_find(&it, doc, key) || !BSON_ITER_HOLDS_DOCUMENT(&it)) return 0;
   bson_iter_document(&it, &len, &data);
   return bson_init_static(out, data, len);
+}
+
+/*
+ * A document from JSON built with printf: for the constant parts of the
+ * pipelines (every %s passed is hex digits or a number, never user text).
+ * A parse error is a bug in this file: it aborts with the message.
+ */
+static bson_t *json_doc(const char *fmt, ...) BSON_GNUC_PRINTF(1, 2);
+static bson_t *json_doc(const char *fmt, ...) {
+  va_list ap;
+  char *text;
+  bson_t *b;
+  bson_error_t err;
+  va_start(ap, fmt);
+  text = bson_strdupv_printf(fmt, ap);
+  va_end(ap);
+  b = bson_new_from_json((const uint8_t *)text, -1, &err);
+  if (!b) {
+    fprintf(stderr, "mongolock: bad pipeline JSON (%s): %s\n", err.message, text);
+    abort();
+  }
+  bson_free(text);
+  return b;
+}
+
+/* appends every field of src to dst */
+static void append_all(bson_t *dst, const bson_t *src) {
+  bson_iter_t it;
+  if (bson_iter_init(&it, src))
+    while (bson_iter_next(&it)) bson_append_iter(dst, bson_iter_key(&it), -1, &it);
+}
+
+/* the queue's live entries: those whose until is still ahead of the
+ * server's now ("until" is refreshed by every attempt of a waiter) */
+#define LIVE_QUEUE \
+  "{\"$filter\": {\"input\": {\"$cond\": [{\"$isArray\": \"$queue\"}, \"$queue\", []]}," \
+  " \"cond\": {\"$gt\": [\"$$this.until\", \"$$NOW\"]}}}"
+
+/* the queue's first live watching waiter (p: false; a polling waiter
+ * cannot be woken) as its process's tag and its id, 48 hex digits; null
+ * when there is none */
+#define QUEUE_HEAD \
+  "{\"$ifNull\": [{\"$arrayElemAt\": [{\"$map\": {\"input\": {\"$filter\": {\"input\": " LIVE_QUEUE "," \
+  " \"cond\": {\"$ne\": [\"$$this.p\", true]}}}," \
+  " \"in\": {\"$concat\": [\"$$this.t\", \"$$this.w\"]}}}, 0]}, null]}"
+
+/* the constant parts of the pipelines, parsed once */
+static struct {
+  bson_t *stage0;               /* {$set: {_mlq: LIVE}} */
+  bson_t *stage1_try;           /* {$set: {_mlt: FREE and nobody queued}} */
+  bson_t *token_acquired;       /* token, acquiredAt of the $set */
+  bson_t *tail_try;             /* queue, next of a try's $set */
+  bson_t *stage3;               /* {$unset: [_mlq, _mlt]} */
+  bson_t *fields_try;           /* a try's projection */
+  bson_t *release_next;         /* {next: QUEUE_HEAD} */
+} K;
+static pthread_once_t k_once = PTHREAD_ONCE_INIT;
+
+/* K's documents live in static storage, not on the heap: nothing to free
+ * when the module is unloaded, and nothing a thread still releasing a
+ * lease at exit could see freed */
+#define KDOCS 7
+#define KDOC_MAX 1024
+static struct {
+  bson_t b;
+  uint8_t buf[KDOC_MAX];
+} kdocs[KDOCS];
+static int nkdocs;
+
+static bson_t *keep(bson_t *heap) {
+  bson_t *b;
+  if (nkdocs >= KDOCS || heap->len > KDOC_MAX) {
+    fprintf(stderr, "mongolock: constant pipeline part too large or too many\n");
+    abort();
+  }
+  memcpy(kdocs[nkdocs].buf, bson_get_data(heap), heap->len);
+  b = &kdocs[nkdocs].b;
+  if (!bson_init_static(b, kdocs[nkdocs].buf, heap->len)) abort();
+  nkdocs++;
+  bson_destroy(heap);
+  return b;
+}
+
+/* _mlt: the lock is free (no owner, or the lease ended) and no watching
+ * waiter is queued ahead of W (fw: the first watching entry; me: W's) */
+#define STAGE1_FMT                                                               \
+  "{\"$set\": {\"_mlt\": {\"$let\": {\"vars\": {"                                 \
+  "  \"fw\": {\"$indexOfArray\": [{\"$map\": {\"input\": \"$_mlq\","                 \
+  "                                 \"in\": {\"$ne\": [\"$$this.p\", true]}}}, true]}," \
+  "  \"me\": {\"$indexOfArray\": [\"$_mlq.w\", \"%s\"]}},"                            \
+  " \"in\": {\"$and\": ["                                                          \
+  "  {\"$or\": [{\"$eq\": [{\"$ifNull\": [\"$owner\", null]}, null]},"             \
+  "            {\"$lte\": [\"$expiresAt\", \"$$NOW\"]}]},"                       \
+  "  {\"$or\": [{\"$eq\": [\"$$fw\", -1]},"                                         \
+  "            {\"$and\": [{\"$ne\": [\"$$me\", -1]}, {\"$lte\": [\"$$me\", \"$$fw\"]}]}]}]}}}}}"
+#define FIELDS_FMT                                                               \
+  "{\"owner\": 1, \"token\": 1, \"expiresAt\": 1, \"holder\": 1, \"acquiredAt\": 1," \
+  " \"remainingMs\": {\"$subtract\": [\"$expiresAt\", \"$$NOW\"]},"              \
+  " \"queued\": {\"$size\": {\"$cond\": [{\"$isArray\": \"$queue\"}, \"$queue\", []]}}," \
+  " \"position\": {\"$indexOfArray\": [{\"$cond\": [{\"$isArray\": \"$queue\"},"  \
+  "     \"$queue.w\", []]}, \"%s\"]}}"
+
+static void k_init(void) {
+  K.stage0 = keep(json_doc("{\"$set\": {\"_mlq\": " LIVE_QUEUE "}}"));
+  K.stage1_try = keep(json_doc(STAGE1_FMT, ""));
+  K.token_acquired = keep(json_doc(
+      "{\"token\": {\"$cond\": [\"$_mlt\", {\"$max\": ["
+      "     {\"$add\": [{\"$ifNull\": [\"$token\", {\"$numberLong\": \"0\"}]}, {\"$numberLong\": \"1\"}]},"
+      "     {\"$multiply\": [{\"$toLong\": \"$$NOW\"}, {\"$numberLong\": \"1024\"}]}]}, \"$token\"]},"
+      " \"acquiredAt\": {\"$cond\": [\"$_mlt\", \"$$NOW\", \"$acquiredAt\"]}}"));
+  /* a try leaves a queue it did not take from as it was */
+  K.tail_try = keep(json_doc("{\"queue\": {\"$cond\": [\"$_mlt\", \"$_mlq\", \"$queue\"]},"
+                             " \"next\": {\"$cond\": [\"$_mlt\", null, \"$next\"]}}"));
+  K.stage3 = keep(json_doc("{\"$unset\": [\"_mlq\", \"_mlt\"]}"));
+  K.fields_try = keep(json_doc(FIELDS_FMT, ""));
+  K.release_next = keep(json_doc("{\"next\": " QUEUE_HEAD "}"));
 }
 
 /* pushes a date (ms since the epoch) as seconds, like ngx.now() */
@@ -93,6 +211,17 @@ static const char *arg_ns(lua_State *L, int i) {
   luaL_argcheck(L, strlen(s) == len && bson_utf8_validate(s, len, false) && !strchr(s, '$'),
                 i, "invalid database/collection name");
   return s;
+}
+
+/* a waiter id (core.waiter_id()): 32 lowercase hex digits; they go into
+ * the pipelines' JSON as they are */
+static const char *arg_waiter(lua_State *L, int i) {
+  size_t len, k;
+  const char *w = luaL_checklstring(L, i, &len);
+  for (k = 0; k < len && ((w[k] >= '0' && w[k] <= '9') || (w[k] >= 'a' && w[k] <= 'f')); k++)
+    ;
+  luaL_argcheck(L, len == 32 && k == 32, i, "waiter id must be 32 lowercase hex digits");
+  return w;
 }
 
 /* ttl in milliseconds: a positive integer up to a year */
@@ -177,6 +306,7 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   l->deadline = s->started + (double)s->ttl_ms / 1000.0;
   l->held = 1;
   l->renew = s->renew;
+  l->queued = s->queued;
   l->lost = 0;
   l->refs = 1;
   return l;
@@ -255,6 +385,12 @@ int ml_lease_release(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
     BSON_APPEND_NULL(&set, l->owner_field);
     if (l->time_mode == ML_TIME_EXPIRES_AT) BSON_APPEND_UTF8(&set, l->time_field, "$$NOW");
     else BSON_APPEND_NULL(&set, l->time_field);
+    if (l->queued) {
+      /* next: the queue's first live waiter, whose process the release
+       * event wakes (csrc/watch.c) */
+      pthread_once(&k_once, k_init);
+      append_all(&set, K.release_next);
+    }
     bson_append_document_end(&stage, &set);
     bson_append_document_end(&u, &stage);
     n = run_update(mc, c, l->db, l->coll, &q, &u, 1, error);
@@ -329,7 +465,8 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
      * the lease length does not change */
     if (l->time_mode == ML_TIME_EXPIRES_AT) l->ttl_ms = ttl_ms;
     l->deadline = started + (double)l->ttl_ms / 1000.0;
-  } else {
+  } else if (l->held && !l->releasing) {
+    /* a release under way or done is not a loss: it cleared the owner */
     l->held = 0;
     l->lost = 1;
   }
@@ -398,12 +535,14 @@ static int lock_release(lua_State *L, int idx, ml_lease *l, const bson_t *extra,
     bson_set_error(error, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_NOT_READY, "closed");
     return -1;
   }
+  pthread_mutex_lock(&l->mu);
+  l->releasing = 1;
+  pthread_mutex_unlock(&l->mu);
   r = ml_lease_release(ml_client_get(L, c), c, l, extra, error);
-  if (r >= 0) {
-    pthread_mutex_lock(&l->mu);
-    l->held = 0;
-    pthread_mutex_unlock(&l->mu);
-  }
+  pthread_mutex_lock(&l->mu);
+  if (r >= 0) l->held = 0;
+  l->releasing = 0;
+  pthread_mutex_unlock(&l->mu);
   return r;
 }
 
@@ -608,39 +747,13 @@ static int l_index(lua_State *L) {
 
 /* ---- named-lock commands on the client --------------------------------- */
 
-/* FREE = {$or: [{$eq: [{$ifNull: ["$owner", null]}, null]},
- *               {$lte: ["$expiresAt", "$$NOW"]}]} */
-static void append_free(bson_t *parent, const char *key) {
-  bson_t d, or_, eq, eqa, ifn, ifna, lte, ltea;
-  BSON_APPEND_DOCUMENT_BEGIN(parent, key, &d);
-  BSON_APPEND_ARRAY_BEGIN(&d, "$or", &or_);
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "0", &eq);
-  BSON_APPEND_ARRAY_BEGIN(&eq, "$eq", &eqa);
-  BSON_APPEND_DOCUMENT_BEGIN(&eqa, "0", &ifn);
-  BSON_APPEND_ARRAY_BEGIN(&ifn, "$ifNull", &ifna);
-  BSON_APPEND_UTF8(&ifna, "0", "$owner");
-  BSON_APPEND_NULL(&ifna, "1");
-  bson_append_array_end(&ifn, &ifna);
-  bson_append_document_end(&eqa, &ifn);
-  BSON_APPEND_NULL(&eqa, "1");
-  bson_append_array_end(&eq, &eqa);
-  bson_append_document_end(&or_, &eq);
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "1", &lte);
-  BSON_APPEND_ARRAY_BEGIN(&lte, "$lte", &ltea);
-  BSON_APPEND_UTF8(&ltea, "0", "$expiresAt");
-  BSON_APPEND_UTF8(&ltea, "1", "$$NOW");
-  bson_append_array_end(&lte, &ltea);
-  bson_append_document_end(&or_, &lte);
-  bson_append_array_end(&d, &or_);
-  bson_append_document_end(parent, &d);
-}
-
-/* key: {$cond: [FREE, <value appended by the caller>, "$key"]}: begins the
- * $cond array and appends FREE; the caller appends "1" and calls cond_end */
+/* key: {$cond: ["$_mlt", <value appended by the caller>, "$key"]}: begins
+ * the $cond array with the take decision; the caller appends "1" and calls
+ * cond_end, which keeps the old value when the attempt does not take */
 static void cond_begin(bson_t *set, const char *key, bson_t *d, bson_t *arr) {
   BSON_APPEND_DOCUMENT_BEGIN(set, key, d);
   BSON_APPEND_ARRAY_BEGIN(d, "$cond", arr);
-  append_free(arr, "0");
+  BSON_APPEND_UTF8(arr, "0", "$_mlt");
 }
 
 static void cond_end(bson_t *set, const char *key, bson_t *d, bson_t *arr) {
@@ -651,13 +764,23 @@ static void cond_end(bson_t *set, const char *key, bson_t *d, bson_t *arr) {
   bson_append_document_end(set, d);
 }
 
-/* the acquire pipeline of doc/design.md */
+/*
+ * The acquire pipeline of doc/design.md.  waiter != NULL: an acquire that
+ * queues (waiter is its owner id, tag its process's, queue_ms how long its
+ * place is kept without a new attempt, polling whether it polls instead of
+ * watching);
+ * NULL: a try, which takes the lock only when no live watching waiter is
+ * queued and never queues.
+ */
 static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_t namelen,
                           const char *owner, int64_t ttl_ms, const char *host, int64_t pid,
-                          const char *app) {
-  bson_t q, u, stage, set, d, arr, x, xa, mx, mxa, add, ifn, ifna, mul, mula, tl, fields,
-      rem, rema, holder;
+                          const char *app, const char *waiter, const char *tag,
+                          int64_t queue_ms, int polling) {
+  bson_t q, u, stage, set, d, arr, x, xa, holder;
+  bson_t *b;
+  const char *p = polling ? "true" : "false";
 
+  pthread_once(&k_once, k_init);
   BSON_APPEND_UTF8(cmd, "findAndModify", coll);
   BSON_APPEND_DOCUMENT_BEGIN(cmd, "query", &q);
   bson_append_utf8(&q, "_id", 3, name, (int)namelen);
@@ -666,45 +789,25 @@ static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_
   BSON_APPEND_BOOL(cmd, "new", true);
 
   BSON_APPEND_ARRAY_BEGIN(cmd, "update", &u);
-  BSON_APPEND_DOCUMENT_BEGIN(&u, "0", &stage);
+  /* 0: _mlq, the live queue */
+  BSON_APPEND_DOCUMENT(&u, "0", K.stage0);
+  /* 1: _mlt, whether this attempt takes the lock: it is free (no owner,
+   * or the lease ended) and nobody waits ahead of us */
+  if (waiter) {
+    b = json_doc(STAGE1_FMT, waiter);
+    BSON_APPEND_DOCUMENT(&u, "1", b);
+    bson_destroy(b);
+  } else {
+    BSON_APPEND_DOCUMENT(&u, "1", K.stage1_try);
+  }
+  /* 2: every field from _mlt; when it is false everything but the queue
+   * is written back unchanged */
+  BSON_APPEND_DOCUMENT_BEGIN(&u, "2", &stage);
   BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
-
   cond_begin(&set, "owner", &d, &arr);
   BSON_APPEND_UTF8(&arr, "1", owner);
   cond_end(&set, "owner", &d, &arr);
-
-  /* token: {$max: [{$add: [{$ifNull: ["$token", 0]}, 1]},
-   *                {$multiply: [{$toLong: "$$NOW"}, 1024]}]} */
-  cond_begin(&set, "token", &d, &arr);
-  BSON_APPEND_DOCUMENT_BEGIN(&arr, "1", &mx);
-  BSON_APPEND_ARRAY_BEGIN(&mx, "$max", &mxa);
-  BSON_APPEND_DOCUMENT_BEGIN(&mxa, "0", &x);
-  BSON_APPEND_ARRAY_BEGIN(&x, "$add", &add);
-  BSON_APPEND_DOCUMENT_BEGIN(&add, "0", &ifn);
-  BSON_APPEND_ARRAY_BEGIN(&ifn, "$ifNull", &ifna);
-  BSON_APPEND_UTF8(&ifna, "0", "$token");
-  BSON_APPEND_INT64(&ifna, "1", 0);
-  bson_append_array_end(&ifn, &ifna);
-  bson_append_document_end(&add, &ifn);
-  BSON_APPEND_INT64(&add, "1", 1);
-  bson_append_array_end(&x, &add);
-  bson_append_document_end(&mxa, &x);
-  BSON_APPEND_DOCUMENT_BEGIN(&mxa, "1", &mul);
-  BSON_APPEND_ARRAY_BEGIN(&mul, "$multiply", &mula);
-  BSON_APPEND_DOCUMENT_BEGIN(&mula, "0", &tl);
-  BSON_APPEND_UTF8(&tl, "$toLong", "$$NOW");
-  bson_append_document_end(&mula, &tl);
-  BSON_APPEND_INT64(&mula, "1", 1024);
-  bson_append_array_end(&mul, &mula);
-  bson_append_document_end(&mxa, &mul);
-  bson_append_array_end(&mx, &mxa);
-  bson_append_document_end(&arr, &mx);
-  cond_end(&set, "token", &d, &arr);
-
-  cond_begin(&set, "acquiredAt", &d, &arr);
-  BSON_APPEND_UTF8(&arr, "1", "$$NOW");
-  cond_end(&set, "acquiredAt", &d, &arr);
-
+  append_all(&set, K.token_acquired);
   cond_begin(&set, "expiresAt", &d, &arr);
   BSON_APPEND_DOCUMENT_BEGIN(&arr, "1", &x);
   BSON_APPEND_ARRAY_BEGIN(&x, "$add", &xa);
@@ -713,7 +816,6 @@ static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_
   bson_append_array_end(&x, &xa);
   bson_append_document_end(&arr, &x);
   cond_end(&set, "expiresAt", &d, &arr);
-
   cond_begin(&set, "holder", &d, &arr);
   BSON_APPEND_DOCUMENT_BEGIN(&arr, "1", &x);
   BSON_APPEND_DOCUMENT_BEGIN(&x, "$literal", &holder);
@@ -723,24 +825,39 @@ static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_
   bson_append_document_end(&x, &holder);
   bson_append_document_end(&arr, &x);
   cond_end(&set, "holder", &d, &arr);
-
+  if (waiter) {
+    /* taken: the live queue without us; else our place kept (until
+     * refreshed) or taken at the end */
+    b = json_doc(
+        "{\"queue\": {\"$cond\": [\"$_mlt\","
+        "   {\"$filter\": {\"input\": \"$_mlq\", \"cond\": {\"$ne\": [\"$$this.w\", \"%s\"]}}},"
+        "   {\"$cond\": [{\"$in\": [\"%s\", \"$_mlq.w\"]},"
+        "     {\"$map\": {\"input\": \"$_mlq\", \"in\": {\"$cond\": [{\"$eq\": [\"$$this.w\", \"%s\"]},"
+        "        {\"w\": \"%s\", \"t\": \"%s\","
+        "         \"until\": {\"$add\": [\"$$NOW\", {\"$numberLong\": \"%lld\"}]}, \"p\": %s},"
+        "        \"$$this\"]}}},"
+        "     {\"$concatArrays\": [\"$_mlq\", [{\"w\": \"%s\", \"t\": \"%s\","
+        "        \"until\": {\"$add\": [\"$$NOW\", {\"$numberLong\": \"%lld\"}]}, \"p\": %s}]]}]}]},"
+        " \"next\": {\"$cond\": [\"$_mlt\", null, \"$next\"]}}",
+        waiter, waiter, waiter, waiter, tag, (long long)queue_ms, p, waiter, tag,
+        (long long)queue_ms, p);
+    append_all(&set, b);
+    bson_destroy(b);
+  } else {
+    append_all(&set, K.tail_try);
+  }
   bson_append_document_end(&stage, &set);
   bson_append_document_end(&u, &stage);
+  BSON_APPEND_DOCUMENT(&u, "3", K.stage3);
   bson_append_array_end(cmd, &u);
 
-  BSON_APPEND_DOCUMENT_BEGIN(cmd, "fields", &fields);
-  BSON_APPEND_INT32(&fields, "owner", 1);
-  BSON_APPEND_INT32(&fields, "token", 1);
-  BSON_APPEND_INT32(&fields, "expiresAt", 1);
-  BSON_APPEND_INT32(&fields, "holder", 1);
-  BSON_APPEND_INT32(&fields, "acquiredAt", 1);
-  BSON_APPEND_DOCUMENT_BEGIN(&fields, "remainingMs", &rem);
-  BSON_APPEND_ARRAY_BEGIN(&rem, "$subtract", &rema);
-  BSON_APPEND_UTF8(&rema, "0", "$expiresAt");
-  BSON_APPEND_UTF8(&rema, "1", "$$NOW");
-  bson_append_array_end(&rem, &rema);
-  bson_append_document_end(&fields, &rem);
-  bson_append_document_end(cmd, &fields);
+  if (waiter) {
+    b = json_doc(FIELDS_FMT, waiter);
+    BSON_APPEND_DOCUMENT(cmd, "fields", b);
+    bson_destroy(b);
+  } else {
+    BSON_APPEND_DOCUMENT(cmd, "fields", K.fields_try);
+  }
 }
 
 /* [-0, +1] holder sub-document as {host=, pid=, app=} (or nil) */
@@ -787,6 +904,19 @@ static void push_busy_info(lua_State *L, const bson_t *value, const bson_t *repl
   }
   push_holder(L, value);
   lua_setfield(L, -2, "holder");
+  if (find_int64(value, "queued", &v)) {
+    ml_pushint64(L, v);
+    lua_setfield(L, -2, "queued");
+  }
+  if (find_int64(value, "position", &v) && v >= 0) {
+    ml_pushint64(L, v + 1);
+    lua_setfield(L, -2, "position");
+  }
+  ml_set_operation_time(L, reply);
+}
+
+void ml_set_operation_time(lua_State *L, const bson_t *reply) {
+  bson_iter_t it;
   if (bson_iter_init_find(&it, reply, "operationTime") && BSON_ITER_HOLDS_TIMESTAMP(&it)) {
     uint32_t t, i;
     bson_iter_timestamp(&it, &t, &i);
@@ -800,11 +930,18 @@ static void push_busy_info(lua_State *L, const bson_t *value, const bson_t *repl
 }
 
 /*
- * client:acquire(db, coll, name, ttl_ms [, app [, renew]])
+ * client:acquire(db, coll, name, ttl_ms [, app [, renew [, waiter, queue_ms [, polling]]]])
  *   -> handle
  *    | nil, "busy", info      info = {owner, token, remaining (s),
- *                                     expires_at, holder, operation_time}
+ *                                     expires_at, holder, operation_time,
+ *                                     queued, position}
  *    | nil, message, code     (server or network error)
+ * Without waiter it is a try: it takes a free lock nobody queues for.
+ * With waiter (core.waiter_id(), the same for every attempt of one
+ * acquire) the attempt takes the lock when it is free and no live watching
+ * waiter is queued ahead of it, and otherwise queues waiter (or keeps its
+ * place) for queue_ms, marked as polling or watching; position is then its
+ * place (1 = first).
  * One findAndModify.  A network error is retried once with the same owner
  * id, so that an attempt the server applied but whose reply was lost is
  * recognised as won instead of leaving the lock held by nobody.
@@ -818,6 +955,10 @@ static int l_acquire(lua_State *L) {
   int64_t ttl_ms = arg_ttl_ms(L, 5);
   const char *app = luaL_optstring(L, 6, NULL);
   int renew = lua_toboolean(L, 7);
+  const char *waiter = NULL;
+  int64_t queue_ms = 0;
+  int polling = 0;
+  char tag[17] = "";
   char owner[33], host[256];
   mongoc_client_t *mc;
   bson_t cmd = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply, value;
@@ -826,13 +967,22 @@ static int l_acquire(lua_State *L) {
   double started = 0;
   int ok = 0, attempt, won;
 
-  if (!ml_random_owner(owner)) return ml_pushfail(L, "getrandom failed", 0);
+  if (!lua_isnoneornil(L, 8)) {
+    waiter = arg_waiter(L, 8);
+    queue_ms = arg_ttl_ms(L, 9);
+    polling = lua_toboolean(L, 10);
+    memcpy(owner, waiter, 33);
+    if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+  } else if (!ml_random_owner(owner)) {
+    return ml_pushfail(L, "getrandom failed", 0);
+  }
   if (!app) app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
   if (gethostname(host, sizeof host) != 0) host[0] = '\0';
   host[sizeof host - 1] = '\0';
   if (!bson_utf8_validate(host, strlen(host), false)) host[0] = '\0';
   mc = ml_client_get(L, c);
-  build_acquire(&cmd, coll, name, namelen, owner, ttl_ms, host, (int64_t)getpid(), app);
+  build_acquire(&cmd, coll, name, namelen, owner, ttl_ms, host, (int64_t)getpid(), app, waiter,
+                tag, queue_ms, polling);
   ml_client_append_wc(c, &opts);
   /* reply is initialised by every call; destroyed only before a retry */
   for (attempt = 0;; attempt++) {
@@ -862,6 +1012,7 @@ static int l_acquire(lua_State *L) {
       s.id = &id;
       s.owner = owner;
       s.ttl_ms = ttl_ms;
+      s.queued = 1;
       l = lease_new(&s);
       (void)ml_lease_release(mc, c, l, NULL, &err2);
       ml_lease_unref(l);
@@ -896,6 +1047,7 @@ static int l_acquire(lua_State *L) {
     s.ttl_ms = ttl_ms;
     s.started = started;
     s.renew = renew;
+    s.queued = 1;
     bson_destroy(&reply);
     ml_lock_new(L, 1, &s);
     return 1;
@@ -938,6 +1090,10 @@ static void push_status(lua_State *L, const bson_t *doc) {
     lua_pushnumber(L, v > 0 ? (lua_Number)v / 1000.0 : 0);
     lua_setfield(L, -2, "remaining");
   }
+  if (find_int64(doc, "waiting", &v)) {
+    ml_pushint64(L, v);
+    lua_setfield(L, -2, "waiting");
+  }
   push_holder(L, doc);
   lua_setfield(L, -2, "holder");
 }
@@ -955,6 +1111,12 @@ static void append_status_project(bson_t *pipeline, const char *key) {
   BSON_APPEND_INT32(&p, "acquiredAt", 1);
   BSON_APPEND_INT32(&p, "expiresAt", 1);
   BSON_APPEND_INT32(&p, "holder", 1);
+  {
+    /* waiting: live queued waiters */
+    bson_t *w = json_doc("{\"waiting\": {\"$size\": " LIVE_QUEUE "}}");
+    append_all(&p, w);
+    bson_destroy(w);
+  }
   BSON_APPEND_DOCUMENT_BEGIN(&p, "held", &held);
   BSON_APPEND_ARRAY_BEGIN(&held, "$and", &anda);
   BSON_APPEND_DOCUMENT_BEGIN(&anda, "0", &ne);
@@ -1076,11 +1238,45 @@ static int l_force_release(lua_State *L) {
   BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
   BSON_APPEND_NULL(&set, "owner");
   BSON_APPEND_UTF8(&set, "expiresAt", "$$NOW");
+  pthread_once(&k_once, k_init);
+  append_all(&set, K.release_next);
   bson_append_document_end(&stage, &set);
   bson_append_document_end(&u, &stage);
   n = run_update(ml_client_get(L, c), c, db, coll, &q, &u, 1, &err);
   if (n < 0) return ml_pusherror(L, &err);
   if (n == 0) return ml_pushfail(L, "not held", 0);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/*
+ * client:leave(db, coll, name, waiter) -> true | nil, msg, code.  An
+ * acquire that gives up (timeout, error) takes its place out of the queue;
+ * when a release had already been handed to it, the next live waiter gets
+ * it instead (an update of next, which wakes that waiter).  One update;
+ * nothing changes when waiter is not queued.
+ */
+static int l_leave(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db = arg_ns(L, 2);
+  const char *coll = arg_ns(L, 3);
+  size_t namelen;
+  const char *name = arg_name(L, 4, &namelen);
+  const char *w = arg_waiter(L, 5);
+  bson_t q = BSON_INITIALIZER, *u;
+  bson_error_t err;
+  int64_t n;
+  char tag[17];
+  if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+  bson_append_utf8(&q, "_id", 3, name, (int)namelen);
+  BSON_APPEND_UTF8(&q, "queue.w", w);
+  u = json_doc("{\"0\": {\"$set\": {\"queue\": {\"$filter\": {\"input\": " LIVE_QUEUE ","
+               "   \"cond\": {\"$ne\": [\"$$this.w\", \"%s\"]}}}}},"
+               " \"1\": {\"$set\": {\"next\": {\"$cond\": [{\"$eq\": [\"$next\", \"%s%s\"]},"
+               "   " QUEUE_HEAD ", \"$next\"]}}}}",
+               w, tag, w);
+  n = run_update(ml_client_get(L, c), c, db, coll, &q, u, 1, &err);
+  if (n < 0) return ml_pusherror(L, &err);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -1167,6 +1363,7 @@ static const luaL_Reg client_lock_methods[] = {
   {"status", l_status},
   {"list", l_list},
   {"force_release", l_force_release},
+  {"leave", l_leave},
   {"ensure_index", l_ensure_index},
   {"_delete", l_delete},
   {NULL, NULL}

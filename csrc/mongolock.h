@@ -41,6 +41,10 @@ void ml_sleep(double s);
  */
 int ml_random_owner(char out[33]);
 
+/* this process's tag, 16 hex digits and a NUL (drawn again after fork);
+ * 0 when the kernel gave no randomness */
+int ml_process_tag(char out[17]);
+
 /* [-0, +0] add the Client / Lock metatables and functions to the module
  * table at the top of the stack (called once from luaopen_mongolock_core) */
 void ml_client_open(lua_State *L);
@@ -144,6 +148,9 @@ typedef struct ml_lease_spec {
   double started;               /* ml_monotonic() taken just before the
                                    acquire command was sent */
   int renew;                    /* ask background renewal for this lease */
+  int queued;                   /* a named lock's document, with a waiter
+                                   queue: release hands it to the queue's
+                                   head (doc/design.md) */
 } ml_lease_spec;
 
 /*
@@ -174,8 +181,12 @@ typedef struct ml_lease {
   int held;                     /* (mu) */
   int renew;                    /* (mu) background renewal wanted */
   int lost;                     /* (mu) renewal found the lease gone */
+  int releasing;                /* (mu) the Lua side is releasing it: a
+                                   renewal that then matches nothing saw
+                                   the release, not a loss */
   int refs;                     /* (mu) 1 for the Lua handle, +1 for each
                                    thread holding it; freed at 0 */
+  int queued;                   /* see ml_lease_spec */
 } ml_lease;
 
 /* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
@@ -233,6 +244,10 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
  * Returns 0 to decline, then __gc releases synchronously.
  */
 extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
+
+/* [-0, +0] sets operation_time = {t, i} in the table on top of the stack
+ * from a reply's operationTime (a replica set's); nothing when it has none */
+void ml_set_operation_time(lua_State *L, const bson_t *reply);
 
 /* ---- bson.c ------------------------------------------------------------ */
 

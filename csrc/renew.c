@@ -202,7 +202,7 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
      * (ml_lease_extend marks it too; a release by the Lua side in the
      * meantime has already cleared held and leaves it alone) */
     pthread_mutex_lock(&l->mu);
-    if (l->held || l->lost) {
+    if ((l->held || l->lost) && !l->releasing) {
       l->held = 0;
       l->lost = 1;
       st->lost++;

@@ -10,11 +10,16 @@
  * returns a newer T), so no release is ever missed between an attempt and
  * the wait.
  *
- * Only releases wake waiters: an update that sets the owner field to null
- * or removes it, a delete or replace of the document, or an event that
- * ends the stream (drop, rename, invalidate).  Acquisitions and renewals
- * leave the owner set and wake nobody.  Every waiter of a document is woken
- * by its release; they race for the lock (no order is promised).
+ * Only releases wake waiters.  A release handed to a queued waiter sets
+ * the document's next to that waiter's process tag (16 hex digits) and id
+ * (32): the stream's $match passes such an event only in the process with
+ * that tag, and there it wakes only the waiter named (a
+ * waiter that gives up hands on the same way).  A release with nobody
+ * queued (owner set to null or removed, next not changed), a delete of the
+ * document, or an event that ends the stream (drop, rename, invalidate)
+ * wakes every waiter of the document.  A replace is read from its new
+ * document the same way.  Acquisitions, renewals and waiters' attempts
+ * (which write only the queue) pass no filter.
  *
  * Invariants:
  * - watch_mu guards every stream and its ring; waiters and the thread wait
@@ -50,6 +55,9 @@ enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
 typedef struct watch_event {
   uint8_t *key;                 /* BSON of {"k": documentKey._id}; NULL = any */
   size_t keylen;
+  char next[49];                /* the waiter a release was handed to (the
+                                   document's next: process tag and waiter
+                                   id), "" = every waiter */
   uint32_t t, i;                /* clusterTime */
 } watch_event;
 
@@ -59,6 +67,7 @@ typedef struct ml_stream {
   mongoc_client_pool_t *pool;
   pid_t pid;
   char *db, *coll, *field;
+  char tag[17];                 /* the process tag its $match routes on */
   pthread_t thread;
   int joinable;                 /* thread not joined yet */
   pthread_cond_t cv;            /* events, state changes */
@@ -109,8 +118,10 @@ static void install_atfork(void) {
 
 /* ---- the thread -------------------------------------------------------- */
 
-/* watch_mu held: appends an event (key may be NULL: wakes everyone) */
-static void record(ml_stream *s, const uint8_t *key, size_t keylen, uint32_t t, uint32_t i) {
+/* watch_mu held: appends an event (key may be NULL: wakes everyone; next
+ * NULL or "": wakes every waiter of key) */
+static void record(ml_stream *s, const uint8_t *key, size_t keylen, const char *next,
+                   uint32_t t, uint32_t i) {
   watch_event *e = &s->ring[s->seq % RING];
   if (s->seq >= RING) {
     if (ts_after(e->t, e->i, s->drop_t, s->drop_i)) {
@@ -121,6 +132,8 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, uint32_t t, 
   }
   e->key = NULL;
   e->keylen = 0;
+  e->next[0] = '\0';
+  if (next && strlen(next) == 48) memcpy(e->next, next, 49);
   if (key) {
     e->key = (uint8_t *)malloc(keylen);
     if (e->key) {
@@ -141,24 +154,80 @@ static void event_from(ml_stream *s, const bson_t *doc) {
   bson_iter_t it, k;
   uint32_t t = UINT32_MAX, i = UINT32_MAX;  /* no clusterTime: after everything */
   bson_t key;
+  char next[49] = "";
   if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it))
     bson_iter_timestamp(&it, &t, &i);
+  /* a release handed to one waiter names it in next */
+  if (bson_iter_init(&it, doc) &&
+      (bson_iter_find_descendant(&it, "updateDescription.updatedFields.next", &k) ||
+       (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "fullDocument.next", &k))) &&
+      BSON_ITER_HOLDS_UTF8(&k)) {
+    uint32_t len;
+    const char *w = bson_iter_utf8(&k, &len);
+    if (len == 48 && memcmp(w, s->tag, 16) == 0) memcpy(next, w, 49);
+  }
   if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "documentKey._id", &k)) {
     bson_init(&key);
     bson_append_iter(&key, "k", 1, &k);
-    record(s, bson_get_data(&key), key.len, t, i);
+    record(s, bson_get_data(&key), key.len, next, t, i);
     bson_destroy(&key);
   } else {
-    record(s, NULL, 0, t, i);
+    record(s, NULL, 0, next, t, i);
   }
+}
+
+/*
+ * Appends to the $or array or_ (at index *n) the clauses that pass a
+ * release in an event of type optype, whose new values are under prefix
+ * ("updateDescription.updatedFields" for an update, "fullDocument" for a
+ * replace):
+ *   owner null and next null: a release handed to nobody, for every waiter;
+ *   next starting with this process's tag: for one waiter of this process
+ *   (in an update, next alone may change: a waiter that gave up hands on).
+ * An update's owner must be among the updated fields (set to null); a
+ * replace's new document must have it null or missing.
+ */
+static void append_release_clauses(bson_t *or_, int *n, const ml_stream *s, const char *optype,
+                                   const char *prefix) {
+  bson_t c, ty;
+  char key[16], path[300], re[24];
+  int update = strcmp(optype, "update") == 0;
+
+  bson_snprintf(key, sizeof key, "%d", (*n)++);
+  BSON_APPEND_DOCUMENT_BEGIN(or_, key, &c);
+  BSON_APPEND_UTF8(&c, "operationType", optype);
+  bson_snprintf(path, sizeof path, "%s.%s", prefix, s->field);
+  if (update) {
+    BSON_APPEND_DOCUMENT_BEGIN(&c, path, &ty);
+    BSON_APPEND_UTF8(&ty, "$type", "null");
+    bson_append_document_end(&c, &ty);
+  } else {
+    BSON_APPEND_NULL(&c, path);
+  }
+  bson_snprintf(path, sizeof path, "%s.next", prefix);
+  BSON_APPEND_NULL(&c, path);
+  bson_append_document_end(or_, &c);
+
+  bson_snprintf(key, sizeof key, "%d", (*n)++);
+  BSON_APPEND_DOCUMENT_BEGIN(or_, key, &c);
+  BSON_APPEND_UTF8(&c, "operationType", optype);
+  if (!update) {
+    bson_snprintf(path, sizeof path, "%s.%s", prefix, s->field);
+    BSON_APPEND_NULL(&c, path);
+  }
+  bson_snprintf(path, sizeof path, "%s.next", prefix);
+  bson_snprintf(re, sizeof re, "^%s", s->tag);
+  BSON_APPEND_REGEX(&c, path, re, "");
+  bson_append_document_end(or_, &c);
 }
 
 /* [pipeline] and opts for a stream starting after (t, i) or at a token */
 static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_stream *s,
                                            const bson_t *resume_token) {
-  bson_t pipeline, arr, stage, match, or_, c0, c1, c2, in, ty, opts;
+  bson_t pipeline, arr, stage, match, or_, c0, c2, in, opts;
   mongoc_change_stream_t *cs;
-  char path[300];
+  char key[16];
+  int n = 0;
 
   bson_init(&pipeline);
   BSON_APPEND_ARRAY_BEGIN(&pipeline, "pipeline", &arr);
@@ -166,31 +235,29 @@ static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_s
   BSON_APPEND_DOCUMENT_BEGIN(&stage, "$match", &match);
   BSON_APPEND_ARRAY_BEGIN(&match, "$or", &or_);
   /* the document went away, or the stream ends */
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "0", &c0);
+  bson_snprintf(key, sizeof key, "%d", n++);
+  BSON_APPEND_DOCUMENT_BEGIN(&or_, key, &c0);
   BSON_APPEND_DOCUMENT_BEGIN(&c0, "operationType", &in);
   {
     bson_t list;
     BSON_APPEND_ARRAY_BEGIN(&in, "$in", &list);
     BSON_APPEND_UTF8(&list, "0", "delete");
-    BSON_APPEND_UTF8(&list, "1", "replace");
-    BSON_APPEND_UTF8(&list, "2", "drop");
-    BSON_APPEND_UTF8(&list, "3", "rename");
-    BSON_APPEND_UTF8(&list, "4", "dropDatabase");
-    BSON_APPEND_UTF8(&list, "5", "invalidate");
+    BSON_APPEND_UTF8(&list, "1", "drop");
+    BSON_APPEND_UTF8(&list, "2", "rename");
+    BSON_APPEND_UTF8(&list, "3", "dropDatabase");
+    BSON_APPEND_UTF8(&list, "4", "invalidate");
     bson_append_array_end(&in, &list);
   }
   bson_append_document_end(&c0, &in);
   bson_append_document_end(&or_, &c0);
-  /* owner set to null: a release */
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "1", &c1);
-  BSON_APPEND_UTF8(&c1, "operationType", "update");
-  bson_snprintf(path, sizeof path, "updateDescription.updatedFields.%s", s->field);
-  BSON_APPEND_DOCUMENT_BEGIN(&c1, path, &ty);
-  BSON_APPEND_UTF8(&ty, "$type", "null");
-  bson_append_document_end(&c1, &ty);
-  bson_append_document_end(&or_, &c1);
+  /* releases by update; by replace (a person's, or an update mongod logged
+   * as a whole new document): acquisitions, renewals and waiters' attempts
+   * pass none of these */
+  append_release_clauses(&or_, &n, s, "update", "updateDescription.updatedFields");
+  append_release_clauses(&or_, &n, s, "replace", "fullDocument");
   /* owner removed: a release by $unset */
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "2", &c2);
+  bson_snprintf(key, sizeof key, "%d", n++);
+  BSON_APPEND_DOCUMENT_BEGIN(&or_, key, &c2);
   BSON_APPEND_UTF8(&c2, "operationType", "update");
   BSON_APPEND_UTF8(&c2, "updateDescription.removedFields", s->field);
   bson_append_document_end(&or_, &c2);
@@ -385,6 +452,7 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
     free(s);
     return NULL;
   }
+  if (!ml_process_tag(s->tag)) memcpy(s->tag, "-no-randomness-", 16);
   s->c = c;
   s->pool = pool;
   s->pid = pid;
@@ -432,15 +500,35 @@ void ml_watch_stop(ml_client *c) {
 
 /* ---- Lua --------------------------------------------------------------- */
 
-/* watch_mu held: has a release of key after (t, i) been seen? */
-static int seen(const ml_stream *s, const bson_t *key, uint32_t t, uint32_t i) {
+/* does an event's key (BSON {"k": _id}) name the same _id as key?  Equal
+ * bytes, or numbers of equal value stored as another type (an _id the
+ * caller passes as 42 matches one stored as 42.0 or as an int64) */
+static int key_equal(const uint8_t *data, size_t len, const bson_t *key) {
+  bson_t b;
+  bson_iter_t ia, ib;
+  if (len == key->len && memcmp(data, bson_get_data(key), len) == 0) return 1;
+  if (!bson_init_static(&b, data, len) || !bson_iter_init_find(&ia, &b, "k") ||
+      !bson_iter_init_find(&ib, key, "k"))
+    return 0;
+  if (!BSON_ITER_HOLDS_NUMBER(&ia) || !BSON_ITER_HOLDS_NUMBER(&ib)) return 0;
+  if (!BSON_ITER_HOLDS_DOUBLE(&ia) && !BSON_ITER_HOLDS_DOUBLE(&ib))
+    return bson_iter_as_int64(&ia) == bson_iter_as_int64(&ib);
+  return bson_iter_as_double(&ia) == bson_iter_as_double(&ib);
+}
+
+/* watch_mu held: has a release of key after (t, i) been seen, for every
+ * waiter or for this one (waiter NULL: any release)? */
+static int seen(const ml_stream *s, const bson_t *key, const char *waiter, uint32_t t,
+                uint32_t i) {
   unsigned long long n = s->seq < RING ? s->seq : RING, k;
   if (ts_after(s->drop_t, s->drop_i, t, i)) return 1;
   for (k = 0; k < n; k++) {
     const watch_event *e = &s->ring[(s->seq - 1 - k) % RING];
     if (!ts_after(e->t, e->i, t, i)) continue;
-    if (!e->key || (e->keylen == key->len && memcmp(e->key, bson_get_data(key), key->len) == 0))
-      return 1;
+    if (e->next[0] && waiter &&
+        (memcmp(e->next, s->tag, 16) != 0 || strcmp(e->next + 16, waiter) != 0))
+      continue;
+    if (!e->key || key_equal(e->key, e->keylen, key)) return 1;
   }
   return 0;
 }
@@ -453,12 +541,14 @@ static uint32_t check_u32(lua_State *L, int idx) {
 }
 
 /*
- * core.watch_wait(client, db, coll, field, id, t, i, timeout)
+ * core.watch_wait(client, db, coll, field, id, t, i, timeout [, waiter])
  *   -> "event" | "timeout" | "retry" | nil, message, code
  *
  * Waits up to timeout seconds (0: just looks) for a release of the lock
- * document whose _id is the string id, made after the operation time
- * (t, i) of the caller's failed attempt.  "retry": the shared stream began
+ * document whose _id is id (a named lock's string, or a document's _id of
+ * any BSON type), made after the operation time
+ * (t, i) of the caller's failed attempt.  With waiter (a queued acquire's
+ * id) a release handed to another waiter does not wake it.  "retry": the shared stream began
  * after (t, i) and cannot vouch for that interval; attempt again at once.
  * nil, message: the stream failed (standalone server, no change streams,
  * an error it could not resume from); the caller falls back to polling.
@@ -470,10 +560,9 @@ static int l_watch_wait(lua_State *L) {
   const char *db = luaL_checkstring(L, 2);
   const char *coll = luaL_checkstring(L, 3);
   const char *field = luaL_checkstring(L, 4);
-  size_t idlen;
-  const char *id = luaL_checklstring(L, 5, &idlen);
   uint32_t t = check_u32(L, 6), i = check_u32(L, 7);
   double timeout = luaL_checknumber(L, 8);
+  const char *waiter = luaL_optstring(L, 9, NULL);
   mongoc_client_pool_t *pool;
   ml_stream *s;
   bson_t key;
@@ -486,7 +575,25 @@ static int l_watch_wait(lua_State *L) {
   pthread_once(&atfork_once, install_atfork);
   deadline = ml_monotonic() + (timeout > 0 ? timeout : 0);
   bson_init(&key);
-  bson_append_utf8(&key, "k", 1, id, (int)idlen);
+  if (lua_type(L, 5) == LUA_TSTRING) {
+    size_t idlen;
+    const char *id = lua_tolstring(L, 5, &idlen);
+    bson_append_utf8(&key, "k", 1, id, (int)idlen);
+  } else {
+    /* a document's _id of any type, as the stream's documentKey has it */
+    char err[256];
+    int ok;
+    luaL_argcheck(L, !lua_isnoneornil(L, 5), 5, "_id expected, got nil");
+    lua_createtable(L, 0, 1);
+    lua_pushvalue(L, 5);
+    lua_setfield(L, -2, "k");
+    ok = ml_tobson(L, -1, &key, err, sizeof err);
+    lua_pop(L, 1);
+    if (!ok) {
+      bson_destroy(&key);
+      return luaL_argerror(L, 5, err);
+    }
+  }
 
   pthread_mutex_lock(&watch_mu);
   s = stream_get(c, pool, db, coll, field, t, i);
@@ -515,7 +622,7 @@ static int l_watch_wait(lua_State *L) {
     if (s->state == ST_DONE) { res = "retry"; break; }
     if (s->state == ST_RUNNING) {
       if (ts_after(s->start_t, s->start_i, t, i)) { res = "retry"; break; }
-      if (seen(s, &key, t, i)) { res = "event"; break; }
+      if (seen(s, &key, waiter, t, i)) { res = "event"; break; }
     }
     if (ml_monotonic() >= deadline) { res = "timeout"; break; }
     cv_wait_until(&s->cv, deadline);

@@ -120,8 +120,19 @@ end
 -- the command name, the other fields go in opts (csrc/command.c).
 -- nil, message, code, reply on failure; nil, "closed" on a closed client
 function client_mt:command(db, cmd, opts)
-  if self._core:closed() then return nil, "closed" end
-  return self._core:command(db, cmd, opts)
+  check_type(db, "string", 1, "command")
+  check_type(cmd, "table", 2, "command")
+  check_type(opts, "table", 3, "command", true)
+  local c = self._core
+  if c:closed() then return nil, "closed" end
+  -- the core checks the rest (the database name, one command name, values
+  -- that BSON can hold); its complaint is raised again at our caller
+  local ok, r, err, code, reply = pcall(function() return c:command(db, cmd, opts) end)
+  if not ok then
+    if type(r) == "string" then r = r:gsub("^[^\n]-:%d+: ", "", 1) end
+    error(r, 2)
+  end
+  return r, err, code, reply
 end
 
 -- the URI's database, or "mongolock"

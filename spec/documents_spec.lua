@@ -330,6 +330,14 @@ if mode == "count" then
 elseif mode == "try" then
   local doc, err, info = docs:try(a)
   say(doc and "won" or err, info and string.format("%.3f", info.remaining) or "-")
+elseif mode == "hold" then
+  -- locks the document whose _id is the integer a, holds it until the
+  -- file b exists, then 0.3 s more, and unlocks with a change
+  local _, h = assert(docs:lock(math.tointeger and math.tointeger(tonumber(a)) or tonumber(a)))
+  say("held")
+  while not io.open(b, "r") do core.sleep(0.005) end
+  core.sleep(0.3)
+  say("released", tostring(h:release({ by = "child" })))
 end
 ]]
     local script
@@ -355,6 +363,36 @@ end
       assert.equal(2 * ROUNDS, s.n)
       assert.equal(null, s.lockId)
       print(string.format("# document lock race: 2 processes x %d increments, counter %d", ROUNDS, s.n))
+    end)
+
+    it("a waiter is woken by the holder's unlock, without polling", function()
+      -- stored as an int64, asked for as a Lua number: the stream's
+      -- documentKey and the waiter's _id are the same number
+      local docs = fresh({ ttl = 60 })
+      cmd("insert", docs.coll, { documents = { { _id = core.Int64(7), n = 1 } } })
+      local trigger = os.tmpname(); os.remove(trigger)
+      local p = helpers.spawn(script, { DB, docs.coll, "hold", "7", trigger })
+      assert(p:wait_for("held"))
+      local wait = require "mongolock.wait"
+      local real = wait.sleep_until_retry
+      local calls = 0
+      wait.sleep_until_retry = function(state)
+        calls = calls + 1
+        if calls == 1 then assert(io.open(trigger, "w")):close() end
+        return real(state)
+      end
+      local ok, doc, h = pcall(docs.lock, docs, 7, { timeout = 20, wait = "watch" })
+      wait.sleep_until_retry = real
+      assert.is_true(ok, doc)
+      assert.is_truthy(h, doc)
+      -- the holder's change is what the waiter reads
+      assert.equal("child", doc.by)
+      -- one wait: woken by the unlock (a poller needs several steps for 0.3 s)
+      assert.equal(1, calls)
+      assert.is_true(h:release())
+      assert.matches("released true", (select(2, p:wait())))
+      p:cleanup()
+      os.remove(trigger)
     end)
 
     it("a client whose clock is an hour off neither steals nor waits an hour", function()

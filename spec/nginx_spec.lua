@@ -312,7 +312,8 @@ describe("#integration nginx with resty.mongolock", function()
     print(format("# nginx: /ping during the load, by wrk -c1 for 1 s: %s requests, median %s, p90 %s, p99 %s",
       wrk_out:match("(%d+) requests in") or "?", p50 or "?", p90 or "?", p99 or "?"))
     -- (the count includes one serverStatus)
-    print(format("# nginx: server commands during the load: %d (%.2f per /incr; uncontended: 2)",
+    print(format("# nginx: server commands during the load: %d (%.2f per /incr; uncontended: 4, "
+      .. "lock, read, write, unlock)",
       ops1.total - ops0.total, (ops1.total - ops0.total) / REQUESTS))
 
     -- the same without the lock, for the record (not asserted)

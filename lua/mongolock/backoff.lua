@@ -14,6 +14,9 @@
 --   state.info         the failed attempt's reply: owner, token,
 --                      remaining (holder's seconds left by the server's
 --                      clock), operation_time {t=, i=}
+--   state.refresh_at   monotonic time a queued waiter must attempt again
+--                      by, to keep its place
+--   state.polling      set here: the next attempt is a polling waiter's
 --   state.opts         the acquire options (step, ratio, max_step)
 -- sleep_until_retry returns (nothing) when the next attempt should be made;
 -- it never sleeps past state.deadline.  A wait step that cannot wait returns
@@ -65,11 +68,21 @@ end
 function _M.sleep_until_retry(state)
   local opts = state.opts or {}
   local defaults = _M.defaults
-  local step = state.step or opts.step or defaults.step
   local info = state.info
-  local left = state.deadline - core.monotonic()
+  -- a waiter that polls says so in its queue entry (mongolock.locks): it
+  -- cannot be woken, and holds no watching waiter up
+  state.polling = true
+  local step = state.step or opts.step or defaults.step
+  local now = core.monotonic()
+  local left = state.deadline - now
+  -- a queued waiter comes back before its place lapses
+  if state.refresh_at then left = math_min(left, state.refresh_at - now) end
+  -- never past the holder's lease end; a lock that is free already but
+  -- went to a waiter ahead (remaining 0) is no reason to hurry
+  local remaining = info and info.remaining
+  if not (type(remaining) == "number" and remaining > 0) then remaining = nil end
   local d, nxt = _M.delay(step, opts.ratio or defaults.ratio, opts.max_step or defaults.max_step,
-    info and info.remaining, left, random())
+    remaining, left, random())
   state.step = nxt
   _M.sleep(d)
 end

@@ -279,6 +279,7 @@ local function cmd_status(args)
     end
     if rec.token then out[#out + 1] = format("token     %s", token_text(rec.token)) end
     if rec.acquired_at then out[#out + 1] = format("acquired  %s", iso(rec.acquired_at)) end
+    if (tonumber(rec.waiting) or 0) > 0 then out[#out + 1] = format("waiting   %d", rec.waiting) end
     io.stdout:write(concat(out, "\n"), "\n")
   end
   return EXIT.ok

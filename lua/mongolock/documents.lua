@@ -19,7 +19,7 @@
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
-local backoff = require "mongolock.backoff"
+local wait = require "mongolock.wait"
 
 local type = type
 local pcall = pcall
@@ -47,6 +47,7 @@ local _M = {
     step = 0.001,               -- backoff: first step (s), ratio, cap
     ratio = 2,
     max_step = 0.5,
+    wait = "auto",              -- "auto" | "watch" | "poll" (mongolock.wait)
   },
 }
 local defaults = _M.defaults
@@ -92,6 +93,7 @@ function _M.new(client, db, coll, opts)
     owner_type = opts.owner_type == nil and defaults.owner_type or opts.owner_type,
     step = defaults.step, ratio = defaults.ratio, max_step = defaults.max_step,
     renew = opts.renew and true or false,
+    wait = wait.check_mode(opts.wait, 3, "documents", 2) or defaults.wait,
   }
   if self.owner_field == self.time_field then
     argerror(3, "documents", "fields.owner and fields.time must differ", 2)
@@ -105,7 +107,7 @@ function _M.new(client, db, coll, opts)
   return setmetatable(self, mt)
 end
 
--- per-call options: ttl, timeout, insert, renew
+-- per-call options: ttl, timeout, insert, renew, wait
 local function call_opts(self, opts, fname)
   check_type(opts, "table", 2, fname, true, 3)
   opts = opts or {}
@@ -115,6 +117,7 @@ local function call_opts(self, opts, fname)
       or self.timeout,
     insert = check_type(opts.insert, "table", 2, fname, true, 3),
     renew = opts.renew == nil and self.renew or (opts.renew and true or false),
+    wait = wait.check_mode(opts.wait, 2, fname, 3) or self.wait,
   }
   if self.time == "locked" and opts.ttl ~= nil and opts.ttl ~= self.ttl then
     -- every party computes expiry as lockTime + the same ttl
@@ -125,6 +128,9 @@ end
 
 local function check_id(id, fname)
   if id == nil then argerror(1, fname, "_id expected, got nil", 3) end
+  local ok, err = core.bson_encode({ _id = id })
+  if not ok then argerror(1, fname, "_id cannot be written as BSON: " .. tostring(err), 3) end
+  if core.bsontype(id) == "array" then argerror(1, fname, "an array cannot be an _id", 3) end
   return id
 end
 
@@ -147,9 +153,11 @@ function _M.try(self, id, opts)
   return attempt(self, id, o)
 end
 
--- doc, h = docs:lock(id, opts): waits up to opts.timeout (backoff with
--- jitter, never past the holder's expiry as the server reported it);
--- nil, "timeout", info when still held then
+-- doc, h = docs:lock(id, opts): waits up to opts.timeout, as named locks
+-- do (mongolock.wait: woken by the document's change stream when the
+-- holder unlocks it or its lock expires, else backoff polling); nil,
+-- "timeout", info when still held then.  Document locks keep no queue:
+-- waiters race for a release.
 function _M.lock(self, id, opts)
   check_id(id, "lock")
   local o = call_opts(self, opts, "lock")
@@ -161,11 +169,15 @@ function _M.lock(self, id, opts)
     if h ~= "busy" then return nil, h, info end
     if monotonic() >= deadline then return nil, "timeout", info end
     if not state then
-      state = { step = self.step, deadline = deadline,
-                opts = { step = self.step, ratio = self.ratio, max_step = self.max_step } }
+      state = { locks = { core = self.core, database = self.db, collection = self.coll },
+                name = id, field = self.owner_field, step = self.step, deadline = deadline,
+                opts = { step = self.step, ratio = self.ratio, max_step = self.max_step,
+                         wait = o.wait } }
     end
     state.info = info
-    backoff.sleep_until_retry(state)
+    -- nil, err only when wait = "watch" finds no change stream
+    local ok, werr, wcode = wait.sleep_until_retry(state)
+    if ok == nil and werr ~= nil then return nil, werr, wcode end
   end
 end
 

@@ -57,6 +57,9 @@ local _M = {
     expire_after = 86400,  -- TTL index: idle lock documents removed after (s)
     renew = false,         -- background renewal (mongolock.wait / renew)
     wait = "auto",         -- "auto" | "watch" | "poll" (mongolock.wait)
+    queue_ttl = 3,         -- seconds a waiter's place in the queue is kept
+                           -- after its latest attempt (it comes back at
+                           -- half of it while it waits)
   },
 }
 local defaults = _M.defaults
@@ -117,6 +120,8 @@ function _M.new(client, opts)
     expire_after = opts.expire_after ~= nil
       and check_seconds(opts.expire_after, 1, "locks", "expire_after", 2) or defaults.expire_after,
     renew = opts.renew ~= nil and opts.renew or defaults.renew,
+    queue_ttl = opts.queue_ttl ~= nil and check_seconds(opts.queue_ttl, 1, "locks", "queue_ttl", 2)
+      or defaults.queue_ttl,
     wait = wait.check_mode and wait.check_mode(opts.wait, 1, "locks", 2) or defaults.wait,
     app = client.appname,
   }
@@ -156,17 +161,21 @@ local function call_opts(self, opts, fname)
   if opts.ratio ~= nil then o.ratio = check_seconds(opts.ratio, 2, fname, "ratio", 3) end
   if opts.max_step ~= nil then o.max_step = check_seconds(opts.max_step, 2, fname, "max_step", 3) end
   if opts.renew ~= nil then o.renew = opts.renew and true or false end
+  if opts.queue_ttl ~= nil then
+    o.queue_ttl = check_seconds(opts.queue_ttl, 2, fname, "queue_ttl", 3)
+  end
   if opts.wait ~= nil then o.wait = check_wait(opts.wait, 2, fname, 3) end
-  if opts.wait ~= nil and wait.check_mode then o.wait = wait.check_mode(opts.wait, 2, fname, 3) end
   return math_ceil(o.ttl * 1000), o
 end
 
--- one attempt: h | nil, "busy", info | nil, err, code
-local function attempt(self, name, ttl_ms, o)
+-- one attempt: h | nil, "busy", info | nil, err, code.  waiter: the
+-- acquire's id, which queues it (nil: a try)
+local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
-  return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew)
+  return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
+    waiter, queue_ms, polling)
 end
 
 -- h, err = locks:try(name, opts): one attempt; nil, "busy", info when held
@@ -176,28 +185,51 @@ function _M.try(self, name, opts)
   return attempt(self, name, ttl_ms, o)
 end
 
+-- the wait loop of acquire and with, once the arguments are checked
+local function wait_for(self, name, ttl_ms, o)
+  local deadline = monotonic() + o.timeout
+  local waiter, werr = core.waiter_id()
+  if not waiter then return nil, werr end
+  local queue_ms = math_ceil(o.queue_ttl * 1000)
+  local state, queued
+  -- a waiter that gives up takes its place out of the queue (best effort:
+  -- it lapses after queue_ttl anyway)
+  local function give_up(...)
+    if queued and not self.core:closed() then
+      pcall(self.core.leave, self.core, self.database, self.collection, name, waiter)
+    end
+    return nil, ...
+  end
+  while true do
+    local started = monotonic()
+    -- a waiter that polls (wait = "poll", or no change stream) says so in
+    -- its queue entry: it cannot be woken, and does not hold others up
+    local polling = o.wait == "poll" or (state ~= nil and state.polling)
+    local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
+    if h then return h end
+    if err ~= "busy" then return give_up(err, info) end
+    queued = queued or info.position ~= nil
+    if monotonic() >= deadline then return give_up("timeout", info) end
+    if not state then
+      state = { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
+                waiter = waiter,
+                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
+    end
+    state.attempt = state.attempt + 1
+    state.info = info
+    state.refresh_at = info.position and started + o.queue_ttl / 2 or nil
+    -- nil, err only when wait = "watch" finds no change stream
+    local ok, serr, scode = wait.sleep_until_retry(state)
+    if ok == nil and serr ~= nil then return give_up(serr, scode) end
+  end
+end
+
 -- h, err = locks:acquire(name, opts): waits up to opts.timeout;
 -- nil, "timeout", info when still held then
 function _M.acquire(self, name, opts)
   check_name(name, "acquire")
   local ttl_ms, o = call_opts(self, opts, "acquire")
-  local deadline = monotonic() + o.timeout
-  local state
-  while true do
-    local h, err, info = attempt(self, name, ttl_ms, o)
-    if h then return h end
-    if err ~= "busy" then return nil, err, info end
-    if monotonic() >= deadline then return nil, "timeout", info end
-    if not state then
-      state = { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
-                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
-    end
-    state.attempt = state.attempt + 1
-    state.info = info
-    -- nil, err only when wait = "watch" finds no change stream
-    local ok, werr, wcode = wait.sleep_until_retry(state)
-    if ok == nil and werr ~= nil then return nil, werr, wcode end
-  end
+  return wait_for(self, name, ttl_ms, o)
 end
 
 local function release_quietly(h)
@@ -218,21 +250,23 @@ function _M.with(self, name, opts, fn, ...)
   if type(opts) == "function" then
     return _M.with(self, name, nil, opts, fn, ...)
   end
+  check_type(opts, "table", 2, "with", true)
   check_type(fn, "function", 3, "with")
   if opts == nil or opts.renew == nil then
     -- fn may run longer than a ttl: with renews in the background
-    check_type(opts, "table", 2, "with", true)
     local o = { renew = true }
     if opts then for k, v in pairs(opts) do o[k] = v end end
     opts = o
   end
-  local h, err, code = _M.acquire(self, name, opts)
+  local ttl_ms, o = call_opts(self, opts, "with")
+  local h, err, code = wait_for(self, name, ttl_ms, o)
   if not h then return nil, err, code end
   return finish(h, pcall(fn, h, ...))
 end
 
 -- locks:status(name) -> {held, owner, token, acquired_at, expires_at,
--- remaining, holder = {host, pid, app}} | nil (never acquired) |
+-- remaining, waiting (live queued waiters), holder = {host, pid, app}} |
+-- nil (never acquired) |
 -- nil, err, code.  One aggregate.
 function _M.status(self, name)
   check_name(name, "status")

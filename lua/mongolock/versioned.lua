@@ -98,6 +98,13 @@ end
 local function is_null(v) return v == nil or v == null end
 
 -- the _id and version of doc, or raises at the caller of fname
+-- raises at the caller of the caller's caller (level) unless doc can be
+-- written as BSON (cycles, functions, mixed keys, bad UTF-8, ...)
+local function check_bson(doc, n, fname, level)
+  local ok, err = core.bson_encode(doc)
+  if not ok then argerror(n, fname, "document cannot be written as BSON: " .. tostring(err), level + 1) end
+end
+
 local function check_doc(self, doc, n, fname)
   if type(doc) ~= "table" then
     argerror(n, fname, "document expected, got " .. type(doc), 3)
@@ -107,6 +114,7 @@ local function check_doc(self, doc, n, fname)
   if type(v) ~= "number" or v % 1 ~= 0 then
     argerror(n, fname, string_format("document has no integer %s (got %s)", self.field, type(v)), 3)
   end
+  check_bson(doc, n, fname, 3)
   return doc._id, v
 end
 
@@ -298,6 +306,7 @@ end
 -- ObjectId when it has none), then inserts it
 function _M.insert(self, doc)
   check_type(doc, "table", 1, "insert")
+  check_bson(doc, 1, "insert", 2)
   if self.core:closed() then return nil, "closed" end
   if doc._id == nil then doc._id = core.ObjectId() end
   local old = doc[self.field]

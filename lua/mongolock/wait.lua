@@ -19,10 +19,13 @@
 -- event), or until the caller's deadline, whichever comes first.  One
 -- stream per process and collection serves every waiter (csrc/watch.c).
 --
--- Fairness: a release wakes every waiter of that lock, in this process and
--- in others; they race and one wins.  No order is promised.  Polling
--- waiters are slower to notice a release, so under a mix watchers win more
--- often.
+-- Order: acquire queues in the lock document (doc/design.md): waiters
+-- take the lock in the order of their first attempt, and a release is
+-- handed to the first live waiter alone (its id in the document's next),
+-- so it wakes one waiter in one process, not all of them.  A waiter comes
+-- back at state.refresh_at, before its place lapses (queue_ttl); one that
+-- stops coming back (a crashed process) loses its place after queue_ttl.
+-- Only the first in line wakes at the holder's lease end.
 --
 -- Inside OpenResty (a phase where ngx.sleep yields) the stream is looked at
 -- without blocking, between cooperative ngx.sleep steps of 1 to 20 ms;
@@ -78,16 +81,17 @@ local function watch(state, ot, seconds)
   local locks = state.locks
   local args = { locks.core, locks.database, locks.collection, state.field or "owner",
     state.name, ot.t, ot.i }
+  local waiter = state.waiter
   local ngx = cooperative()
   if not ngx then
-    args[8] = seconds
-    return watch_wait(args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8])
+    return watch_wait(args[1], args[2], args[3], args[4], args[5], args[6], args[7], seconds,
+      waiter)
   end
   local stop = monotonic() + seconds
   local step = 0.001
   while true do
     local res, err, code = watch_wait(args[1], args[2], args[3], args[4], args[5], args[6],
-      args[7], 0)
+      args[7], 0, waiter)
     if res ~= "timeout" then return res, err, code end
     local left = stop - monotonic()
     if left <= 0 then return "timeout" end
@@ -108,18 +112,20 @@ function _M.sleep_until_retry(state)
   local info = state.info
   local ot = info and info.operation_time
   local why = "change streams need a replica set (the server sent no operationTime)"
-  if type(state.name) ~= "string" then
-    ot, why = nil, "change-stream waits need a string lock name"
-  end
   if not ot then
     if mode == "watch" then return nil, why end
     backoff.sleep_until_retry(state)
     return true
   end
-  local left = state.deadline - monotonic()
+  local now = monotonic()
+  local left = state.deadline - now
+  if left <= 0 then return true end
+  -- a queued waiter comes back before its place lapses
+  if state.refresh_at then left = math_min(left, state.refresh_at - now) end
   if left <= 0 then return true end
   local remaining = info.remaining
-  if type(remaining) == "number" and remaining >= 0 then
+  local position = info.position
+  if type(remaining) == "number" and remaining >= 0 and (position == nil or position == 1) then
     -- the holder's lease ends then (no event marks it); a millisecond
     -- later the server is sure to see it expired
     left = math_min(left, remaining + 0.001)
@@ -130,6 +136,7 @@ function _M.sleep_until_retry(state)
     backoff.sleep_until_retry(state)
     return true
   end
+  state.polling = false
   if res == "retry" then
     state.retries = (state.retries or 0) + 1
     if state.retries > _M.max_retries then

@@ -9,10 +9,12 @@
 --
 -- Invariants:
 -- - Each library call below is one round trip to the server (try, release,
---   extend); between attempts the handler waits with ngx.sleep or on an
---   ngx.semaphore, so the worker keeps serving other requests while it
---   waits.  (The first use of a collection in a worker adds the index
---   check, once.)
+--   extend); a lock that is busy is waited for with the library's acquire,
+--   which queues in the lock document (one order for every worker and
+--   host) and looks at the change stream between ngx.sleep steps; waiting
+--   on the gate is on an ngx.semaphore, so the worker keeps serving other
+--   requests while it waits.  (The first use of a collection in a worker
+--   adds the index check, once.)
 -- - The gate: in a worker, the lock objects waiting for one key queue in
 --   arrival order and only the gate's owner asks the server, so the server
 --   sees at most one waiter per worker and key, and a release hands over to
@@ -67,14 +69,6 @@ local yieldable = {
   ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
   server_rewrite = true, preread = true,
 }
-
--- ngx.sleep where it yields; elsewhere (plain Lua, init_worker_by_lua)
--- the core's sleep, which blocks
-local function sleep(s)
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.sleep and ngx.get_phase and yieldable[ngx.get_phase()] then return ngx.sleep(s) end
-  return core.sleep(s)
-end
 
 local function locks_for(opts)
   local pid = getpid()
@@ -268,27 +262,30 @@ function _M.lock(self, key)
     if not entered then return nil, gerr or "timeout" end
   end
 
-  -- lua-resty-lock's wait: try, sleep step, grow the step, until timeout
-  local step, ratio, max_step = self.step, self.ratio, self.max_step
-  while true do
-    local h, err, code = locks:try(key, topts)
-    if h then
-      self.handle = h
-      if gate then gate.deadline = monotonic() + self.exptime end
-      return waited and (monotonic() - start) or 0
-    end
-    if err ~= "busy" then
-      gate_leave(self)
-      return nil, err, code
-    end
+  -- one try; when busy, the library's acquire for the time left: it
+  -- queues in the lock document (every worker and host in one order) and
+  -- waits for its turn with the change stream, looked at between
+  -- ngx.sleep steps (or by backoff polling: step, ratio, max_step)
+  local h, err, code = locks:try(key, topts)
+  if not h and err == "busy" then
     local left = deadline - monotonic()
-    if left <= 0 then break end
-    sleep(math_min(step, left))
-    waited = true
-    step = math_min(math_max(0.001, step * ratio), max_step)
+    if left > 0 then
+      waited = true
+      h, err, code = locks:acquire(key, { ttl = self.exptime, timeout = left, step = self.step,
+        ratio = self.ratio, max_step = self.max_step })
+    end
+    if not h and (err == "busy" or err == "timeout") then
+      gate_leave(self)
+      return nil, "timeout"
+    end
   end
-  gate_leave(self)
-  return nil, "timeout"
+  if not h then
+    gate_leave(self)
+    return nil, err, code
+  end
+  self.handle = h
+  if gate then gate.deadline = monotonic() + self.exptime end
+  return waited and (monotonic() - start) or 0
 end
 
 -- syntax: ok, err = obj:unlock()
