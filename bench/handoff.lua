@@ -21,7 +21,9 @@
 -- release's start to the next acquire's return (one release, a wake-up,
 -- one findAndModify).  Commands per acquisition are the serverStatus
 -- opcounters delta over the run divided by the acquisitions: failed
--- attempts, releases, the streams' aggregate and getMore, everything.
+-- attempts, releases, the streams' aggregate and getMore, everything; the
+-- steady state counts only between the 20% and the 90% mark of the
+-- hand-offs (every process connected and its stream open, none gone).
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
@@ -178,9 +180,29 @@ local function run(client, mode, n, handoffs)
   write_file(dir .. "/seq", "0")
   local o0 = opcount(client)
   write_file(dir .. "/go", "")
+  -- the steady state: commands between the 20% and the 90% mark of the
+  -- hand-offs, when every process has connected and opened its stream and
+  -- none has left yet (each snapshot's own serverStatus taken off)
+  local warm_at, end_at = math.floor(handoffs * 0.2), math.floor(handoffs * 0.9)
+  local ow, sw, steady
+  local snaps = 0
+  local until_t = monotonic() + 600
+  while monotonic() < until_t do
+    local sq = tonumber(read_file(dir .. "/seq") or "") or 0
+    if not ow and sq >= warm_at then
+      ow, sw = opcount(client), sq
+      snaps = snaps + 1
+    elseif ow and sq >= end_at then
+      local oe = opcount(client)
+      snaps = snaps + 1
+      if sq > sw then steady = (oe - ow - 1) / (sq - sw) end
+      break
+    end
+    core.sleep(0.002)
+  end
   local log = p:read("*a")
   p:close()
-  local o1 = opcount(client) - 1        -- less the closing serverStatus
+  local o1 = opcount(client) - 1 - snaps  -- less the closing and snapshot serverStatus
   if log ~= "" then io.stderr:write(log) end
 
   local acq, rel = {}, {}
@@ -219,6 +241,7 @@ local function run(client, mode, n, handoffs)
     mode = mode, n = n, samples = #samples,
     median = percentile(samples, 0.5), p99 = percentile(samples, 0.99),
     per_acq = (o1 - o0) / math.max(1, acquisitions + n),
+    steady = steady,
   }
 end
 
@@ -236,10 +259,13 @@ client:close()
 
 io.write(format("\n### Hand-off latency (%s, release -> next waiter's acquire, hold %s ms)\n\n",
   impl, tostring(opts.hold)))
-io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition |\n")
-io.write("|---|---:|---:|---:|---:|---:|\n")
+io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition | steady state |\n")
+io.write("|---|---:|---:|---:|---:|---:|---:|\n")
 for _, r in ipairs(rows) do
-  io.write(format("| %s | %d | %d | %.2f | %.2f | %.1f |\n", r.mode, r.n, r.samples, r.median,
-    r.p99, r.per_acq))
+  io.write(format("| %s | %d | %d | %.2f | %.2f | %.1f | %s |\n", r.mode, r.n, r.samples, r.median,
+    r.p99, r.per_acq, r.steady and format("%.2f", r.steady) or "-"))
 end
+io.write("\nserver commands / acquisition: the whole run (connections, streams and\n"
+  .. "the last waiters' exits included); steady state: between the 20% and the\n"
+  .. "90% mark of the hand-offs.\n")
 io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))

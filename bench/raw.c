@@ -55,48 +55,65 @@ static void new_owner(char out[33]) {
 /*
  * The parts of both commands that do not change between cycles are built
  * once (the library builds them every time): what is left per cycle is the
- * least any client of these two commands must do.
- *
- * FREE = {$or: [{$eq: [{$ifNull: ["$owner", null]}, null]}, {$lte: ["$expiresAt", "$$NOW"]}]}
+ * least any client of these two commands must do.  The acquire is a try's
+ * (doc/design.md: no waiter, so it takes the lock only when it is free and
+ * nobody is queued); the release hands the lock to the queue's first live
+ * waiter, as the library's does.
  */
-static bson_t *FREE, *TOKEN, *EXPIRES, *FIELDS, *RELEASE_U, *WC_OPTS;
+#define LIVE_QUEUE \
+  "{\"$filter\": {\"input\": {\"$cond\": [{\"$isArray\": \"$queue\"}, \"$queue\", []]}," \
+  " \"cond\": {\"$gt\": [\"$$this.until\", \"$$NOW\"]}}}"
+
+static bson_t *STAGE0, *STAGE1, *SET_REST, *STAGE3, *FIELDS, *RELEASE_U, *WC_OPTS;
+
+static bson_t *json(const char *text) {
+  bson_error_t err;
+  bson_t *b = bson_new_from_json((const uint8_t *)text, -1, &err);
+  if (!b) {
+    fprintf(stderr, "raw: bad JSON (%s): %s\n", err.message, text);
+    exit(2);
+  }
+  return b;
+}
 
 static void build_static(int64_t ttl_ms) {
-  FREE = BCON_NEW("$or", "[",
-      "{", "$eq", "[", "{", "$ifNull", "[", BCON_UTF8("$owner"), BCON_NULL, "]", "}", BCON_NULL, "]", "}",
-      "{", "$lte", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", "}", "]");
-  TOKEN = BCON_NEW("$max", "[",
-      "{", "$add", "[", "{", "$ifNull", "[", BCON_UTF8("$token"), BCON_INT64(0), "]", "}", BCON_INT64(1), "]", "}",
-      "{", "$multiply", "[", "{", "$toLong", BCON_UTF8("$$NOW"), "}", BCON_INT64(1024), "]", "}", "]");
-  EXPIRES = BCON_NEW("$add", "[", BCON_UTF8("$$NOW"), BCON_INT64(ttl_ms), "]");
-  FIELDS = BCON_NEW("owner", BCON_INT32(1), "token", BCON_INT32(1), "expiresAt", BCON_INT32(1),
-      "holder", BCON_INT32(1), "acquiredAt", BCON_INT32(1),
-      "remainingMs", "{", "$subtract", "[", BCON_UTF8("$expiresAt"), BCON_UTF8("$$NOW"), "]", "}");
-  RELEASE_U = BCON_NEW("0", "{", "$set", "{", "owner", BCON_NULL, "expiresAt", BCON_UTF8("$$NOW"), "}", "}");
+  char buf[2048];
+  STAGE0 = json("{\"$set\": {\"_mlq\": " LIVE_QUEUE "}}");
+  STAGE1 = json("{\"$set\": {\"_mlt\": {\"$and\": ["
+                "{\"$or\": [{\"$eq\": [{\"$ifNull\": [\"$owner\", null]}, null]},"
+                "           {\"$lte\": [\"$expiresAt\", \"$$NOW\"]}]},"
+                "{\"$or\": [{\"$eq\": [{\"$size\": \"$_mlq\"}, 0]},"
+                "           {\"$eq\": [{\"$arrayElemAt\": [\"$_mlq.w\", 0]}, \"\"]}]}]}}}");
+  snprintf(buf, sizeof buf,
+      "{\"token\": {\"$cond\": [\"$_mlt\", {\"$max\": ["
+      "     {\"$add\": [{\"$ifNull\": [\"$token\", {\"$numberLong\": \"0\"}]}, {\"$numberLong\": \"1\"}]},"
+      "     {\"$multiply\": [{\"$toLong\": \"$$NOW\"}, {\"$numberLong\": \"1024\"}]}]}, \"$token\"]},"
+      " \"acquiredAt\": {\"$cond\": [\"$_mlt\", \"$$NOW\", \"$acquiredAt\"]},"
+      " \"expiresAt\": {\"$cond\": [\"$_mlt\", {\"$add\": [\"$$NOW\", {\"$numberLong\": \"%lld\"}]},"
+      "                \"$expiresAt\"]}}", (long long)ttl_ms);
+  SET_REST = json(buf);
+  STAGE3 = json("{\"$unset\": [\"_mlq\", \"_mlt\"]}");
+  FIELDS = json("{\"owner\": 1, \"token\": 1, \"expiresAt\": 1, \"holder\": 1, \"acquiredAt\": 1,"
+                " \"remainingMs\": {\"$subtract\": [\"$expiresAt\", \"$$NOW\"]},"
+                " \"queued\": {\"$size\": {\"$cond\": [{\"$isArray\": \"$queue\"}, \"$queue\", []]}},"
+                " \"position\": {\"$indexOfArray\": [{\"$cond\": [{\"$isArray\": \"$queue\"},"
+                "     \"$queue.w\", []]}, \"\"]}}");
+  RELEASE_U = json("{\"0\": {\"$set\": {\"owner\": null, \"expiresAt\": \"$$NOW\","
+                   " \"next\": {\"$ifNull\": [{\"$arrayElemAt\": [{\"$map\": {\"input\": " LIVE_QUEUE ","
+                   " \"in\": \"$$this.w\"}}, 0]}, null]}}}}");
 }
 
-/* key: {$cond: [FREE, <new>, "$key"]}; new is a document or a string */
-static void cond(bson_t *set, const char *key, const char *old, const bson_t *doc, const char *str,
-                 const bson_t *holder) {
-  bson_t d, arr, lit;
-  BSON_APPEND_DOCUMENT_BEGIN(set, key, &d);
-  BSON_APPEND_ARRAY_BEGIN(&d, "$cond", &arr);
-  BSON_APPEND_DOCUMENT(&arr, "0", FREE);
-  if (doc) BSON_APPEND_DOCUMENT(&arr, "1", doc);
-  else if (holder) {
-    BSON_APPEND_DOCUMENT_BEGIN(&arr, "1", &lit);
-    BSON_APPEND_DOCUMENT(&lit, "$literal", holder);
-    bson_append_document_end(&arr, &lit);
-  } else BSON_APPEND_UTF8(&arr, "1", str);
-  BSON_APPEND_UTF8(&arr, "2", old);
-  bson_append_array_end(&d, &arr);
-  bson_append_document_end(set, &d);
+/* appends every field of src to dst */
+static void append_all(bson_t *dst, const bson_t *src) {
+  bson_iter_t it;
+  if (bson_iter_init(&it, src))
+    while (bson_iter_next(&it)) bson_append_iter(dst, bson_iter_key(&it), -1, &it);
 }
 
-/* the acquire of doc/design.md into cmd (initialised by the caller) */
+/* the try of doc/design.md into cmd (initialised by the caller) */
 static void acquire_cmd(bson_t *cmd, const char *coll, const char *name, const char *owner,
                         const bson_t *holder) {
-  bson_t q, u, stage, set;
+  bson_t q, u, stage, set, d, arr, lit;
   BSON_APPEND_UTF8(cmd, "findAndModify", coll);
   BSON_APPEND_DOCUMENT_BEGIN(cmd, "query", &q);
   BSON_APPEND_UTF8(&q, "_id", name);
@@ -104,15 +121,47 @@ static void acquire_cmd(bson_t *cmd, const char *coll, const char *name, const c
   BSON_APPEND_BOOL(cmd, "upsert", true);
   BSON_APPEND_BOOL(cmd, "new", true);
   BSON_APPEND_ARRAY_BEGIN(cmd, "update", &u);
-  BSON_APPEND_DOCUMENT_BEGIN(&u, "0", &stage);
+  BSON_APPEND_DOCUMENT(&u, "0", STAGE0);
+  BSON_APPEND_DOCUMENT(&u, "1", STAGE1);
+  BSON_APPEND_DOCUMENT_BEGIN(&u, "2", &stage);
   BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
-  cond(&set, "owner", "$owner", NULL, owner, NULL);
-  cond(&set, "token", "$token", TOKEN, NULL, NULL);
-  cond(&set, "acquiredAt", "$acquiredAt", NULL, "$$NOW", NULL);
-  cond(&set, "expiresAt", "$expiresAt", EXPIRES, NULL, NULL);
-  cond(&set, "holder", "$holder", NULL, NULL, holder);
+  BSON_APPEND_DOCUMENT_BEGIN(&set, "owner", &d);
+  BSON_APPEND_ARRAY_BEGIN(&d, "$cond", &arr);
+  BSON_APPEND_UTF8(&arr, "0", "$_mlt");
+  BSON_APPEND_UTF8(&arr, "1", owner);
+  BSON_APPEND_UTF8(&arr, "2", "$owner");
+  bson_append_array_end(&d, &arr);
+  bson_append_document_end(&set, &d);
+  append_all(&set, SET_REST);
+  BSON_APPEND_DOCUMENT_BEGIN(&set, "holder", &d);
+  BSON_APPEND_ARRAY_BEGIN(&d, "$cond", &arr);
+  BSON_APPEND_UTF8(&arr, "0", "$_mlt");
+  BSON_APPEND_DOCUMENT_BEGIN(&arr, "1", &lit);
+  BSON_APPEND_DOCUMENT(&lit, "$literal", holder);
+  bson_append_document_end(&arr, &lit);
+  BSON_APPEND_UTF8(&arr, "2", "$holder");
+  bson_append_array_end(&d, &arr);
+  bson_append_document_end(&set, &d);
+  {
+    bson_t qd, qa, nd, na;
+    BSON_APPEND_DOCUMENT_BEGIN(&set, "queue", &qd);
+    BSON_APPEND_ARRAY_BEGIN(&qd, "$cond", &qa);
+    BSON_APPEND_UTF8(&qa, "0", "$_mlt");
+    BSON_APPEND_UTF8(&qa, "1", "$_mlq");
+    BSON_APPEND_UTF8(&qa, "2", "$queue");
+    bson_append_array_end(&qd, &qa);
+    bson_append_document_end(&set, &qd);
+    BSON_APPEND_DOCUMENT_BEGIN(&set, "next", &nd);
+    BSON_APPEND_ARRAY_BEGIN(&nd, "$cond", &na);
+    BSON_APPEND_UTF8(&na, "0", "$_mlt");
+    BSON_APPEND_NULL(&na, "1");
+    BSON_APPEND_UTF8(&na, "2", "$next");
+    bson_append_array_end(&nd, &na);
+    bson_append_document_end(&set, &nd);
+  }
   bson_append_document_end(&stage, &set);
   bson_append_document_end(&u, &stage);
+  BSON_APPEND_DOCUMENT(&u, "3", STAGE3);
   bson_append_array_end(cmd, &u);
   BSON_APPEND_DOCUMENT(cmd, "fields", FIELDS);
 }
@@ -253,9 +302,10 @@ int main(int argc, char **argv) {
          n, t1 - t0, c1 - c0, (ops0 < 0 || ops1 < 0) ? -1LL : (long long)(ops1 - ops0 - 1), failed);
 
   bson_destroy(holder);
-  bson_destroy(FREE);
-  bson_destroy(TOKEN);
-  bson_destroy(EXPIRES);
+  bson_destroy(STAGE0);
+  bson_destroy(STAGE1);
+  bson_destroy(SET_REST);
+  bson_destroy(STAGE3);
   bson_destroy(FIELDS);
   bson_destroy(RELEASE_U);
   mongoc_write_concern_destroy(wc);

@@ -37,7 +37,8 @@ end
 
 -- the median round by rate, the number of rounds, the slowest and fastest rate
 local function median_round(rounds)
-  local function rate(x) return x.cycles / x.seconds end
+  -- cycles that acquired and released; a failed cycle is no cycle
+  local function rate(x) return math.max(0, x.cycles - (x.failed or 0)) / x.seconds end
   table.sort(rounds, function(a, b) return rate(a) < rate(b) end)
   return rounds[math.floor((#rounds + 1) / 2)], #rounds, rate(rounds[1]), rate(rounds[#rounds])
 end
@@ -51,7 +52,9 @@ for _, impl in ipairs(ORDER) do
     local cpus = {}
     for _, x in ipairs(cyc[impl]) do cpus[#cpus + 1] = x.cpu / x.cycles * 1e6 end
     table.sort(cpus)
-    rows[#rows + 1] = { impl = impl, rate = r.cycles / r.seconds, cpu_us = cpus[math.floor((#cpus + 1) / 2)],
+    local total = 0
+    for _, x in ipairs(cyc[impl]) do total = total + x.cycles end
+    rows[#rows + 1] = { impl = impl, rate = math.max(0, r.cycles - (r.failed or 0)) / r.seconds, total = total, cpu_us = cpus[math.floor((#cpus + 1) / 2)],
                         rt = r.ops >= 0 and r.ops / r.cycles or nil, rounds = n, failed = failed,
                         lo = lo, hi = hi }
   end
@@ -71,12 +74,15 @@ for _, r in ipairs(rows) do
     r.rt and string.format("%.2f", r.rt) or "-", r.cpu_us,
     raw and string.format("%.2f", r.cpu_us / raw.cpu_us) or "-"))
 end
-local failed = 0
-for _, r in ipairs(rows) do failed = failed + r.failed end
-out:write(string.format("\nMedians of %d rounds (cycles/s; CPU per cycle); round trips of the median round, "
-  .. "from serverStatus opcounters deltas; CPU is user + sys of the client process (getrusage). "
-  .. "Failed cycles: %d.\n",
-  rows[1] and rows[1].rounds or 0, failed))
+out:write(string.format("\nMedians of %d rounds (cycles/s counts only cycles that acquired and released; "
+  .. "CPU per cycle); round trips of the median round, from serverStatus opcounters deltas; CPU is user + sys "
+  .. "of the client process (getrusage).\n", rows[1] and rows[1].rounds or 0))
+for _, r in ipairs(rows) do
+  if r.failed > 0 then
+    out:write(string.format("%s: %d of %d measured cycles failed (did not acquire, or raised).\n",
+      LABEL[r.impl] or r.impl, r.failed, r.total))
+  end
+end
 
 if #mem > 0 then
   out:write("\n### Memory (resident set after N uncontended cycles, after a full GC)\n\n")
