@@ -131,14 +131,15 @@ test-asan: deps $(ASAN_SO)
 	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=hour.off $(ASAN_SPECS)
 
 # The Lua 5.4 specs under valgrind (spawned children are not traced).  Left
-# out: the specs that depend on timing (renewal, change-stream waits, child
-# processes), which valgrind slows past their deadlines, and fork() tests:
+# out: the specs that depend on tight timing (renewal, the command's child
+# processes, nginx), which valgrind slows past their deadlines, and fork() tests:
 # a forked child abandons its parent's pool by design (libmongoc forbids
 # destroying it there), which valgrind reports as definitely lost at the
 # child's exit.  VALGRIND_SPECS to change the set.
 VALGRIND_SPECS ?= spec/unit_args_spec.lua spec/unit_backoff_spec.lua spec/bson_spec.lua \
 	spec/locks_basic_spec.lua spec/locks_failures_spec.lua spec/locks_roundtrips_spec.lua \
-	spec/malformed_spec.lua spec/torture_spec.lua
+	spec/malformed_spec.lua spec/torture_spec.lua spec/queue_spec.lua spec/watch_spec.lua \
+	spec/documents_spec.lua spec/versioned_spec.lua
 test-valgrind: deps build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' MONGOLOCK_ROOT=$(CURDIR) tools/with-standin \
 	  valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 \

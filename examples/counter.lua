@@ -100,7 +100,10 @@ end
 local client = connect("counter-demo")
 local db = client:default_database()
 local c = client._core
-local tty = os.getenv("TERM") and os.getenv("TERM") ~= "dumb"
+-- a live progress line only on a terminal (test -t 1: stdout is one);
+-- else one line per change.  os.execute answers true (5.4) or 0 (LuaJIT).
+local is_term = os.execute("test -t 1")
+local tty = (is_term == true or is_term == 0) and os.getenv("TERM") ~= nil and os.getenv("TERM") ~= "dumb"
 
 local function run(mode, label)
   local id = ("%s-%d-%d"):format(mode, core.getpid(), os.time())

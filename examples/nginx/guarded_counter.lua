@@ -1,35 +1,78 @@
 -- Handlers of examples/nginx/nginx.conf: a read-modify-write of a counter
--- shared by every worker, guarded by a mongolock lock.  Between the read and
--- the write the handler yields (ngx.sleep), as any handler doing I/O would:
--- without the lock, requests interleave there and updates are lost.
+-- document in MongoDB, shared by every worker of every host, guarded by a
+-- mongolock lock.  Between the read and the write the handler yields
+-- (ngx.sleep), as any handler doing more I/O would: without the lock,
+-- requests interleave there and updates are lost.
+--
+-- The write is fenced: it carries the lock's token and applies only if the
+-- document has seen no larger one, so a holder whose lease ran out (a long
+-- pause, a lost network) cannot overwrite the work of the holder after it.
 
 -- luacheck: read globals ngx
-local mongolock = require "resty.mongolock"
+local mongolock = require "mongolock"
+local resty_mongolock = require "resty.mongolock"
 
 local ngx = ngx
-local shared = ngx.shared.counter
 
 local _M = {}
 
--- one options table for every request; the client behind it is made once
--- per worker, on the first request
+local URI = os.getenv("MONGODB_URI")
+local DB, COLL = "mongolock_example", "counters"
+
+-- one options table for every request; the lock's client is made once per
+-- worker, on the first request
 local lock_opts = {
-  uri = os.getenv("MONGODB_URI"),
+  uri = URI,
   collection = "nginx_locks",
   exptime = 10,      -- a worker that dies holding the lock frees it in 10 s
   timeout = 60,      -- waits up to a minute for the lock
 }
 
-local function add_one(key)
-  local n = shared:get(key) or 0
+-- the worker's client for the counter documents (made after fork, on the
+-- first request); each command blocks the worker for one round trip
+local data, data_pid
+local function client()
+  local pid = ngx.worker.pid()
+  if not data or data_pid ~= pid then
+    data = assert(mongolock.connect(URI, { appname = "nginx-example" }))
+    data_pid = pid
+  end
+  return data
+end
+
+local function read(key)
+  local r, err = client():command(DB, { find = COLL },
+    { filter = { _id = key }, limit = 1, singleBatch = true })
+  if not r then return nil, err end
+  local doc = r.cursor.firstBatch[1]
+  return doc and doc.n or 0
+end
+
+-- n + 1 written as the holder of token (nil: unguarded)
+local function write(key, n, token)
+  local q, set = { _id = key }, { n = n }
+  if token then
+    q.token = { ["$lt"] = token }
+    set.token = token
+  end
+  local r, err = client():command(DB, { update = COLL },
+    { updates = { { q = q, u = { ["$set"] = set }, upsert = not token } } })
+  if not r then return nil, err end
+  if r.n == 0 then return nil, "fenced off: a holder with a newer token wrote first" end
+  return true
+end
+
+local function add_one(key, token)
+  local n, err = read(key)
+  if not n then return nil, err end
   ngx.sleep(0.001)                     -- the window where updates get lost
-  local ok, err = shared:set(key, n + 1)
-  if not ok then return nil, err end
+  local ok, werr = write(key, n + 1, token)
+  if not ok then return nil, werr end
   return n + 1
 end
 
 function _M.incr()
-  local lock, err = mongolock:new(lock_opts)
+  local lock, err = resty_mongolock:new(lock_opts)
   if not lock then
     ngx.log(ngx.ERR, "mongolock: ", err)
     return ngx.exit(500)
@@ -39,16 +82,15 @@ function _M.incr()
     ngx.log(ngx.ERR, "lock counter: ", lerr)
     return ngx.exit(503)
   end
-  local n, serr = add_one("guarded")
+  local n, serr = add_one("guarded", lock:token())
   local ok, uerr = lock:unlock()
   if not n then
     ngx.log(ngx.ERR, "counter: ", serr)
     return ngx.exit(500)
   end
   if not ok then
-    -- the lease ended before the write: exclusion is not guaranteed
-    ngx.log(ngx.ERR, "unlock counter: ", uerr)
-    return ngx.exit(500)
+    -- the lease ended before the release: the fenced write still was ours
+    ngx.log(ngx.WARN, "unlock counter: ", uerr)
   end
   ngx.say(n, " ", elapsed)
 end
@@ -63,11 +105,27 @@ function _M.incr_unguarded()
 end
 
 function _M.count()
-  ngx.say((shared:get("guarded") or 0), " ", (shared:get("unguarded") or 0))
+  local g, err = read("guarded")
+  local u, err2 = read("unguarded")
+  if not g or not u then
+    ngx.log(ngx.ERR, "count: ", tostring(err or err2))
+    return ngx.exit(500)
+  end
+  ngx.say(g, " ", u)
 end
 
+-- both counters back to 0; the token stays (0 on a new document): tokens
+-- only grow, and the next holder's is larger
 function _M.reset()
-  shared:flush_all()
+  for _, key in ipairs({ "guarded", "unguarded" }) do
+    local r, err = client():command(DB, { update = COLL },
+      { updates = { { q = { _id = key }, u = { ["$set"] = { n = 0 }, ["$max"] = { token = 0 } },
+                      upsert = true } } })
+    if not r then
+      ngx.log(ngx.ERR, "reset: ", err)
+      return ngx.exit(500)
+    end
+  end
   ngx.say("0 0")
 end
 
