@@ -2,7 +2,10 @@
  * luaopen_mongolock_core: the module table, the local monotonic clock,
  * sleeping, and random owner ids.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,6 +242,31 @@ static void log_handler(mongoc_log_level_t level, const char *domain, const char
   if (log_on && level <= log_max) fprintf(stderr, "mongolock: %s: %s\n", domain, message);
 }
 
+/* Removes /dev/shm/mongoc-PID names whose process no longer exists
+ * (kill(pid, 0) fails with ESRCH; a live process of another user answers
+ * EPERM and keeps its name). */
+static void sweep_counters(void) {
+  DIR *d = opendir("/dev/shm");
+  struct dirent *e;
+  if (!d) return;
+  while ((e = readdir(d)) != NULL) {
+    char *end;
+    unsigned long pid;
+    if (strncmp(e->d_name, "mongoc-", 7) != 0) continue;
+    errno = 0;
+    pid = strtoul(e->d_name + 7, &end, 10);
+    if (e->d_name[7] < '1' || e->d_name[7] > '9' || errno || *end ||
+        pid > INT_MAX)
+      continue;
+    if (kill((pid_t)pid, 0) == -1 && errno == ESRCH) {
+      char shm[32];
+      snprintf(shm, sizeof shm, "/mongoc-%lu", pid);
+      shm_unlink(shm);
+    }
+  }
+  closedir(d);
+}
+
 static void init_mongoc(void) {
   const char *lv = getenv("MONGOLOCK_LOG");
   if (lv && *lv) {
@@ -253,16 +281,20 @@ static void init_mongoc(void) {
    * (nginx workers' VMs, threads) may still use the driver */
   mongoc_init();
   /* libmongoc keeps its statistics counters in a shared-memory segment
-   * named after the pid, removed at a normal exit only: a process killed
-   * (SIGKILL, a crash) leaves /dev/shm/mongoc-PID behind, and a later
-   * process given the same pid finds the name taken and prints "Falling
-   * back to malloc for counters" on stderr (the library initializes at
-   * load time, before any log handler of ours).  Removing the name now
-   * leaves nothing behind whatever the exit; the mapping stays valid. */
+   * named after the pid (/dev/shm/mongoc-PID), created when the library
+   * is loaded and removed at a normal exit only.  A process killed
+   * (SIGKILL, a crash) leaves the name behind, and a later process given
+   * the same pid finds it taken and prints "Falling back to malloc for
+   * counters" on stderr, before any log handler of ours exists.  So:
+   * remove our own name now (the mapping stays valid, and nothing is left
+   * behind whatever the exit), and remove the names of dead processes
+   * that others left, so that the next process given their pid starts
+   * quietly. */
   {
     char shm[32];
     snprintf(shm, sizeof shm, "/mongoc-%u", (unsigned)getpid());
     shm_unlink(shm);
+    sweep_counters();
   }
 }
 
