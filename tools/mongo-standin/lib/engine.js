@@ -84,6 +84,23 @@ function collName(cmd, name) {
 
 function intOf(v, def) { return v === undefined ? def : Math.trunc(V.num(v)); }
 
+// The retryable writes specification's retryable error codes: HostUnreachable,
+// HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown,
+// ExceededTimeLimit, SocketException, NotWritablePrimary, InterruptedAtShutdown,
+// InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary.
+const RETRYABLE_CODES = new Set([6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436]);
+const RETRYABLE_WRITES = new Set(['insert', 'update', 'delete', 'findAndModify']);
+const RETRIED_MAX = 10000; // sessions whose last retryable write is kept
+
+// {session, txn} when cmd is a retryable write (a write with its session's
+// txnNumber, outside a transaction), else null
+function retryableWrite(name, cmd) {
+  if (!RETRYABLE_WRITES.has(name) || cmd.txnNumber === undefined || cmd.autocommit !== undefined) return null;
+  const id = cmd.lsid && cmd.lsid.id;
+  if (!(id instanceof Binary)) return null;
+  return { session: Buffer.from(id.buffer).toString('hex'), txn: BigInt(cmd.txnNumber.toString()) };
+}
+
 let cursorSeq = BigInt(Date.now()) * 1000n;
 
 class Engine {
@@ -93,6 +110,7 @@ class Engine {
     this.store = new Store();
     this.cursors = new Map();
     this.failpoint = null;
+    this.retried = new Map(); // session -> { txn, body }: retryable writes' results
     this.counters = { insert: 0, query: 0, update: 0, delete: 0, getmore: 0, command: 0 };
     this.startedAt = Date.now();
     this.ttlSecs = opts.ttlMonitorSecs === undefined ? 60 : opts.ttlMonitorSecs;
@@ -172,14 +190,42 @@ class Engine {
       if (!fn) fail(59, `no such command: '${name}'`);
       if (typeof cmd.$db !== 'string' && !conn.legacy) fail(40571, 'OP_MSG requests require a $db argument');
       checkFields(ALIASES[name] || name, cmd);
+      const rw = retryableWrite(name, cmd);
+      if (rw) {
+        const done = this.retriedResult(rw);
+        if (done) return this.reply(done);
+      }
       const r = fn.call(this, cmd, conn, name);
       if (r && typeof r.then === 'function') {
-        return r.then((b) => (b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
+        return r.then((b) => (b.closeConnection ? b : this.reply(this.recordWrite(rw, b))), (e) => this.errorReply(e));
       }
-      return this.reply(r);
+      return this.reply(this.recordWrite(rw, r));
     } catch (e) {
       return this.errorReply(e);
     }
+  }
+
+  // ---- retryable writes ----------------------------------------------------
+  // Like mongod, a write sent again with its session's txnNumber is not
+  // executed again: the reply of the first execution is returned (a driver
+  // retries after a network error or a RetryableWriteError label, when the
+  // first attempt may have been applied).  An older txnNumber is refused.
+  retriedResult(rw) {
+    const rec = this.retried.get(rw.session);
+    if (!rec) return null;
+    if (rw.txn < rec.txn) {
+      fail(225, `Retryable write with txnNumber ${rw.txn} is prohibited on session ${rw.session} because a newer retryable write with txnNumber ${rec.txn} has already started on this session.`);
+    }
+    return rw.txn === rec.txn ? { ...rec.body } : null;
+  }
+
+  recordWrite(rw, body) {
+    if (rw && body && body.ok === 1 && !body.writeErrors) {
+      this.retried.delete(rw.session);
+      this.retried.set(rw.session, { txn: rw.txn, body: { ...body } });
+      if (this.retried.size > RETRIED_MAX) this.retried.delete(this.retried.keys().next().value);
+    }
+    return body;
   }
 
   count(name, cmd) {
@@ -214,16 +260,24 @@ class Engine {
   runFailing(data, name, cmd, conn) {
     const act = () => {
       if (data.closeConnection) return { closeConnection: true };
+      // mongod labels a retryable write's retryable error (or write concern
+      // error) RetryableWriteError, unless the fail point gives errorLabels
+      const labels = (code) => (Array.isArray(data.errorLabels) ? data.errorLabels
+        : retryableWrite(name, cmd) && RETRYABLE_CODES.has(code) ? ['RetryableWriteError'] : null);
       if (data.errorCode !== undefined) {
         const code = V.num(data.errorCode);
         const body = { ok: 0, errmsg: "Failing command via 'failCommand' failpoint", code: new Int32(code), codeName: codeName(code) };
-        if (Array.isArray(data.errorLabels)) body.errorLabels = data.errorLabels;
+        const l = labels(code);
+        if (l && l.length) body.errorLabels = l;
         return this.reply(body);
       }
       const r = this.runCommand(name, cmd, conn);
       const attach = (b) => {
-        if (data.writeConcernError && !b.closeConnection) b.writeConcernError = data.writeConcernError;
-        if (Array.isArray(data.errorLabels) && !b.closeConnection && data.writeConcernError) b.errorLabels = data.errorLabels;
+        if (data.writeConcernError && !b.closeConnection) {
+          b.writeConcernError = data.writeConcernError;
+          const l = labels(V.num(data.writeConcernError.code));
+          if (l && l.length) b.errorLabels = l;
+        }
         return b;
       };
       return r && typeof r.then === 'function' ? r.then(attach) : attach(r);
@@ -384,7 +438,15 @@ COMMANDS.serverStatus = function () {
   return r;
 };
 
-COMMANDS.endSessions = () => ({ ok: 1 });
+COMMANDS.endSessions = function (cmd) {
+  // an ended session sends no more retries: forget its last write
+  if (Array.isArray(cmd.endSessions)) {
+    for (const s of cmd.endSessions) {
+      if (s && s.id instanceof Binary) this.retried.delete(Buffer.from(s.id.buffer).toString('hex'));
+    }
+  }
+  return { ok: 1 };
+};
 COMMANDS.killSessions = () => ({ ok: 1 });
 COMMANDS.refreshSessions = () => ({ ok: 1 });
 COMMANDS.startSession = function () {

@@ -105,3 +105,48 @@ test('TTL index: the monitor deletes expired documents, and the deletions show i
   }
   await assert.rejects(admin.command({ setParameter: 1, noSuchParameterAtAll: 1 }), (e) => typeof e.code === 'number');
 });
+
+// mongod 4.4+ labels the retryable errors of retryable writes itself; the
+// driver retries a retryable write once on that label
+const { Long } = require('bson');
+
+test('a retryable write failing with a retryable code is labelled RetryableWriteError; others are not', async () => {
+  const session = env.client.startSession();
+  try {
+    const insert = (txn, code) => db.command(
+      { insert: 'lbl', documents: [{ code, txn }], ...(txn ? { txnNumber: Long.fromNumber(txn) } : {}) }, { session });
+    for (const [code, txn, labelled] of [[91, 1, true], [189, 2, true], [11600, 3, true], [10107, 4, true],
+      [2, 5, false], [91, 0, false]]) {
+      await fp({ times: 1 }, { failCommands: ['insert'], errorCode: code });
+      await assert.rejects(insert(txn, code), (e) => e.code === code &&
+        (e.errorLabels || []).includes('RetryableWriteError') === labelled, `code ${code} txn ${txn}`);
+    }
+    // errorLabels in the fail point replace the server's own
+    await fp({ times: 1 }, { failCommands: ['insert'], errorCode: 91, errorLabels: [] });
+    await assert.rejects(insert(6, 91), (e) => e.code === 91 && !(e.errorLabels || []).includes('RetryableWriteError'));
+  } finally { await session.endSession(); }
+});
+
+test('the driver retries a retryable write once on the label: one fault is absorbed, two are not', async () => {
+  const c = db.collection('retry');
+  await fp({ times: 1 }, { failCommands: ['insert'], errorCode: 189 });
+  await c.insertOne({ _id: 'once' });
+  await fp({ times: 2 }, { failCommands: ['insert'], errorCode: 189 });
+  await assert.rejects(c.insertOne({ _id: 'twice' }), (e) => e.code === 189);
+  assert.deepEqual(await c.find().sort({ _id: 1 }).toArray(), [{ _id: 'once' }]);
+});
+
+test('a retryable write sent again with its txnNumber is answered, not executed again; an older one is refused', async () => {
+  const session = env.client.startSession();
+  try {
+    const fam = (txn) => db.command({ findAndModify: 'dedup', query: { _id: 1 }, update: { $inc: { n: 1 } },
+      upsert: true, new: true, txnNumber: Long.fromNumber(txn) }, { session });
+    const a = await fam(7);
+    const b = await fam(7);
+    assert.equal(a.value.n, 1);
+    assert.equal(b.value.n, 1);
+    assert.equal((await db.collection('dedup').findOne({ _id: 1 })).n, 1);
+    await assert.rejects(fam(6), (e) => e.code === 225);
+    assert.equal((await fam(8)).value.n, 2);
+  } finally { await session.endSession(); }
+});
