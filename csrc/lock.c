@@ -319,52 +319,35 @@ static void append_owner_filter(bson_t *q, const ml_lease *l) {
 }
 
 /*
- * Runs {update: coll, updates: [{q, u}]} with the client's write concern and
- * returns n (>= 0) or -1 with error set.  Takes ownership of q and u.
+ * Updates one document (q, u: an update document, or a pipeline as an
+ * array) with the client's write concern and returns the number matched
+ * (>= 0) or -1 with error set.  Takes ownership of q and u.  Sent as a
+ * retryable write: the driver retries it once, with the same transaction
+ * number, after a network error or an error labelled RetryableWriteError
+ * (a failover), and the server applies it at most once.
  */
 static int64_t run_update(mongoc_client_t *mc, const ml_client *c, const char *db,
-                          const char *coll, bson_t *q, bson_t *u, int u_is_pipeline,
-                          bson_error_t *error) {
-  bson_t cmd = BSON_INITIALIZER, updates, one, opts = BSON_INITIALIZER, reply;
+                          const char *coll, bson_t *q, bson_t *u, bson_error_t *error) {
+  mongoc_collection_t *col = mongoc_client_get_collection(mc, db, coll);
+  bson_t opts = BSON_INITIALIZER, reply;
   bson_iter_t it;
   int64_t n = -1;
-  BSON_APPEND_UTF8(&cmd, "update", coll);
-  BSON_APPEND_ARRAY_BEGIN(&cmd, "updates", &updates);
-  BSON_APPEND_DOCUMENT_BEGIN(&updates, "0", &one);
-  BSON_APPEND_DOCUMENT(&one, "q", q);
-  if (u_is_pipeline) BSON_APPEND_ARRAY(&one, "u", u);
-  else BSON_APPEND_DOCUMENT(&one, "u", u);
-  BSON_APPEND_BOOL(&one, "upsert", false);
-  BSON_APPEND_BOOL(&one, "multi", false);
-  bson_append_document_end(&updates, &one);
-  bson_append_array_end(&cmd, &updates);
-  bson_destroy(q);
-  bson_destroy(u);
   ml_client_append_wc(c, &opts);
-  if (mongoc_client_write_command_with_opts(mc, db, &cmd, &opts, &reply, error)) {
-    if (bson_iter_init_find(&it, &reply, "writeErrors") && BSON_ITER_HOLDS_ARRAY(&it)) {
-      bson_iter_t sub, e;
-      const char *msg = "write error";
-      int code = 0;
-      if (bson_iter_recurse(&it, &sub) && bson_iter_next(&sub) && bson_iter_recurse(&sub, &e)) {
-        while (bson_iter_next(&e)) {
-          if (!strcmp(bson_iter_key(&e), "errmsg") && BSON_ITER_HOLDS_UTF8(&e))
-            msg = bson_iter_utf8(&e, NULL);
-          else if (!strcmp(bson_iter_key(&e), "code"))
-            code = (int)iter_int64(&e, 0);
-        }
-      }
-      bson_set_error(error, MONGOC_ERROR_SERVER, (uint32_t)code, "%s", msg);
-    } else if (bson_iter_init_find(&it, &reply, "n")) {
+  BSON_APPEND_BOOL(&opts, "validate", false);   /* built here, or checked
+                                                   by the Lua layer */
+  if (mongoc_collection_update_one(col, q, u, &opts, &reply, error)) {
+    if (bson_iter_init_find(&it, &reply, "matchedCount")) {
       n = iter_int64(&it, 0);
     } else {
       bson_set_error(error, MONGOC_ERROR_PROTOCOL, MONGOC_ERROR_PROTOCOL_INVALID_REPLY,
-                     "update reply without n");
+                     "update reply without matchedCount");
     }
   }
   bson_destroy(&reply);
   bson_destroy(&opts);
-  bson_destroy(&cmd);
+  bson_destroy(q);
+  bson_destroy(u);
+  mongoc_collection_destroy(col);
   return n;
 }
 
@@ -393,7 +376,7 @@ int ml_lease_release(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
     }
     bson_append_document_end(&stage, &set);
     bson_append_document_end(&u, &stage);
-    n = run_update(mc, c, l->db, l->coll, &q, &u, 1, error);
+    n = run_update(mc, c, l->db, l->coll, &q, &u, error);
   } else {
     /* operator form: extra's operators, with the unlock merged into $set
      * (and $currentDate for the server's now) */
@@ -428,7 +411,7 @@ int ml_lease_release(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
       while (bson_iter_next(&it))
         if (!merges(bson_iter_key(&it))) bson_append_iter(&u, bson_iter_key(&it), -1, &it);
     }
-    n = run_update(mc, c, l->db, l->coll, &q, &u, 0, error);
+    n = run_update(mc, c, l->db, l->coll, &q, &u, error);
   }
   if (n < 0) return -1;
   error->code = 0;
@@ -456,7 +439,7 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
   }
   bson_append_document_end(&stage, &set);
   bson_append_document_end(&u, &stage);
-  n = run_update(mc, c, l->db, l->coll, &q, &u, 1, error);
+  n = run_update(mc, c, l->db, l->coll, &q, &u, error);
   if (n < 0) return -1;
   error->code = 0;
   pthread_mutex_lock(&l->mu);
@@ -1242,7 +1225,7 @@ static int l_force_release(lua_State *L) {
   append_all(&set, K.release_next);
   bson_append_document_end(&stage, &set);
   bson_append_document_end(&u, &stage);
-  n = run_update(ml_client_get(L, c), c, db, coll, &q, &u, 1, &err);
+  n = run_update(ml_client_get(L, c), c, db, coll, &q, &u, &err);
   if (n < 0) return ml_pusherror(L, &err);
   if (n == 0) return ml_pushfail(L, "not held", 0);
   lua_pushboolean(L, 1);
@@ -1275,7 +1258,7 @@ static int l_leave(lua_State *L) {
                " \"1\": {\"$set\": {\"next\": {\"$cond\": [{\"$eq\": [\"$next\", \"%s%s\"]},"
                "   " QUEUE_HEAD ", \"$next\"]}}}}",
                w, tag, w);
-  n = run_update(ml_client_get(L, c), c, db, coll, &q, u, 1, &err);
+  n = run_update(ml_client_get(L, c), c, db, coll, &q, u, &err);
   if (n < 0) return ml_pusherror(L, &err);
   lua_pushboolean(L, 1);
   return 1;
@@ -1322,24 +1305,20 @@ static int l_delete(lua_State *L) {
   const char *coll = arg_ns(L, 3);
   size_t namelen;
   const char *name = arg_name(L, 4, &namelen);
-  bson_t cmd = BSON_INITIALIZER, dels, one, q, opts = BSON_INITIALIZER, reply;
+  mongoc_collection_t *col;
+  bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply;
   bson_error_t err;
   bson_iter_t it;
   int64_t n = 0;
   int ok;
-  BSON_APPEND_UTF8(&cmd, "delete", coll);
-  BSON_APPEND_ARRAY_BEGIN(&cmd, "deletes", &dels);
-  BSON_APPEND_DOCUMENT_BEGIN(&dels, "0", &one);
-  BSON_APPEND_DOCUMENT_BEGIN(&one, "q", &q);
   bson_append_utf8(&q, "_id", 3, name, (int)namelen);
-  bson_append_document_end(&one, &q);
-  BSON_APPEND_INT32(&one, "limit", 1);
-  bson_append_document_end(&dels, &one);
-  bson_append_array_end(&cmd, &dels);
   ml_client_append_wc(c, &opts);
-  ok = mongoc_client_write_command_with_opts(ml_client_get(L, c), db, &cmd, &opts, &reply, &err);
-  if (ok && bson_iter_init_find(&it, &reply, "n")) n = iter_int64(&it, 0);
-  bson_destroy(&cmd);
+  /* a retryable write, as run_update's */
+  col = mongoc_client_get_collection(ml_client_get(L, c), db, coll);
+  ok = mongoc_collection_delete_one(col, &q, &opts, &reply, &err);
+  if (ok && bson_iter_init_find(&it, &reply, "deletedCount")) n = iter_int64(&it, 0);
+  mongoc_collection_destroy(col);
+  bson_destroy(&q);
   bson_destroy(&opts);
   bson_destroy(&reply);
   if (!ok) return ml_pusherror(L, &err);

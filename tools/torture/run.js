@@ -3,7 +3,7 @@
 // The torture harness: N worker processes (worker.lua) loop acquire / log /
 // hold / release on one lock while this process SIGKILLs random holders,
 // arms failCommand faults on the server (closeConnection; errorCode
-// 91/189/11600, with and without the RetryableWriteError label;
+// 91/189/11600, armed for one command or two: the driver retries once;
 // blockConnection), and runs some workers under faketime an hour ahead or
 // behind.  At the end it stops the workers and runs the
 // checker (check.lua) on the log; its TAP output and exit status are ours.
@@ -171,8 +171,9 @@ async function main() {
       const f = pick(FAULTS);
       const data = { ...f.data, appName: 'torture' };
       if (data.blockConnection) data.blockTimeMS = Math.round(rand(100, 400));
-      // with the label the driver retries once; without, the error reaches the caller
-      if (data.errorCode && Math.random() < 0.5) data.errorLabels = ['RetryableWriteError'];
+      // the server labels these errors RetryableWriteError and the driver
+      // retries once: a fault armed for one command is absorbed by the
+      // retry, one armed for two reaches the caller
       try {
         await admin.command({ configureFailPoint: 'failCommand', mode: { times: 1 + Math.floor(Math.random() * 2) }, data });
         stats.faults += 1;
