@@ -1,7 +1,8 @@
 /*
  * raw: the ceiling for mongolock's uncontended cycle.  The same two commands
  * the library sends (doc/design.md: acquire = one findAndModify with the
- * update pipeline, release = one update), built and sent from C on libmongoc
+ * update pipeline, release = one update, sent as a retryable write with
+ * mongoc_collection_update_one), built and sent from C on libmongoc
  * with nothing else around them: no Lua, no argument checks, no lease table.
  *
  *   raw URI [SECONDS [WARMUP]]
@@ -64,7 +65,7 @@ static void new_owner(char out[33]) {
   "{\"$filter\": {\"input\": {\"$cond\": [{\"$isArray\": \"$queue\"}, \"$queue\", []]}," \
   " \"cond\": {\"$gt\": [\"$$this.until\", \"$$NOW\"]}}}"
 
-static bson_t *STAGE0, *STAGE1, *SET_REST, *STAGE3, *FIELDS, *RELEASE_U, *WC_OPTS;
+static bson_t *STAGE0, *STAGE1, *SET_REST, *STAGE3, *FIELDS, *RELEASE_U, *WC_OPTS, *UPDATE_OPTS;
 
 static bson_t *json(const char *text) {
   bson_error_t err;
@@ -167,20 +168,10 @@ static void acquire_cmd(bson_t *cmd, const char *coll, const char *name, const c
 }
 
 /* the release of doc/design.md into cmd */
-static void release_cmd(bson_t *cmd, const char *coll, const char *name, const char *owner) {
-  bson_t updates, one, q;
-  BSON_APPEND_UTF8(cmd, "update", coll);
-  BSON_APPEND_ARRAY_BEGIN(cmd, "updates", &updates);
-  BSON_APPEND_DOCUMENT_BEGIN(&updates, "0", &one);
-  BSON_APPEND_DOCUMENT_BEGIN(&one, "q", &q);
-  BSON_APPEND_UTF8(&q, "_id", name);
-  BSON_APPEND_UTF8(&q, "owner", owner);
-  bson_append_document_end(&one, &q);
-  BSON_APPEND_ARRAY(&one, "u", RELEASE_U);
-  BSON_APPEND_BOOL(&one, "upsert", false);
-  BSON_APPEND_BOOL(&one, "multi", false);
-  bson_append_document_end(&updates, &one);
-  bson_append_array_end(cmd, &updates);
+/* the release's filter {_id: name, owner: owner}; the update is RELEASE_U */
+static void release_filter(bson_t *q, const char *name, const char *owner) {
+  BSON_APPEND_UTF8(q, "_id", name);
+  BSON_APPEND_UTF8(q, "owner", owner);
 }
 
 /* 1 when the reply's value.owner is ours */
@@ -190,10 +181,10 @@ static int won(const bson_t *reply, const char *owner) {
          BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), owner) == 0;
 }
 
-/* n of an update reply, or -1 */
-static int64_t reply_n(const bson_t *reply) {
+/* matchedCount of an update_one reply, or -1 */
+static int64_t reply_matched(const bson_t *reply) {
   bson_iter_t it;
-  if (bson_iter_init_find(&it, reply, "n") && BSON_ITER_HOLDS_NUMBER(&it))
+  if (bson_iter_init_find(&it, reply, "matchedCount") && BSON_ITER_HOLDS_NUMBER(&it))
     return bson_iter_as_int64(&it);
   return -1;
 }
@@ -219,8 +210,8 @@ static int64_t opcounters(mongoc_client_t *c) {
 }
 
 /* one acquire + release; 0 on success */
-static int cycle(mongoc_client_t *c, const char *db, const char *coll, const char *name,
-                 const bson_t *holder) {
+static int cycle(mongoc_client_t *c, mongoc_collection_t *col, const char *db,
+                 const char *coll, const char *name, const bson_t *holder) {
   char owner[33];
   bson_t cmd, reply;
   bson_error_t err;
@@ -233,9 +224,11 @@ static int cycle(mongoc_client_t *c, const char *db, const char *coll, const cha
   bson_destroy(&reply);
   bson_destroy(&cmd);
   if (!ok) return -1;
+  /* release: a retryable write through update_one, as the library's */
   bson_init(&cmd);
-  release_cmd(&cmd, coll, name, owner);
-  ok = mongoc_client_write_command_with_opts(c, db, &cmd, WC_OPTS, &reply, &err) && reply_n(&reply) == 1;
+  release_filter(&cmd, name, owner);
+  ok = mongoc_collection_update_one(col, &cmd, RELEASE_U, UPDATE_OPTS, &reply, &err) &&
+       reply_matched(&reply) == 1;
   if (!ok && err.code) fprintf(stderr, "raw: update: %s\n", err.message);
   bson_destroy(&reply);
   bson_destroy(&cmd);
@@ -250,7 +243,8 @@ int main(int argc, char **argv) {
   mongoc_client_pool_t *pool;
   mongoc_client_t *c;
   mongoc_write_concern_t *wc;
-  bson_t wc_opts = BSON_INITIALIZER, *holder;
+  bson_t wc_opts = BSON_INITIALIZER, update_opts, *holder;
+  mongoc_collection_t *col;
   bson_error_t err;
   char host[256], name[64];
   const char *db = "mongolock_bench", *coll = "locks";
@@ -280,17 +274,21 @@ int main(int argc, char **argv) {
   snprintf(name, sizeof name, "bench-raw-%ld", (long)pid);
   build_static(TTL_MS);
   WC_OPTS = &wc_opts;
+  bson_copy_to(&wc_opts, &update_opts);
+  BSON_APPEND_BOOL(&update_opts, "validate", false);
+  UPDATE_OPTS = &update_opts;
+  col = mongoc_client_get_collection(c, db, coll);
   holder = BCON_NEW("host", BCON_UTF8(host), "pid", BCON_INT64(pid));
 
   for (i = 0; i < warmup; i++)
-    if (cycle(c, db, coll, name, holder) != 0) failed++;
+    if (cycle(c, col, db, coll, name, holder) != 0) failed++;
 
   ops0 = opcounters(c);
   c0 = cpu_s();
   t0 = now_s();
   do {
     for (i = 0; i < 64; i++) {
-      if (cycle(c, db, coll, name, holder) != 0) failed++;
+      if (cycle(c, col, db, coll, name, holder) != 0) failed++;
       n++;
     }
     t1 = now_s();
@@ -302,6 +300,8 @@ int main(int argc, char **argv) {
          n, t1 - t0, c1 - c0, (ops0 < 0 || ops1 < 0) ? -1LL : (long long)(ops1 - ops0 - 1), failed);
 
   bson_destroy(holder);
+  bson_destroy(&update_opts);
+  mongoc_collection_destroy(col);
   bson_destroy(STAGE0);
   bson_destroy(STAGE1);
   bson_destroy(SET_REST);
