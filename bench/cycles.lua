@@ -3,6 +3,11 @@
 --
 --   lua5.4|luajit bench/cycles.lua [SECONDS [WARMUP]]     (MONGODB_URI set)
 --
+-- The cycle takes the lock with locks:try, the same command bench/raw.c
+-- sends; CALL=acquire takes it with locks:acquire instead (the command of
+-- a waiter's attempt: it carries the waiter id, so it costs a little more
+-- to build), and names the line "<impl>-acquire".
+--
 -- Prints one JSON line, the same fields as bench/raw.c:
 --   {"impl":"lua5.4","cycles":N,"seconds":S,"cpu":S,"ops":N,"failed":N}
 -- cpu is os.clock(): glibc's clock() is CLOCK_PROCESS_CPUTIME_ID, user +
@@ -16,7 +21,9 @@ local core = require "mongolock.core"
 local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI is not set")
 local seconds = tonumber(arg[1]) or 5
 local warmup = tonumber(arg[2]) or 200
-local impl = rawget(_G, "jit") and "luajit" or "lua5.4"
+local call = os.getenv("CALL") or "try"
+assert(call == "try" or call == "acquire", "CALL must be try or acquire")
+local impl = (rawget(_G, "jit") and "luajit" or "lua5.4") .. (call == "acquire" and "-acquire" or "")
 
 local client = assert(mongolock.connect(uri, { appname = "bench-" .. impl }))
 local locks = client:locks { database = "mongolock_bench", collection = "locks" }
@@ -24,7 +31,7 @@ local name = "bench-" .. impl .. "-" .. core.getpid()
 
 local failed = 0
 local function cycle()
-  local h, err = locks:try(name)
+  local h, err = locks[call](locks, name)
   if not h then
     failed = failed + 1
     io.stderr:write("cycles: acquire: ", tostring(err), "\n")

@@ -16,11 +16,12 @@ assert(results and outdir, "usage: report.lua RESULTS.jsonl OUTDIR")
 local LABEL = {
   raw = "raw libmongoc, C (ceiling)",
   ["lua5.4"] = "mongolock, Lua 5.4",
+  ["lua5.4-acquire"] = "mongolock acquire (a waiter's command), Lua 5.4",
   luajit = "mongolock, LuaJIT",
   ["mongo-locks"] = "mongo-locks 3.2.0, Node (mongodb 6)",
   ["mongodb-lock"] = "mongodb-lock 1.0.1, Node (mongodb 3)",
 }
-local ORDER = { "raw", "lua5.4", "luajit", "mongo-locks", "mongodb-lock" }
+local ORDER = { "raw", "lua5.4", "luajit", "lua5.4-acquire", "mongo-locks", "mongodb-lock" }
 
 local cyc, mem, leaks = {}, {}, {}
 for line in io.lines(results) do

@@ -197,15 +197,34 @@ static int l_exit(lua_State *L) {
   return 0;
 }
 
-/* core._waitpid(pid) -> exit status: INTERNAL test hook */
+/* core._waitpid(pid [, timeout]) -> exit status | nil, "timeout".
+ * INTERNAL test hook.  With timeout (seconds), a child still running then
+ * is killed (SIGKILL) and reaped, so that a child stuck after fork fails
+ * its spec instead of hanging the run. */
 static int l_waitpid(lua_State *L) {
   pid_t p = (pid_t)luaL_checkinteger(L, 1);
+  double timeout = luaL_optnumber(L, 2, -1);
+  double deadline = ml_monotonic() + timeout;
   int st = 0;
-  while (waitpid(p, &st, 0) < 0) {
-    if (errno != EINTR) {
+  pid_t r;
+  for (;;) {
+    r = waitpid(p, &st, timeout < 0 ? 0 : WNOHANG);
+    if (r == p) break;
+    if (r < 0 && errno != EINTR) {
       lua_pushnil(L);
       lua_pushstring(L, strerror(errno));
       return 2;
+    }
+    if (r == 0) {
+      if (ml_monotonic() >= deadline) {
+        kill(p, SIGKILL);
+        while (waitpid(p, &st, 0) < 0 && errno == EINTR)
+          ;
+        lua_pushnil(L);
+        lua_pushliteral(L, "timeout");
+        return 2;
+      }
+      ml_sleep(0.01);
     }
   }
   lua_pushinteger(L, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));

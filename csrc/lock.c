@@ -12,7 +12,6 @@
  */
 #include <math.h>
 #include <stdlib.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -56,33 +55,77 @@ static int find_doc(const bson_t *doc, const char *key, bson_t *out) {
 }
 
 /*
- * A document from JSON built with printf: for the constant parts of the
- * pipelines (every %s passed is hex digits or a number, never user text).
- * A parse error is a bug in this file: it aborts with the message.
+ * A constant pipeline part from its JSON text.  A parse error is a bug in
+ * this file: it aborts with the message.
  */
-static bson_t *json_doc(const char *fmt, ...) BSON_GNUC_PRINTF(1, 2);
-static bson_t *json_doc(const char *fmt, ...) {
-  va_list ap;
-  char *text;
-  bson_t *b;
+static bson_t *json_doc(const char *text) {
   bson_error_t err;
-  va_start(ap, fmt);
-  text = bson_strdupv_printf(fmt, ap);
-  va_end(ap);
-  b = bson_new_from_json((const uint8_t *)text, -1, &err);
+  bson_t *b = bson_new_from_json((const uint8_t *)text, -1, &err);
   if (!b) {
     fprintf(stderr, "mongolock: bad pipeline JSON (%s): %s\n", err.message, text);
     abort();
   }
-  bson_free(text);
   return b;
+}
+
+/*
+ * The values of one attempt or leave, put into the constant parts where
+ * they hold these placeholder strings:
+ *   "@W@" the waiter id, "@T@" this process's tag, "@TW@" both (a next),
+ *   "@Q@" how long the place is kept (int64 ms), "@P@" polling (bool).
+ */
+typedef struct {
+  const char *w, *t;
+  int64_t queue_ms;
+  int polling;
+} subst_vals;
+
+/* appends every field of src to dst, placeholders replaced (v: NULL for a
+ * part without any) */
+static void append_all_with(bson_t *dst, const bson_t *src, const subst_vals *v) {
+  bson_iter_t it;
+  if (!bson_iter_init(&it, src)) return;
+  while (bson_iter_next(&it)) {
+    const char *key = bson_iter_key(&it);
+    if (v && BSON_ITER_HOLDS_UTF8(&it) && bson_iter_utf8(&it, NULL)[0] == '@') {
+      const char *ph = bson_iter_utf8(&it, NULL);
+      if (!strcmp(ph, "@W@")) {
+        BSON_APPEND_UTF8(dst, key, v->w);
+      } else if (!strcmp(ph, "@T@")) {
+        BSON_APPEND_UTF8(dst, key, v->t);
+      } else if (!strcmp(ph, "@TW@")) {
+        char tw[49];
+        bson_snprintf(tw, sizeof tw, "%s%s", v->t, v->w);
+        BSON_APPEND_UTF8(dst, key, tw);
+      } else if (!strcmp(ph, "@Q@")) {
+        BSON_APPEND_INT64(dst, key, v->queue_ms);
+      } else if (!strcmp(ph, "@P@")) {
+        BSON_APPEND_BOOL(dst, key, v->polling != 0);
+      } else {
+        bson_append_iter(dst, key, -1, &it);
+      }
+    } else if (v && (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it))) {
+      uint32_t len;
+      const uint8_t *data;
+      bson_t sub, child;
+      int is_doc = BSON_ITER_HOLDS_DOCUMENT(&it);
+      if (is_doc) bson_iter_document(&it, &len, &data);
+      else bson_iter_array(&it, &len, &data);
+      if (!bson_init_static(&sub, data, len)) continue;
+      if (is_doc) bson_append_document_begin(dst, key, -1, &child);
+      else bson_append_array_begin(dst, key, -1, &child);
+      append_all_with(&child, &sub, v);
+      if (is_doc) bson_append_document_end(dst, &child);
+      else bson_append_array_end(dst, &child);
+    } else {
+      bson_append_iter(dst, key, -1, &it);
+    }
+  }
 }
 
 /* appends every field of src to dst */
 static void append_all(bson_t *dst, const bson_t *src) {
-  bson_iter_t it;
-  if (bson_iter_init(&it, src))
-    while (bson_iter_next(&it)) bson_append_iter(dst, bson_iter_key(&it), -1, &it);
+  append_all_with(dst, src, NULL);
 }
 
 /* the queue's live entries: those whose until is still ahead of the
@@ -102,20 +145,26 @@ static void append_all(bson_t *dst, const bson_t *src) {
 /* the constant parts of the pipelines, parsed once */
 static struct {
   bson_t *stage0;               /* {$set: {_mlq: LIVE}} */
-  bson_t *stage1_try;           /* {$set: {_mlt: FREE and nobody queued}} */
+  bson_t *stage1;               /* {$set: {_mlt: FREE and nobody queued
+                                   ahead of @W@}} */
+  bson_t *stage1_try;           /* stage1 for nobody: FREE and nobody queued */
   bson_t *token_acquired;       /* token, acquiredAt of the $set */
+  bson_t *tail;                 /* queue, next of an attempt's $set */
   bson_t *tail_try;             /* queue, next of a try's $set */
   bson_t *stage3;               /* {$unset: [_mlq, _mlt]} */
+  bson_t *fields;               /* an attempt's projection (position of @W@) */
   bson_t *fields_try;           /* a try's projection */
   bson_t *release_next;         /* {next: QUEUE_HEAD} */
+  bson_t *waiting;              /* {waiting: live entries}, for status */
+  bson_t *leave;                /* the leave pipeline */
 } K;
 static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
 /* K's documents live in static storage, not on the heap: nothing to free
  * when the module is unloaded, and nothing a thread still releasing a
  * lease at exit could see freed */
-#define KDOCS 7
-#define KDOC_MAX 1024
+#define KDOCS 12
+#define KDOC_MAX 2048
 static struct {
   bson_t b;
   uint8_t buf[KDOC_MAX];
@@ -138,37 +187,67 @@ static bson_t *keep(bson_t *heap) {
 
 /* _mlt: the lock is free (no owner, or the lease ended) and no watching
  * waiter is queued ahead of W (fw: the first watching entry; me: W's) */
-#define STAGE1_FMT                                                               \
+#define STAGE1                                                                   \
   "{\"$set\": {\"_mlt\": {\"$let\": {\"vars\": {"                                 \
   "  \"fw\": {\"$indexOfArray\": [{\"$map\": {\"input\": \"$_mlq\","                 \
   "                                 \"in\": {\"$ne\": [\"$$this.p\", true]}}}, true]}," \
-  "  \"me\": {\"$indexOfArray\": [\"$_mlq.w\", \"%s\"]}},"                            \
+  "  \"me\": {\"$indexOfArray\": [\"$_mlq.w\", \"@W@\"]}},"                           \
   " \"in\": {\"$and\": ["                                                          \
   "  {\"$or\": [{\"$eq\": [{\"$ifNull\": [\"$owner\", null]}, null]},"             \
   "            {\"$lte\": [\"$expiresAt\", \"$$NOW\"]}]},"                       \
   "  {\"$or\": [{\"$eq\": [\"$$fw\", -1]},"                                         \
   "            {\"$and\": [{\"$ne\": [\"$$me\", -1]}, {\"$lte\": [\"$$me\", \"$$fw\"]}]}]}]}}}}}"
-#define FIELDS_FMT                                                               \
+#define FIELDS                                                                   \
   "{\"owner\": 1, \"token\": 1, \"expiresAt\": 1, \"holder\": 1, \"acquiredAt\": 1," \
   " \"remainingMs\": {\"$subtract\": [\"$expiresAt\", \"$$NOW\"]},"              \
   " \"queued\": {\"$size\": {\"$cond\": [{\"$isArray\": \"$queue\"}, \"$queue\", []]}}," \
   " \"position\": {\"$indexOfArray\": [{\"$cond\": [{\"$isArray\": \"$queue\"},"  \
-  "     \"$queue.w\", []]}, \"%s\"]}}"
+  "     \"$queue.w\", []]}, \"@W@\"]}}"
+
+/* a constant part with the placeholders of v put in, kept */
+static bson_t *keep_with(const bson_t *tmpl, const subst_vals *v) {
+  bson_t *b = bson_new();
+  append_all_with(b, tmpl, v);
+  return keep(b);
+}
 
 static void k_init(void) {
+  const subst_vals nobody = {"", "", 0, 0};
   K.stage0 = keep(json_doc("{\"$set\": {\"_mlq\": " LIVE_QUEUE "}}"));
-  K.stage1_try = keep(json_doc(STAGE1_FMT, ""));
+  K.stage1 = keep(json_doc(STAGE1));
+  K.stage1_try = keep_with(K.stage1, &nobody);
   K.token_acquired = keep(json_doc(
       "{\"token\": {\"$cond\": [\"$_mlt\", {\"$max\": ["
       "     {\"$add\": [{\"$ifNull\": [\"$token\", {\"$numberLong\": \"0\"}]}, {\"$numberLong\": \"1\"}]},"
       "     {\"$multiply\": [{\"$toLong\": \"$$NOW\"}, {\"$numberLong\": \"1024\"}]}]}, \"$token\"]},"
       " \"acquiredAt\": {\"$cond\": [\"$_mlt\", \"$$NOW\", \"$acquiredAt\"]}}"));
+  /* taken: the live queue without us; else our place kept (until
+   * refreshed) or taken at the end */
+  K.tail = keep(json_doc(
+      "{\"queue\": {\"$cond\": [\"$_mlt\","
+      "   {\"$filter\": {\"input\": \"$_mlq\", \"cond\": {\"$ne\": [\"$$this.w\", \"@W@\"]}}},"
+      "   {\"$cond\": [{\"$in\": [\"@W@\", \"$_mlq.w\"]},"
+      "     {\"$map\": {\"input\": \"$_mlq\", \"in\": {\"$cond\": [{\"$eq\": [\"$$this.w\", \"@W@\"]},"
+      "        {\"w\": \"@W@\", \"t\": \"@T@\", \"until\": {\"$add\": [\"$$NOW\", \"@Q@\"]}, \"p\": \"@P@\"},"
+      "        \"$$this\"]}}},"
+      "     {\"$concatArrays\": [\"$_mlq\", [{\"w\": \"@W@\", \"t\": \"@T@\","
+      "        \"until\": {\"$add\": [\"$$NOW\", \"@Q@\"]}, \"p\": \"@P@\"}]]}]}]},"
+      " \"next\": {\"$cond\": [\"$_mlt\", null, \"$next\"]}}"));
   /* a try leaves a queue it did not take from as it was */
   K.tail_try = keep(json_doc("{\"queue\": {\"$cond\": [\"$_mlt\", \"$_mlq\", \"$queue\"]},"
                              " \"next\": {\"$cond\": [\"$_mlt\", null, \"$next\"]}}"));
   K.stage3 = keep(json_doc("{\"$unset\": [\"_mlq\", \"_mlt\"]}"));
-  K.fields_try = keep(json_doc(FIELDS_FMT, ""));
+  K.fields = keep(json_doc(FIELDS));
+  K.fields_try = keep_with(K.fields, &nobody);
   K.release_next = keep(json_doc("{\"next\": " QUEUE_HEAD "}"));
+  K.waiting = keep(json_doc("{\"waiting\": {\"$size\": " LIVE_QUEUE "}}"));
+  /* out of the queue; a release already handed to us (next names us)
+   * goes to the next live waiter */
+  K.leave = keep(json_doc(
+      "{\"0\": {\"$set\": {\"queue\": {\"$filter\": {\"input\": " LIVE_QUEUE ","
+      "   \"cond\": {\"$ne\": [\"$$this.w\", \"@W@\"]}}}}},"
+      " \"1\": {\"$set\": {\"next\": {\"$cond\": [{\"$eq\": [\"$next\", \"@TW@\"]},"
+      "   " QUEUE_HEAD ", \"$next\"]}}}}"));
 }
 
 /* pushes a date (ms since the epoch) as seconds, like ngx.now() */
@@ -760,9 +839,7 @@ static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_
                           const char *app, const char *waiter, const char *tag,
                           int64_t queue_ms, int polling) {
   bson_t q, u, stage, set, d, arr, x, xa, holder;
-  bson_t *b;
-  const char *p = polling ? "true" : "false";
-
+  const subst_vals v = {waiter, tag, queue_ms, polling};
   pthread_once(&k_once, k_init);
   BSON_APPEND_UTF8(cmd, "findAndModify", coll);
   BSON_APPEND_DOCUMENT_BEGIN(cmd, "query", &q);
@@ -777,9 +854,9 @@ static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_
   /* 1: _mlt, whether this attempt takes the lock: it is free (no owner,
    * or the lease ended) and nobody waits ahead of us */
   if (waiter) {
-    b = json_doc(STAGE1_FMT, waiter);
-    BSON_APPEND_DOCUMENT(&u, "1", b);
-    bson_destroy(b);
+    BSON_APPEND_DOCUMENT_BEGIN(&u, "1", &stage);
+    append_all_with(&stage, K.stage1, &v);
+    bson_append_document_end(&u, &stage);
   } else {
     BSON_APPEND_DOCUMENT(&u, "1", K.stage1_try);
   }
@@ -808,36 +885,17 @@ static void build_acquire(bson_t *cmd, const char *coll, const char *name, size_
   bson_append_document_end(&x, &holder);
   bson_append_document_end(&arr, &x);
   cond_end(&set, "holder", &d, &arr);
-  if (waiter) {
-    /* taken: the live queue without us; else our place kept (until
-     * refreshed) or taken at the end */
-    b = json_doc(
-        "{\"queue\": {\"$cond\": [\"$_mlt\","
-        "   {\"$filter\": {\"input\": \"$_mlq\", \"cond\": {\"$ne\": [\"$$this.w\", \"%s\"]}}},"
-        "   {\"$cond\": [{\"$in\": [\"%s\", \"$_mlq.w\"]},"
-        "     {\"$map\": {\"input\": \"$_mlq\", \"in\": {\"$cond\": [{\"$eq\": [\"$$this.w\", \"%s\"]},"
-        "        {\"w\": \"%s\", \"t\": \"%s\","
-        "         \"until\": {\"$add\": [\"$$NOW\", {\"$numberLong\": \"%lld\"}]}, \"p\": %s},"
-        "        \"$$this\"]}}},"
-        "     {\"$concatArrays\": [\"$_mlq\", [{\"w\": \"%s\", \"t\": \"%s\","
-        "        \"until\": {\"$add\": [\"$$NOW\", {\"$numberLong\": \"%lld\"}]}, \"p\": %s}]]}]}]},"
-        " \"next\": {\"$cond\": [\"$_mlt\", null, \"$next\"]}}",
-        waiter, waiter, waiter, waiter, tag, (long long)queue_ms, p, waiter, tag,
-        (long long)queue_ms, p);
-    append_all(&set, b);
-    bson_destroy(b);
-  } else {
-    append_all(&set, K.tail_try);
-  }
+  if (waiter) append_all_with(&set, K.tail, &v);
+  else append_all(&set, K.tail_try);
   bson_append_document_end(&stage, &set);
   bson_append_document_end(&u, &stage);
   BSON_APPEND_DOCUMENT(&u, "3", K.stage3);
   bson_append_array_end(cmd, &u);
 
   if (waiter) {
-    b = json_doc(FIELDS_FMT, waiter);
-    BSON_APPEND_DOCUMENT(cmd, "fields", b);
-    bson_destroy(b);
+    BSON_APPEND_DOCUMENT_BEGIN(cmd, "fields", &x);
+    append_all_with(&x, K.fields, &v);
+    bson_append_document_end(cmd, &x);
   } else {
     BSON_APPEND_DOCUMENT(cmd, "fields", K.fields_try);
   }
@@ -1094,12 +1152,8 @@ static void append_status_project(bson_t *pipeline, const char *key) {
   BSON_APPEND_INT32(&p, "acquiredAt", 1);
   BSON_APPEND_INT32(&p, "expiresAt", 1);
   BSON_APPEND_INT32(&p, "holder", 1);
-  {
-    /* waiting: live queued waiters */
-    bson_t *w = json_doc("{\"waiting\": {\"$size\": " LIVE_QUEUE "}}");
-    append_all(&p, w);
-    bson_destroy(w);
-  }
+  pthread_once(&k_once, k_init);
+  append_all(&p, K.waiting);          /* live queued waiters */
   BSON_APPEND_DOCUMENT_BEGIN(&p, "held", &held);
   BSON_APPEND_ARRAY_BEGIN(&held, "$and", &anda);
   BSON_APPEND_DOCUMENT_BEGIN(&anda, "0", &ne);
@@ -1246,20 +1300,17 @@ static int l_leave(lua_State *L) {
   size_t namelen;
   const char *name = arg_name(L, 4, &namelen);
   const char *w = arg_waiter(L, 5);
-  bson_t q = BSON_INITIALIZER, *u;
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   bson_error_t err;
-  int64_t n;
   char tag[17];
+  subst_vals v = {w, tag, 0, 0};
   if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+  pthread_once(&k_once, k_init);
   bson_append_utf8(&q, "_id", 3, name, (int)namelen);
   BSON_APPEND_UTF8(&q, "queue.w", w);
-  u = json_doc("{\"0\": {\"$set\": {\"queue\": {\"$filter\": {\"input\": " LIVE_QUEUE ","
-               "   \"cond\": {\"$ne\": [\"$$this.w\", \"%s\"]}}}}},"
-               " \"1\": {\"$set\": {\"next\": {\"$cond\": [{\"$eq\": [\"$next\", \"%s%s\"]},"
-               "   " QUEUE_HEAD ", \"$next\"]}}}}",
-               w, tag, w);
-  n = run_update(ml_client_get(L, c), c, db, coll, &q, u, &err);
-  if (n < 0) return ml_pusherror(L, &err);
+  append_all_with(&u, K.leave, &v);
+  if (run_update(ml_client_get(L, c), c, db, coll, &q, &u, &err) < 0)
+    return ml_pusherror(L, &err);
   lua_pushboolean(L, 1);
   return 1;
 }

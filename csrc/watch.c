@@ -575,12 +575,8 @@ static int l_watch_wait(lua_State *L) {
   pthread_once(&atfork_once, install_atfork);
   deadline = ml_monotonic() + (timeout > 0 ? timeout : 0);
   bson_init(&key);
-  if (lua_type(L, 5) == LUA_TSTRING) {
-    size_t idlen;
-    const char *id = lua_tolstring(L, 5, &idlen);
-    bson_append_utf8(&key, "k", 1, id, (int)idlen);
-  } else {
-    /* a document's _id of any type, as the stream's documentKey has it */
+  {
+    /* {k: id}, the _id of any type as the stream's documentKey has it */
     char err[256];
     int ok;
     luaL_argcheck(L, !lua_isnoneornil(L, 5), 5, "_id expected, got nil");

@@ -169,6 +169,19 @@ describe("#integration locks across processes", function()
     end)
   end)
 
+  it("the fork specs' waitpid kills and reports a child that outlives its timeout", function()
+    local pid = assert(core._fork())
+    if pid == 0 then
+      core.sleep(30)
+      core._exit(0)
+    end
+    local started = core.monotonic()
+    assert.same({ nil, "timeout" }, { core._waitpid(pid, 0.2) })
+    assert.is_true(core.monotonic() - started < 10)
+    local alive = os.execute("kill -0 " .. pid .. " 2>/dev/null")
+    assert.is_false(alive == true or alive == 0)   -- Lua 5.4 answers true, LuaJIT 0
+  end)
+
   it("a client made before fork() works in the child, which never releases the parent's lock", function()
     local name = helpers.unique("fork")
     local h = assert(locks:acquire(name, { ttl = 30 }))
@@ -196,7 +209,7 @@ describe("#integration locks across processes", function()
       end)
       core._exit(ok and code or 99)
     end
-    assert.equal(0, core._waitpid(pid))
+    assert.equal(0, core._waitpid(pid, 60))
     local st = assert(locks:status(name))
     assert.is_true(st.held)
     assert.equal(h.owner, st.owner)

@@ -174,7 +174,7 @@ describe("#integration background renewal", function()
       end)
       core._exit(ok and 0 or (status ~= 0 and status or 1))
     end
-    local st = core._waitpid(pid)
+    local st = core._waitpid(pid, 60)
     assert.equal(0, st)
     -- the parent's lease was renewed throughout, and is still ours
     assert.is_true(h:check())

@@ -254,7 +254,7 @@ describe("#integration change-stream waits", function()
       end)
       core._exit(code)
     end
-    assert.equal(0, core._waitpid(pid))
+    assert.equal(0, core._waitpid(pid, 60))
     h, err, calls = handoff("after")
     assert.is_truthy(h, err)
     assert.equal(1, calls)

@@ -119,7 +119,6 @@ function _M.sleep_until_retry(state)
   end
   local now = monotonic()
   local left = state.deadline - now
-  if left <= 0 then return true end
   -- a queued waiter comes back before its place lapses
   if state.refresh_at then left = math_min(left, state.refresh_at - now) end
   if left <= 0 then return true end
