@@ -48,7 +48,8 @@ CFLAGS ?= -O2 -g
 WARN := -std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror
 MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
 MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
-CSRC := $(wildcard csrc/*.c)
+# csrc/proc.c is the command's own module (mongolock.proc), not the core's
+CSRC := $(filter-out csrc/proc.c,$(wildcard csrc/*.c))
 CHDR := $(wildcard csrc/*.h)
 
 # one build tree per Lua: build/<lua>/mongolock/core.so
@@ -56,14 +57,21 @@ LUAS := lua5.4 luajit
 INC_lua5.4 := -I/usr/include/lua5.4
 INC_luajit := -I/usr/include/luajit-2.1
 CORE_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/core.so)
+PROC_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/proc.so)
 
 .PHONY: build
-build: deps-apt $(CORE_SO)
+build: deps-apt $(CORE_SO) $(PROC_SO)
 
 build/%/mongolock/core.so: $(CSRC) $(CHDR) | deps-apt
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(MONGOC_CFLAGS) \
 	  -o $@ $(CSRC) $(MONGOC_LIBS) -lpthread
+
+# the mongolock command's child processes and signals (no libmongoc)
+build/%/mongolock/proc.so: csrc/proc.c csrc/compat.h | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) \
+	  -o $@ csrc/proc.c -lpthread
 
 # environment for running anything against the build tree
 export LUA_PATH := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;
@@ -122,11 +130,11 @@ torture: deps build
 # and hangs at start-up.
 ASAN_SO = build/asan/mongolock/core.so
 INC_asan := $(INC_lua5.4)
-$(ASAN_SO): SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+$(ASAN_SO) build/asan/mongolock/proc.so: SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 ASAN_ENV = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_SPECS ?= spec
-test-asan: deps $(ASAN_SO)
+test-asan: deps $(ASAN_SO) build/asan/mongolock/proc.so
 	@LUA_CPATH='$(CURDIR)/build/asan/?.so;;' MONGOLOCK_ROOT=$(CURDIR) \
 	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=hour.off $(ASAN_SPECS)
 

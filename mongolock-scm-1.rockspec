@@ -52,7 +52,7 @@ build = {
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
-        "csrc/renew.c", "csrc/watch.c", "csrc/proc.c", "csrc/bson.c", "csrc/command.c",
+        "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
@@ -60,6 +60,8 @@ build = {
       libdirs = { "$(LIBMONGOC_LIBDIR)", "$(LIBBSON_LIBDIR)" },
       libraries = { "mongoc-1.0", "bson-1.0", "pthread" },
     },
+    -- the mongolock command's child processes (bin/mongolock only)
+    ["mongolock.proc"] = { sources = { "csrc/proc.c" }, libraries = { "pthread" } },
   },
   install = {
     bin = { mongolock = "bin/mongolock" },

@@ -329,7 +329,6 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_lock_open(L);
   ml_renew_open(L);
   ml_watch_open(L);
-  ml_proc_open(L);
   ml_bson_open(L);
   ml_command_open(L);
   ml_documents_open(L);

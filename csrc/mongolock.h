@@ -9,7 +9,9 @@
  *   documents.c  locks on the application's own documents
  *   renew.c   background lease renewal (a thread per process)
  *   watch.c   change-stream waits
- *   proc.c    child processes for the mongolock command
+ *
+ * proc.c is a module of its own (mongolock.proc, child processes for the
+ * mongolock command) and does not use this header.
  *
  * Only luaopen_mongolock_core is exported; everything else is static or
  * hidden (the build uses -fvisibility=hidden).
@@ -283,9 +285,6 @@ void ml_documents_open(lua_State *L);
 void ml_renew_open(lua_State *L);
 void ml_watch_open(lua_State *L);
 
-/* [-0, +0] proc.c: child processes and signals for the mongolock command
- * (proc_spawn, proc_wait, proc_kill, proc_trap, proc_signals) */
-void ml_proc_open(lua_State *L);
 
 /*
  * Hands l (a lease just won whose handle asked for renewal) to c's renewal

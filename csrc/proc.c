@@ -1,19 +1,20 @@
 /*
- * Child processes and signals for the mongolock command: start a command,
- * wait for it while signals arrive, forward them, collect its exit status.
+ * luaopen_mongolock_proc: child processes and signals for the mongolock
+ * command (bin/mongolock), a module of its own so that the library every
+ * nginx worker loads (mongolock.core) spawns nothing.  No libmongoc here.
  *
- *   core.proc_trap()              catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
- *   core.proc_untrap()            back to their default disposition
- *   core.proc_signals()           -> {{name=, tty=}, ...} caught since last call
- *   core.proc_spawn(argv)         -> pid | nil, message, errno
- *   core.proc_wait(pid, timeout)  -> "exit", code | "signal", name, signo | false
- *   core.proc_kill(pid, name)     -> true | nil, message, errno
+ *   proc.trap()              catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
+ *   proc.untrap()            back to their default disposition
+ *   proc.signals()           -> {{name=, tty=}, ...} caught since last call
+ *   proc.spawn(argv)         -> pid | nil, message, errno
+ *   proc.wait(pid, timeout)  -> "exit", code | "signal", name, signo | false
+ *   proc.kill(pid, name)     -> true | nil, message, errno
  *
  * Invariants:
  * - Signal handlers only set a flag and write one byte to a non-blocking
  *   self-pipe (async-signal-safe); whichever thread runs the handler (the
- *   driver's threads included), the byte wakes proc_wait's poll().
- * - proc_wait never misses a wake-up: it drains the pipe before it looks at
+ *   driver's threads included), the byte wakes proc.wait's poll().
+ * - proc.wait never misses a wake-up: it drains the pipe before it looks at
  *   the child and the flags, so a signal arriving after the look leaves a
  *   byte that makes the next poll() return at once.
  * - A spawned child starts with every signal unblocked and the trapped ones
@@ -27,10 +28,11 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
-#include "mongolock.h"
+#include "compat.h"
 
 extern char **environ;
 
@@ -43,13 +45,19 @@ static const struct { int sig; const char *name; } signames[] = {
   {0, NULL}
 };
 
-/* the signals proc_trap catches and proc_signals reports */
+/* the signals proc.trap catches and proc.signals reports */
 static const int trapped[] = {SIGINT, SIGTERM, SIGHUP};
 #define NTRAPPED (sizeof trapped / sizeof trapped[0])
 
 static int wake_pipe[2] = {-1, -1};
 /* per trapped signal: sent by a process (kill) / by the kernel (a tty) */
 static volatile sig_atomic_t caught_user[NTRAPPED], caught_tty[NTRAPPED];
+
+static double monotonic(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static const char *signame(int sig) {
   int i;
@@ -82,7 +90,7 @@ static void drain_pipe(void) {
   while (read(wake_pipe[0], buf, sizeof buf) > 0) {}
 }
 
-/* core.proc_trap(): installs the handlers (idempotent) */
+/* proc.trap(): installs the handlers (idempotent) */
 static int l_proc_trap(lua_State *L) {
   struct sigaction sa;
   size_t i;
@@ -103,8 +111,8 @@ static int l_proc_trap(lua_State *L) {
   return 0;
 }
 
-/* core.proc_untrap(): the trapped signals and SIGCHLD back to their
- * default disposition (the pipe stays for a later proc_trap) */
+/* proc.untrap(): the trapped signals and SIGCHLD back to their
+ * default disposition (the pipe stays for a later proc.trap) */
 static int l_proc_untrap(lua_State *L) {
   struct sigaction sa;
   size_t i;
@@ -118,7 +126,7 @@ static int l_proc_untrap(lua_State *L) {
   return 0;
 }
 
-/* core.proc_signals() -> array of {name = "INT", tty = boolean}, clearing
+/* proc.signals() -> array of {name = "INT", tty = boolean}, clearing
  * them.  tty is true when the kernel sent it (a terminal key), which the
  * child in the same foreground process group has received too. */
 static int l_proc_signals(lua_State *L) {
@@ -147,7 +155,7 @@ static int push_errno(lua_State *L, const char *what, int err) {
   return 3;
 }
 
-/* core.proc_spawn(argv) -> pid | nil, message, errno.  argv: an array of
+/* proc.spawn(argv) -> pid | nil, message, errno.  argv: an array of
  * strings, argv[1] looked up in PATH.  errno ENOENT / EACCES tell "not
  * found" from "not executable". */
 static int l_proc_spawn(lua_State *L) {
@@ -196,10 +204,10 @@ static int any_caught(void) {
 }
 
 /*
- * core.proc_wait(pid, timeout) -> "exit", code | "signal", name, signo |
+ * proc.wait(pid, timeout) -> "exit", code | "signal", name, signo |
  * false.
  * Returns as soon as the child has ended (and reaps it), a trapped signal
- * is pending (see proc_signals), or timeout seconds have passed (false).
+ * is pending (see proc.signals), or timeout seconds have passed (false).
  * timeout 0 only looks.
  */
 static int l_proc_wait(lua_State *L) {
@@ -208,7 +216,7 @@ static int l_proc_wait(lua_State *L) {
   double deadline;
   luaL_argcheck(L, pid > 0, 1, "positive pid expected");
   luaL_argcheck(L, timeout >= 0, 2, "non-negative number expected");
-  deadline = ml_monotonic() + timeout;
+  deadline = monotonic() + timeout;
   for (;;) {
     int st = 0, ms;
     pid_t r;
@@ -232,9 +240,9 @@ static int l_proc_wait(lua_State *L) {
       return 2;
     }
     if (any_caught()) break;
-    left = deadline - ml_monotonic();
+    left = deadline - monotonic();
     if (left <= 0) break;
-    /* without proc_trap there is no SIGCHLD wake-up: look every 50 ms */
+    /* without proc.trap there is no SIGCHLD wake-up: look every 50 ms */
     ms = left > 3600 ? 3600000 : (int)(left * 1000) + 1;
     if (wake_pipe[0] < 0 && ms > 50) ms = 50;
     pfd.fd = wake_pipe[0];
@@ -247,7 +255,7 @@ static int l_proc_wait(lua_State *L) {
   return 1;
 }
 
-/* core.proc_kill(pid, name) -> true | nil, message, errno */
+/* proc.kill(pid, name) -> true | nil, message, errno */
 static int l_proc_kill(lua_State *L) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
   const char *name = luaL_checkstring(L, 2);
@@ -262,15 +270,21 @@ static int l_proc_kill(lua_State *L) {
 }
 
 static const luaL_Reg proc_funcs[] = {
-  {"proc_trap", l_proc_trap},
-  {"proc_untrap", l_proc_untrap},
-  {"proc_signals", l_proc_signals},
-  {"proc_spawn", l_proc_spawn},
-  {"proc_wait", l_proc_wait},
-  {"proc_kill", l_proc_kill},
+  {"trap", l_proc_trap},
+  {"untrap", l_proc_untrap},
+  {"signals", l_proc_signals},
+  {"spawn", l_proc_spawn},
+  {"wait", l_proc_wait},
+  {"kill", l_proc_kill},
   {NULL, NULL}
 };
 
-void ml_proc_open(lua_State *L) {
-  luaL_setfuncs(L, proc_funcs, 0);
+__attribute__((visibility("default")))
+int luaopen_mongolock_proc(lua_State *L);
+
+int luaopen_mongolock_proc(lua_State *L) {
+  luaL_newlib(L, proc_funcs);
+  lua_pushliteral(L, "0.1.0");
+  lua_setfield(L, -2, "_VERSION");
+  return 1;
 }

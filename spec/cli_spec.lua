@@ -5,6 +5,7 @@
 local helpers = require "helpers"
 local cjson = require "cjson"
 local core = require "mongolock.core"
+local proc = require "mongolock.proc"
 
 local format = string.format
 local q = helpers.shell_quote
@@ -98,56 +99,63 @@ local function assert_one_line(err)
   assert.is_falsy(err:find("traceback", 1, true))
 end
 
-describe("#unit mongolock.core proc_* (the command's child processes)", function()
+describe("#unit mongolock.proc (the command's child processes)", function()
+  it("is a module of its own: the library's core spawns nothing", function()
+    for _, f in ipairs({ "spawn", "wait", "kill", "trap", "untrap", "signals" }) do
+      assert.is_function(proc[f])
+      assert.is_nil(core["proc_" .. f])
+    end
+  end)
+
   it("spawns a command from PATH and reports its exit status", function()
-    local pid = assert(core.proc_spawn({ "sh", "-c", "exit 7" }))
-    assert.same({ "exit", 7 }, { core.proc_wait(pid, 10) })
+    local pid = assert(proc.spawn({ "sh", "-c", "exit 7" }))
+    assert.same({ "exit", 7 }, { proc.wait(pid, 10) })
   end)
 
   it("reports death by a signal with its name and number", function()
-    local pid = assert(core.proc_spawn({ "sleep", "30" }))
-    assert.is_false(core.proc_wait(pid, 0))            -- still running
-    assert.is_true(core.proc_kill(pid, "KILL"))
-    assert.same({ "signal", "KILL", 9 }, { core.proc_wait(pid, 10) })
+    local pid = assert(proc.spawn({ "sleep", "30" }))
+    assert.is_false(proc.wait(pid, 0))            -- still running
+    assert.is_true(proc.kill(pid, "KILL"))
+    assert.same({ "signal", "KILL", 9 }, { proc.wait(pid, 10) })
   end)
 
   it("says why a command cannot start, with errno", function()
-    local pid, err, errno = core.proc_spawn({ "no-such-command-anywhere" })
+    local pid, err, errno = proc.spawn({ "no-such-command-anywhere" })
     assert.is_nil(pid)
     assert.matches("No such file", err, 1, true)
     assert.equal(2, errno)
   end)
 
   it("returns false after the timeout while the child runs", function()
-    local pid = assert(core.proc_spawn({ "sleep", "30" }))
+    local pid = assert(proc.spawn({ "sleep", "30" }))
     local t0 = core.monotonic()
-    assert.is_false(core.proc_wait(pid, 0.1))
+    assert.is_false(proc.wait(pid, 0.1))
     assert.is_true(core.monotonic() - t0 >= 0.1)
-    core.proc_kill(pid, "KILL")
-    assert.equal("signal", (core.proc_wait(pid, 10)))
+    proc.kill(pid, "KILL")
+    assert.equal("signal", (proc.wait(pid, 10)))
   end)
 
-  it("catches SIGTERM sent by a process, wakes proc_wait and reports it once", function()
-    core.proc_trap()
-    finally(core.proc_untrap)   -- this process (busted) dies of ^C again
-    assert.same({}, core.proc_signals())
-    local pid = assert(core.proc_spawn({ "sleep", "30" }))
+  it("catches SIGTERM sent by a process, wakes proc.wait and reports it once", function()
+    proc.trap()
+    finally(proc.untrap)   -- this process (busted) dies of ^C again
+    assert.same({}, proc.signals())
+    local pid = assert(proc.spawn({ "sleep", "30" }))
     -- the shell's parent is this process
     os.execute("kill -TERM $PPID")
-    assert.is_false(core.proc_wait(pid, 10))          -- woken by the signal
-    assert.same({ { name = "TERM", tty = false } }, core.proc_signals())
-    assert.same({}, core.proc_signals())
-    core.proc_kill(pid, "KILL")
-    assert.equal("signal", (core.proc_wait(pid, 10)))
+    assert.is_false(proc.wait(pid, 10))          -- woken by the signal
+    assert.same({ { name = "TERM", tty = false } }, proc.signals())
+    assert.same({}, proc.signals())
+    proc.kill(pid, "KILL")
+    assert.equal("signal", (proc.wait(pid, 10)))
   end)
 
   it("raises on bad arguments", function()
-    assert.has_error(function() core.proc_spawn({}) end)
-    assert.has_error(function() core.proc_spawn({ "sh", 5 }) end)
-    assert.has_error(function() core.proc_spawn("sh") end)
-    assert.has_error(function() core.proc_wait(0, 1) end)
-    assert.has_error(function() core.proc_wait(1, -1) end)
-    assert.has_error(function() core.proc_kill(1, "NOPE") end)
+    assert.has_error(function() proc.spawn({}) end)
+    assert.has_error(function() proc.spawn({ "sh", 5 }) end)
+    assert.has_error(function() proc.spawn("sh") end)
+    assert.has_error(function() proc.wait(0, 1) end)
+    assert.has_error(function() proc.wait(1, -1) end)
+    assert.has_error(function() proc.kill(1, "NOPE") end)
   end)
 end)
 

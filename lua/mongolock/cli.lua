@@ -149,7 +149,7 @@ end
 
 -- ---- helpers ---------------------------------------------------------------------
 
-local core, mongolock
+local core, mongolock, proc
 
 local function load_core()
   if core then return end
@@ -157,6 +157,15 @@ local function load_core()
   if not ok then fail(EXIT.software, "cannot load the mongolock module: %s", tostring(m):match("^[^\n]*")) end
   mongolock = m
   core = require "mongolock.core"
+end
+
+-- the command's child processes and signals (csrc/proc.c)
+local function load_proc()
+  if proc then return proc end
+  local ok, m = pcall(require, "mongolock.proc")
+  if not ok then fail(EXIT.software, "cannot load the mongolock.proc module: %s", tostring(m):match("^[^\n]*")) end
+  proc = m
+  return proc
 end
 
 local function open_locks(args)
@@ -423,7 +432,7 @@ local function exec_acquire(args, locks)
     local h, err = call(locks, "acquire", args.name, opts)
     if h then return h end
     if err ~= "timeout" then fail(EXIT.unavailable, "cannot take %s: %s", args.name, tostring(err)) end
-    local caught = core.proc_signals()
+    local caught = proc.signals()
     if caught[1] then return nil, signal_status(caught[1].name) end
   end
 end
@@ -432,7 +441,7 @@ end
 -- until it ends; returns its exit status and whether the lease was lost
 -- (and said so) meanwhile
 local function supervise(args, h, argv)
-  local pid, err, errno = core.proc_spawn(argv)
+  local pid, err, errno = proc.spawn(argv)
   if not pid then
     warn("failed to execute %s", err)
     return (errno == 2) and EXIT.notfound or EXIT.noexec
@@ -446,18 +455,18 @@ local function supervise(args, h, argv)
   while true do
     local wait = look
     if kill_at then wait = min(wait, max(0, kill_at - core.monotonic())) end
-    local how, code, signo = core.proc_wait(pid, wait)
+    local how, code, signo = proc.wait(pid, wait)
     if how == "exit" then return code, lost end
     if how == "signal" then return 128 + signo, lost end
     if how == nil then fail(EXIT.software, "%s", tostring(code)) end
 
-    for _, sig in ipairs(core.proc_signals()) do
+    for _, sig in ipairs(proc.signals()) do
       -- a terminal's key already reached the child (same process group)
       if sig.tty then
         if args.verbose then warn("SIG%s came from the terminal, which sent it to %s too", sig.name, argv[1]) end
       else
         if args.verbose then warn("forwarding SIG%s to %s (pid %d)", sig.name, argv[1], pid) end
-        core.proc_kill(pid, sig.name)
+        proc.kill(pid, sig.name)
       end
     end
 
@@ -467,14 +476,14 @@ local function supervise(args, h, argv)
       if args.on_lost == "kill" then
         warn("lost the lock %s (its lease could not be renewed); terminating %s (pid %d)",
           args.name, argv[1], pid)
-        core.proc_kill(pid, "TERM")
+        proc.kill(pid, "TERM")
         kill_at = core.monotonic() + args.kill_after
       else
         warn("lost the lock %s (its lease could not be renewed); %s keeps running", args.name, argv[1])
       end
     end
     if kill_at and core.monotonic() >= kill_at then
-      core.proc_kill(pid, "KILL")
+      proc.kill(pid, "KILL")
       kill_at = nil
     end
   end
@@ -483,7 +492,7 @@ end
 local function cmd_exec(args)
   local client, locks = open_locks(args)
   load_core()
-  core.proc_trap()
+  load_proc().trap()
   local h, status = exec_acquire(args, locks)
   if not h then
     client:close()
@@ -536,18 +545,18 @@ local function cmd_demo(args, info)
   local argv = { "env", "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath, "MONGODB_URI=" .. uri,
     interpreter(info.arg), script }
   for _, a in ipairs(args.args) do argv[#argv + 1] = a end
-  core.proc_trap()
-  local pid, err, errno = core.proc_spawn(argv)
+  load_proc().trap()
+  local pid, err, errno = proc.spawn(argv)
   if not pid then
     warn("failed to execute %s", err)
     return (errno == 2) and EXIT.notfound or EXIT.noexec
   end
   while true do
-    local how, code, signo = core.proc_wait(pid, 3600)
+    local how, code, signo = proc.wait(pid, 3600)
     if how == "exit" then return code end
     if how == "signal" then return 128 + signo end
-    for _, sig in ipairs(core.proc_signals()) do
-      if not sig.tty then core.proc_kill(pid, sig.name) end
+    for _, sig in ipairs(proc.signals()) do
+      if not sig.tty then proc.kill(pid, sig.name) end
     end
   end
 end
