@@ -17,11 +17,41 @@ local EXAMPLE = root .. "/examples/nginx/nginx.conf"
 
 -- a location the spec adds to the example: the per-worker queue of
 -- resty.mongolock, checked from inside one request of one worker
-local GATE_LOCATION = [[
+local SPEC_LOCATIONS = [[
+        location = /worker-pid {
+            return 200 $pid;
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
+
+        # the example's /incr waiting at most 1 s for the lock
+        location = /incr-short {
+            content_by_lua_block { require("guarded_counter").incr({ timeout = 1 }) }
+        }
+
+        # ?n= guarded increments of the counter "saturate" at once, from
+        # light threads of this one request (so in one worker)
+        location = /saturate {
+            content_by_lua_file saturate_spec.lua;
+        }
 ]]
+
+local SATURATE_HANDLER = [==[
+local counter = require "guarded_counter"
+local n = tonumber(ngx.var.arg_n)
+local threads, ok, errors = {}, 0, {}
+for i = 1, n do
+  threads[i] = ngx.thread.spawn(function()
+    local v, err = counter.guarded_add("saturate")
+    if v then ok = ok + 1 else errors[#errors + 1] = tostring(err) end
+  end)
+end
+for i = 1, n do ngx.thread.wait(threads[i]) end
+ngx.say("ok ", ok, " failed ", #errors)
+for _, e in ipairs(errors) do ngx.say(e) end
+]==]
 local GATE_HANDLER = [==[
 local mongolock = require "resty.mongolock"
 local key = ngx.var.arg_key
@@ -94,8 +124,11 @@ local Nginx = {}
 Nginx.__index = Nginx
 
 -- a prefix directory whose lua/, build/ and examples/ are the tree's, with
--- the example's config on port
-local function start_nginx()
+-- the example's config on a free port.  opts.locations: text added before
+-- the example's /ping location; opts.files: name -> content written to the
+-- prefix; opts.edit(conf): the config changed further (returns it).
+local function start_nginx(opts)
+  opts = opts or {}
   local example = assert(helpers.read_file(EXAMPLE))
   local prefix = os.tmpname()
   os.remove(prefix)
@@ -104,15 +137,20 @@ local function start_nginx()
     assert(sh(format("ln -s %s %s", q(root .. "/" .. d), q(prefix .. "/" .. d))))
   end
   local log = prefix .. "/logs/error.log"
-  local g = assert(io.open(prefix .. "/gate_spec.lua", "w"))
-  g:write(GATE_HANDLER)
-  g:close()
+  for name, content in pairs(opts.files or {}) do
+    local g = assert(io.open(prefix .. "/" .. name, "w"))
+    g:write(content)
+    g:close()
+  end
   for _ = 1, 10 do
     local port = math.random(20000, 60000)
     local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d;", port))
     assert.equal(1, n, "the example's listen directive moved")
-    conf, n = conf:gsub("\n        location = /ping {", "\n" .. GATE_LOCATION:gsub("%%", "%%%%") .. "%0")
-    assert.equal(1, n, "the example's /ping location moved")
+    if opts.locations then
+      conf, n = conf:gsub("\n        location = /ping {", "\n" .. opts.locations:gsub("%%", "%%%%") .. "%0")
+      assert.equal(1, n, "the example's /ping location moved")
+    end
+    if opts.edit then conf = opts.edit(conf) end
     local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
     f:write(conf)
     f:close()
@@ -136,6 +174,10 @@ end
 -- stops the nginx we started (its pid file), and waits until it is gone
 function Nginx:stop()
   if not self.pid then return end
+  -- what a crashed or stuck worker left
+  for line in (helpers.read_file(self.log) or ""):gmatch("[^\n]+") do
+    if line:find("%[alert%]") or line:find("%[crit%]") or line:find("%[emerg%]") then print("# " .. line) end
+  end
   sh(format("kill -QUIT %d 2>/dev/null", self.pid))
   poll(function() return not sh(format("kill -0 %d 2>/dev/null", self.pid)) end, 20, "nginx to exit")
   self.pid = nil
@@ -175,30 +217,122 @@ local function get(port, path)
   return parse(raw)
 end
 
+-- ---- /ping on keep-alive connections -------------------------------------------
+
+-- A keep-alive connection is served by one worker for its life, as a
+-- browser's or a proxy's is: while that worker is stopped, its requests
+-- wait.  (A new connection per request would go to whichever worker is free
+-- to accept it, and never see the stopped one.)  Each connection pings on a
+-- fixed schedule, one ping at a time; a slot that passes while a ping is
+-- unanswered counts as a ping sent at that slot and answered with the one
+-- in flight (what a request arriving then would have seen: wrk2's
+-- correction), so a stopped worker weighs as much as the time it is
+-- stopped, not as one slow sample.
+local PING_EVERY = 0.05        -- each pinger sends one /ping this often
+
+-- the first complete keep-alive response in buf: code, body, rest | nil
+local function keepalive_response(buf)
+  local head_end = buf:find("\r\n\r\n", 1, true)
+  if not head_end then return nil end
+  local head = buf:sub(1, head_end - 1)
+  local len = tonumber(head:match("\r\n[Cc]ontent%-[Ll]ength: *(%d+)"))
+  assert(len, "no Content-Length in " .. head)
+  if #buf < head_end + 3 + len then return nil end
+  return tonumber(head:match("^HTTP/1%.%d (%d%d%d)")), buf:sub(head_end + 4, head_end + 3 + len),
+    buf:sub(head_end + 4 + len)
+end
+
+local function keepalive_text(path)
+  return format("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path)
+end
+
+-- one request on a blocking keep-alive connection: code, body
+local function keepalive_get(sock, path)
+  assert(sock:send(keepalive_text(path)))
+  local buf = ""
+  while true do
+    local code, body = keepalive_response(buf)
+    if code then return code, body end
+    local data, err, partial = sock:receive(1)
+    if not data and err ~= "timeout" then error("keep-alive " .. path .. ": " .. err) end
+    buf = buf .. (data or partial or "")
+  end
+end
+
+-- keep-alive connections, `per` on each of the `workers` workers (asked
+-- for their worker's pid on /worker-pid)
+local function open_pingers(port, workers, per)
+  local count, list, distinct = {}, {}, 0
+  for _ = 1, 200 do
+    local c = assert(socket.connect("127.0.0.1", port))
+    c:settimeout(10)
+    local code, pid = keepalive_get(c, "/worker-pid")
+    assert.equal(200, code)
+    count[pid] = (count[pid] or 0) + 1
+    if count[pid] <= per then
+      list[#list + 1] = { sock = c, pid = pid }
+      if count[pid] == per then distinct = distinct + 1 end
+      if distinct == workers then return list end
+    else
+      c:close()
+    end
+  end
+  error("could not open " .. per .. " keep-alive connections to each of " .. workers .. " workers")
+end
+
+local function close_pingers(pingers)
+  for _, p in ipairs(pingers) do p.sock:close() end
+end
+
 --[[
-Sends n requests to path at once and, while any of them is unanswered,
-keeps one request to ping_path in flight, one after the other.  Returns the
-responses ({code, body}, in completion order), the ping latencies (seconds,
-each from connect to the full response) and the wall time.
+Sends n requests to path at once (HTTP/1.0, one connection each) and, while
+any of them is unanswered, sends /ping every PING_EVERY seconds on each
+keep-alive connection of pingers (see above).  Returns the responses
+({code, body, took}, in completion order), the ping latencies (seconds; the
+pings still unanswered at the end are waited for) and the wall time.  The
+pingers are closed.
 ]]
-local function load(port, path, n, ping_path)
+local function load(port, path, n, pingers)
   local conns, done, pings = {}, {}, {}
   for i = 1, n do conns[i] = open(port, path) end
-  local ping = open(port, ping_path)
   local t0 = socket.gettime()
+  for i, p in ipairs(pingers) do
+    p.sock:settimeout(0)
+    -- spread over the interval
+    p.next_at, p.sent, p.buf = t0 + PING_EVERY * (i - 1) / #pingers, nil, ""
+    p.missed = {}
+  end
   local active = n
   local deadline = t0 + 45
-  while active > 0 do
-    assert(socket.gettime() < deadline, "the load did not finish in 45 s")
-    local all = {}
-    for _, c in ipairs(conns) do all[#all + 1] = c end
-    all[#all + 1] = ping
+  while active > 0 or pingers.waiting do
+    local now = socket.gettime()
+    assert(now < deadline, "the load did not finish in 45 s")
     local recvt, sendt, by = {}, {}, {}
-    for _, c in ipairs(all) do
+    local wait = 0.1
+    for _, c in ipairs(conns) do
       by[c.sock] = c
       if c.sent < #c.out then sendt[#sendt + 1] = c.sock else recvt[#recvt + 1] = c.sock end
     end
-    local readable, writable = socket.select(recvt, sendt, 0.1)
+    pingers.waiting = false
+    for _, p in ipairs(pingers) do
+      while active > 0 and now >= p.next_at do
+        if p.sent then
+          p.missed[#p.missed + 1] = p.next_at
+        else
+          -- a few bytes: the socket's buffer takes them whole
+          assert(p.sock:send(keepalive_text("/ping")))
+          p.sent = now
+        end
+        p.next_at = p.next_at + PING_EVERY
+      end
+      if active > 0 then wait = math.min(wait, p.next_at - now) end
+      if p.sent then
+        by[p.sock] = p
+        recvt[#recvt + 1] = p.sock
+        pingers.waiting = true
+      end
+    end
+    local readable, writable = socket.select(recvt, sendt, math.max(wait, 0.001))
     for _, s in ipairs(writable) do
       local c = by[s]
       local last, err, partial = s:send(c.out, c.sent + 1)
@@ -209,26 +343,36 @@ local function load(port, path, n, ping_path)
     for _, s in ipairs(readable) do
       local c = by[s]
       local data, err, partial = s:receive(8192)
-      c.buf[#c.buf + 1] = data or partial or ""
-      if err == "closed" then
-        s:close()
-        local code, body = parse(table.concat(c.buf))
-        if c == ping then
-          pings[#pings + 1] = socket.gettime() - c.t0
-          ping = open(port, ping_path)
-        else
-          done[#done + 1] = { code = code, body = body }
+      if c.missed then
+        -- a pinger
+        c.buf = c.buf .. (data or partial or "")
+        local code, _, rest = keepalive_response(c.buf)
+        if code then
+          assert.equal(200, code)
+          local t = socket.gettime()
+          pings[#pings + 1] = t - c.sent
+          for _, slot in ipairs(c.missed) do pings[#pings + 1] = t - slot end
+          c.sent, c.missed, c.buf = nil, {}, rest
+        elseif err == "closed" then
+          error("the server closed a keep-alive /ping connection")
+        end
+      else
+        c.buf[#c.buf + 1] = data or partial or ""
+        if err == "closed" then
+          s:close()
+          local code, body = parse(table.concat(c.buf))
+          done[#done + 1] = { code = code, body = body, took = socket.gettime() - c.t0 }
           active = active - 1
           for i, x in ipairs(conns) do
             if x == c then table.remove(conns, i); break end
           end
+        elseif err and err ~= "timeout" then
+          error("receive " .. c.path .. ": " .. err)
         end
-      elseif err and err ~= "timeout" then
-        error("receive " .. c.path .. ": " .. err)
       end
     end
   end
-  ping.sock:close()
+  close_pingers(pingers)
   return done, pings, socket.gettime() - t0
 end
 
@@ -237,17 +381,53 @@ local function percentile(sorted, p)
   return sorted[math.max(1, math.ceil(#sorted * p))]
 end
 
+-- the example's database
+local EXAMPLE_DB = "mongolock_example"
+
 describe("#integration nginx with resty.mongolock", function()
-  local nginx
+  local nginx, observer
+
+  -- the failCommand fail point on every connection (mongod needs
+  -- enableTestCommands); turned off by the caller, and by teardown
+  local function failpoint(spec)
+    assert(require("mongolock.core")._failpoint(observer._core, spec))
+  end
 
   setup(function()
     assert(io.open(root .. "/build/luajit/mongolock/core.so"), "build/luajit is not built (make build)"):close()
     math.randomseed(os.time() + math.floor(socket.gettime() * 1000) % 100000)
-    nginx = start_nginx()
+    observer = helpers.connect()
+    -- a new user's database: no counter document yet
+    assert(observer:command(EXAMPLE_DB, { dropDatabase = 1 }))
+    nginx = start_nginx({ locations = SPEC_LOCATIONS, files = { ["gate_spec.lua"] = GATE_HANDLER,
+      ["saturate_spec.lua"] = SATURATE_HANDLER } })
   end)
 
   teardown(function()
+    if observer then
+      pcall(failpoint, { mode = "off" })
+    end
     if nginx then nginx:stop() end
+    if observer then observer:close() end
+  end)
+
+  it("answers the first /incr on an empty database with 200 (the fenced write creates the counter)", function()
+    local code, body = get(nginx.port, "/incr")
+    assert.equal(200, code, body)
+    assert.equal("1 0\n", body)
+    code, body = get(nginx.port, "/count")
+    assert.equal(200, code)
+    assert.equal("1 0\n", body)
+    -- and stays fenced: a write with an older token than the document's is
+    -- refused (a duplicate key of the upsert, read as "fenced off")
+    local r = assert(observer:command(EXAMPLE_DB, { find = "counters" },
+      { filter = { _id = "guarded" }, limit = 1, singleBatch = true }))
+    local doc = assert(r.cursor.firstBatch[1])
+    assert.is_number(doc.token)
+    local _, err, ecode = observer:command(EXAMPLE_DB, { update = "counters" },
+      { updates = { { q = { _id = "guarded", token = { ["$lt"] = doc.token } },
+                      u = { ["$set"] = { n = 99, token = doc.token } }, upsert = true } } })
+    assert.equal(11000, ecode, err)
   end)
 
   it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()
@@ -276,7 +456,7 @@ describe("#integration nginx with resty.mongolock", function()
     -- a second view of /ping from another process (wrk, one connection,
     -- for the first second of the load), free of this client's own loop
     local wrk = io.popen(format("wrk -t1 -c1 -d1s --latency http://127.0.0.1:%d/ping 2>&1", nginx.port))
-    local responses, pings, wall = load(nginx.port, "/incr", REQUESTS, "/ping")
+    local responses, pings, wall = load(nginx.port, "/incr", REQUESTS, open_pingers(nginx.port, 2, 2))
     local wrk_out = wrk:read("*a")
     wrk:close()
     local ops1 = helpers.opcounters(client)
@@ -317,7 +497,7 @@ describe("#integration nginx with resty.mongolock", function()
       ops1.total - ops0.total, (ops1.total - ops0.total) / REQUESTS))
 
     -- the same without the lock, for the record (not asserted)
-    local unguarded = load(nginx.port, "/incr-unguarded", REQUESTS, "/ping")
+    local unguarded = load(nginx.port, "/incr-unguarded", REQUESTS, open_pingers(nginx.port, 2, 2))
     code, body = get(nginx.port, "/count")
     assert.equal(200, code)
     local u = tonumber(body:match("^%d+ (%d+)"))

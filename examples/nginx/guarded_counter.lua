@@ -48,16 +48,23 @@ local function read(key)
   return doc and doc.n or 0
 end
 
--- n + 1 written as the holder of token (nil: unguarded)
+-- n written as the holder of token (nil: unguarded).  The fenced write is
+-- an upsert whose filter also asks for an older token: on a new database it
+-- creates the document; when the document exists with a token as new as
+-- ours or newer, the filter matches nothing and the upsert's insert of the
+-- same _id fails with a duplicate key (11000): a newer holder wrote first.
 local function write(key, n, token)
   local q, set = { _id = key }, { n = n }
   if token then
     q.token = { ["$lt"] = token }
     set.token = token
   end
-  local r, err = client():command(DB, { update = COLL },
-    { updates = { { q = q, u = { ["$set"] = set }, upsert = not token } } })
-  if not r then return nil, err end
+  local r, err, code = client():command(DB, { update = COLL },
+    { updates = { { q = q, u = { ["$set"] = set }, upsert = true } } })
+  if not r then
+    if token and code == 11000 then return nil, "fenced off: a holder with a newer token wrote first" end
+    return nil, err
+  end
   if r.n == 0 then return nil, "fenced off: a holder with a newer token wrote first" end
   return true
 end
@@ -71,26 +78,35 @@ local function add_one(key, token)
   return n + 1
 end
 
-function _M.incr()
-  local lock, err = resty_mongolock:new(lock_opts)
-  if not lock then
-    ngx.log(ngx.ERR, "mongolock: ", err)
-    return ngx.exit(500)
+-- the guarded read-modify-write of counter document key: n, seconds
+-- waited for the lock | nil, message, HTTP status.  opts: lock options
+-- replacing the example's (the specs use a short timeout).
+function _M.guarded_add(key, opts)
+  local o = lock_opts
+  if opts then
+    o = {}
+    for k, v in pairs(lock_opts) do o[k] = v end
+    for k, v in pairs(opts) do o[k] = v end
   end
+  local lock, err = resty_mongolock:new(o)
+  if not lock then return nil, "mongolock: " .. tostring(err), 500 end
   local elapsed, lerr = lock:lock("counter")
-  if not elapsed then
-    ngx.log(ngx.ERR, "lock counter: ", lerr)
-    return ngx.exit(503)
-  end
-  local n, serr = add_one("guarded", lock:token())
+  if not elapsed then return nil, "lock counter: " .. tostring(lerr), 503 end
+  local n, serr = add_one(key, lock:token())
   local ok, uerr = lock:unlock()
-  if not n then
-    ngx.log(ngx.ERR, "counter: ", serr)
-    return ngx.exit(500)
-  end
+  if not n then return nil, "counter: " .. tostring(serr), 500 end
   if not ok then
     -- the lease ended before the release: the fenced write still was ours
     ngx.log(ngx.WARN, "unlock counter: ", uerr)
+  end
+  return n, elapsed
+end
+
+function _M.incr(opts)
+  local n, elapsed, status = _M.guarded_add("guarded", opts)
+  if not n then
+    ngx.log(ngx.ERR, elapsed)
+    return ngx.exit(status)
   end
   ngx.say(n, " ", elapsed)
 end
