@@ -12,7 +12,7 @@ const pipeline = require('./pipeline');
 const update = require('./update');
 const { Store, Index, tsBig } = require('./store');
 const { ChangeStream } = require('./changestream');
-const { fail, MongoError, codeName } = require('./errors');
+const { fail, MongoError, codeName, nonResumable } = require('./errors');
 const { memo } = require('./bsoncache');
 const shape = require('./shape');
 const { Int32, Long, ObjectId, Timestamp, Binary } = V;
@@ -170,6 +170,9 @@ class Engine {
     if (e instanceof MongoError) {
       const body = { ok: 0, errmsg: e.message, code: e.code, codeName: e.codeName };
       if (e.extra) Object.assign(body, e.extra);
+      // mongod 4.4+ labels the errors of its NonResumableChangeStreamError
+      // category (jstests/change_streams/error_label.js)
+      if (nonResumable(e.code)) body.errorLabels = ['NonResumableChangeStreamError'];
       return this.reply(body);
     }
     return this.reply({ ok: 0, errmsg: String(e && e.stack || e), code: 1, codeName: 'InternalError' });
@@ -263,7 +266,8 @@ class Engine {
       // mongod labels a retryable write's retryable error (or write concern
       // error) RetryableWriteError, unless the fail point gives errorLabels
       const labels = (code) => (Array.isArray(data.errorLabels) ? data.errorLabels
-        : retryableWrite(name, cmd) && RETRYABLE_CODES.has(code) ? ['RetryableWriteError'] : null);
+        : retryableWrite(name, cmd) && RETRYABLE_CODES.has(code) ? ['RetryableWriteError']
+          : nonResumable(code) ? ['NonResumableChangeStreamError'] : null);
       if (data.errorCode !== undefined) {
         const code = V.num(data.errorCode);
         const body = { ok: 0, errmsg: "Failing command via 'failCommand' failpoint", code: new Int32(code), codeName: codeName(code) };
