@@ -104,13 +104,13 @@ MORE_LUAS := lua5.1 lua5.2 lua5.3
 INC_lua5.1 := -I/usr/include/lua5.1
 INC_lua5.2 := -I/usr/include/lua5.2
 INC_lua5.3 := -I/usr/include/lua5.3
-MORE_CORE_SO := $(foreach l,$(MORE_LUAS),build/$(l)/mongolock/core.so build/$(l)/mongolock/proc.so)
+MORE_SO := $(foreach l,$(MORE_LUAS),build/$(l)/mongolock/core.so build/$(l)/mongolock/proc.so)
 
 .PHONY: build
 build: deps-apt $(CORE_SO) $(PROC_SO)
 
 .PHONY: build-luas
-build-luas: deps-luas $(MORE_CORE_SO)
+build-luas: deps-luas $(MORE_SO)
 
 build/%/mongolock/core.so: $(CSRC) $(CHDR) | deps-apt
 	@mkdir -p $(dir $@)
