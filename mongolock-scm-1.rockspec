@@ -1,14 +1,12 @@
--- From a checkout:  luarocks --lua-version=5.4 make mongolock-scm-1.rockspec
--- (5.1 .. 5.4; for LuaJIT --lua-version=5.1 with LUA_INCDIR=/usr/include/luajit-2.1).
--- Where LuaRocks cannot reach its server, install lua-argparse and lua-cjson
--- from the system's packages and add --deps-mode=none.  The Makefile builds
--- the same C module for Lua 5.4 and LuaJIT without LuaRocks.
+-- luarocks --lua-version=5.4 make --tree=DIR   (or: luarocks make, for LuaJIT
+-- with --lua-version=5.1).  The Makefile builds the same C module for Lua
+-- 5.4 and LuaJIT without luarocks.
 rockspec_format = "3.0"
 package = "mongolock"
 version = "scm-1"
 
 source = {
-  url = "git+https://github.com/mongolock/mongolock.git",
+  url = "git+file:///work/main",
   branch = "main",
 }
 
@@ -21,15 +19,12 @@ can release.  Every expiry decision uses the server's clock; every
 uncontended operation is one round trip; fencing tokens strictly increase.
 A C core on libmongoc, a Lua layer, a command-line tool and an
 OpenResty-friendly API.]],
-  homepage = "https://github.com/mongolock/mongolock",
   license = "MIT",
   labels = { "mongodb", "lock", "distributed", "openresty" },
 }
 
 dependencies = {
-  "lua >= 5.1, < 5.5",   -- Lua 5.1 .. 5.4, and LuaJIT 2.1 (which reports 5.1)
-  "lua-cjson >= 2.1.0",  -- bin/mongolock (mongolock.cli): --json output
-  "argparse >= 0.7",     -- bin/mongolock (mongolock.cli): its command line
+  "lua >= 5.1",   -- Lua 5.4, or LuaJIT 2.1 (reports 5.1)
 }
 
 external_dependencies = {
@@ -58,7 +53,7 @@ build = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
         "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
-        "csrc/documents.c",
+        "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },

@@ -332,5 +332,6 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_bson_open(L);
   ml_command_open(L);
   ml_documents_open(L);
+  ml_ops_open(L);
   return 1;
 }

@@ -5,23 +5,8 @@
  *
  * Acquire is one findAndModify on {_id} alone whose update pipeline takes
  * the lock only when it is free by the server's clock, and (when the caller
- * gave a document to insert) creates the document when it is missing:
- *
- *   [ {$replaceWith: {$cond: [ONLY_ID, {$mergeObjects: [{$literal: INSERT},
- *                                                       {_id: "$_id"}]},
- *                             "$$ROOT"]}},                 (insert only)
- *     {$set: {O: {$cond: [FREE, OWNER, "$O"]},
- *             T: {$cond: [FREE, TIME,  "$T"]}}} ]
- *   upsert: INSERT given, new: true,
- *   fields: {_id: 0, doc: "$$ROOT", remainingMs: END - $$NOW}
- *
- *   expires-at mode: FREE = O null/missing or T <= $$NOW;  TIME = $$NOW + ttl
- *   locked-at mode:  FREE = O null/missing or T + ttl <= $$NOW; TIME = $$NOW
- *
- * An upsert runs the pipeline on {_id: id}: ONLY_ID holds, the insert
- * document is merged in and locked in the same write.  A held lock is
- * written back unchanged (a no-op for the server).  Won when the returned
- * owner is ours.
+ * gave a document to insert) creates the document when it is missing
+ * (protocol.c, ml_build_doc_acquire).  Won when the returned owner is ours.
  *
  * Release with changes (h:release(changes)) is one update that applies the
  * changes and clears the lock fields, filtered on {_id, O: ours}.
@@ -32,7 +17,6 @@
 #include "mongolock.h"
 
 #define DOCHANDLES "mongolock.documents.handles"
-#define TTL_MAX_MS ((int64_t)365 * 24 * 3600 * 1000)
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -59,131 +43,59 @@ static int tovalue(lua_State *L, int idx, bson_t *holder, bson_value_t *v, char 
   return 1;
 }
 
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  return 0;
-}
-
-static void append_owner(bson_t *b, const char *key, const char *owner, ml_owner_form form) {
-  if (form == ML_OWNER_UUID) {
-    uint8_t u[16];
-    int i;
-    for (i = 0; i < 16; i++)
-      u[i] = (uint8_t)(hexval(owner[2 * i]) << 4 | hexval(owner[2 * i + 1]));
-    bson_append_binary(b, key, -1, BSON_SUBTYPE_UUID, u, 16);
-  } else {
-    bson_append_utf8(b, key, -1, owner, 32);
-  }
-}
-
-static int owner_is(const bson_iter_t *it, const char *owner, ml_owner_form form) {
-  if (form == ML_OWNER_HEX) {
-    uint32_t len;
-    return BSON_ITER_HOLDS_UTF8(it) && !strcmp(bson_iter_utf8(it, &len), owner) && len == 32;
-  }
-  if (BSON_ITER_HOLDS_BINARY(it)) {
-    bson_subtype_t st;
-    uint32_t len;
-    const uint8_t *data;
-    int i;
-    bson_iter_binary(it, &st, &len, &data);
-    if (st != BSON_SUBTYPE_UUID || len != 16) return 0;
-    for (i = 0; i < 16; i++)
-      if (data[i] != (uint8_t)(hexval(owner[2 * i]) << 4 | hexval(owner[2 * i + 1]))) return 0;
-    return 1;
-  }
-  return 0;
-}
-
-/* "$" .. field into buf */
-static const char *fref(char *buf, size_t n, const char *field) {
-  snprintf(buf, n, "$%s", field);
-  return buf;
-}
-
-/* END: the lease end as an expression, under key */
-static void append_end(bson_t *p, const char *key, const char *tf, ml_time_mode mode,
-                       int64_t ttl_ms) {
-  char r[300];
-  if (mode == ML_TIME_EXPIRES_AT) {
-    BSON_APPEND_UTF8(p, key, fref(r, sizeof r, tf));
-  } else {
-    bson_t d, a;
-    BSON_APPEND_DOCUMENT_BEGIN(p, key, &d);
-    BSON_APPEND_ARRAY_BEGIN(&d, "$add", &a);
-    BSON_APPEND_UTF8(&a, "0", fref(r, sizeof r, tf));
-    BSON_APPEND_INT64(&a, "1", ttl_ms);
-    bson_append_array_end(&d, &a);
-    bson_append_document_end(p, &d);
-  }
-}
-
-/* FREE under key */
-static void append_free(bson_t *p, const char *key, const char *of, const char *tf,
-                        ml_time_mode mode, int64_t ttl_ms) {
-  bson_t d, or_, eq, eqa, ifn, ifna, lte, ltea;
-  char r[300];
-  BSON_APPEND_DOCUMENT_BEGIN(p, key, &d);
-  BSON_APPEND_ARRAY_BEGIN(&d, "$or", &or_);
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "0", &eq);
-  BSON_APPEND_ARRAY_BEGIN(&eq, "$eq", &eqa);
-  BSON_APPEND_DOCUMENT_BEGIN(&eqa, "0", &ifn);
-  BSON_APPEND_ARRAY_BEGIN(&ifn, "$ifNull", &ifna);
-  BSON_APPEND_UTF8(&ifna, "0", fref(r, sizeof r, of));
-  BSON_APPEND_NULL(&ifna, "1");
-  bson_append_array_end(&ifn, &ifna);
-  bson_append_document_end(&eqa, &ifn);
-  BSON_APPEND_NULL(&eqa, "1");
-  bson_append_array_end(&eq, &eqa);
-  bson_append_document_end(&or_, &eq);
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, "1", &lte);
-  BSON_APPEND_ARRAY_BEGIN(&lte, "$lte", &ltea);
-  append_end(&ltea, "0", tf, mode, ttl_ms);
-  BSON_APPEND_UTF8(&ltea, "1", "$$NOW");
-  bson_append_array_end(&lte, &ltea);
-  bson_append_document_end(&or_, &lte);
-  bson_append_array_end(&d, &or_);
-  bson_append_document_end(p, &d);
-}
-
-/* {key: {$cond: [FREE, <then>, "$key"]}}: opens the array; the caller
- * appends "1" (the value when free) and calls cond_close */
-static void cond_open(bson_t *set, const char *key, bson_t *d, bson_t *a, const char *of,
-                      const char *tf, ml_time_mode mode, int64_t ttl_ms) {
-  BSON_APPEND_DOCUMENT_BEGIN(set, key, d);
-  BSON_APPEND_ARRAY_BEGIN(d, "$cond", a);
-  append_free(a, "0", of, tf, mode, ttl_ms);
-}
-
-static void cond_close(bson_t *set, const char *key, bson_t *d, bson_t *a) {
-  char r[300];
-  BSON_APPEND_UTF8(a, "2", fref(r, sizeof r, key));
-  bson_append_array_end(d, a);
-  bson_append_document_end(set, d);
-}
-
-/* ---- acquire ----------------------------------------------------------- */
-
-static int check_field(const char *s, size_t len) {
-  return len > 0 && len < 256 && strlen(s) == len && s[0] != '$' && !strchr(s, '.') &&
-         strcmp(s, "_id") != 0 && bson_utf8_validate(s, len, false);
-}
-
 static const char *arg_field(lua_State *L, int i) {
   size_t len;
-  const char *s = luaL_checklstring(L, i, &len);
-  luaL_argcheck(L, check_field(s, len), i,
-                "field name must be 1..255 bytes of UTF-8, no '.', no leading '$', not _id");
+  const char *msg, *s = luaL_checklstring(L, i, &len);
+  if ((msg = ml_check_field(s, len)) != NULL) luaL_argerror(L, i, msg);
   return s;
 }
 
-static const char *arg_ns(lua_State *L, int i) {
-  size_t len;
-  const char *s = luaL_checklstring(L, i, &len);
-  luaL_argcheck(L, len > 0 && len < 256 && strlen(s) == len && bson_utf8_validate(s, len, false),
-                i, "name must be 1..255 bytes of UTF-8 without NUL");
-  return s;
+
+/* the _id at idx as {_id: value} in *out (initialised here; destroy it);
+ * raises on a value that cannot be an _id */
+static void arg_id(lua_State *L, int idx, bson_t *out) {
+  char err[512];
+  bson_t holder;
+  bson_value_t v;
+  if (lua_isnoneornil(L, idx)) luaL_argerror(L, idx, "_id expected, got nil");
+  if (!tovalue(L, idx, &holder, &v, err, sizeof err)) {
+    bson_destroy(&holder);
+    luaL_argerror(L, idx, err);
+  }
+  if (v.value_type == BSON_TYPE_ARRAY) {
+    bson_destroy(&holder);
+    luaL_argerror(L, idx, "an array cannot be an _id");
+  }
+  bson_init(out);
+  BSON_APPEND_VALUE(out, "_id", &v);
+  bson_destroy(&holder);
+}
+
+/* the document lock of arguments 2 .. 9: db, coll, id (checked, not
+ * converted), ttl_ms (returned), owner_field, time_field, "expires" |
+ * "locked", "hex" | "uuid" */
+static int64_t arg_lockref(lua_State *L, ml_lockref *r) {
+  const char *mode_s, *form_s;
+  int64_t ttl_ms;
+  int i = 6;
+  ml_arg_ns(L, 2, &r->db, &r->coll);
+  luaL_checkany(L, 4);
+  ttl_ms = ml_ttl_ms(luaL_checknumber(L, 5));
+  luaL_argcheck(L, ttl_ms > 0, 5, "ttl must be a positive number of milliseconds, at most a year");
+  r->owner_field = arg_field(L, i);
+  r->time_field = arg_field(L, i + 1);
+  luaL_argcheck(L, strcmp(r->owner_field, r->time_field) != 0, i + 1,
+                "owner and time fields must differ");
+  mode_s = luaL_checkstring(L, i + 2);
+  if (!strcmp(mode_s, "expires")) r->time_mode = ML_TIME_EXPIRES_AT;
+  else if (!strcmp(mode_s, "locked")) r->time_mode = ML_TIME_LOCKED_AT;
+  else luaL_argerror(L, i + 2, "\"expires\" or \"locked\" expected");
+  form_s = luaL_checkstring(L, i + 3);
+  if (!strcmp(form_s, "hex")) r->owner_form = ML_OWNER_HEX;
+  else if (!strcmp(form_s, "uuid")) r->owner_form = ML_OWNER_UUID;
+  else luaL_argerror(L, i + 3, "\"hex\" or \"uuid\" expected");
+  r->queued = 0;
+  return ttl_ms;
 }
 
 /*
@@ -198,224 +110,149 @@ static const char *arg_ns(lua_State *L, int i) {
  */
 static int l_doc_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
-  const char *db = arg_ns(L, 2), *coll = arg_ns(L, 3);
-  const char *of, *tf, *mode_s, *form_s;
-  ml_time_mode mode;
-  ml_owner_form form;
-  lua_Number ttl_n;
+  ml_lockref r;
   int64_t ttl_ms;
-  int have_insert, renew;
-  bson_t idholder, ins = BSON_INITIALIZER;
-  bson_value_t id;
+  int have_insert, renew, ok;
+  bson_t id, ins = BSON_INITIALIZER, reply;
   char err[512], owner[33];
-  bson_t cmd = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply, q, u, stage, set, d, a, fields;
   bson_error_t e;
-  bson_iter_t it;
+  ml_acquire_reply ar;
+  ml_op op;
   double started;
-  int ok;
 
-  luaL_checkany(L, 4);
-  ttl_n = luaL_checknumber(L, 5);
-  luaL_argcheck(L, ttl_n == ttl_n && ttl_n >= 1 && ttl_n <= (lua_Number)TTL_MAX_MS, 5,
-                "ttl must be a positive number of milliseconds, at most a year");
-  ttl_ms = (int64_t)ttl_n;
-  of = arg_field(L, 6);
-  tf = arg_field(L, 7);
-  luaL_argcheck(L, strcmp(of, tf) != 0, 7, "owner and time fields must differ");
-  mode_s = luaL_checkstring(L, 8);
-  if (!strcmp(mode_s, "expires")) mode = ML_TIME_EXPIRES_AT;
-  else if (!strcmp(mode_s, "locked")) mode = ML_TIME_LOCKED_AT;
-  else return luaL_argerror(L, 8, "\"expires\" or \"locked\" expected");
-  form_s = luaL_checkstring(L, 9);
-  if (!strcmp(form_s, "hex")) form = ML_OWNER_HEX;
-  else if (!strcmp(form_s, "uuid")) form = ML_OWNER_UUID;
-  else return luaL_argerror(L, 9, "\"hex\" or \"uuid\" expected");
+  ttl_ms = arg_lockref(L, &r);
   have_insert = !lua_isnoneornil(L, 10);
   if (have_insert) luaL_checktype(L, 10, LUA_TTABLE);
   renew = lua_toboolean(L, 11);
-
-  if (lua_isnil(L, 4)) return luaL_argerror(L, 4, "_id expected, got nil");
-  if (!tovalue(L, 4, &idholder, &id, err, sizeof err)) {
-    bson_destroy(&idholder);
-    return luaL_argerror(L, 4, err);
-  }
-  if (id.value_type == BSON_TYPE_ARRAY) {
-    bson_destroy(&idholder);
-    return luaL_argerror(L, 4, "an array cannot be an _id");
-  }
   if (have_insert) {
     bson_iter_t ii;
-    if (!ml_tobson(L, 10, &ins, err, sizeof err)) {
-      bson_destroy(&idholder);
+    const char *bad = NULL;
+    if (!ml_tobson(L, 10, &ins, err, sizeof err)) bad = err;
+    else if (bson_iter_init(&ii, &ins))
+      while (!bad && bson_iter_next(&ii))
+        if (!strcmp(bson_iter_key(&ii), r.owner_field) || !strcmp(bson_iter_key(&ii), r.time_field))
+          bad = "the insert document must not set the lock fields";
+    if (bad) {
       bson_destroy(&ins);
-      return luaL_argerror(L, 10, err);
-    }
-    if (bson_iter_init(&ii, &ins)) {
-      while (bson_iter_next(&ii)) {
-        const char *k = bson_iter_key(&ii);
-        if (!strcmp(k, of) || !strcmp(k, tf)) {
-          bson_destroy(&idholder);
-          bson_destroy(&ins);
-          return luaL_argerror(L, 10, "the insert document must not set the lock fields");
-        }
-      }
+      return luaL_argerror(L, 10, bad);
     }
   }
   if (!ml_random_owner(owner)) {
-    bson_destroy(&idholder);
     bson_destroy(&ins);
     return ml_pushfail(L, "getrandom failed", 0);
   }
+  arg_id(L, 4, &id);   /* last: it allocates */
+  r.id = &id;
 
-  BSON_APPEND_UTF8(&cmd, "findAndModify", coll);
-  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "query", &q);
-  BSON_APPEND_VALUE(&q, "_id", &id);
-  bson_append_document_end(&cmd, &q);
-  BSON_APPEND_ARRAY_BEGIN(&cmd, "update", &u);
-  if (have_insert) {
-    /* {$replaceWith: {$cond: [{$eq: [{$size: {$objectToArray: "$$ROOT"}}, 1]},
-     *   {$mergeObjects: [{$literal: INSERT}, {_id: "$_id"}]}, "$$ROOT"]}} */
-    bson_t rw, ca, eq, eqa, sz, ota, mo, moa, litd, idd;
-    BSON_APPEND_DOCUMENT_BEGIN(&u, "0", &stage);
-    BSON_APPEND_DOCUMENT_BEGIN(&stage, "$replaceWith", &rw);
-    BSON_APPEND_ARRAY_BEGIN(&rw, "$cond", &ca);
-    BSON_APPEND_DOCUMENT_BEGIN(&ca, "0", &eq);
-    BSON_APPEND_ARRAY_BEGIN(&eq, "$eq", &eqa);
-    BSON_APPEND_DOCUMENT_BEGIN(&eqa, "0", &sz);
-    BSON_APPEND_DOCUMENT_BEGIN(&sz, "$size", &ota);
-    BSON_APPEND_UTF8(&ota, "$objectToArray", "$$ROOT");
-    bson_append_document_end(&sz, &ota);
-    bson_append_document_end(&eqa, &sz);
-    BSON_APPEND_INT32(&eqa, "1", 1);
-    bson_append_array_end(&eq, &eqa);
-    bson_append_document_end(&ca, &eq);
-    BSON_APPEND_DOCUMENT_BEGIN(&ca, "1", &mo);
-    BSON_APPEND_ARRAY_BEGIN(&mo, "$mergeObjects", &moa);
-    BSON_APPEND_DOCUMENT_BEGIN(&moa, "0", &litd);
-    BSON_APPEND_DOCUMENT(&litd, "$literal", &ins);
-    bson_append_document_end(&moa, &litd);
-    BSON_APPEND_DOCUMENT_BEGIN(&moa, "1", &idd);
-    BSON_APPEND_UTF8(&idd, "_id", "$_id");
-    bson_append_document_end(&moa, &idd);
-    bson_append_array_end(&mo, &moa);
-    bson_append_document_end(&ca, &mo);
-    BSON_APPEND_UTF8(&ca, "2", "$$ROOT");
-    bson_append_array_end(&rw, &ca);
-    bson_append_document_end(&stage, &rw);
-    bson_append_document_end(&u, &stage);
-  }
-  BSON_APPEND_DOCUMENT_BEGIN(&u, have_insert ? "1" : "0", &stage);
-  BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
-  cond_open(&set, of, &d, &a, of, tf, mode, ttl_ms);
-  append_owner(&a, "1", owner, form);
-  cond_close(&set, of, &d, &a);
-  cond_open(&set, tf, &d, &a, of, tf, mode, ttl_ms);
-  if (mode == ML_TIME_EXPIRES_AT) {
-    bson_t x, xa;
-    BSON_APPEND_DOCUMENT_BEGIN(&a, "1", &x);
-    BSON_APPEND_ARRAY_BEGIN(&x, "$add", &xa);
-    BSON_APPEND_UTF8(&xa, "0", "$$NOW");
-    BSON_APPEND_INT64(&xa, "1", ttl_ms);
-    bson_append_array_end(&x, &xa);
-    bson_append_document_end(&a, &x);
-  } else {
-    BSON_APPEND_UTF8(&a, "1", "$$NOW");
-  }
-  cond_close(&set, tf, &d, &a);
-  bson_append_document_end(&stage, &set);
-  bson_append_document_end(&u, &stage);
-  bson_append_array_end(&cmd, &u);
-  BSON_APPEND_BOOL(&cmd, "new", true);
-  BSON_APPEND_BOOL(&cmd, "upsert", have_insert);
-  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "fields", &fields);
-  BSON_APPEND_INT32(&fields, "_id", 0);
-  BSON_APPEND_UTF8(&fields, "doc", "$$ROOT");
-  {
-    bson_t sub, suba;
-    BSON_APPEND_DOCUMENT_BEGIN(&fields, "remainingMs", &sub);
-    BSON_APPEND_ARRAY_BEGIN(&sub, "$subtract", &suba);
-    append_end(&suba, "0", tf, mode, ttl_ms);
-    BSON_APPEND_UTF8(&suba, "1", "$$NOW");
-    bson_append_array_end(&sub, &suba);
-    bson_append_document_end(&fields, &sub);
-  }
-  bson_append_document_end(&cmd, &fields);
+  ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
   bson_destroy(&ins);
-
-  ml_client_append_wc(c, &opts);
   started = ml_monotonic();
-  ok = mongoc_client_write_command_with_opts(ml_client_get(L, c), db, &cmd, &opts, &reply, &e);
-  bson_destroy(&cmd);
-  bson_destroy(&opts);
+  ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
+  ml_op_destroy(&op);
   if (!ok) {
-    bson_destroy(&idholder);
+    bson_destroy(&id);
     bson_destroy(&reply);
     return ml_pusherror(L, &e);
   }
-  if (!bson_iter_init_find(&it, &reply, "value") || !BSON_ITER_HOLDS_DOCUMENT(&it)) {
-    bson_destroy(&idholder);
+  ok = ml_parse_acquire(&reply, owner, r.owner_field, r.owner_form, 1, &ar);
+  if (ok <= 0) {
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return ml_pushfail(L, ok == 0 ? "not found" : "findAndModify returned no document", 0);
+  }
+  if (ar.won) {
+    ml_lease_spec s;
+    memset(&s, 0, sizeof s);
+    s.db = r.db;
+    s.coll = r.coll;
+    s.id = &id;
+    s.owner_field = r.owner_field;
+    s.time_field = r.time_field;
+    s.time_mode = r.time_mode;
+    s.owner_form = r.owner_form;
+    s.owner = owner;
+    s.ttl_ms = ttl_ms;
+    s.started = started;
+    s.renew = renew;
+    ml_lock_new(L, 1, &s);                          /* [.. h] */
+    lua_getfield(L, LUA_REGISTRYINDEX, DOCHANDLES);
+    lua_pushvalue(L, -2);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    ml_pushbson(L, &ar.value);                      /* [.. h doc] */
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return 2;
+  }
+  lua_pushnil(L);
+  lua_pushliteral(L, "busy");
+  lua_createtable(L, 0, 3);
+  ml_pushbson(L, &ar.value);
+  lua_getfield(L, -1, r.owner_field);
+  lua_setfield(L, -3, "owner");
+  lua_setfield(L, -2, "doc");
+  lua_pushnumber(L, (lua_Number)(ar.remaining_ms > 0 ? ar.remaining_ms : 0) / 1000.0);
+  lua_setfield(L, -2, "remaining");
+  ml_set_operation_time(L, &reply);
+  bson_destroy(&id);
+  bson_destroy(&reply);
+  return 3;
+}
+
+/*
+ * client:doc_status(db, coll, id, ttl_ms, owner_field, time_field,
+ *                   "expires" | "locked", "hex" | "uuid")
+ *   -> {held, owner, remaining} | nil, "not found" | nil, message, code
+ * One aggregate; remaining by the server's clock.
+ */
+static int l_doc_status(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_lockref r;
+  int64_t ttl_ms;
+  bson_t id, reply;
+  bson_error_t e;
+  bson_iter_t docs, f;
+  ml_op op;
+  int ok;
+  ttl_ms = arg_lockref(L, &r);
+  arg_id(L, 4, &id);
+  r.id = &id;
+  ml_build_doc_status(&op, &r, ttl_ms);
+  ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
+  ml_op_destroy(&op);
+  bson_destroy(&id);
+  if (!ok) {
+    bson_destroy(&reply);
+    return ml_pusherror(L, &e);
+  }
+  if (!ml_reply_batch(&reply, &docs, NULL) || !bson_iter_next(&docs) ||
+      !BSON_ITER_HOLDS_DOCUMENT(&docs)) {
     bson_destroy(&reply);
     return ml_pushfail(L, "not found", 0);
   }
   {
-    bson_iter_t v, docit, own;
-    int64_t remaining = 0;
-    int won = 0, has_doc;
-    bson_iter_recurse(&it, &v);
-    has_doc = bson_iter_find(&v, "doc") && BSON_ITER_HOLDS_DOCUMENT(&v);
-    if (has_doc) {
-      docit = v;
-      if (bson_iter_recurse(&docit, &own) && bson_iter_find(&own, of))
-        won = owner_is(&own, owner, form);
-    }
-    bson_iter_recurse(&it, &v);
-    if (bson_iter_find(&v, "remainingMs") && BSON_ITER_HOLDS_NUMBER(&v))
-      remaining = bson_iter_as_int64(&v);
-    if (!has_doc) {
-      bson_destroy(&idholder);
-      bson_destroy(&reply);
-      return ml_pushfail(L, "findAndModify returned no document", 0);
-    }
-    if (won) {
-      ml_lease_spec s;
-      memset(&s, 0, sizeof s);
-      s.db = db;
-      s.coll = coll;
-      s.id = &id;
-      s.owner_field = of;
-      s.time_field = tf;
-      s.time_mode = mode;
-      s.owner_form = form;
-      s.owner = owner;
-      s.token = 0;
-      s.ttl_ms = ttl_ms;
-      s.started = started;
-      s.renew = renew;
-      ml_lock_new(L, 1, &s);                          /* [.. h] */
-      lua_getfield(L, LUA_REGISTRYINDEX, DOCHANDLES);
-      lua_pushvalue(L, -2);
-      lua_pushboolean(L, 1);
-      lua_rawset(L, -3);
-      lua_pop(L, 1);
-      ml_pushbsonvalue(L, &docit);                    /* [.. h doc] */
-      bson_destroy(&idholder);
-      bson_destroy(&reply);
-      return 2;
-    }
-    lua_pushnil(L);
-    lua_pushliteral(L, "busy");
+    int64_t rem = 0;
+    int held, has_owner;
+    bson_iter_recurse(&docs, &f);
+    has_owner = bson_iter_find(&f, "owner") && !BSON_ITER_HOLDS_NULL(&f);
+    bson_iter_recurse(&docs, &f);
+    if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
+    held = has_owner && rem > 0;
     lua_createtable(L, 0, 3);
-    ml_pushbsonvalue(L, &docit);
-    lua_getfield(L, -1, of);
-    lua_setfield(L, -3, "owner");
-    lua_setfield(L, -2, "doc");
-    lua_pushnumber(L, (lua_Number)(remaining > 0 ? remaining : 0) / 1000.0);
+    lua_pushboolean(L, held);
+    lua_setfield(L, -2, "held");
+    if (held) {
+      bson_iter_recurse(&docs, &f);
+      bson_iter_find(&f, "owner");
+      ml_pushbsonvalue(L, &f);
+      lua_setfield(L, -2, "owner");
+    }
+    lua_pushnumber(L, held ? (lua_Number)rem / 1000.0 : 0);
     lua_setfield(L, -2, "remaining");
-    ml_set_operation_time(L, &reply);
-    bson_destroy(&idholder);
-    bson_destroy(&reply);
-    return 3;
   }
+  bson_destroy(&reply);
+  return 1;
 }
 
 /* ---- release with changes ---------------------------------------------- */
@@ -567,6 +404,7 @@ static int l_release(lua_State *L) {
 
 static const luaL_Reg client_doc_methods[] = {
   {"doc_acquire", l_doc_acquire},
+  {"doc_status", l_doc_status},
   {NULL, NULL}
 };
 

@@ -2,6 +2,10 @@
  * mongolock private header: the pieces the C files share.
  *
  *   core.c    luaopen_mongolock_core: module table, monotonic clock, sleep
+ *   protocol.c  the lock documents' commands and replies (pure; protocol.h)
+ *   transport.c runs a built command on libmongoc (transport.h)
+ *   ops.c     the protocol and transport seen from Lua: core.op_*,
+ *             client:run, core.parse_*, and the tables parsed replies make
  *   client.c  mongolock.Client: the connection pool, fork detection, errors
  *   lock.c    mongolock.Lock: leases (named locks and document locks)
  *   bson.c    Lua value <-> BSON, and the typed values (null, ObjectId, ...)
@@ -24,6 +28,8 @@
 #include <sys/types.h>
 #include <mongoc/mongoc.h>
 #include "compat.h"
+#include "protocol.h"
+#include "transport.h"
 
 #define ML_CLIENT_MT "mongolock.Client"
 #define ML_LOCK_MT "mongolock.Lock"
@@ -116,30 +122,13 @@ void ml_pushint64(lua_State *L, int64_t v);
 /* ---- lock.c ------------------------------------------------------------ */
 
 /*
- * Which instant the time field of a lock document holds.
- *   ML_TIME_EXPIRES_AT: the lease end (named locks' expiresAt); free when
- *     owner is null or time <= $$NOW; extend sets $$NOW + ttl; release sets
- *     $$NOW.
- *   ML_TIME_LOCKED_AT: when it was locked (seed 000's LockTime); free when
- *     owner is null or time + ttl <= $$NOW; extend sets $$NOW; release sets
- *     null.
- */
-typedef enum { ML_TIME_EXPIRES_AT = 0, ML_TIME_LOCKED_AT = 1 } ml_time_mode;
-
-/* how the owner id is stored in the owner field */
-typedef enum {
-  ML_OWNER_HEX = 0,   /* string of 32 hex digits (named locks) */
-  ML_OWNER_UUID = 1   /* Binary subtype 4 of the same 16 bytes (.NET Guid) */
-} ml_owner_form;
-
-/*
  * What a caller of ml_lock_new describes: the lock document and the lease
  * it won.  Everything is copied by ml_lock_new; the caller keeps ownership
  * of what it passed.
  */
 typedef struct ml_lease_spec {
   const char *db, *coll;        /* namespace of the lock document */
-  const bson_value_t *id;       /* its _id: any BSON value */
+  const bson_t *id;             /* {"_id": <its _id, any BSON value>} */
   const char *owner_field;      /* "owner" for named locks */
   const char *time_field;       /* "expiresAt" for named locks */
   ml_time_mode time_mode;
@@ -169,6 +158,7 @@ typedef struct ml_lease_spec {
 typedef struct ml_lease {
   pthread_mutex_t mu;
   char *db, *coll;
+  bson_t iddoc;                 /* {"_id": id}, for the builders */
   bson_value_t id;              /* deep copy (bson_value_copy) */
   char *owner_field, *time_field;
   ml_time_mode time_mode;
@@ -213,14 +203,6 @@ ml_lock *ml_checklock(lua_State *L, int idx);
 void ml_lease_unref(ml_lease *l);
 
 /*
- * Appends the owner id of l under key, in l's owner_form.
- */
-void ml_lease_append_owner(bson_t *b, const char *key, size_t keylen, const ml_lease *l);
-
-/* does the owner value at it (string or UUID binary) equal l's owner? */
-int ml_lease_owner_matches(const bson_iter_t *it, const ml_lease *l);
-
-/*
  * One command: clears the lock fields of l's document if l's owner still
  * holds it, applying `extra` (an update document of operators, e.g.
  * {$set: {...}}; may be NULL) in the same command.  extra must not touch
@@ -247,9 +229,29 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
  */
 extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
 
+/* ---- ops.c ------------------------------------------------------------- */
+
 /* [-0, +0] sets operation_time = {t, i} in the table on top of the stack
  * from a reply's operationTime (a replica set's); nothing when it has none */
 void ml_set_operation_time(lua_State *L, const bson_t *reply);
+
+/* [-0, +1] {owner, token, remaining, expires_at, holder, queued, position,
+ * operation_time} of a lost named-lock attempt */
+void ml_push_acquire_info(lua_State *L, const ml_acquire_reply *r, const bson_t *reply);
+
+/* [-0, +1] the array of status tables of a status/list reply */
+void ml_push_status_list(lua_State *L, const bson_t *reply);
+
+/* [-0, +1|4] runs op on c: pushes the reply (a table when decode, else a
+ * BSON string) or nil, message, code, reply; returns the count */
+int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode);
+
+/* raises unless the database at i and the collection at i + 1 are names
+ * MongoDB takes (protocol.c's rule) */
+void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll);
+
+/* [-0, +0] adds op_*, parse_* and client:run to the module table on top */
+void ml_ops_open(lua_State *L);
 
 /* ---- bson.c ------------------------------------------------------------ */
 
@@ -272,6 +274,10 @@ void ml_pushbsonvalue(lua_State *L, const bson_iter_t *it);
  * (null, array, ObjectId, Date, Binary, Timestamp, Decimal128, Int64, ...)
  * to the module table at the top of the stack */
 void ml_bson_open(lua_State *L);
+
+/* command.c: the op of client:command(db, cmd, opts) with db at index
+ * first (raises on malformed arguments) */
+void ml_command_op(lua_State *L, int first, ml_op *op);
 
 /* [-0, +0] command.c, documents.c: add client:command and the document-lock
  * commands to mongolock.Client (after ml_client_open) */

@@ -151,121 +151,26 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const char *
 
 /* watch_mu held */
 static void event_from(ml_stream *s, const bson_t *doc) {
-  bson_iter_t it, k;
-  uint32_t t = UINT32_MAX, i = UINT32_MAX;  /* no clusterTime: after everything */
+  ml_event ev;
   bson_t key;
-  char next[49] = "";
-  if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it))
-    bson_iter_timestamp(&it, &t, &i);
-  /* a release handed to one waiter names it in next */
-  if (bson_iter_init(&it, doc) &&
-      (bson_iter_find_descendant(&it, "updateDescription.updatedFields.next", &k) ||
-       (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "fullDocument.next", &k))) &&
-      BSON_ITER_HOLDS_UTF8(&k)) {
-    uint32_t len;
-    const char *w = bson_iter_utf8(&k, &len);
-    if (len == 48 && memcmp(w, s->tag, 16) == 0) memcpy(next, w, 49);
-  }
-  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "documentKey._id", &k)) {
+  ml_parse_event(doc, s->tag, &ev);
+  if (ev.has_key) {
     bson_init(&key);
-    bson_append_iter(&key, "k", 1, &k);
-    record(s, bson_get_data(&key), key.len, next, t, i);
+    bson_append_iter(&key, "k", 1, &ev.key);
+    record(s, bson_get_data(&key), key.len, ev.next, ev.t, ev.i);
     bson_destroy(&key);
   } else {
-    record(s, NULL, 0, next, t, i);
+    record(s, NULL, 0, ev.next, ev.t, ev.i);
   }
-}
-
-/*
- * Appends to the $or array or_ (at index *n) the clauses that pass a
- * release in an event of type optype, whose new values are under prefix
- * ("updateDescription.updatedFields" for an update, "fullDocument" for a
- * replace):
- *   owner null and next null: a release handed to nobody, for every waiter;
- *   next starting with this process's tag: for one waiter of this process
- *   (in an update, next alone may change: a waiter that gave up hands on).
- * An update's owner must be among the updated fields (set to null); a
- * replace's new document must have it null or missing.
- */
-static void append_release_clauses(bson_t *or_, int *n, const ml_stream *s, const char *optype,
-                                   const char *prefix) {
-  bson_t c, ty;
-  char key[16], path[300], re[24];
-  int update = strcmp(optype, "update") == 0;
-
-  bson_snprintf(key, sizeof key, "%d", (*n)++);
-  BSON_APPEND_DOCUMENT_BEGIN(or_, key, &c);
-  BSON_APPEND_UTF8(&c, "operationType", optype);
-  bson_snprintf(path, sizeof path, "%s.%s", prefix, s->field);
-  if (update) {
-    BSON_APPEND_DOCUMENT_BEGIN(&c, path, &ty);
-    BSON_APPEND_UTF8(&ty, "$type", "null");
-    bson_append_document_end(&c, &ty);
-  } else {
-    BSON_APPEND_NULL(&c, path);
-  }
-  bson_snprintf(path, sizeof path, "%s.next", prefix);
-  BSON_APPEND_NULL(&c, path);
-  bson_append_document_end(or_, &c);
-
-  bson_snprintf(key, sizeof key, "%d", (*n)++);
-  BSON_APPEND_DOCUMENT_BEGIN(or_, key, &c);
-  BSON_APPEND_UTF8(&c, "operationType", optype);
-  if (!update) {
-    bson_snprintf(path, sizeof path, "%s.%s", prefix, s->field);
-    BSON_APPEND_NULL(&c, path);
-  }
-  bson_snprintf(path, sizeof path, "%s.next", prefix);
-  bson_snprintf(re, sizeof re, "^%s", s->tag);
-  BSON_APPEND_REGEX(&c, path, re, "");
-  bson_append_document_end(or_, &c);
 }
 
 /* [pipeline] and opts for a stream starting after (t, i) or at a token */
 static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_stream *s,
                                            const bson_t *resume_token) {
-  bson_t pipeline, arr, stage, match, or_, c0, c2, in, opts;
+  bson_t pipeline = BSON_INITIALIZER, opts;
   mongoc_change_stream_t *cs;
-  char key[16];
-  int n = 0;
 
-  bson_init(&pipeline);
-  BSON_APPEND_ARRAY_BEGIN(&pipeline, "pipeline", &arr);
-  BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &stage);
-  BSON_APPEND_DOCUMENT_BEGIN(&stage, "$match", &match);
-  BSON_APPEND_ARRAY_BEGIN(&match, "$or", &or_);
-  /* the document went away, or the stream ends */
-  bson_snprintf(key, sizeof key, "%d", n++);
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, key, &c0);
-  BSON_APPEND_DOCUMENT_BEGIN(&c0, "operationType", &in);
-  {
-    bson_t list;
-    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &list);
-    BSON_APPEND_UTF8(&list, "0", "delete");
-    BSON_APPEND_UTF8(&list, "1", "drop");
-    BSON_APPEND_UTF8(&list, "2", "rename");
-    BSON_APPEND_UTF8(&list, "3", "dropDatabase");
-    BSON_APPEND_UTF8(&list, "4", "invalidate");
-    bson_append_array_end(&in, &list);
-  }
-  bson_append_document_end(&c0, &in);
-  bson_append_document_end(&or_, &c0);
-  /* releases by update; by replace (a person's, or an update mongod logged
-   * as a whole new document): acquisitions, renewals and waiters' attempts
-   * pass none of these */
-  append_release_clauses(&or_, &n, s, "update", "updateDescription.updatedFields");
-  append_release_clauses(&or_, &n, s, "replace", "fullDocument");
-  /* owner removed: a release by $unset */
-  bson_snprintf(key, sizeof key, "%d", n++);
-  BSON_APPEND_DOCUMENT_BEGIN(&or_, key, &c2);
-  BSON_APPEND_UTF8(&c2, "operationType", "update");
-  BSON_APPEND_UTF8(&c2, "updateDescription.removedFields", s->field);
-  bson_append_document_end(&or_, &c2);
-  bson_append_array_end(&match, &or_);
-  bson_append_document_end(&stage, &match);
-  bson_append_document_end(&arr, &stage);
-  bson_append_array_end(&pipeline, &arr);
-
+  ml_build_watch_pipeline(&pipeline, s->field, s->tag);
   bson_init(&opts);
   BSON_APPEND_INT64(&opts, "maxAwaitTimeMS", AWAIT_MS);
   if (resume_token)

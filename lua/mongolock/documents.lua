@@ -204,29 +204,12 @@ function _M.with(self, id, opts, fn, ...)
 end
 
 -- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code
--- (one find; remaining by the server's clock)
+-- (one aggregate; remaining by the server's clock)
 function _M.status(self, id)
   check_id(id, "status")
   if self.core:closed() then return nil, "closed" end
-  local tf = "$" .. self.time_field
-  local expiry = self.time == "expires" and tf
-    or { ["$add"] = { tf, math_ceil(self.ttl * 1000) } }
-  local r, err, code = self.core:command(self.db, { aggregate = self.coll }, {
-    pipeline = {
-      { ["$match"] = { _id = id } },
-      { ["$project"] = { _id = 0, owner = "$" .. self.owner_field,
-        remainingMs = { ["$subtract"] = { expiry, "$$NOW" } } } },
-    },
-    cursor = {},
-  })
-  if not r then return nil, err, code end
-  local d = r.cursor and r.cursor.firstBatch and r.cursor.firstBatch[1]
-  if not d then return nil, "not found" end
-  local owner = d.owner
-  if owner == core.null then owner = nil end
-  local rem = type(d.remainingMs) == "number" and d.remainingMs / 1000 or 0
-  local held = owner ~= nil and rem > 0
-  return { held = held, owner = held and owner or nil, remaining = held and rem or 0 }
+  return self.core:doc_status(self.db, self.coll, id, math_ceil(self.ttl * 1000),
+    self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex")
 end
 
 return _M

@@ -1,0 +1,598 @@
+/*
+ * The protocol and the transport seen from Lua, for a transport that runs
+ * elsewhere (an nginx worker thread): build an op on the event loop, run
+ * it there, parse the reply back on the event loop.  Only strings, numbers
+ * and tables cross.
+ *
+ *   op = core.op_acquire{db=, coll=, name=, owner=, ttl_ms=, host=, pid=,
+ *                        app=, waiter=, tag=, queue_ms=, polling=}
+ *   op = core.op_release{db=, coll=, name=, owner=}
+ *   op = core.op_extend{db=, coll=, name=, owner=, ttl_ms=}
+ *   op = core.op_leave{db=, coll=, name=, waiter=, tag=}
+ *   op = core.op_force_release{db=, coll=, name=}
+ *   op = core.op_status{db=, coll=, name=}       (name nil: the list)
+ *   op = core.op_ensure_index{db=, coll=, expire_after=}
+ *   op = core.op_command(db, cmd, opts)          (what client:command sends)
+ *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=}
+ *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=}
+ *   op = core.op_killcursors{db=, coll=, cursor_id=}
+ *   reply, err, code = client:run(op)            (BSON strings)
+ *   r = core.parse_acquire(reply, owner)
+ *   n = core.parse_update(reply)
+ *   list = core.parse_status(reply)
+ *   b = core.parse_events(reply, tag)
+ *
+ * An op is one BSON document, the envelope {kind, retry, db, coll, cmd}:
+ * kind is "write", "update", "cursor" or "command" (how transport.c runs
+ * it), cmd the command as the server receives it.  The C methods
+ * (client:acquire, h:release, ...) run the same builders and parsers
+ * without the envelope.
+ *
+ * This file also holds the Lua tables that parsed replies make, shared by
+ * those methods and the parse_* functions.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mongolock.h"
+
+static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
+
+/* ---- the tables of parsed replies -------------------------------------- */
+
+/* [-0, +1] holder sub-document as {host=, pid=, app=} (or nil) */
+static void push_holder(lua_State *L, int has, const bson_t *h) {
+  bson_iter_t it;
+  if (!has) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_createtable(L, 0, 3);
+  if (bson_iter_init(&it, h)) {
+    while (bson_iter_next(&it)) {
+      const char *k = bson_iter_key(&it);
+      if (BSON_ITER_HOLDS_UTF8(&it)) lua_pushstring(L, bson_iter_utf8(&it, NULL));
+      else if (BSON_ITER_HOLDS_NUMBER(&it)) ml_pushint64(L, ml_iter_int64(&it, 0));
+      else continue;
+      lua_setfield(L, -2, k);
+    }
+  }
+}
+
+void ml_set_operation_time(lua_State *L, const bson_t *reply) {
+  uint32_t t, i;
+  if (!ml_parse_operation_time(reply, &t, &i)) return;
+  lua_createtable(L, 0, 2);
+  lua_pushnumber(L, (lua_Number)t);
+  lua_setfield(L, -2, "t");
+  lua_pushnumber(L, (lua_Number)i);
+  lua_setfield(L, -2, "i");
+  lua_setfield(L, -2, "operation_time");
+}
+
+/* [-0, +0] t[key] = v in the table on top, when has */
+static void set_int(lua_State *L, int has, const char *key, int64_t v) {
+  if (!has) return;
+  ml_pushint64(L, v);
+  lua_setfield(L, -2, key);
+}
+
+/* a date, as seconds since the epoch (like ngx.now()) */
+static void set_date(lua_State *L, int has, const char *key, int64_t ms) {
+  if (!has) return;
+  lua_pushnumber(L, (lua_Number)ms / 1000.0);
+  lua_setfield(L, -2, key);
+}
+
+/* a duration in ms as seconds, at least 0 */
+static void set_seconds(lua_State *L, int has, const char *key, int64_t ms) {
+  if (!has) return;
+  lua_pushnumber(L, ms > 0 ? (lua_Number)ms / 1000.0 : 0);
+  lua_setfield(L, -2, key);
+}
+
+static void set_str(lua_State *L, const char *key, const char *s) {
+  if (!s) return;
+  lua_pushstring(L, s);
+  lua_setfield(L, -2, key);
+}
+
+void ml_push_acquire_info(lua_State *L, const ml_acquire_reply *r, const bson_t *reply) {
+  lua_createtable(L, 0, 8);
+  set_str(L, "owner", r->has_owner && BSON_ITER_HOLDS_UTF8(&r->owner)
+                          ? bson_iter_utf8(&r->owner, NULL) : NULL);
+  set_int(L, r->token != 0, "token", r->token);
+  set_seconds(L, r->has_remaining, "remaining", r->remaining_ms);
+  set_date(L, r->has_expires, "expires_at", r->expires_ms);
+  push_holder(L, r->has_holder, &r->holder);
+  lua_setfield(L, -2, "holder");
+  set_int(L, r->queued >= 0, "queued", r->queued);
+  set_int(L, r->position >= 0, "position", r->position + 1);
+  ml_set_operation_time(L, reply);
+}
+
+/* [-0, +1] a status table */
+static void push_status(lua_State *L, const ml_status *st) {
+  lua_createtable(L, 0, 9);
+  set_str(L, "name", st->name);
+  lua_pushboolean(L, st->held);
+  lua_setfield(L, -2, "held");
+  set_str(L, "owner", st->owner);
+  set_int(L, st->has_token, "token", st->token);
+  set_date(L, st->has_acquired, "acquired_at", st->acquired_ms);
+  set_date(L, st->has_expires, "expires_at", st->expires_ms);
+  set_seconds(L, st->has_remaining, "remaining", st->remaining_ms);
+  set_int(L, st->has_waiting, "waiting", st->waiting);
+  push_holder(L, st->has_holder, &st->holder);
+  lua_setfield(L, -2, "holder");
+}
+
+void ml_push_status_list(lua_State *L, const bson_t *reply) {
+  bson_iter_t docs;
+  lua_Integer n = 0;
+  lua_newtable(L);
+  if (!ml_reply_batch(reply, &docs, NULL)) return;
+  while (bson_iter_next(&docs)) {
+    const uint8_t *data;
+    uint32_t len;
+    bson_t doc;
+    ml_status st;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
+    bson_iter_document(&docs, &len, &data);
+    if (!bson_init_static(&doc, data, len)) continue;
+    ml_parse_status(&doc, &st);
+    push_status(L, &st);
+    lua_rawseti(L, -2, (int)++n);
+  }
+}
+
+/* ---- arguments --------------------------------------------------------- */
+
+void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll) {
+  size_t len;
+  const char *msg;
+  luaL_checktype(L, i, LUA_TSTRING);        /* a number is no name */
+  *db = lua_tolstring(L, i, &len);
+  if ((msg = ml_check_db(*db, len)) != NULL) luaL_argerror(L, i, msg);
+  luaL_checktype(L, i + 1, LUA_TSTRING);
+  *coll = lua_tolstring(L, i + 1, &len);
+  if ((msg = ml_check_coll(*db, *coll, len)) != NULL) luaL_argerror(L, i + 1, msg);
+}
+
+/* field key of the table at 1: a string (NULL when absent and optional) */
+static const char *opt_str(lua_State *L, const char *key, int required, size_t *len) {
+  const char *s = NULL;
+  size_t n = 0;
+  lua_getfield(L, 1, key);
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    s = lua_tolstring(L, -1, &n);
+  } else if (!lua_isnil(L, -1) || required) {
+    luaL_argerror(L, 1, lua_pushfstring(L, "%s: string expected, got %s", key,
+                                        luaL_typename(L, -1)));
+  }
+  lua_pop(L, 1);               /* the string stays alive in the table */
+  if (len) *len = n;
+  return s;
+}
+
+static lua_Number opt_num(lua_State *L, const char *key, int required, lua_Number dflt) {
+  lua_Number v = dflt;
+  lua_getfield(L, 1, key);
+  if (lua_type(L, -1) == LUA_TNUMBER) v = lua_tonumber(L, -1);
+  else if (!lua_isnil(L, -1) || required)
+    luaL_argerror(L, 1, lua_pushfstring(L, "%s: number expected, got %s", key,
+                                        luaL_typename(L, -1)));
+  lua_pop(L, 1);
+  return v;
+}
+
+static void bad(lua_State *L, const char *key, const char *msg) {
+  luaL_argerror(L, 1, lua_pushfstring(L, "%s: %s", key, msg));
+}
+
+static void check_ns(lua_State *L, const char **db, const char **coll) {
+  size_t len;
+  const char *msg;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  *db = opt_str(L, "db", 1, &len);
+  if ((msg = ml_check_db(*db, len)) != NULL) bad(L, "db", msg);
+  *coll = opt_str(L, "coll", 1, &len);
+  if ((msg = ml_check_coll(*db, *coll, len)) != NULL) bad(L, "coll", msg);
+}
+
+static const char *check_name(lua_State *L, int required) {
+  size_t len;
+  const char *msg, *s = opt_str(L, "name", required, &len);
+  if (s && (msg = ml_check_name(s, len)) != NULL) bad(L, "name", msg);
+  return s;
+}
+
+/* db, coll and name (required or not) of the table at 1 */
+static const char *check_lock(lua_State *L, const char **db, const char **coll, int required) {
+  check_ns(L, db, coll);
+  return check_name(L, required);
+}
+
+static const char *check_hex(lua_State *L, const char *key, size_t n, int required) {
+  size_t len;
+  const char *s = opt_str(L, key, required, &len);
+  if (s && !ml_is_hex(s, len, n))
+    bad(L, key, n == 32 ? "32 lowercase hex digits expected" : "16 lowercase hex digits expected");
+  return s;
+}
+
+static int64_t check_ms(lua_State *L, const char *key) {
+  int64_t ms = ml_ttl_ms(opt_num(L, key, 1, 0));
+  if (ms <= 0) bad(L, key, "a positive number of milliseconds, at most a year, expected");
+  return ms;
+}
+
+/* a cursor id: a decimal string (exact under LuaJIT), or an integer */
+static int64_t check_cursor_id(lua_State *L) {
+  int64_t id = 0;
+  lua_getfield(L, 1, "cursor_id");
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    char *end;
+    const char *s = lua_tostring(L, -1);
+    id = (int64_t)strtoll(s, &end, 10);
+    if (!*s || *end) bad(L, "cursor_id", "a decimal string expected");
+  } else if (lua_type(L, -1) == LUA_TNUMBER) {
+    id = (int64_t)lua_tonumber(L, -1);
+  } else {
+    bad(L, "cursor_id", "string expected");
+  }
+  lua_pop(L, 1);
+  return id;
+}
+
+/* ---- the envelope ------------------------------------------------------ */
+
+/* [-0, +1] pushes op as its envelope and destroys it; returns 1 */
+static int push_op(lua_State *L, ml_op *op) {
+  bson_t env = BSON_INITIALIZER;
+  BCON_APPEND(&env, "kind", BCON_UTF8(kinds[op->kind]), "retry", BCON_BOOL(op->retry != 0),
+              "db", BCON_UTF8(op->db));
+  if (op->coll) BCON_APPEND(&env, "coll", BCON_UTF8(op->coll));
+  BCON_APPEND(&env, "cmd", BCON_DOCUMENT(&op->cmd));
+  ml_op_destroy(op);
+  lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
+  bson_destroy(&env);
+  return 1;
+}
+
+/* a BSON string argument as a view (raises when malformed) */
+static void arg_bson(lua_State *L, int i, bson_t *out) {
+  size_t len, off;
+  const char *s = luaL_checklstring(L, i, &len);
+  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(out, (const uint8_t *)s, len) ||
+      !bson_validate(out, BSON_VALIDATE_NONE, &off))
+    luaL_argerror(L, i, "malformed BSON");
+}
+
+/* the op of an envelope at i: views into the Lua string (never destroyed) */
+static void arg_op(lua_State *L, int i, ml_op *op) {
+  bson_t env;
+  bson_iter_t it;
+  int k;
+  const uint8_t *data;
+  uint32_t len;
+  arg_bson(L, i, &env);
+  memset(op, 0, sizeof *op);
+  op->kind = (ml_run_kind)-1;
+  if (bson_iter_init_find(&it, &env, "kind") && BSON_ITER_HOLDS_UTF8(&it))
+    for (k = 0; kinds[k]; k++)
+      if (!strcmp(bson_iter_utf8(&it, NULL), kinds[k])) op->kind = (ml_run_kind)k;
+  if (bson_iter_init_find(&it, &env, "retry")) op->retry = bson_iter_as_bool(&it);
+  if (bson_iter_init_find(&it, &env, "db") && BSON_ITER_HOLDS_UTF8(&it))
+    op->db = bson_iter_utf8(&it, NULL);
+  if (bson_iter_init_find(&it, &env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
+    op->coll = bson_iter_utf8(&it, NULL);
+  if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, &env, "cmd") ||
+      !BSON_ITER_HOLDS_DOCUMENT(&it))
+    luaL_argerror(L, i, "not an op (core.op_*)");
+  bson_iter_document(&it, &len, &data);
+  if (!bson_init_static(&op->cmd, data, len)) luaL_argerror(L, i, "not an op (core.op_*)");
+}
+
+/* ---- builders ---------------------------------------------------------- */
+
+static int l_op_acquire(lua_State *L) {
+  ml_acquire_args a;
+  ml_op op;
+  size_t len;
+  memset(&a, 0, sizeof a);
+  a.name = check_lock(L, &a.db, &a.coll, 1);
+  a.owner = check_hex(L, "owner", 32, 1);
+  a.ttl_ms = check_ms(L, "ttl_ms");
+  a.host = opt_str(L, "host", 0, &len);
+  if (!a.host) a.host = "";
+  else if (!bson_utf8_validate(a.host, len, false)) bad(L, "host", "not valid UTF-8");
+  a.pid = (int64_t)opt_num(L, "pid", 0, 0);
+  a.app = opt_str(L, "app", 0, &len);
+  if (a.app && !bson_utf8_validate(a.app, len, false)) bad(L, "app", "not valid UTF-8");
+  a.waiter = check_hex(L, "waiter", 32, 0);
+  if (a.waiter) {
+    a.tag = check_hex(L, "tag", 16, 1);
+    a.queue_ms = check_ms(L, "queue_ms");
+    lua_getfield(L, 1, "polling");
+    a.polling = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  ml_build_acquire(&op, &a);
+  return push_op(L, &op);
+}
+
+/* the lockref of a named lock (id: its {_id: name}, initialised here) */
+static void named_ref(ml_lockref *r, const char *db, const char *coll, bson_t *id,
+                      const char *name) {
+  bson_init(id);
+  BCON_APPEND(id, "_id", BCON_UTF8(name));
+  ml_named_ref(r, db, coll, id);
+}
+
+static int l_op_release(lua_State *L) {
+  const char *db, *coll, *name, *owner;
+  ml_lockref r;
+  bson_t id;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  owner = check_hex(L, "owner", 32, 1);
+  named_ref(&r, db, coll, &id, name);
+  ml_build_release(&op, &r, owner, NULL);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+
+static int l_op_extend(lua_State *L) {
+  const char *db, *coll, *name, *owner;
+  int64_t ttl_ms;
+  ml_lockref r;
+  bson_t id;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  owner = check_hex(L, "owner", 32, 1);
+  ttl_ms = check_ms(L, "ttl_ms");
+  named_ref(&r, db, coll, &id, name);
+  ml_build_extend(&op, &r, owner, ttl_ms);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+
+static int l_op_leave(lua_State *L) {
+  const char *db, *coll, *name, *waiter, *tag;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  waiter = check_hex(L, "waiter", 32, 1);
+  tag = check_hex(L, "tag", 16, 1);
+  ml_build_leave(&op, db, coll, name, waiter, tag);
+  return push_op(L, &op);
+}
+
+static int l_op_force_release(lua_State *L) {
+  const char *db, *coll, *name = check_lock(L, &db, &coll, 1);
+  ml_op op;
+  ml_build_force_release(&op, db, coll, name);
+  return push_op(L, &op);
+}
+
+static int l_op_status(lua_State *L) {
+  const char *db, *coll, *name = check_lock(L, &db, &coll, 0);
+  ml_op op;
+  ml_build_status(&op, db, coll, name);
+  return push_op(L, &op);
+}
+
+static int l_op_ensure_index(lua_State *L) {
+  const char *db, *coll;
+  lua_Number secs;
+  ml_op op;
+  check_ns(L, &db, &coll);
+  secs = opt_num(L, "expire_after", 1, 0);
+  if (!(secs >= 0 && secs <= INT32_MAX)) bad(L, "expire_after", "out of range");
+  ml_build_ensure_index(&op, db, coll, (int32_t)secs);
+  return push_op(L, &op);
+}
+
+static int l_op_command(lua_State *L) {
+  ml_op op;
+  ml_command_op(L, 1, &op);
+  return push_op(L, &op);
+}
+
+static int l_op_watch(lua_State *L) {
+  const char *db, *coll, *field, *tag, *tok;
+  size_t len;
+  lua_Number t, i;
+  bson_t token;
+  ml_op op;
+  check_ns(L, &db, &coll);
+  field = opt_str(L, "field", 0, &len);
+  if (!field) field = ML_F_OWNER;
+  else if (ml_check_field(field, len)) bad(L, "field", ml_check_field(field, len));
+  tag = check_hex(L, "tag", 16, 1);
+  t = opt_num(L, "t", 0, 0);
+  i = opt_num(L, "i", 0, 0);
+  if (!(t >= 0 && t <= 4294967295.0 && i >= 0 && i <= 4294967295.0))
+    bad(L, "t", "timestamp part out of range");
+  tok = opt_str(L, "resume_token", 0, &len);
+  if (tok) {
+    lua_getfield(L, 1, "resume_token");
+    arg_bson(L, lua_gettop(L), &token);
+  }
+  ml_build_watch(&op, db, coll, field, tag, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
+  return push_op(L, &op);
+}
+
+static int l_op_getmore(lua_State *L) {
+  const char *db, *coll;
+  int64_t id, await;
+  ml_op op;
+  check_ns(L, &db, &coll);
+  id = check_cursor_id(L);
+  await = (int64_t)opt_num(L, "await_ms", 0, 1000);
+  if (await < 0) bad(L, "await_ms", "must not be negative");
+  ml_build_getmore(&op, db, coll, id, await);
+  return push_op(L, &op);
+}
+
+static int l_op_killcursors(lua_State *L) {
+  const char *db, *coll;
+  ml_op op;
+  check_ns(L, &db, &coll);
+  ml_build_killcursors(&op, db, coll, check_cursor_id(L));
+  return push_op(L, &op);
+}
+
+/* ---- the transport ----------------------------------------------------- */
+
+int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
+  bson_t reply;
+  bson_error_t err;
+  int ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err), n = 1;
+  if (!ok) n = ml_pusherror(L, &err) + 1;
+  if (ok || !bson_empty(&reply)) {
+    if (decode) ml_pushbson(L, &reply);
+    else lua_pushlstring(L, (const char *)bson_get_data(&reply), reply.len);
+  } else {
+    lua_pushnil(L);
+  }
+  bson_destroy(&reply);
+  return n;
+}
+
+/* client:run(op) -> reply | nil, message, code, reply (BSON strings) */
+static int l_run(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_op op;
+  arg_op(L, 2, &op);
+  return ml_push_run(L, c, &op, 0);
+}
+
+/* ---- parsers ----------------------------------------------------------- */
+
+/* core.parse_acquire(reply, owner) -> {won, token, remaining, position,
+ * queued, holder, owner, expires_at, operation_time} | nil, message */
+static int l_parse_acquire(lua_State *L) {
+  bson_t reply;
+  size_t len;
+  const char *owner;
+  ml_acquire_reply r;
+  arg_bson(L, 1, &reply);
+  owner = luaL_checklstring(L, 2, &len);
+  luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
+  if (ml_parse_acquire(&reply, owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) <= 0)
+    return ml_pushfail(L, "findAndModify returned no document", 0);
+  ml_push_acquire_info(L, &r, &reply);
+  lua_pushboolean(L, r.won);
+  lua_setfield(L, -2, "won");
+  return 1;
+}
+
+/* core.parse_update(reply) -> documents matched | nil, message */
+static int l_parse_update(lua_State *L) {
+  bson_t reply;
+  int64_t n;
+  arg_bson(L, 1, &reply);
+  n = ml_parse_matched(&reply);
+  if (n < 0) return ml_pushfail(L, "update reply without matchedCount", 0);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+/* core.parse_status(reply) -> {status, ...} */
+static int l_parse_status(lua_State *L) {
+  bson_t reply;
+  arg_bson(L, 1, &reply);
+  ml_push_status_list(L, &reply);
+  return 1;
+}
+
+/* core.parse_events(reply, tag) -> {cursor_id = "decimal", resume_token =
+ * BSON string | nil, events = {{id =, next = "" | 48 hex, t =, i =}}}:
+ * a change-stream batch (aggregate or getMore reply).  next names the
+ * waiter of this process (tag) a release was handed to; "" wakes every
+ * waiter of id (nil: of every document) */
+static int l_parse_events(lua_State *L) {
+  bson_t reply;
+  bson_iter_t docs, it, tok;
+  size_t len;
+  const char *tag;
+  int64_t id = 0;
+  char buf[32];
+  int n = 0;
+  arg_bson(L, 1, &reply);
+  tag = luaL_checklstring(L, 2, &len);
+  luaL_argcheck(L, ml_is_hex(tag, len, 16), 2, "16 lowercase hex digits expected");
+  lua_createtable(L, 0, 3);
+  lua_newtable(L);
+  if (ml_reply_batch(&reply, &docs, &id)) {
+    while (bson_iter_next(&docs)) {
+      const uint8_t *data;
+      uint32_t dlen;
+      bson_t doc;
+      ml_event ev;
+      if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
+      bson_iter_document(&docs, &dlen, &data);
+      if (!bson_init_static(&doc, data, dlen)) continue;
+      ml_parse_event(&doc, tag, &ev);
+      lua_createtable(L, 0, 4);
+      if (ev.has_key) {
+        ml_pushbsonvalue(L, &ev.key);
+        lua_setfield(L, -2, "id");
+      }
+      lua_pushstring(L, ev.next);
+      lua_setfield(L, -2, "next");
+      lua_pushnumber(L, (lua_Number)ev.t);
+      lua_setfield(L, -2, "t");
+      lua_pushnumber(L, (lua_Number)ev.i);
+      lua_setfield(L, -2, "i");
+      lua_rawseti(L, -2, ++n);
+    }
+  }
+  lua_setfield(L, -2, "events");
+  bson_snprintf(buf, sizeof buf, "%lld", (long long)id);
+  lua_pushstring(L, buf);
+  lua_setfield(L, -2, "cursor_id");
+  if (bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &tok) &&
+      BSON_ITER_HOLDS_DOCUMENT(&tok)) {
+    const uint8_t *data;
+    uint32_t tlen;
+    bson_iter_document(&tok, &tlen, &data);
+    lua_pushlstring(L, (const char *)data, tlen);
+    lua_setfield(L, -2, "resume_token");
+  }
+  return 1;
+}
+
+static const luaL_Reg ops_funcs[] = {
+  {"op_acquire", l_op_acquire},
+  {"op_release", l_op_release},
+  {"op_extend", l_op_extend},
+  {"op_leave", l_op_leave},
+  {"op_force_release", l_op_force_release},
+  {"op_status", l_op_status},
+  {"op_ensure_index", l_op_ensure_index},
+  {"op_command", l_op_command},
+  {"op_watch", l_op_watch},
+  {"op_getmore", l_op_getmore},
+  {"op_killcursors", l_op_killcursors},
+  {"parse_acquire", l_parse_acquire},
+  {"parse_update", l_parse_update},
+  {"parse_status", l_parse_status},
+  {"parse_events", l_parse_events},
+  {NULL, NULL}
+};
+
+static const luaL_Reg ops_client_methods[] = {
+  {"run", l_run},
+  {NULL, NULL}
+};
+
+void ml_ops_open(lua_State *L) {
+  /* [module] */
+  luaL_setfuncs(L, ops_funcs, 0);
+  luaL_getmetatable(L, ML_CLIENT_MT);
+  lua_getfield(L, -1, "__index");
+  luaL_setfuncs(L, ops_client_methods, 0);
+  lua_pop(L, 2);
+}

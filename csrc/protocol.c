@@ -1,0 +1,729 @@
+/*
+ * The lock protocol (protocol.h): every command on a lock document, built
+ * with libbson's BCON, and every reply read.  No lua_State, no I/O: the
+ * library, the Lua-visible seam (ops.c) and bench/raw.c build the same
+ * bytes here.
+ *
+ * BCON reads like the JSON of doc/design.md: "{" "}" "[" "]" open and
+ * close, a bare string in a value's place is a UTF-8 string, BCON_INT64(n)
+ * and friends are typed values.  A fragment used by several commands is a
+ * macro of tokens spliced into the call.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "protocol.h"
+
+/* ---- fragments --------------------------------------------------------- */
+
+/* the queue as an array (a missing or malformed queue is empty) */
+#define QUEUE_ARRAY \
+  "{", "$cond", "[", "{", "$isArray", "$" ML_F_QUEUE, "}", "$" ML_F_QUEUE, "[", "]", "]", "}"
+
+/* the queue's live entries: those whose until is still ahead of the
+ * server's now (every attempt of a waiter refreshes its until) */
+#define LIVE_QUEUE                                                      \
+  "{", "$filter", "{", "input", QUEUE_ARRAY,                            \
+                       "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}"
+
+/* the first live watching waiter (p: false; a polling waiter cannot be
+ * woken) as its process's tag and its id, 48 hex digits; null when none */
+#define QUEUE_HEAD                                                                 \
+  "{", "$ifNull", "[",                                                             \
+    "{", "$arrayElemAt", "[",                                                      \
+      "{", "$map", "{",                                                            \
+        "input", "{", "$filter", "{", "input", LIVE_QUEUE,                         \
+                   "cond", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}", \
+        "in", "{", "$concat", "[", "$$this.t", "$$this.w", "]", "}", "}", "}",     \
+      BCON_INT32(0), "]", "}",                                                     \
+    BCON_NULL, "]", "}"
+
+/* the lock is free: no owner, or the lease ended by the server's clock
+ * (END: the tokens of the lease end) */
+#define FREE(OWNER_REF, ...)                                                       \
+  "{", "$or", "[",                                                                 \
+    "{", "$eq", "[", "{", "$ifNull", "[", OWNER_REF, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
+    "{", "$lte", "[", __VA_ARGS__, "$$NOW", "]", "}", "]", "}"
+
+/* {$cond: ["$_mlt", <taken...>, OLD]}: a field of the acquire's $set, the
+ * old value written back when the attempt does not take the lock */
+#define IF_TAKEN(OLD, ...) "{", "$cond", "[", "$_mlt", __VA_ARGS__, OLD, "]", "}"
+
+/* a waiter's queue entry */
+#define ENTRY(W, T, Q, P)                                                         \
+  "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                       \
+       "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), "}"
+
+/* ---- operations -------------------------------------------------------- */
+
+static void op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
+  op->kind = kind;
+  op->retry = 0;
+  op->db = db;
+  op->coll = coll;
+  bson_init(&op->cmd);
+}
+
+void ml_op_destroy(ml_op *op) {
+  bson_destroy(&op->cmd);
+}
+
+/* {update: coll, updates: [{q, u}]}: u an update pipeline (array) or an
+ * update of operators */
+static void update_op(ml_op *op, const char *db, const char *coll, const bson_t *q,
+                      const bson_t *u, int pipeline) {
+  op_init(op, ML_RUN_UPDATE, db, coll);
+  if (pipeline)
+    BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll),
+                "updates", "[", "{", "q", BCON_DOCUMENT(q), "u", BCON_ARRAY(u), "}", "]");
+  else
+    BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll),
+                "updates", "[", "{", "q", BCON_DOCUMENT(q), "u", BCON_DOCUMENT(u), "}", "]");
+}
+
+/* the _id of r's document */
+static void id_iter(const ml_lockref *r, bson_iter_t *it) {
+  if (!bson_iter_init_find(it, r->id, "_id")) bson_iter_init(it, r->id);
+}
+
+/* {_id, <owner field>: owner}: the filter of every write by a holder */
+static void owner_filter(bson_t *q, const ml_lockref *r, const char *owner) {
+  bson_iter_t id;
+  id_iter(r, &id);
+  BCON_APPEND(q, "_id", BCON_ITER(&id));
+  ml_append_owner(q, r->owner_field, owner, r->owner_form);
+}
+
+void ml_named_ref(ml_lockref *r, const char *db, const char *coll, const bson_t *id) {
+  r->db = db;
+  r->coll = coll;
+  r->id = id;
+  r->owner_field = ML_F_OWNER;
+  r->time_field = ML_F_EXPIRES;
+  r->time_mode = ML_TIME_EXPIRES_AT;
+  r->owner_form = ML_OWNER_HEX;
+  r->queued = 1;
+}
+
+/* "$" field into buf */
+static const char *field_ref(char *buf, size_t n, const char *field) {
+  snprintf(buf, n, "$%s", field);
+  return buf;
+}
+
+/* ---- named locks: acquire and try -------------------------------------- */
+
+void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
+  const char *w = a->waiter ? a->waiter : "";   /* a try: no entry has "" */
+  bcon_append_ctx_t ctx;
+  op_init(op, ML_RUN_WRITE, a->db, a->coll);
+  op->retry = 1;
+  bcon_append_ctx_init(&ctx);
+  BCON_APPEND_CTX(&op->cmd, &ctx,
+    "findAndModify", BCON_UTF8(a->coll),
+    "query", "{", "_id", BCON_UTF8(a->name), "}",
+    "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
+    "update", "[",
+      /* _mlq: the live queue */
+      "{", "$set", "{", "_mlq", LIVE_QUEUE, "}", "}",
+      /* _mlt: this attempt takes the lock: it is free and no live
+       * watching waiter is queued ahead of w (fw: the first watching
+       * entry, me: w's) */
+      "{", "$set", "{", "_mlt", "{", "$let", "{",
+        "vars", "{",
+          "fw", "{", "$indexOfArray", "[",
+                  "{", "$map", "{", "input", "$_mlq",
+                                  "in", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}",
+                  BCON_BOOL(true), "]", "}",
+          "me", "{", "$indexOfArray", "[", "$_mlq.w", BCON_UTF8(w), "]", "}", "}",
+        "in", "{", "$and", "[",
+          FREE("$" ML_F_OWNER, "$" ML_F_EXPIRES),
+          "{", "$or", "[",
+            "{", "$eq", "[", "$$fw", BCON_INT32(-1), "]", "}",
+            "{", "$and", "[", "{", "$ne", "[", "$$me", BCON_INT32(-1), "]", "}",
+                             "{", "$lte", "[", "$$me", "$$fw", "]", "}", "]", "}", "]", "}",
+          "]", "}", "}", "}", "}", "}",
+      /* every field from _mlt: written back unchanged when it is false */
+      "{", "$set", "{",
+        ML_F_OWNER, IF_TAKEN("$" ML_F_OWNER, BCON_UTF8(a->owner)),
+        ML_F_TOKEN, IF_TAKEN("$" ML_F_TOKEN,
+          "{", "$max", "[",
+            "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}",
+                              BCON_INT64(1), "]", "}",
+            "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}",
+          "]", "}"),
+        ML_F_ACQUIRED, IF_TAKEN("$" ML_F_ACQUIRED, "$$NOW"),
+        ML_F_EXPIRES, IF_TAKEN("$" ML_F_EXPIRES,
+                               "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}"),
+        ML_F_HOLDER, "{", "$cond", "[", "$_mlt",
+          "{", "$literal", "{", "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
+  if (a->app) BCON_APPEND_CTX(&op->cmd, &ctx, "app", BCON_UTF8(a->app));
+  BCON_APPEND_CTX(&op->cmd, &ctx, "}", "}", "$" ML_F_HOLDER, "]", "}");
+  if (a->waiter) {
+    /* taken: the live queue without w; else w's place kept (until
+     * refreshed) or taken at the end */
+    BCON_APPEND_CTX(&op->cmd, &ctx,
+        ML_F_QUEUE, "{", "$cond", "[", "$_mlt",
+          "{", "$filter", "{", "input", "$_mlq",
+                               "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
+          "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
+            "{", "$map", "{", "input", "$_mlq",
+                 "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
+                   ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
+            "{", "$concatArrays", "[", "$_mlq",
+                   "[", ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}",
+          "]", "}", "]", "}");
+  } else {
+    /* a try leaves a queue it did not take from as it was */
+    BCON_APPEND_CTX(&op->cmd, &ctx, ML_F_QUEUE, IF_TAKEN("$" ML_F_QUEUE, "$_mlq"));
+  }
+  BCON_APPEND_CTX(&op->cmd, &ctx,
+        ML_F_NEXT, IF_TAKEN("$" ML_F_NEXT, BCON_NULL),
+      "}", "}",
+      "{", "$unset", "[", "_mlq", "_mlt", "]", "}",
+    "]",
+    "fields", "{",
+      ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_EXPIRES, BCON_INT32(1),
+      ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1),
+      "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}",
+      "queued", "{", "$size", QUEUE_ARRAY, "}",
+      "position", "{", "$indexOfArray", "[",
+        "{", "$cond", "[", "{", "$isArray", "$" ML_F_QUEUE, "}", "$" ML_F_QUEUE ".w", "[", "]", "]", "}",
+        BCON_UTF8(w), "]", "}",
+    "}");
+}
+
+/* ---- document locks: acquire ------------------------------------------- */
+
+/*
+ * [ {$replaceWith: {$cond: [ONLY_ID, {$mergeObjects: [{$literal: INSERT},
+ *                                                     {_id: "$_id"}]},
+ *                           "$$ROOT"]}},                 (insert only)
+ *   {$set: {O: {$cond: [FREE, OWNER, "$O"]},
+ *           T: {$cond: [FREE, TIME,  "$T"]}}} ]
+ * upsert: INSERT given, new: true,
+ * fields: {_id: 0, doc: "$$ROOT", remainingMs: END - $$NOW}
+ *
+ *   expires-at mode: END = T; TIME = $$NOW + ttl
+ *   locked-at mode:  END = T + ttl; TIME = $$NOW
+ */
+void ml_build_doc_acquire(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms,
+                          const bson_t *insert) {
+  char oref[300], tref[300];
+  bson_t end = BSON_INITIALIZER, vals = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  bson_iter_t id, e, free_, time_, own;
+  field_ref(oref, sizeof oref, r->owner_field);
+  field_ref(tref, sizeof tref, r->time_field);
+  /* the parts that depend on the time mode and the owner's form */
+  if (r->time_mode == ML_TIME_EXPIRES_AT)
+    BCON_APPEND(&end, "end", BCON_UTF8(tref));
+  else
+    BCON_APPEND(&end, "end", "{", "$add", "[", BCON_UTF8(tref), BCON_INT64(ttl_ms), "]", "}");
+  bson_iter_init_find(&e, &end, "end");
+  BCON_APPEND(&vals, "free", FREE(BCON_UTF8(oref), BCON_ITER(&e)));
+  if (r->time_mode == ML_TIME_EXPIRES_AT)
+    BCON_APPEND(&vals, "time", "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}");
+  else
+    BCON_APPEND(&vals, "time", "$$NOW");
+  ml_append_owner(&vals, "owner", owner, r->owner_form);
+  bson_iter_init_find(&free_, &vals, "free");
+  bson_iter_init_find(&time_, &vals, "time");
+  bson_iter_init_find(&own, &vals, "owner");
+  id_iter(r, &id);
+
+  /* the pipeline: its stages under "0", "1" */
+  if (insert)
+    BCON_APPEND(&u,
+      "0", "{", "$replaceWith", "{", "$cond", "[",
+        "{", "$eq", "[", "{", "$size", "{", "$objectToArray", "$$ROOT", "}", "}", BCON_INT32(1), "]", "}",
+        "{", "$mergeObjects", "[", "{", "$literal", BCON_DOCUMENT(insert), "}",
+                                   "{", "_id", "$_id", "}", "]", "}",
+        "$$ROOT", "]", "}", "}");
+  BCON_APPEND(&u,
+    insert ? "1" : "0", "{", "$set", "{",
+      r->owner_field, "{", "$cond", "[", BCON_ITER(&free_), BCON_ITER(&own), BCON_UTF8(oref), "]", "}",
+      r->time_field, "{", "$cond", "[", BCON_ITER(&free_), BCON_ITER(&time_), BCON_UTF8(tref), "]", "}",
+    "}", "}");
+  op_init(op, ML_RUN_WRITE, r->db, r->coll);
+  op->retry = 1;
+  BCON_APPEND(&op->cmd,
+    "findAndModify", BCON_UTF8(r->coll),
+    "query", "{", "_id", BCON_ITER(&id), "}",
+    "update", BCON_ARRAY(&u),
+    "new", BCON_BOOL(true),
+    "upsert", BCON_BOOL(insert != NULL),
+    "fields", "{", "_id", BCON_INT32(0), "doc", "$$ROOT",
+                   "remainingMs", "{", "$subtract", "[", BCON_ITER(&e), "$$NOW", "]", "}", "}");
+  bson_destroy(&u);
+  bson_destroy(&vals);
+  bson_destroy(&end);
+}
+
+/* ---- release, extend, force release, leave ----------------------------- */
+
+/* [{$set: {O: null, T: "$$NOW" | null, next: QUEUE_HEAD (queued)}}] */
+static void release_pipeline(bson_t *u, const ml_lockref *r) {
+  bcon_append_ctx_t ctx;
+  bcon_append_ctx_init(&ctx);
+  BCON_APPEND_CTX(u, &ctx, "0", "{", "$set", "{", r->owner_field, BCON_NULL);
+  if (r->time_mode == ML_TIME_EXPIRES_AT) BCON_APPEND_CTX(u, &ctx, r->time_field, "$$NOW");
+  else BCON_APPEND_CTX(u, &ctx, r->time_field, BCON_NULL);
+  /* next: the queue's first live waiter, whose process the release event
+   * wakes (csrc/watch.c) */
+  if (r->queued) BCON_APPEND_CTX(u, &ctx, ML_F_NEXT, QUEUE_HEAD);
+  BCON_APPEND_CTX(u, &ctx, "}", "}");
+}
+
+/* is this operator of a caller's update one the unlock also uses? */
+static int merges(const char *key) {
+  return !strcmp(key, "$set") || !strcmp(key, "$currentDate");
+}
+
+/* appends every field of the document at extra[key] (if any) */
+static void append_fields_of(bson_t *dst, bcon_append_ctx_t *ctx, const bson_t *extra,
+                             const char *key) {
+  bson_iter_t it, sub;
+  if (bson_iter_init_find(&it, extra, key) && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+      bson_iter_recurse(&it, &sub))
+    while (bson_iter_next(&sub)) BCON_APPEND_CTX(dst, ctx, bson_iter_key(&sub), BCON_ITER(&sub));
+}
+
+/* operator form: extra's operators, with the unlock merged into $set (and
+ * into $currentDate for the server's now) */
+static void release_operators(bson_t *u, const ml_lockref *r, const bson_t *extra) {
+  bcon_append_ctx_t ctx;
+  bson_iter_t it;
+  bcon_append_ctx_init(&ctx);
+  BCON_APPEND_CTX(u, &ctx, "$set", "{");
+  append_fields_of(u, &ctx, extra, "$set");
+  BCON_APPEND_CTX(u, &ctx, r->owner_field, BCON_NULL);
+  if (r->time_mode == ML_TIME_LOCKED_AT) BCON_APPEND_CTX(u, &ctx, r->time_field, BCON_NULL);
+  BCON_APPEND_CTX(u, &ctx, "}");
+  if (r->time_mode == ML_TIME_EXPIRES_AT || bson_has_field(extra, "$currentDate")) {
+    BCON_APPEND_CTX(u, &ctx, "$currentDate", "{");
+    if (r->time_mode == ML_TIME_EXPIRES_AT)
+      BCON_APPEND_CTX(u, &ctx, r->time_field, BCON_BOOL(true));
+    append_fields_of(u, &ctx, extra, "$currentDate");
+    BCON_APPEND_CTX(u, &ctx, "}");
+  }
+  if (bson_iter_init(&it, extra))
+    while (bson_iter_next(&it))
+      if (!merges(bson_iter_key(&it))) BCON_APPEND_CTX(u, &ctx, bson_iter_key(&it), BCON_ITER(&it));
+}
+
+void ml_build_release(ml_op *op, const ml_lockref *r, const char *owner, const bson_t *extra) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  owner_filter(&q, r, owner);
+  if (extra) release_operators(&u, r, extra);
+  else release_pipeline(&u, r);
+  update_op(op, r->db, r->coll, &q, &u, extra == NULL);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_extend(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  owner_filter(&q, r, owner);
+  if (r->time_mode == ML_TIME_EXPIRES_AT)
+    BCON_APPEND(&u, "0", "{", "$set", "{",
+                r->time_field, "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "}", "}");
+  else
+    BCON_APPEND(&u, "0", "{", "$set", "{", r->time_field, "$$NOW", "}", "}");
+  update_op(op, r->db, r->coll, &q, &u, 1);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+/* frees the lock whoever holds it: a release filtered on any owner */
+void ml_build_force_release(ml_op *op, const char *db, const char *coll, const char *name) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, id = BSON_INITIALIZER;
+  ml_lockref r;
+  BCON_APPEND(&id, "_id", BCON_UTF8(name));
+  ml_named_ref(&r, db, coll, &id);
+  BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_OWNER, "{", "$ne", BCON_NULL, "}");
+  release_pipeline(&u, &r);
+  update_op(op, db, coll, &q, &u, 1);
+  bson_destroy(&q);
+  bson_destroy(&u);
+  bson_destroy(&id);
+}
+
+/* out of the queue; a release already handed to the waiter (next names
+ * it) goes to the next live waiter */
+void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *name,
+                    const char *waiter, const char *tag) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  char tw[64];
+  bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
+  BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_QUEUE ".w", BCON_UTF8(waiter));
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{", ML_F_QUEUE, "{", "$filter", "{", "input", LIVE_QUEUE,
+           "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(waiter), "]", "}", "}", "}", "}", "}",
+    "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
+           "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", QUEUE_HEAD, "$" ML_F_NEXT,
+           "]", "}", "}", "}");
+  update_op(op, db, coll, &q, &u, 1);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+/* ---- status, list, the TTL index --------------------------------------- */
+
+#define STATUS_PROJECT                                                             \
+  "{", "$project", "{",                                                            \
+    ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1), \
+    ML_F_EXPIRES, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1),                       \
+    "waiting", "{", "$size", LIVE_QUEUE, "}",                                      \
+    "held", "{", "$and", "[",                                                      \
+      "{", "$ne", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
+      "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}",             \
+    "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "}", "}"
+
+void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name) {
+  op_init(op, ML_RUN_CURSOR, db, coll);
+  if (name)
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+                "pipeline", "[", "{", "$match", "{", "_id", BCON_UTF8(name), "}", "}",
+                                 STATUS_PROJECT, "]",
+                "cursor", "{", "}");
+  else
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+                "pipeline", "[", STATUS_PROJECT,
+                                 "{", "$sort", "{", "_id", BCON_INT32(1), "}", "}", "]",
+                "cursor", "{", "}");
+}
+
+void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms) {
+  char oref[300], tref[300];
+  bson_iter_t id;
+  id_iter(r, &id);
+  field_ref(oref, sizeof oref, r->owner_field);
+  field_ref(tref, sizeof tref, r->time_field);
+  op_init(op, ML_RUN_CURSOR, r->db, r->coll);
+  if (r->time_mode == ML_TIME_EXPIRES_AT)
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(r->coll),
+                "pipeline", "[", "{", "$match", "{", "_id", BCON_ITER(&id), "}", "}",
+                  "{", "$project", "{", "_id", BCON_INT32(0), "owner", BCON_UTF8(oref),
+                    "remainingMs", "{", "$subtract", "[", BCON_UTF8(tref), "$$NOW", "]", "}",
+                  "}", "}", "]",
+                "cursor", "{", "}");
+  else
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(r->coll),
+                "pipeline", "[", "{", "$match", "{", "_id", BCON_ITER(&id), "}", "}",
+                  "{", "$project", "{", "_id", BCON_INT32(0), "owner", BCON_UTF8(oref),
+                    "remainingMs", "{", "$subtract", "[",
+                      "{", "$add", "[", BCON_UTF8(tref), BCON_INT64(ttl_ms), "]", "}", "$$NOW",
+                    "]", "}",
+                  "}", "}", "]",
+                "cursor", "{", "}");
+}
+
+void ml_build_ensure_index(ml_op *op, const char *db, const char *coll, int32_t expire_after) {
+  op_init(op, ML_RUN_WRITE, db, coll);
+  BCON_APPEND(&op->cmd, "createIndexes", BCON_UTF8(coll),
+              "indexes", "[", "{", "key", "{", ML_F_EXPIRES, BCON_INT32(1), "}",
+                                   "name", ML_TTL_INDEX,
+                                   "expireAfterSeconds", BCON_INT32(expire_after), "}", "]");
+}
+
+void ml_build_command(ml_op *op, const char *db, const bson_t *cmd, const bson_t *opts) {
+  op_init(op, ML_RUN_COMMAND, db, NULL);
+  bson_concat(&op->cmd, cmd);
+  if (opts) bson_concat(&op->cmd, opts);
+}
+
+/* ---- change streams ---------------------------------------------------- */
+
+/*
+ * Appends to the $or array (as a document with keys "0", "1", ...; *n is
+ * the next index) the clauses that pass a release in an event of type
+ * optype, whose new values are under prefix
+ * ("updateDescription.updatedFields" for an update, "fullDocument" for a
+ * replace):
+ *   owner null and next null: a release handed to nobody, for every waiter;
+ *   next starting with this process's tag: for one waiter of this process
+ *   (in an update, next alone may change: a waiter that gave up hands on).
+ * An update's owner must be among the updated fields (set to null); a
+ * replace's new document must have it null or missing.
+ */
+static void release_clauses(bson_t *or_, int *n, const char *field, const char *tag,
+                            const char *optype, const char *prefix) {
+  char owner[300], next[300], re[24], k0[12], k1[12];
+  bson_snprintf(owner, sizeof owner, "%s.%s", prefix, field);
+  bson_snprintf(next, sizeof next, "%s.%s", prefix, ML_F_NEXT);
+  bson_snprintf(re, sizeof re, "^%s", tag);
+  bson_snprintf(k0, sizeof k0, "%d", (*n)++);
+  bson_snprintf(k1, sizeof k1, "%d", (*n)++);
+  if (!strcmp(optype, "update"))
+    BCON_APPEND(or_,
+      k0, "{", "operationType", optype, owner, "{", "$type", "null", "}", next, BCON_NULL, "}",
+      k1, "{", "operationType", optype, next, BCON_REGEX(re, ""), "}");
+  else
+    BCON_APPEND(or_,
+      k0, "{", "operationType", optype, owner, BCON_NULL, next, BCON_NULL, "}",
+      k1, "{", "operationType", optype, owner, BCON_NULL, next, BCON_REGEX(re, ""), "}");
+}
+
+void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag) {
+  bson_t or_ = BSON_INITIALIZER;
+  int n = 1;
+  /* the document went away, or the stream ends */
+  BCON_APPEND(&or_, "0", "{", "operationType", "{", "$in", "[",
+              "delete", "drop", "rename", "dropDatabase", "invalidate", "]", "}", "}");
+  /* releases by update; by replace (a person's, or an update mongod logged
+   * as a whole new document): acquisitions, renewals and waiters' attempts
+   * pass none of these */
+  release_clauses(&or_, &n, field, tag, "update", "updateDescription.updatedFields");
+  release_clauses(&or_, &n, field, tag, "replace", "fullDocument");
+  /* owner removed: a release by $unset */
+  BCON_APPEND(&or_, "5", "{", "operationType", "update",
+              "updateDescription.removedFields", BCON_UTF8(field), "}");
+  BCON_APPEND(out, "pipeline", "[", "{", "$match", "{", "$or", BCON_ARRAY(&or_), "}", "}", "]");
+  bson_destroy(&or_);
+}
+
+void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *field,
+                    const char *tag, uint32_t t, uint32_t i, const bson_t *resume_token) {
+  bson_t p = BSON_INITIALIZER;
+  bson_iter_t it, match;
+  ml_build_watch_pipeline(&p, field, tag);
+  bson_iter_init(&it, &p);
+  bson_iter_find_descendant(&it, "pipeline.0", &match);
+  op_init(op, ML_RUN_COMMAND, db, coll);
+  if (resume_token)
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+                "pipeline", "[", "{", "$changeStream", "{", "resumeAfter", BCON_DOCUMENT(resume_token),
+                                 "}", "}", BCON_ITER(&match), "]",
+                "cursor", "{", "}");
+  else
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+                "pipeline", "[", "{", "$changeStream", "{",
+                                   "startAtOperationTime", BCON_TIMESTAMP(t, i), "}", "}",
+                                 BCON_ITER(&match), "]",
+                "cursor", "{", "}");
+  bson_destroy(&p);
+}
+
+void ml_build_getmore(ml_op *op, const char *db, const char *coll, int64_t cursor_id,
+                      int64_t await_ms) {
+  op_init(op, ML_RUN_COMMAND, db, coll);
+  BCON_APPEND(&op->cmd, "getMore", BCON_INT64(cursor_id), "collection", BCON_UTF8(coll),
+              "maxTimeMS", BCON_INT64(await_ms));
+}
+
+void ml_build_killcursors(ml_op *op, const char *db, const char *coll, int64_t cursor_id) {
+  op_init(op, ML_RUN_COMMAND, db, coll);
+  BCON_APPEND(&op->cmd, "killCursors", BCON_UTF8(coll), "cursors", "[", BCON_INT64(cursor_id), "]");
+}
+
+/* ---- replies ----------------------------------------------------------- */
+
+int64_t ml_iter_int64(const bson_iter_t *it, int64_t dflt) {
+  switch (bson_iter_type(it)) {
+  case BSON_TYPE_INT32: return bson_iter_int32(it);
+  case BSON_TYPE_INT64: return bson_iter_int64(it);
+  case BSON_TYPE_DOUBLE: return (int64_t)bson_iter_double(it);
+  case BSON_TYPE_DATE_TIME: return bson_iter_date_time(it);
+  default: return dflt;
+  }
+}
+
+/* a numeric or date field of doc */
+static int find_int64(const bson_t *doc, const char *key, int64_t *out) {
+  bson_iter_t it;
+  if (!bson_iter_init_find(&it, doc, key)) return 0;
+  if (!BSON_ITER_HOLDS_NUMBER(&it) && !BSON_ITER_HOLDS_DATE_TIME(&it)) return 0;
+  *out = ml_iter_int64(&it, 0);
+  return 1;
+}
+
+/* a document field of doc as a view (valid while doc lives) */
+static int find_doc(const bson_t *doc, const char *key, bson_t *out) {
+  bson_iter_t it;
+  const uint8_t *data;
+  uint32_t len;
+  if (!bson_iter_init_find(&it, doc, key) || !BSON_ITER_HOLDS_DOCUMENT(&it)) return 0;
+  bson_iter_document(&it, &len, &data);
+  return bson_init_static(out, data, len);
+}
+
+int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_field,
+                     ml_owner_form form, int doc, ml_acquire_reply *out) {
+  bson_t value;
+  memset(out, 0, sizeof *out);
+  out->queued = -1;
+  out->position = -1;
+  if (!find_doc(reply, "value", &value)) return 0;
+  out->has_remaining = find_int64(&value, "remainingMs", &out->remaining_ms);
+  if (doc) {
+    if (!find_doc(&value, "doc", &out->value)) return -1;
+  } else {
+    out->value = value;
+    find_int64(&value, ML_F_TOKEN, &out->token);
+    out->has_expires = find_int64(&value, ML_F_EXPIRES, &out->expires_ms);
+    find_int64(&value, "queued", &out->queued);
+    find_int64(&value, "position", &out->position);
+    out->has_holder = find_doc(&value, ML_F_HOLDER, &out->holder);
+  }
+  out->has_owner = bson_iter_init_find(&out->owner, &out->value, owner_field);
+  out->won = out->has_owner && ml_owner_is(&out->owner, owner, form);
+  return 1;
+}
+
+int64_t ml_parse_matched(const bson_t *reply) {
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, reply, "matchedCount") && BSON_ITER_HOLDS_NUMBER(&it))
+    return ml_iter_int64(&it, -1);
+  if (bson_iter_init_find(&it, reply, "n") && BSON_ITER_HOLDS_NUMBER(&it))
+    return ml_iter_int64(&it, -1);
+  return -1;
+}
+
+int ml_parse_operation_time(const bson_t *reply, uint32_t *t, uint32_t *i) {
+  bson_iter_t it;
+  if (!bson_iter_init_find(&it, reply, "operationTime") || !BSON_ITER_HOLDS_TIMESTAMP(&it))
+    return 0;
+  bson_iter_timestamp(&it, t, i);
+  return 1;
+}
+
+void ml_parse_status(const bson_t *doc, ml_status *out) {
+  bson_iter_t it;
+  memset(out, 0, sizeof *out);
+  if (bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it))
+    out->name = bson_iter_utf8(&it, NULL);
+  out->held = bson_iter_init_find(&it, doc, "held") && bson_iter_as_bool(&it);
+  if (bson_iter_init_find(&it, doc, ML_F_OWNER) && BSON_ITER_HOLDS_UTF8(&it))
+    out->owner = bson_iter_utf8(&it, NULL);
+  out->has_token = find_int64(doc, ML_F_TOKEN, &out->token);
+  out->has_acquired = find_int64(doc, ML_F_ACQUIRED, &out->acquired_ms);
+  out->has_expires = find_int64(doc, ML_F_EXPIRES, &out->expires_ms);
+  out->has_remaining = find_int64(doc, "remainingMs", &out->remaining_ms);
+  out->has_waiting = find_int64(doc, "waiting", &out->waiting);
+  out->has_holder = find_doc(doc, ML_F_HOLDER, &out->holder);
+}
+
+int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id) {
+  bson_iter_t it, cur;
+  if (!bson_iter_init_find(&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+      !bson_iter_recurse(&it, &cur))
+    return 0;
+  if (cursor_id) {
+    bson_iter_t id = cur;
+    *cursor_id = bson_iter_find(&id, "id") ? ml_iter_int64(&id, 0) : 0;
+  }
+  if ((bson_iter_find(&cur, "firstBatch") ||
+       (bson_iter_recurse(&it, &cur) && bson_iter_find(&cur, "nextBatch"))) &&
+      BSON_ITER_HOLDS_ARRAY(&cur))
+    return bson_iter_recurse(&cur, docs);
+  return 0;
+}
+
+void ml_parse_event(const bson_t *doc, const char *tag, ml_event *out) {
+  bson_iter_t it, k;
+  memset(out, 0, sizeof *out);
+  out->t = UINT32_MAX;             /* no clusterTime: after everything */
+  out->i = UINT32_MAX;
+  if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it))
+    bson_iter_timestamp(&it, &out->t, &out->i);
+  /* a release handed to one waiter names it in next */
+  if (bson_iter_init(&it, doc) &&
+      (bson_iter_find_descendant(&it, "updateDescription.updatedFields." ML_F_NEXT, &k) ||
+       (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "fullDocument." ML_F_NEXT, &k))) &&
+      BSON_ITER_HOLDS_UTF8(&k)) {
+    uint32_t len;
+    const char *w = bson_iter_utf8(&k, &len);
+    if (len == 48 && memcmp(w, tag, 16) == 0) memcpy(out->next, w, 49);
+  }
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "documentKey._id", &out->key))
+    out->has_key = 1;
+}
+
+/* ---- values ------------------------------------------------------------ */
+
+const char *ml_check_name(const char *s, size_t len) {
+  if (len == 0) return "name must not be empty";
+  if (len > ML_NAME_MAX) return "name longer than 1024 bytes";
+  if (memchr(s, '\0', len)) return "name contains a NUL byte";
+  if (!bson_utf8_validate(s, len, false)) return "name is not valid UTF-8";
+  return NULL;
+}
+
+/* MongoDB's limits: a database name is 1..63 bytes without /\. "$ and NUL;
+ * a collection name has no '$' or NUL, does not start with "system.", and
+ * with its database and a dot makes at most 255 bytes */
+const char *ml_check_db(const char *s, size_t len) {
+  if (len == 0 || len > 63 || strcspn(s, "/\\. \"$") != len ||
+      !bson_utf8_validate(s, len, false))
+    return "invalid database name (1..63 bytes of UTF-8, none of /\\. \"$ or NUL)";
+  return NULL;
+}
+
+const char *ml_check_coll(const char *db, const char *s, size_t len) {
+  if (len == 0 || strlen(s) != len || strchr(s, '$') || strncmp(s, "system.", 7) == 0 ||
+      strlen(db) + 1 + len > 255 || !bson_utf8_validate(s, len, false))
+    return "invalid collection name (UTF-8 without '$' or NUL, not system.*, at most 255 bytes "
+           "with the database name)";
+  return NULL;
+}
+
+const char *ml_check_field(const char *s, size_t len) {
+  if (len == 0 || len > 255 || strlen(s) != len || s[0] == '$' || strchr(s, '.') ||
+      strcmp(s, "_id") == 0 || !bson_utf8_validate(s, len, false))
+    return "field name must be 1..255 bytes of UTF-8, no '.', no leading '$', not _id";
+  return NULL;
+}
+
+int ml_is_hex(const char *s, size_t len, size_t n) {
+  size_t k;
+  if (len != n) return 0;
+  for (k = 0; k < len; k++)
+    if (!((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'f'))) return 0;
+  return 1;
+}
+
+int64_t ml_ttl_ms(double ms) {
+  if (!(ms > 0) || ms > (double)ML_TTL_MAX_MS) return 0;
+  return (int64_t)ceil(ms);
+}
+
+/* owner ids are written by this library: lowercase hex */
+static int hexval(char ch) {
+  return ch >= 'a' ? ch - 'a' + 10 : ch - '0';
+}
+
+static void owner_bytes(const char *owner, uint8_t u[16]) {
+  int i;
+  for (i = 0; i < 16; i++) u[i] = (uint8_t)(hexval(owner[2 * i]) << 4 | hexval(owner[2 * i + 1]));
+}
+
+void ml_append_owner(bson_t *b, const char *key, const char *owner, ml_owner_form form) {
+  if (form == ML_OWNER_UUID) {
+    uint8_t u[16];
+    owner_bytes(owner, u);
+    bson_append_binary(b, key, -1, BSON_SUBTYPE_UUID, u, 16);
+  } else {
+    bson_append_utf8(b, key, -1, owner, 32);
+  }
+}
+
+int ml_owner_is(const bson_iter_t *it, const char *owner, ml_owner_form form) {
+  if (form == ML_OWNER_HEX) {
+    uint32_t len;
+    const char *s;
+    if (!BSON_ITER_HOLDS_UTF8(it)) return 0;
+    s = bson_iter_utf8(it, &len);
+    return len == 32 && memcmp(s, owner, 32) == 0;
+  }
+  if (BSON_ITER_HOLDS_BINARY(it)) {
+    bson_subtype_t st;
+    uint32_t len;
+    const uint8_t *data;
+    uint8_t u[16];
+    bson_iter_binary(it, &st, &len, &data);
+    owner_bytes(owner, u);
+    return st == BSON_SUBTYPE_UUID && len == 16 && memcmp(data, u, 16) == 0;
+  }
+  return 0;
+}

@@ -1,0 +1,239 @@
+/*
+ * The lock protocol: the lock documents' schema and every command on them,
+ * built by pure functions (no lua_State, no I/O), and their replies parsed
+ * in one place.  doc/design.md describes the documents and commands.
+ *
+ * Each operation is build -> run -> parse -> lease: a builder fills an
+ * ml_op (the command as the server receives it, and how it is run), a
+ * transport (transport.h) runs it and hands back the reply, a parser here
+ * reads the reply, and the caller (lock.c, client.c) makes the lease.
+ *
+ * Every builder uses libbson's BCON, the JSON-like notation of the design
+ * document; pieces used by several commands are BCON fragments (macros of
+ * tokens) spliced into the calls.
+ */
+#ifndef MONGOLOCK_PROTOCOL_H
+#define MONGOLOCK_PROTOCOL_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <bson/bson.h>
+
+/* ---- the schema of a named lock document (doc/design.md) --------------- */
+
+#define ML_F_OWNER "owner"            /* 32 hex digits, or null when free */
+#define ML_F_TOKEN "token"            /* int64 fencing token */
+#define ML_F_ACQUIRED "acquiredAt"    /* date of the latest acquisition */
+#define ML_F_EXPIRES "expiresAt"      /* date the lease ends */
+#define ML_F_HOLDER "holder"          /* {host, pid, app} */
+#define ML_F_QUEUE "queue"            /* [{w, t, until, p}] waiters */
+#define ML_F_NEXT "next"              /* the waiter a release was handed to:
+                                         its process tag and id, 48 hex */
+#define ML_TTL_INDEX "expiresAt_ttl"  /* name of the TTL index */
+
+#define ML_NAME_MAX 1024              /* bytes of a lock name */
+#define ML_TTL_MAX_MS ((int64_t)365 * 24 * 3600 * 1000)   /* a year */
+
+/*
+ * Which instant the time field of a lock document holds.
+ *   ML_TIME_EXPIRES_AT: the lease end (named locks' expiresAt); free when
+ *     owner is null or time <= $$NOW; extend sets $$NOW + ttl; release sets
+ *     $$NOW.
+ *   ML_TIME_LOCKED_AT: when it was locked (seed 000's LockTime); free when
+ *     owner is null or time + ttl <= $$NOW; extend sets $$NOW; release sets
+ *     null.
+ */
+typedef enum { ML_TIME_EXPIRES_AT = 0, ML_TIME_LOCKED_AT = 1 } ml_time_mode;
+
+/* how the owner id is stored in the owner field */
+typedef enum {
+  ML_OWNER_HEX = 0,   /* string of 32 hex digits (named locks) */
+  ML_OWNER_UUID = 1   /* Binary subtype 4 of the same 16 bytes (.NET Guid) */
+} ml_owner_form;
+
+/* which lock document: everything a release, extend or status needs */
+typedef struct ml_lockref {
+  const char *db, *coll;
+  const bson_t *id;                 /* {"_id": <the document's _id>} */
+  const char *owner_field;          /* ML_F_OWNER for named locks */
+  const char *time_field;           /* ML_F_EXPIRES for named locks */
+  ml_time_mode time_mode;
+  ml_owner_form owner_form;
+  int queued;                       /* a named lock: release hands it to the
+                                       queue's first live watching waiter */
+} ml_lockref;
+
+/* r for the named lock whose {_id: name} is id (kept by the caller) */
+void ml_named_ref(ml_lockref *r, const char *db, const char *coll, const bson_t *id);
+
+/* ---- operations -------------------------------------------------------- */
+
+/* how a transport runs an op */
+typedef enum {
+  ML_RUN_WRITE = 0,     /* a write command with the client's write concern
+                           (findAndModify, createIndexes) */
+  ML_RUN_UPDATE = 1,    /* {update: coll, updates: [{q, u}]}: one document,
+                           as a retryable write (libmongoc's update_one) */
+  ML_RUN_CURSOR = 2,    /* {aggregate: ...}: every batch, folded into the
+                           reply's cursor.firstBatch */
+  ML_RUN_COMMAND = 3    /* any command (client:command): the write concern
+                           added to write commands that have none */
+} ml_run_kind;
+
+/*
+ * A built operation.  cmd is the command as the server receives it, minus
+ * what the transport adds (writeConcern, lsid, txnNumber).  db and coll are
+ * borrowed from the builder's caller and must outlive the op.
+ */
+typedef struct ml_op {
+  ml_run_kind kind;
+  int retry;                /* ML_RUN_WRITE: sent once more after a network
+                               error (the command is idempotent for its
+                               owner id) */
+  const char *db, *coll;
+  bson_t cmd;
+} ml_op;
+
+void ml_op_destroy(ml_op *op);
+
+/* what a named-lock acquire writes */
+typedef struct ml_acquire_args {
+  const char *db, *coll;
+  const char *name;                 /* 1..ML_NAME_MAX bytes, no NUL */
+  const char *owner;                /* 32 lowercase hex digits */
+  int64_t ttl_ms;
+  const char *host;                 /* holder.host */
+  int64_t pid;                      /* holder.pid */
+  const char *app;                  /* holder.app, NULL for none */
+  const char *waiter;               /* NULL: a try; else the waiter id (the
+                                       owner id of every attempt) */
+  const char *tag;                  /* with waiter: this process's tag */
+  int64_t queue_ms;                 /* with waiter: how long its place is
+                                       kept after this attempt */
+  int polling;                      /* with waiter: it polls (cannot be
+                                       woken) */
+} ml_acquire_args;
+
+/* the builders; each initialises op->cmd (ml_op_destroy frees it) */
+void ml_build_acquire(ml_op *op, const ml_acquire_args *a);
+void ml_build_doc_acquire(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms,
+                          const bson_t *insert);
+/* extra: NULL, or a caller's update of operators (checked by the caller not
+ * to touch the lock fields) applied in the same command */
+void ml_build_release(ml_op *op, const ml_lockref *r, const char *owner, const bson_t *extra);
+void ml_build_extend(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms);
+void ml_build_force_release(ml_op *op, const char *db, const char *coll, const char *name);
+void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *name,
+                    const char *waiter, const char *tag);
+/* name NULL: every lock of the collection, sorted by name */
+void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name);
+/* a document lock's status: owner and remainingMs of r's document */
+void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms);
+void ml_build_ensure_index(ml_op *op, const char *db, const char *coll, int32_t expire_after);
+/* client:command: cmd's one key, then every field of opts (may be NULL) */
+void ml_build_command(ml_op *op, const char *db, const bson_t *cmd, const bson_t *opts);
+
+/*
+ * The change-stream filter: {pipeline: [{$match: ...}]} passing the events
+ * that may wake a waiter of this process (tag) on the owner field `field`
+ * (releases, deletes, and the events that end a stream).  csrc/watch.c
+ * describes them.
+ */
+void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag);
+
+/* the change stream as a plain aggregate, for a transport that keeps no
+ * cursor of libmongoc: starting at (t, i), or after resume_token when it
+ * is not NULL; the cursor's first batch is empty */
+void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *field,
+                    const char *tag, uint32_t t, uint32_t i, const bson_t *resume_token);
+void ml_build_getmore(ml_op *op, const char *db, const char *coll, int64_t cursor_id,
+                      int64_t await_ms);
+void ml_build_killcursors(ml_op *op, const char *db, const char *coll, int64_t cursor_id);
+
+/* ---- replies ----------------------------------------------------------- */
+
+/* an acquire's reply (named or document lock) */
+typedef struct ml_acquire_reply {
+  int won;                          /* the returned owner is ours */
+  bson_t value;                     /* the returned lock document (named) or
+                                       the application's document (document
+                                       lock); a view into the reply */
+  int64_t token;                    /* 0 when none */
+  int has_remaining;
+  int64_t remaining_ms;             /* the holder's lease, server's clock */
+  int has_expires;
+  int64_t expires_ms;
+  int64_t queued;                   /* -1 when not in the reply */
+  int64_t position;                 /* 0-based place of the waiter, -1 none */
+  int has_holder;
+  bson_t holder;                    /* view */
+  bson_iter_t owner;                /* the owner field's value (when has_owner) */
+  int has_owner;
+} ml_acquire_reply;
+
+/* r: r->owner_field and r->owner_form say where and how the owner is
+ * read; doc: a document-lock reply ({doc, remainingMs}).  Returns 0 when
+ * the reply has no document (findAndModify matched nothing). */
+int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_field,
+                     ml_owner_form form, int doc, ml_acquire_reply *out);
+
+/* documents matched by an update (update_one's matchedCount, or a
+ * server's n); -1 when the reply has neither */
+int64_t ml_parse_matched(const bson_t *reply);
+
+/* the operationTime of a reply (a replica set's); 0 when it has none */
+int ml_parse_operation_time(const bson_t *reply, uint32_t *t, uint32_t *i);
+
+/* one status document (a named lock's, from ml_build_status) */
+typedef struct ml_status {
+  const char *name;                 /* NULL when not a string */
+  int held;
+  const char *owner;                /* NULL when free */
+  int has_token, has_acquired, has_expires, has_remaining, has_waiting, has_holder;
+  int64_t token, acquired_ms, expires_ms, remaining_ms, waiting;
+  bson_t holder;                    /* view */
+} ml_status;
+
+void ml_parse_status(const bson_t *doc, ml_status *out);
+
+/* iterates the documents of a cursor reply's first batch (or nextBatch);
+ * 0 when the reply has none; *cursor_id when not NULL */
+int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id);
+
+/* one change event, reduced to what a waiter needs */
+typedef struct ml_event {
+  int has_key;
+  bson_iter_t key;                  /* documentKey._id */
+  char next[49];                    /* the waiter a release was handed to,
+                                       when in this process (tag); "" = every
+                                       waiter */
+  uint32_t t, i;                    /* clusterTime (UINT32_MAX: none) */
+} ml_event;
+
+void ml_parse_event(const bson_t *doc, const char *tag, ml_event *out);
+
+/* ---- values, one rule each --------------------------------------------- */
+
+/* NULL when fine, else what is wrong */
+const char *ml_check_name(const char *s, size_t len);
+const char *ml_check_db(const char *s, size_t len);
+const char *ml_check_coll(const char *db, const char *s, size_t len);
+const char *ml_check_field(const char *s, size_t len);
+
+/* 1 when s is n lowercase hex digits */
+int ml_is_hex(const char *s, size_t len, size_t n);
+
+/* a ttl in (possibly fractional) milliseconds -> whole milliseconds,
+ * rounded up; 0 when not positive, over a year, or NaN */
+int64_t ml_ttl_ms(double ms);
+
+/* appends the owner id (32 hex digits) under key in form */
+void ml_append_owner(bson_t *b, const char *key, const char *owner, ml_owner_form form);
+
+/* does the value at it (a string or a UUID binary) hold the owner id? */
+int ml_owner_is(const bson_iter_t *it, const char *owner, ml_owner_form form);
+
+/* integer value of a numeric or date field, else dflt */
+int64_t ml_iter_int64(const bson_iter_t *it, int64_t dflt);
+
+#endif

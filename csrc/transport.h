@@ -1,0 +1,34 @@
+/*
+ * The transport: runs a built operation (protocol.h) and hands back the
+ * server's reply.  libmongoc's pool is the transport here; another one (an
+ * nginx worker thread) runs the same ml_op through client:run (ops.c) or
+ * its own connection.  Nothing here knows what a lock is.
+ */
+#ifndef MONGOLOCK_TRANSPORT_H
+#define MONGOLOCK_TRANSPORT_H
+
+#include <mongoc/mongoc.h>
+#include "protocol.h"
+
+/*
+ * Runs op on mc (a connection this thread popped from its pool) with wc
+ * (the client's write concern, added to every write).  reply is always
+ * initialised and the caller destroys it.  Returns 1, or 0 with error set;
+ * after a failed write reply may still hold the server's answer (a write
+ * concern error comes after the write was applied).
+ *
+ *   ML_RUN_WRITE    one command; sent again once after a network error
+ *                   when op->retry (the owner id makes it idempotent)
+ *   ML_RUN_UPDATE   mongoc_collection_update_one: a retryable write (the
+ *                   driver retries it once with the same txnNumber after a
+ *                   network error or a RetryableWriteError label); the
+ *                   reply's matchedCount says what matched
+ *   ML_RUN_CURSOR   the aggregate and its getMores; the reply is
+ *                   {cursor: {firstBatch: [every document], id: 0}, ok: 1}
+ *   ML_RUN_COMMAND  one command; a reply with ok: 1 and writeErrors or a
+ *                   writeConcernError is an error too
+ */
+int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
+           bson_error_t *error);
+
+#endif

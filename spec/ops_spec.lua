@@ -1,0 +1,230 @@
+-- The protocol/transport seam seen from Lua (csrc/ops.c): pure builders
+-- (no server), client:run, and the parsers, which give what the C methods
+-- (locks:acquire, status, ...) give.
+local core = require "mongolock.core"
+
+local OWNER = ("0123456789abcdef"):rep(2)
+local OWNER2 = ("fedcba9876543210"):rep(2)
+local TAG = "00112233aabbccdd"
+
+local function decode(op) return assert(core.bson_decode(op)) end
+
+describe("#unit ops (builders, no server)", function()
+  it("builds an acquire as a retried findAndModify in an envelope", function()
+    local op = core.op_acquire{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 5000,
+                                host = "h", pid = 7 }
+    assert.is_string(op)
+    local e = decode(op)
+    assert.equal("write", e.kind)
+    assert.is_true(e.retry)
+    assert.equal("d", e.db)
+    assert.equal("c", e.coll)
+    assert.equal("c", e.cmd.findAndModify)
+    assert.equal("n", e.cmd.query._id)
+    assert.is_true(e.cmd.upsert)
+    -- a try takes nothing from the queue and never queues
+    local set = e.cmd.update[3]["$set"]
+    assert.same({ "$_mlt", "$_mlq", "$queue" }, set.queue["$cond"])
+    assert.equal(OWNER, set.owner["$cond"][2])
+    assert.same({ host = "h", pid = 7 }, set.holder["$cond"][2]["$literal"])
+  end)
+
+  it("writes a waiter's entry with its process tag, 48 hex digits in next", function()
+    local w = OWNER2
+    local e = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = w, ttl_ms = 5000,
+                                      waiter = w, tag = TAG, queue_ms = 3000, polling = true })
+    local entry = e.cmd.update[3]["$set"].queue["$cond"][3]["$cond"][3]["$concatArrays"][2][1]
+    assert.equal(w, entry.w)
+    assert.equal(TAG, entry.t)
+    assert.is_true(entry.p)
+    local leave = decode(core.op_leave{ db = "d", coll = "c", name = "n", waiter = w, tag = TAG })
+    assert.equal("update", leave.kind)
+    local cond = leave.cmd.updates[1].u[2]["$set"].next["$cond"][1]["$eq"]
+    assert.equal(TAG .. w, cond[2])
+    assert.equal(48, #cond[2])
+  end)
+
+  it("builds release, extend and force release as updates of one document", function()
+    local r = decode(core.op_release{ db = "d", coll = "c", name = "n", owner = OWNER })
+    assert.equal("update", r.kind)
+    assert.same({ _id = "n", owner = OWNER }, r.cmd.updates[1].q)
+    assert.equal("$$NOW", r.cmd.updates[1].u[1]["$set"].expiresAt)
+    local x = decode(core.op_extend{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 1500 })
+    assert.same({ "$$NOW", 1500 }, x.cmd.updates[1].u[1]["$set"].expiresAt["$add"])
+    local f = decode(core.op_force_release{ db = "d", coll = "c", name = "n" })
+    assert.equal(core.null, f.cmd.updates[1].q.owner["$ne"])
+  end)
+
+  it("builds status, list, the TTL index and any command", function()
+    local s = decode(core.op_status{ db = "d", coll = "c", name = "n" })
+    assert.equal("cursor", s.kind)
+    assert.equal("n", s.cmd.pipeline[1]["$match"]._id)
+    local l = decode(core.op_status{ db = "d", coll = "c" })
+    assert.same({ _id = 1 }, l.cmd.pipeline[2]["$sort"])
+    local i = decode(core.op_ensure_index{ db = "d", coll = "c", expire_after = 60 })
+    assert.equal(60, i.cmd.indexes[1].expireAfterSeconds)
+    local c = decode(core.op_command("admin", { ping = 1 }, { comment = "x" }))
+    assert.equal("command", c.kind)
+    assert.same({ ping = 1, comment = "x" }, c.cmd)
+  end)
+
+  it("builds the change stream's aggregate, getMore and killCursors", function()
+    local w = decode(core.op_watch{ db = "d", coll = "c", tag = TAG, t = 5, i = 2 })
+    assert.equal("c", w.cmd.aggregate)
+    local cs = w.cmd.pipeline[1]["$changeStream"].startAtOperationTime
+    assert.equal(5, cs.t)
+    assert.is_table(w.cmd.pipeline[2]["$match"]["$or"])
+    local g = decode(core.op_getmore{ db = "d", coll = "c", cursor_id = "9007199254740993" })
+    assert.equal("c", g.cmd.collection)
+    assert.equal("9007199254740993", tostring(g.cmd.getMore):match("%d+"))
+    local k = decode(core.op_killcursors{ db = "d", coll = "c", cursor_id = "12" })
+    assert.equal("c", k.cmd.killCursors)
+  end)
+
+  it("raises on bad arguments and changes nothing", function()
+    local ok = { db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 1000 }
+    local function with(k, v)
+      local t = {}
+      for kk, vv in pairs(ok) do t[kk] = vv end
+      t[k] = v
+      return t
+    end
+    assert.has_error(function() core.op_acquire(with("owner", "XYZ")) end)
+    assert.has_error(function() core.op_acquire(with("owner", OWNER:upper())) end)
+    assert.has_error(function() core.op_acquire(with("ttl_ms", 0)) end)
+    assert.has_error(function() core.op_acquire(with("db", "a.b")) end)
+    assert.has_error(function() core.op_acquire(with("coll", "a$b")) end)
+    assert.has_error(function() core.op_acquire(with("name", "")) end)
+    assert.has_error(function() core.op_acquire(with("waiter", OWNER)) end)   -- no tag
+    assert.has_error(function() core.op_release{ db = "d", coll = "c", name = "n" } end)
+    assert.has_error(function() core.parse_acquire("not bson", OWNER) end)
+    assert.has_error(function() core.parse_update("\5\0\0\0") end)
+  end)
+
+  it("parses replies without a server", function()
+    local reply = core.bson_encode({ ok = 1, matchedCount = 1 })
+    assert.equal(1, core.parse_update(reply))
+    assert.equal(2, core.parse_update(core.bson_encode({ ok = 1, n = 2 })))
+    assert.same({ nil, "update reply without matchedCount" },
+      { core.parse_update(core.bson_encode({ ok = 1 })) })
+  end)
+end)
+
+describe("#integration ops (client:run)", function()
+  local helpers = require "helpers"
+  local client, locks, c, DB
+  setup(function()
+    client = helpers.connect({ appname = "ops" })
+    locks = helpers.locks(client)
+    c = client._core
+    DB = locks.database
+  end)
+  teardown(function() client:close() end)
+
+  local function run(op)
+    local reply, err, code = c:run(op)
+    assert(reply, tostring(err) .. " " .. tostring(code))
+    return reply
+  end
+
+  local function args(name, owner, extra)
+    local t = { db = DB, coll = locks.collection, name = name, owner = owner, ttl_ms = 20000,
+                host = core.hostname(), pid = core.getpid(), app = "ops" }
+    for k, v in pairs(extra or {}) do t[k] = v end
+    return t
+  end
+
+  it("acquires, tells busy, extends and releases as the methods do", function()
+    local name = helpers.unique("ops")
+    local r = core.parse_acquire(run(core.op_acquire(args(name, OWNER))), OWNER)
+    assert.is_true(r.won)
+    assert.is_number(r.token)
+    assert.is_true(r.remaining > 15 and r.remaining <= 20)
+    -- what locks:try says about it
+    local h, err, info = locks:try(name)
+    assert.is_nil(h)
+    assert.equal("busy", err)
+    local b = core.parse_acquire(run(core.op_acquire(args(name, OWNER2))), OWNER2)
+    assert.is_false(b.won)
+    assert.equal(OWNER, b.owner)
+    assert.equal(info.owner, b.owner)
+    assert.equal(info.token, b.token)
+    assert.same(info.holder, b.holder)
+    assert.equal(info.queued, b.queued)
+    -- status through the seam equals locks:status
+    local st = core.parse_status(run(core.op_status{ db = DB, coll = locks.collection, name = name }))
+    local want = assert(locks:status(name))
+    assert.equal(1, #st)
+    assert.equal(want.owner, st[1].owner)
+    assert.equal(want.token, st[1].token)
+    assert.is_true(st[1].held)
+    assert.same(want.holder, st[1].holder)
+    -- extend, release (one document matched each), then nothing to release
+    assert.equal(1, core.parse_update(run(core.op_extend(args(name, OWNER, { ttl_ms = 5000 })))))
+    assert.equal(1, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    assert.equal(0, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    assert.is_false(assert(locks:status(name)).held)
+    local list = core.parse_status(run(core.op_status{ db = DB, coll = locks.collection }))
+    assert.same(locks:list(), list)
+  end)
+
+  it("queues a waiter, leaves, and force-releases", function()
+    local name = helpers.unique("ops-q")
+    local h = assert(locks:acquire(name))
+    local w = core.waiter_id()
+    local tag = core._process_tag()
+    local r = core.parse_acquire(run(core.op_acquire(args(name, w,
+      { waiter = w, tag = tag, queue_ms = 5000 }))), w)
+    assert.is_false(r.won)
+    assert.equal(1, r.position)
+    assert.equal(1, assert(locks:status(name)).waiting)
+    assert.equal(1, core.parse_update(run(core.op_leave{ db = DB, coll = locks.collection,
+      name = name, waiter = w, tag = tag })))
+    assert.equal(0, assert(locks:status(name)).waiting)
+    assert.equal(1, core.parse_update(run(core.op_force_release{ db = DB, coll = locks.collection,
+      name = name })))
+    assert.equal("not held", select(2, h:release()))
+  end)
+
+  it("runs any command, and the TTL index", function()
+    local ping = core.bson_decode(run(core.op_command("admin", { ping = 1 })))
+    assert.equal(1, ping.ok)
+    run(core.op_ensure_index{ db = DB, coll = locks.collection, expire_after = 86400 })
+    local reply, err, code = c:run(core.op_command(DB, { noSuchCommand = 1 }))
+    assert.is_nil(reply)
+    assert.is_string(err)
+    assert.is_number(code)
+  end)
+
+  it("refuses what is not an op", function()
+    assert.has_error(function() c:run("xyz") end)
+    assert.has_error(function() c:run(core.bson_encode({ kind = "write" })) end)
+  end)
+
+  it("reads a release from the change stream it built", function()
+    local name = helpers.unique("ops-w")
+    local tag = core._process_tag()
+    local b = core.parse_acquire(run(core.op_acquire(args(name, OWNER))), OWNER)
+    assert.is_true(b.won)
+    local busy = core.parse_acquire(run(core.op_acquire(args(name, OWNER2))), OWNER2)
+    local ot = busy.operation_time
+    if not ot and not helpers.standin then return end   -- a standalone server has none
+    assert.is_table(ot)
+    local first = core.parse_events(run(core.op_watch{ db = DB, coll = locks.collection, tag = tag,
+      t = ot.t, i = ot.i }), tag)
+    assert.is_string(first.cursor_id)
+    assert.equal(1, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    local seen
+    for _ = 1, 5 do
+      local batch = core.parse_events(run(core.op_getmore{ db = DB, coll = locks.collection,
+        cursor_id = first.cursor_id, await_ms = 500 }), tag)
+      for _, e in ipairs(batch.events) do
+        if e.id == name then seen = e end
+      end
+      if seen then break end
+    end
+    run(core.op_killcursors{ db = DB, coll = locks.collection, cursor_id = first.cursor_id })
+    assert.is_table(seen)
+    assert.equal("", seen.next)   -- nobody queued: every waiter wakes
+  end)
+end)
