@@ -2,8 +2,13 @@
 #
 #   make run     install what is missing, build, start the stand-in (unless
 #                MONGODB_URI is set) and run the flagship demo
-#   make test    the same set-up, then the whole suite under Lua 5.4 and LuaJIT
+#   make test    the same set-up and the test tools, then the #unit specs
+#                with no server under Lua 5.1 .. 5.4 and LuaJIT, and the
+#                whole suite under Lua 5.4 and LuaJIT (tools/run-tests)
+#   make build   the C core for Lua 5.4 and LuaJIT, installing only what
+#                building needs (the default target)
 #   make bench   benchmarks (Markdown table on stdout, plots under bench/out/)
+#   make torture, make test-asan, make test-valgrind: doc/testing.md
 #
 # Debian packages are installed with apt-get when missing (run as root, or
 # install them yourself first); npm packages for the stand-in with npm ci.
@@ -12,34 +17,69 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := build
 
 # ---- dependencies ----------------------------------------------------------
+#
+# Each target installs the Debian packages it needs, and only those, with
+# apt-get when they are missing:  make build  the C compiler, libmongoc and
+# the Lua headers;  make run  also node/npm and the stand-in's npm packages;
+# make test  also busted and what the specs start (faketime, nginx, wrk, ...);
+# make bench/torture/test-asan/test-valgrind  their own tools on top.
 
-APT_PKGS := gcc make pkg-config libmongoc-dev libbson-dev \
-	lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev \
-	lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
-	faketime nginx libnginx-mod-http-lua wrk gnuplot-nox valgrind
+PKGS_BUILD := gcc make pkg-config libmongoc-dev libbson-dev \
+	lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev
+PKGS_TEST := lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
+	faketime nginx libnginx-mod-http-lua wrk
+# the #unit specs under the other Lua versions the core supports
+PKGS_LUAS := lua5.1 liblua5.1-0-dev lua5.2 liblua5.2-dev lua5.3 liblua5.3-dev
+PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua
+PKGS_TORTURE := faketime
+PKGS_VALGRIND := valgrind
 
-STANDIN := tools/mongo-standin
-STANDIN_MODULES := $(STANDIN)/node_modules/.installed
-
-.PHONY: deps deps-apt deps-npm
-deps: deps-apt deps-npm
-
-deps-apt:
-	@missing=$$(for p in $(APT_PKGS); do \
+# $(call apt,PACKAGES): installs those of PACKAGES that are missing
+# (node and npm count as present when found on PATH, however installed)
+apt = @missing=$$(for p in $(1); do \
+	    case $$p in nodejs|npm) command -v $${p%js} >/dev/null && continue;; esac; \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	  done); \
-	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:" $$missing; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+STANDIN := tools/mongo-standin
+STANDIN_MODULES := $(STANDIN)/node_modules/.installed
+
+.PHONY: deps deps-apt deps-node deps-npm deps-test deps-luas deps-bench deps-torture deps-valgrind
+# what make run needs: the build's packages, node and the stand-in
+deps: deps-apt deps-npm
+
+# what building needs (the C build rules depend on it)
+deps-apt:
+	$(call apt,$(PKGS_BUILD))
+
+deps-node:
+	$(call apt,nodejs npm)
+
 deps-npm: $(STANDIN_MODULES)
 
-$(STANDIN_MODULES): $(STANDIN)/package.json $(STANDIN)/package-lock.json | deps-apt
+$(STANDIN_MODULES): $(STANDIN)/package.json $(STANDIN)/package-lock.json | deps-node
 	cd $(STANDIN) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
+
+deps-test: deps
+	$(call apt,$(PKGS_TEST))
+
+deps-luas:
+	$(call apt,$(PKGS_LUAS))
+
+deps-bench: deps
+	$(call apt,$(PKGS_BENCH))
+
+deps-torture: deps
+	$(call apt,$(PKGS_TORTURE))
+
+deps-valgrind: deps-test
+	$(call apt,$(PKGS_VALGRIND))
 
 # ---- build -----------------------------------------------------------------
 
@@ -58,9 +98,19 @@ INC_lua5.4 := -I/usr/include/lua5.4
 INC_luajit := -I/usr/include/luajit-2.1
 CORE_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/core.so)
 PROC_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/proc.so)
+# the other Lua versions the core supports (make test runs the #unit specs
+# under each; make build-luas builds them)
+MORE_LUAS := lua5.1 lua5.2 lua5.3
+INC_lua5.1 := -I/usr/include/lua5.1
+INC_lua5.2 := -I/usr/include/lua5.2
+INC_lua5.3 := -I/usr/include/lua5.3
+MORE_SO := $(foreach l,$(MORE_LUAS),build/$(l)/mongolock/core.so build/$(l)/mongolock/proc.so)
 
 .PHONY: build
 build: deps-apt $(CORE_SO) $(PROC_SO)
+
+.PHONY: build-luas
+build-luas: deps-luas $(MORE_SO)
 
 build/%/mongolock/core.so: $(CSRC) $(CHDR) | deps-apt
 	@mkdir -p $(dir $@)
@@ -84,8 +134,13 @@ LUA_CPATH_luajit := $(CURDIR)/build/luajit/?.so;;
 run: deps build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' tools/with-standin lua5.4 examples/counter.lua
 
-test: deps build
+test: deps-test build build-luas
 	@tools/run-tests
+
+# the rock built with luarocks into a temporary tree and loaded from there
+.PHONY: check-rock
+check-rock: deps-test
+	@tools/check-rock lua5.4 luajit
 
 # the stand-in in the foreground (PORT=27017 unless given; ARGS for more options)
 standin: deps-npm
@@ -101,7 +156,7 @@ bench-standin: deps-npm
 # peers for the benchmarks, pinned by bench/peer/package-lock.json
 BENCH_PEER_MODULES := bench/peer/node_modules/.installed
 # (their output goes to stderr: make bench's stdout is the report alone)
-$(BENCH_PEER_MODULES): bench/peer/package.json bench/peer/package-lock.json | deps-apt
+$(BENCH_PEER_MODULES): bench/peer/package.json bench/peer/package-lock.json | deps-node
 	@echo "npm ci in bench/peer" >&2
 	@cd bench/peer && npm ci --no-audit --no-fund --loglevel=error >&2
 	@touch $@
@@ -115,11 +170,11 @@ build/bench/raw: $(RAW_SRC) csrc/protocol.h csrc/transport.h | deps-apt
 	@$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -Icsrc -o $@ $(RAW_SRC) $(MONGOC_LIBS) -lm >&2
 
 .PHONY: bench torture test-asan test-valgrind
-bench: deps build build/bench/raw $(BENCH_PEER_MODULES)
+bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES)
 	@bench/run
 
 # TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js)
-torture: deps build
+torture: deps-torture build
 	@tools/with-standin node tools/torture/run.js $(TORTURE_ARGS)
 
 # The C core under AddressSanitizer + UBSan in its own tree (build/asan),
@@ -136,7 +191,7 @@ $(ASAN_SO) build/asan/mongolock/proc.so: SANFLAGS = -fsanitize=address,undefined
 ASAN_ENV = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_SPECS ?= spec
-test-asan: deps $(ASAN_SO) build/asan/mongolock/proc.so
+test-asan: deps-test $(ASAN_SO) build/asan/mongolock/proc.so
 	@LUA_CPATH='$(CURDIR)/build/asan/?.so;;' MONGOLOCK_ROOT=$(CURDIR) \
 	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=hour.off $(ASAN_SPECS)
 
@@ -150,12 +205,13 @@ VALGRIND_SPECS ?= spec/unit_args_spec.lua spec/unit_backoff_spec.lua spec/bson_s
 	spec/locks_basic_spec.lua spec/locks_failures_spec.lua spec/locks_roundtrips_spec.lua \
 	spec/malformed_spec.lua spec/torture_spec.lua spec/queue_spec.lua spec/watch_spec.lua \
 	spec/documents_spec.lua spec/versioned_spec.lua
-test-valgrind: deps build
+test-valgrind: deps-valgrind build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' MONGOLOCK_ROOT=$(CURDIR) tools/with-standin \
 	  valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 \
 	  lua5.4 /usr/bin/busted --filter-out=fork $(VALGRIND_SPECS)
 
-lint: deps-apt
+lint:
+	$(call apt,lua-check)
 	luacheck lua spec examples bin
 
 clean:

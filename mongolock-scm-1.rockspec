@@ -1,12 +1,14 @@
--- luarocks --lua-version=5.4 make --tree=DIR   (or: luarocks make, for LuaJIT
--- with --lua-version=5.1).  The Makefile builds the same C module for Lua
--- 5.4 and LuaJIT without luarocks.
+-- From a checkout:  luarocks --lua-version=5.4 make mongolock-scm-1.rockspec
+-- (5.1 .. 5.4; for LuaJIT --lua-version=5.1 with LUA_INCDIR=/usr/include/luajit-2.1).
+-- Where LuaRocks cannot reach its server, install lua-argparse and lua-cjson
+-- from the system's packages and add --deps-mode=none.  The Makefile builds
+-- the same C module for Lua 5.4 and LuaJIT without LuaRocks.
 rockspec_format = "3.0"
 package = "mongolock"
 version = "scm-1"
 
 source = {
-  url = "git+file:///work/main",
+  url = "git+https://github.com/mongolock/mongolock.git",
   branch = "main",
 }
 
@@ -19,12 +21,15 @@ can release.  Every expiry decision uses the server's clock; every
 uncontended operation is one round trip; fencing tokens strictly increase.
 A C core on libmongoc, a Lua layer, a command-line tool and an
 OpenResty-friendly API.]],
+  homepage = "https://github.com/mongolock/mongolock",
   license = "MIT",
   labels = { "mongodb", "lock", "distributed", "openresty" },
 }
 
 dependencies = {
-  "lua >= 5.1",   -- Lua 5.4, or LuaJIT 2.1 (reports 5.1)
+  "lua >= 5.1, < 5.5",   -- Lua 5.1 .. 5.4, and LuaJIT 2.1 (which reports 5.1)
+  "lua-cjson >= 2.1.0",  -- bin/mongolock (mongolock.cli): --json output
+  "argparse >= 0.7",     -- bin/mongolock (mongolock.cli): its command line
 }
 
 external_dependencies = {

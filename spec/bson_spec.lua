@@ -136,7 +136,7 @@ describe("#unit BSON mapping", function()
       assert.equal("int64", btype(-2147483649))
       assert.equal("int64", btype(9007199254740992))
       assert.equal("double", btype(0.5))
-      assert.equal("double", btype(-0.0))
+      assert.equal("double", btype(1 / -math.huge))   -- -0.0 (Lua 5.1 folds the literal into 0)
       assert.equal("int32", core.bsontype(7))
       assert.equal("int64", core.bsontype(2147483648))
       assert.equal("double", core.bsontype(0.25))
@@ -270,7 +270,7 @@ describe("#unit BSON mapping", function()
       { "table key", { x = { [{}] = 1 } }, "table key" },
       { "function key", { x = { [print] = 1 } }, "function key" },
       { "function value", { f = print }, "function" },
-      { "coroutine value", { co = coroutine.create(print) }, "thread" },
+      { "coroutine value", { co = coroutine.create(function() end) }, "thread" },
       { "foreign userdata", { f = io.stdout }, "userdata" },
       { "invalid UTF-8 value", { s = "\255" }, "UTF-8" },
       { "truncated UTF-8", { s = "\195" }, "UTF-8" },

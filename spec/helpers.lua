@@ -13,9 +13,61 @@
 --
 -- When MONGODB_URI is unset, the stand-in (tools/mongo-standin/server.js) is
 -- started on a free loopback port the first time uri() is called and stopped
--- when the Lua state closes (or by a watchdog when this process dies).
+-- when the Lua state closes (or by a watchdog when this process dies); with
+-- MONGOLOCK_NO_SERVER=1 (make test's run of the #unit specs) uri() raises
+-- instead.
 
 local helpers = {}
+
+-- ---- busted: a block's setup and teardown only when one of its tests runs --
+--
+-- busted runs `setup` and `teardown` of every describe block, even when
+-- --tags or --filter selected none of its tests: `busted --tags=unit spec`
+-- would then connect to a server in the setup of an #integration block and
+-- judge its teardown.  Every spec file that needs a server requires this
+-- module at its top, so this module makes `setup` and `teardown` of the file
+-- busted's `lazy_setup` and `lazy_teardown` (what `busted --lazy` does):
+-- they run before the block's first selected test and after its last, and
+-- not at all when no test of the block is selected.  The requiring file's
+-- environment is busted's (its _ENV upvalue, or getfenv under Lua 5.1); the
+-- files that start after it get the same from a 'file start' subscriber, in
+-- case this module stays loaded between files (busted --no-auto-insulate).
+local function lazy_fixtures()
+  local getfenv = rawget(_G, "getfenv")
+  for level = 3, 16 do
+    local info = debug.getinfo(level, "f")
+    if not info then return false end
+    local env
+    if getfenv then
+      env = getfenv(info.func)
+    else
+      for i = 1, 255 do
+        local name, value = debug.getupvalue(info.func, i)
+        if not name then break end
+        if name == "_ENV" then env = value; break end
+      end
+    end
+    if type(env) == "table" and env ~= _G and type(env.lazy_setup) == "function" then
+      env.setup, env.teardown = env.lazy_setup, env.lazy_teardown
+      return true
+    end
+  end
+  return false
+end
+helpers.lazy_fixtures = lazy_fixtures()
+
+do
+  local ok, busted = pcall(require, "busted")
+  local registry = debug.getregistry()
+  if ok and type(busted) == "table" and type(busted.lazy_setup) == "function"
+      and not registry["mongolock.spec.lazy"] then
+    registry["mongolock.spec.lazy"] = true
+    busted.subscribe({ "file", "start" }, function(file)
+      file.env = file.env or {}
+      file.env.setup, file.env.teardown = busted.lazy_setup, busted.lazy_teardown
+    end)
+  end
+end
 
 local getenv = os.getenv
 local format = string.format
@@ -31,7 +83,8 @@ local function root()
 end
 helpers.root = root()
 
-helpers.lua = (rawget(_G, "jit") and "luajit") or "lua5.4"
+-- (and the name of its build tree: build/<lua>/)
+helpers.lua = (rawget(_G, "jit") and "luajit") or ("lua" .. _VERSION:match("%d+%.%d+"))
 
 local function shell_quote(s)
   return "'" .. tostring(s):gsub("'", [['\'']]) .. "'"
@@ -106,6 +159,11 @@ helpers._reaper = reaper
 
 function helpers.uri()
   if not uri then
+    -- make test's run of the #unit specs: a test that needs a server is
+    -- tagged #integration
+    if getenv("MONGOLOCK_NO_SERVER") == "1" then
+      error("MONGOLOCK_NO_SERVER=1 and no MONGODB_URI: a test without a server asked for one", 2)
+    end
     uri = start_standin()
     helpers.standin = true
     -- children spawned by the specs find the same server

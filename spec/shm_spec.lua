@@ -33,7 +33,7 @@ io.stdout:flush()
 if ... == "kill" then os.execute("kill -9 " .. core.getpid()) end
 ]]
 
-describe("libmongoc's counters segment", function()
+describe("#integration libmongoc's counters segment", function()
   if not exists(SHM) then
     pending("no /dev/shm on this machine")
     return

@@ -585,11 +585,12 @@ function _M.main(argv, info)
     io.stderr:write(format("mongolock: %s (see '%s')\n", (args:gsub("\n", "; ")), help))
     return EXIT.usage
   end
-  local done, code = xpcall(commands[args.command], function(e)
+  local command = commands[args.command]
+  local done, code = xpcall(function() return command(args, info) end, function(e)
     if getmetatable(e) == failure_mt then return e end
     if getenv("MONGOLOCK_DEBUG") then io.stderr:write(debug.traceback(tostring(e), 2), "\n") end
     return setmetatable({ code = EXIT.software, msg = "internal error: " .. tostring(e):match("^[^\n]*") }, failure_mt)
-  end, args, info)
+  end)   -- (Lua 5.1's xpcall passes no arguments)
   if not done then
     io.stderr:write("mongolock: ", code.msg, "\n")
     return code.code

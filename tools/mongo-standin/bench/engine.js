@@ -29,6 +29,40 @@ const acquire = {
   $clusterTime: { clusterTime: BSON.Timestamp.fromBits(1, 1), signature: { hash: new BSON.Binary(Buffer.alloc(20), 0), keyId: Long.fromNumber(0) } },
 };
 
+// The acquire the library sends today (csrc/lock.c build_acquire): a
+// waiter that queues, with the waiter id W in the pipeline and projection.
+const LIVE = { $filter: { input: { $cond: [{ $isArray: '$queue' }, '$queue', []] }, cond: { $gt: ['$$this.until', '$$NOW'] } } };
+const W = 'f'.repeat(32), TAG = 'e'.repeat(16);
+const cond = (k, v) => ({ $cond: ['$_mlt', v, '$' + k] });
+const entry = () => ({ w: W, t: TAG, until: { $add: ['$$NOW', Long.fromNumber(3000)] }, p: false });
+const queued = {
+  findAndModify: 'locks', query: { _id: 'bench' }, upsert: true, new: true,
+  update: [
+    { $set: { _mlq: LIVE } },
+    { $set: { _mlt: { $let: { vars: {
+      fw: { $indexOfArray: [{ $map: { input: '$_mlq', in: { $ne: ['$$this.p', true] } } }, true] },
+      me: { $indexOfArray: ['$_mlq.w', W] } },
+    in: { $and: [FREE, { $or: [{ $eq: ['$$fw', -1] }, { $and: [{ $ne: ['$$me', -1] }, { $lte: ['$$me', '$$fw'] }] }] }] } } } } },
+    { $set: {
+      owner: cond('owner', W),
+      token: cond('token', { $max: [{ $add: [{ $ifNull: ['$token', Long.fromNumber(0)] }, Long.fromNumber(1)] },
+        { $multiply: [{ $toLong: '$$NOW' }, Long.fromNumber(1024)] }] }),
+      acquiredAt: cond('acquiredAt', '$$NOW'),
+      expiresAt: cond('expiresAt', { $add: ['$$NOW', Long.fromNumber(0)] }),
+      holder: cond('holder', { $literal: { host: 'bench', pid: Long.fromNumber(1), app: 'bench' } }),
+      queue: cond('queue', { $cond: [{ $in: [W, '$_mlq.w'] },
+        { $map: { input: '$_mlq', in: { $cond: [{ $eq: ['$$this.w', W] }, entry(), '$$this'] } } },
+        { $concatArrays: ['$_mlq', [entry()]] }] }),
+      next: { $cond: ['$_mlt', null, '$next'] },
+    } },
+    { $unset: ['_mlq', '_mlt'] }],
+  fields: { owner: 1, token: 1, expiresAt: 1, holder: 1, acquiredAt: 1, remainingMs: { $subtract: ['$expiresAt', '$$NOW'] },
+    queued: { $size: { $cond: [{ $isArray: '$queue' }, '$queue', []] } },
+    position: { $indexOfArray: [{ $cond: [{ $isArray: '$queue' }, '$queue.w', []] }, W] } },
+  writeConcern: { w: 'majority' }, $db: 'bench', lsid: acquire.lsid, $clusterTime: acquire.$clusterTime,
+};
+queued.update[2].$set.queue.$cond[1] = { $filter: { input: '$_mlq', cond: { $ne: ['$$this.w', W] } } };
+
 function opMsg(doc) {
   const body = BSON.serialize(doc);
   const msg = Buffer.alloc(21 + body.length);
@@ -64,9 +98,19 @@ const runFam = () => {
   conn.onData(Buffer.from(fam));
 };
 const runPing = () => conn.onData(Buffer.from(ping));
-for (let i = 0; i < 3000; i++) { runFam(); runPing(); }
+// a fresh waiter id (every occurrence of W) in every call
+const qfam = opMsg(queued);
+const wAt = [];
+for (let at = qfam.indexOf(W); at >= 0; at = qfam.indexOf(W, at + 1)) wAt.push(at);
+const runQueued = () => {
+  const w = (++seq).toString(16).padStart(32, '0');
+  for (const at of wAt) qfam.write(w, at, 'latin1');
+  conn.onData(Buffer.from(qfam));
+};
+for (let i = 0; i < 3000; i++) { runFam(); runPing(); runQueued(); }
 const f = measure(runFam, 10000);
 const p = measure(runPing, 10000);
-if (replies !== 2 * (3000 + 50000)) throw new Error(`expected a reply per command, got ${replies}`);
-console.log(`findAndModify ${f.toFixed(1)} us\nping ${p.toFixed(1)} us`);
+const q = measure(runQueued, 4000);
+if (replies !== 3 * 3000 + 5 * (10000 + 10000 + 4000)) throw new Error(`expected a reply per command, got ${replies}`);
+console.log(`findAndModify ${f.toFixed(1)} us\nqueued acquire ${q.toFixed(1)} us\nping ${p.toFixed(1)} us`);
 engine.close();

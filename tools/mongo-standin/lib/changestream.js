@@ -25,6 +25,16 @@ function parseToken(tok, what) {
 const CS_OPTIONS = new Set(['fullDocument', 'resumeAfter', 'startAfter', 'startAtOperationTime',
   'allChangesForCluster', 'fullDocumentBeforeChange', 'showExpandedEvents']);
 
+// mongod's aggregation stage names (the manual's "Aggregation Stages"
+// list): a name outside it is refused as unknown, even where the stage
+// would not be allowed anyway.
+const MONGOD_STAGES = new Set(('$addFields $bucket $bucketAuto $changeStream $changeStreamSplitLargeEvent ' +
+  '$collStats $count $currentOp $densify $documents $facet $fill $geoNear $graphLookup $group $indexStats ' +
+  '$limit $listLocalSessions $listSampledQueries $listSearchIndexes $listSessions $lookup $match $merge $out ' +
+  '$planCacheStats $project $redact $replaceRoot $replaceWith $sample $search $searchMeta $set ' +
+  '$setWindowFields $shardedDataDistribution $skip $sort $sortByCount $unionWith $unset $unwind ' +
+  '$vectorSearch').split(' '));
+
 // A change-stream cursor over db (and coll, unless null). spec is the
 // $changeStream stage's argument; rest the later stages.
 class ChangeStream {
@@ -62,8 +72,17 @@ class ChangeStream {
     if ((spec.resumeAfter || spec.startAfter || spec.startAtOperationTime) && engine.store.logTrimmed && log.length && this.after < log[0].tsBig - 1n) {
       fail(286, 'Resume of change stream was not possible, as the resume point may no longer be in the oplog.');
     }
+    // mongod parses every stage first (an unknown name is 40324), then
+    // refuses the stages a change stream does not permit (20)
     for (const st of rest) {
-      const name = V.isPlainDoc(st) ? Object.keys(st)[0] : '';
+      if (!V.isPlainDoc(st) || Object.keys(st).length !== 1) {
+        fail(40323, 'A pipeline stage specification object must contain exactly one field.');
+      }
+      const name = Object.keys(st)[0];
+      if (!MONGOD_STAGES.has(name)) fail(40324, `Unrecognized pipeline stage name: '${name}'`);
+    }
+    for (const st of rest) {
+      const name = Object.keys(st)[0];
       if (!['$match', '$project', '$addFields', '$set', '$unset', '$replaceRoot', '$replaceWith', '$redact'].includes(name)) {
         fail(20, `${name} is not permitted in a $changeStream pipeline`);
       }

@@ -12,7 +12,7 @@ const pipeline = require('./pipeline');
 const update = require('./update');
 const { Store, Index, tsBig } = require('./store');
 const { ChangeStream } = require('./changestream');
-const { fail, MongoError, codeName } = require('./errors');
+const { fail, MongoError, codeName, nonResumable } = require('./errors');
 const { memo } = require('./bsoncache');
 const shape = require('./shape');
 const { Int32, Long, ObjectId, Timestamp, Binary } = V;
@@ -109,7 +109,9 @@ class Engine {
     this.replset = opts.standalone ? null : (opts.replset || 'rs0');
     this.store = new Store();
     this.cursors = new Map();
-    this.failpoint = null;
+    this.failpoint = null;   // failCommand
+    this.txnWriteFp = null;  // onPrimaryTransactionalWrite
+    this.txn = null;         // the retryable write being executed
     this.retried = new Map(); // session -> { txn, body }: retryable writes' results
     this.counters = { insert: 0, query: 0, update: 0, delete: 0, getmore: 0, command: 0 };
     this.startedAt = Date.now();
@@ -170,6 +172,9 @@ class Engine {
     if (e instanceof MongoError) {
       const body = { ok: 0, errmsg: e.message, code: e.code, codeName: e.codeName };
       if (e.extra) Object.assign(body, e.extra);
+      // mongod 4.4+ labels the errors of its NonResumableChangeStreamError
+      // category (jstests/change_streams/error_label.js)
+      if (nonResumable(e.code)) body.errorLabels = ['NonResumableChangeStreamError'];
       return this.reply(body);
     }
     return this.reply({ ok: 0, errmsg: String(e && e.stack || e), code: 1, codeName: 'InternalError' });
@@ -191,41 +196,100 @@ class Engine {
       if (typeof cmd.$db !== 'string' && !conn.legacy) fail(40571, 'OP_MSG requests require a $db argument');
       checkFields(ALIASES[name] || name, cmd);
       const rw = retryableWrite(name, cmd);
+      this.txn = null;
       if (rw) {
-        const done = this.retriedResult(rw);
-        if (done) return this.reply(done);
+        const rec = this.retryRecord(rw);
+        if (name === 'findAndModify' && rec.body) return this.reply({ ...rec.body });
+        this.txn = { rec, rw, base: cmd.stmtId === undefined ? 0 : intOf(cmd.stmtId, 0),
+          ids: Array.isArray(cmd.stmtIds) ? cmd.stmtIds : null, close: false };
       }
       const r = fn.call(this, cmd, conn, name);
-      if (r && typeof r.then === 'function') {
-        return r.then((b) => (b.closeConnection ? b : this.reply(this.recordWrite(rw, b))), (e) => this.errorReply(e));
-      }
-      return this.reply(this.recordWrite(rw, r));
+      if (r && typeof r.then === 'function') this.txn = null;
+      if (r && typeof r.then === 'function') return r.then((b) => (b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
+      const txn = this.txn;
+      this.txn = null;
+      if (txn && name === 'findAndModify' && r.ok === 1) txn.rec.body = { ...r };
+      // onPrimaryTransactionalWrite: the write is done, the reply is lost
+      if (txn && txn.close) return { closeConnection: true };
+      return this.reply(r);
     } catch (e) {
+      const txn = this.txn;
+      this.txn = null;
+      if (txn && txn.close) return { closeConnection: true };
       return this.errorReply(e);
     }
   }
 
   // ---- retryable writes ----------------------------------------------------
-  // Like mongod, a write sent again with its session's txnNumber is not
-  // executed again: the reply of the first execution is returned (a driver
-  // retries after a network error or a RetryableWriteError label, when the
-  // first attempt may have been applied).  An older txnNumber is refused.
-  retriedResult(rw) {
+  // Like mongod, a retryable write remembers, per session, its txnNumber
+  // and the result of each of its statements by stmtId (the command's
+  // stmtIds, else stmtId + index, else the index). The same txnNumber sent
+  // again does not execute again what was already applied: a statement
+  // recorded is skipped and its first result counted in the reply, the
+  // others (those that failed, or that an ordered batch never reached) are
+  // executed; a findAndModify answers its first reply. An older txnNumber is
+  // refused with 225.
+  retryRecord(rw) {
     const rec = this.retried.get(rw.session);
-    if (!rec) return null;
-    if (rw.txn < rec.txn) {
-      fail(225, `Retryable write with txnNumber ${rw.txn} is prohibited on session ${rw.session} because a newer retryable write with txnNumber ${rec.txn} has already started on this session.`);
+    if (rec) {
+      if (rw.txn < rec.txn) {
+        fail(225, `Retryable write with txnNumber ${rw.txn} is prohibited on session ${rw.session} because a newer retryable write with txnNumber ${rec.txn} has already started on this session.`);
+      }
+      if (rw.txn === rec.txn) return rec;
     }
-    return rw.txn === rec.txn ? { ...rec.body } : null;
+    const fresh = { txn: rw.txn, body: null, stmts: new Map() };
+    this.retried.delete(rw.session);
+    this.retried.set(rw.session, fresh);
+    if (this.retried.size > RETRIED_MAX) this.retried.delete(this.retried.keys().next().value);
+    return fresh;
   }
 
-  recordWrite(rw, body) {
-    if (rw && body && body.ok === 1 && !body.writeErrors) {
-      this.retried.delete(rw.session);
-      this.retried.set(rw.session, { txn: rw.txn, body: { ...body } });
-      if (this.retried.size > RETRIED_MAX) this.retried.delete(this.retried.keys().next().value);
+  // stmtId of statement i of the current retryable write (null: not one)
+  stmtId(i) {
+    const t = this.txn;
+    if (!t) return null;
+    return t.ids && t.ids[i] !== undefined ? V.num(t.ids[i]) : t.base + i;
+  }
+
+  // the first result of statement i, when this retry already applied it
+  applied(i) {
+    const id = this.stmtId(i);
+    return id === null ? undefined : this.txn.rec.stmts.get(id);
+  }
+
+  // Before a statement of a retryable write: onPrimaryTransactionalWrite
+  // with failBeforeCommitExceptionCode fails it, unapplied.
+  beforeStmt() {
+    if (!this.txn) return;
+    const data = this.txnWriteFires(true);
+    if (!data) return;
+    if (data.closeConnection === undefined || V.truthy(data.closeConnection)) this.txn.close = true;
+    const code = V.num(data.failBeforeCommitExceptionCode);
+    fail(code, `Failing write for ${this.txn.rw.session}:${this.txn.rw.txn} due to failpoint. The write must not be reflected.`);
+  }
+
+  // After statement i of a retryable write applied (result: what it
+  // counts for in the reply): recorded; onPrimaryTransactionalWrite
+  // without failBeforeCommitExceptionCode loses the reply.
+  afterStmt(i, result, fire = true) {
+    if (!this.txn) return;
+    this.txn.rec.stmts.set(this.stmtId(i), result);
+    const data = fire ? this.txnWriteFires(false) : null;
+    if (data && (data.closeConnection === undefined || V.truthy(data.closeConnection))) this.txn.close = true;
+  }
+
+  // the onPrimaryTransactionalWrite fail point's data when it fires now
+  // (before: the check made before a statement, for failBeforeCommit)
+  txnWriteFires(before) {
+    const fp = this.txnWriteFp;
+    if (!fp) return null;
+    if ((fp.data.failBeforeCommitExceptionCode !== undefined) !== before) return null;
+    if (fp.skip > 0) { fp.skip -= 1; return null; }
+    if (fp.times !== undefined) {
+      fp.times -= 1;
+      if (fp.times <= 0) this.txnWriteFp = null;
     }
-    return body;
+    return fp.data;
   }
 
   count(name, cmd) {
@@ -263,7 +327,8 @@ class Engine {
       // mongod labels a retryable write's retryable error (or write concern
       // error) RetryableWriteError, unless the fail point gives errorLabels
       const labels = (code) => (Array.isArray(data.errorLabels) ? data.errorLabels
-        : retryableWrite(name, cmd) && RETRYABLE_CODES.has(code) ? ['RetryableWriteError'] : null);
+        : retryableWrite(name, cmd) && RETRYABLE_CODES.has(code) ? ['RetryableWriteError']
+          : nonResumable(code) ? ['NonResumableChangeStreamError'] : null);
       if (data.errorCode !== undefined) {
         const code = V.num(data.errorCode);
         const body = { ok: 0, errmsg: "Failing command via 'failCommand' failpoint", code: new Int32(code), codeName: codeName(code) };
@@ -490,18 +555,19 @@ COMMANDS.setParameter = function (cmd) {
 COMMANDS.configureFailPoint = function (cmd) {
   if (cmd.$db !== 'admin') fail(13, 'configureFailPoint may only be run against the admin database.');
   const name = cmd.configureFailPoint;
-  if (name !== 'failCommand') fail(2, `Cannot find failpoint: ${name}`);
+  if (name !== 'failCommand' && name !== 'onPrimaryTransactionalWrite') fail(2, `Cannot find failpoint: ${name}`);
+  const slot = name === 'failCommand' ? 'failpoint' : 'txnWriteFp';
   const mode = cmd.mode;
   const data = cmd.data === undefined || (cmd.data === null && mode === 'off') ? {} : cmd.data;
   if (!V.isPlainDoc(data)) fail(14, "the 'data' field must be an object");
   const fp = { data };
-  if (mode === 'off') { this.failpoint = null; return { count: new Int32(0), ok: 1 }; }
+  if (mode === 'off') { this[slot] = null; return { count: new Int32(0), ok: 1 }; }
   if (mode === 'alwaysOn') {
     // no counters
   } else if (V.isPlainDoc(mode) && mode.times !== undefined && V.isNumber(mode.times)) {
     fp.times = V.num(mode.times);
     if (fp.times < 0) fail(2, "'times' option to 'mode' must be positive");
-    if (fp.times === 0) { this.failpoint = null; return { count: new Int32(0), ok: 1 }; }
+    if (fp.times === 0) { this[slot] = null; return { count: new Int32(0), ok: 1 }; }
   } else if (V.isPlainDoc(mode) && mode.skip !== undefined && V.isNumber(mode.skip)) {
     fp.skip = V.num(mode.skip);
     if (fp.skip < 0) fail(2, "'skip' option to 'mode' must be positive");
@@ -512,8 +578,11 @@ COMMANDS.configureFailPoint = function (cmd) {
   }
   if (data.failCommands !== undefined && !Array.isArray(data.failCommands)) fail(14, "'failCommands' must be an array");
   if (data.errorCode !== undefined && !V.isNumber(data.errorCode)) fail(14, "'errorCode' must be a number");
-  const was = this.failpoint ? 1 : 0;
-  this.failpoint = fp;
+  if (data.failBeforeCommitExceptionCode !== undefined && !V.isNumber(data.failBeforeCommitExceptionCode)) {
+    fail(14, "'failBeforeCommitExceptionCode' must be a number");
+  }
+  const was = this[slot] ? 1 : 0;
+  this[slot] = fp;
   return { count: new Int32(was), ok: 1 };
 };
 
@@ -528,12 +597,21 @@ COMMANDS.insert = function (cmd) {
   const coll = this.store.coll(cmd.$db, name, true);
   let n = 0;
   const writeErrors = [];
+  // mongod commits the documents of one insert command together: the
+  // onPrimaryTransactionalWrite fail point is evaluated once per command
+  // (the retryable writes tests' README), per statement for update/delete
+  let checked = false, fired = false;
   cmd.documents.forEach((doc, index) => {
     if (writeErrors.length && ordered) return;
+    const prev = this.applied(index);
+    if (prev !== undefined) { n += prev.n; return; }
     try {
       if (!V.isPlainDoc(doc)) fail(14, 'documents must be objects');
+      if (!checked) { checked = true; this.beforeStmt(); }
       this.store.insert(coll, doc);
       n += 1;
+      this.afterStmt(index, { n: 1 }, !fired);
+      fired = true;
     } catch (e) {
       if (!(e instanceof MongoError)) throw e;
       writeErrors.push(writeError(index, e));
@@ -610,15 +688,24 @@ COMMANDS.update = function (cmd) {
   const writeErrors = [];
   cmd.updates.forEach((s, index) => {
     if (writeErrors.length && ordered) return;
+    const prev = this.applied(index);
+    if (prev !== undefined) {
+      n += prev.n;
+      nModified += prev.nModified;
+      if (prev.upserted !== undefined) upserted.push({ index: new Int32(index), _id: prev.upserted });
+      return;
+    }
     try {
       if (s.q === undefined) fail(40414, "BSON field 'update.updates.q' is missing but a required field");
       if (s.u === undefined) fail(40414, "BSON field 'update.updates.u' is missing but a required field");
       if (!V.isPlainDoc(s.q)) fail(14, "BSON field 'update.updates.q' is the wrong type, expected type 'object'");
       const coll = this.store.coll(cmd.$db, name, false);
+      this.beforeStmt();
       const r = this.updateOne(coll, cmd.$db, name, s.q, s.u, { multi: V.truthy(s.multi), upsert: V.truthy(s.upsert) }, vars);
       n += r.n;
       nModified += r.nModified;
       if (r.upserted !== undefined) upserted.push({ index: new Int32(index), _id: r.upserted });
+      if (r.nModified || r.upserted !== undefined) this.afterStmt(index, { n: r.n, nModified: r.nModified, upserted: r.upserted });
     } catch (e) {
       if (!(e instanceof MongoError)) throw e;
       writeErrors.push(writeError(index, e));
@@ -643,14 +730,20 @@ COMMANDS.delete = function (cmd) {
   const writeErrors = [];
   cmd.deletes.forEach((s, index) => {
     if (writeErrors.length && ordered) return;
+    const prev = this.applied(index);
+    if (prev !== undefined) { n += prev.n; return; }
     try {
       if (s.q === undefined) fail(40414, "BSON field 'delete.deletes.q' is missing but a required field");
       if (s.limit === undefined) fail(40414, "BSON field 'delete.deletes.limit' is missing but a required field");
       const limit = V.num(s.limit);
       if (limit !== 0 && limit !== 1) fail(9, `The limit field in delete objects must be 0 or 1. Got ${limit}`);
       const coll = this.store.coll(cmd.$db, name, false);
+      this.beforeStmt();
       const docs = this.select(coll, s.q, vars, limit === 1 ? 1 : Infinity);
-      for (const d of docs) if (this.store.remove(coll, d)) n += 1;
+      let removed = 0;
+      for (const d of docs) if (this.store.remove(coll, d)) removed += 1;
+      n += removed;
+      if (removed) this.afterStmt(index, { n: removed });
     } catch (e) {
       if (!(e instanceof MongoError)) throw e;
       writeErrors.push(writeError(index, e));
@@ -756,9 +849,11 @@ COMMANDS.findAndModify = function (cmd) {
   let target;
   if (cmd.sort && Object.keys(cmd.sort).length) target = pipeline.sortDocs(this.select(coll, filter, vars), cmd.sort)[0];
   else target = this.select(coll, filter, vars, 1)[0];
+  if (target || upsert) this.beforeStmt();
   if (remove) {
     if (!target) return { lastErrorObject: { n: new Int32(0) }, value: null, ok: 1 };
     this.store.remove(coll, target);
+    this.afterStmt(0, {});
     return { lastErrorObject: { n: new Int32(1) }, value: show(target), ok: 1 };
   }
   const upd = memo(cmd.update, 'update', shape.compileUpdate);
@@ -770,12 +865,13 @@ COMMANDS.findAndModify = function (cmd) {
         ? `After applying the update, the (immutable) field '_id' was found to have been altered to _id: ${V.render(next._id)}`
         : `Performing an update on the path '_id' would modify the immutable field '_id'`);
     }
-    this.store.replace(coll, target, next, upd.kind === 'replacement' ? 'replace' : 'update');
+    if (this.store.replace(coll, target, next, upd.kind === 'replacement' ? 'replace' : 'update')) this.afterStmt(0, {});
     return { lastErrorObject: { n: new Int32(1), updatedExisting: true }, value: show(isNew ? next : target), ok: 1 };
   }
   if (!upsert) return { lastErrorObject: { n: new Int32(0), updatedExisting: false }, value: null, ok: 1 };
   const r = this.updateOne(coll, cmd.$db, name, filter, cmd.update, { upsert: true }, vars);
   const doc = r.results[0][1];
+  this.afterStmt(0, {});
   return { lastErrorObject: { n: new Int32(1), updatedExisting: false, upserted: doc._id }, value: isNew ? show(doc) : null, ok: 1 };
 };
 

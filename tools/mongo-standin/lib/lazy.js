@@ -144,7 +144,8 @@ function valueSize(buf, type, p) {
 
 const NATIVE = new Set(('$abs $add $and $arrayElemAt $avg $ceil $cmp $concat $cond $divide $eq $floor $getField $gt ' +
   '$gte $ifNull $in $isArray $isNumber $let $lt $lte $max $mergeObjects $min $mod $multiply $ne $not $or $size ' +
-  '$subtract $sum $switch $toBool $toDate $toDouble $toInt $toLong $toLower $toString $toUpper $trunc $type').split(' '));
+  '$subtract $sum $switch $toBool $toDate $toDouble $toInt $toLong $toLower $toString $toUpper $trunc $type ' +
+  '$filter $map $concatArrays $indexOfArray').split(' '));
 
 // The key is the value's bytes with every literal parameter and every
 // container length prefix cut out (so literals of other lengths share the
@@ -238,6 +239,13 @@ class Walker {
       }
       if (!NATIVE.has(op)) throw NOSHAPE;
       this.cut(p, p + 4, 2);
+      if ((op === '$filter' || op === '$map') && t === 0x03) {
+        // the variable name ('as') is structure: its bytes stay in the key
+        this.each(q, (et, nameAt, ev) => {
+          if (b.latin1Slice(nameAt, ev - 1) !== 'as') this.expr(et, ev);
+        });
+        return;
+      }
       this.expr(t, q);
       return;
     }

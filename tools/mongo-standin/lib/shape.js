@@ -13,7 +13,11 @@ const expr = require('./expr');
 
 const NATIVE = new Set(('$abs $add $and $arrayElemAt $avg $ceil $cmp $concat $cond $divide $eq $floor $getField $gt ' +
   '$gte $ifNull $in $isArray $isNumber $let $lt $lte $max $mergeObjects $min $mod $multiply $ne $not $or $size ' +
-  '$subtract $sum $switch $toBool $toDate $toDouble $toInt $toLong $toLower $toString $toUpper $trunc $type').split(' '));
+  '$subtract $sum $switch $toBool $toDate $toDouble $toInt $toLong $toLower $toString $toUpper $trunc $type ' +
+  '$filter $map $concatArrays $indexOfArray').split(' '));
+// operators whose argument document names a variable ('as'): that name is
+// structure, kept in the key, never a parameter
+const NAMES_VAR = new Set(['$filter', '$map']);
 
 const NOSHAPE = new Error('no shape');
 
@@ -38,6 +42,16 @@ function shapeExpr(v, params) {
       const op = keys[0];
       if (op === '$literal') return param(v.$literal, params);
       if (!NATIVE.has(op)) throw NOSHAPE;
+      if (NAMES_VAR.has(op) && V.isPlainDoc(v[op])) {
+        const arg = v[op], t = {}, k = [];
+        for (const key of Object.keys(arg)) {
+          if (key === 'as') { t.as = arg.as; k.push('as:' + verbatim(arg.as)); continue; }
+          const [a, b] = shapeExpr(arg[key], params);
+          t[key] = a;
+          k.push(JSON.stringify(key) + ':' + b);
+        }
+        return [{ [op]: t }, '{' + op + ':{' + k.join(',') + '}}'];
+      }
       const [t, k] = shapeExpr(v[op], params);
       return [{ [op]: t }, '{' + op + ':' + k + '}'];
     }

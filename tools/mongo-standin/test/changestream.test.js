@@ -158,3 +158,42 @@ test('bad change stream options are refused', async () => {
   await assert.rejects(open([{ $match: {} }, { $changeStream: {} }]), (e) => typeof e.code === 'number');
   await assert.rejects(db.command({ getMore: Long.fromNumber(123456789), collection: 'c' }), (e) => e.code === 43);
 });
+
+// mongod 4.4+ puts the NonResumableChangeStreamError label on the errors of
+// that category of its error_codes.yml (280 ChangeStreamFatalError, 286
+// ChangeStreamHistoryLost); drivers read labels, not codes, to decide
+// whether to resume. As in mongod's jstests/change_streams/error_label.js:
+// a stage that removes the resume token fails the getMore with 280.
+test('errors 280 and 286 carry the NonResumableChangeStreamError label', async () => {
+  const cur = await open([{ $changeStream: {} }, { $project: { _id: 0 } }]);
+  await db.collection('c').insertOne({ _id: 'label' });
+  await assert.rejects((async () => { for (let i = 0; i < 10; i++) await more(cur.id); })(),
+    (e) => e.code === 280 && e.codeName === 'ChangeStreamFatalError' &&
+      (e.errorLabels || []).includes('NonResumableChangeStreamError'));
+  const admin = env.client.db('admin');
+  try {
+    for (const code of [280, 286]) {
+      const cs = await open([{ $changeStream: {} }]);
+      await admin.command({ configureFailPoint: 'failCommand', mode: { times: 1 }, data: { failCommands: ['getMore'], errorCode: code } });
+      await assert.rejects(more(cs.id, 10), (e) => e.code === code &&
+        (e.errorLabels || []).includes('NonResumableChangeStreamError'), `code ${code}`);
+    }
+    // other errors of a change stream are not labelled so
+    const cs = await open([{ $changeStream: {} }]);
+    await admin.command({ configureFailPoint: 'failCommand', mode: { times: 1 }, data: { failCommands: ['getMore'], errorCode: 2 } });
+    await assert.rejects(more(cs.id, 10), (e) => e.code === 2 && !(e.errorLabels || []).includes('NonResumableChangeStreamError'));
+  } finally {
+    await admin.command({ configureFailPoint: 'failCommand', mode: 'off' });
+  }
+});
+
+// mongod parses the pipeline before it checks what a change stream allows:
+// an unknown stage name is 40324 (Unrecognized pipeline stage name), a
+// known stage that a change stream does not allow is 20 (IllegalOperation)
+test('an unknown stage after $changeStream is 40324; a known stage it does not allow is 20', async () => {
+  await assert.rejects(open([{ $changeStream: {} }, { $noSuchStage: {} }]),
+    (e) => e.code === 40324 && /Unrecognized pipeline stage name: '\$noSuchStage'/.test(e.message));
+  await assert.rejects(open([{ $changeStream: {} }, { $group: { _id: null } }, { $noSuchStage: {} }]), (e) => e.code === 40324);
+  await assert.rejects(open([{ $changeStream: {} }, { $group: { _id: null } }]), (e) => e.code === 20);
+  await assert.rejects(open([{ $changeStream: {} }, { $sort: { a: 1 } }]), (e) => e.code === 20);
+});

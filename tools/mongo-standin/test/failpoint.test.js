@@ -150,3 +150,15 @@ test('a retryable write sent again with its txnNumber is answered, not executed 
     assert.equal((await fam(8)).value.n, 2);
   } finally { await session.endSession(); }
 });
+
+// An injected error comes back with mongod's name for its code (mongod's
+// src/mongo/base/error_codes.yml), not a made-up Location<code>; codes that
+// mongod raises by number only (assertions such as 40324) are Location<code>.
+test('failCommand errors carry the codeName of mongod\'s error code table', async () => {
+  for (const [code, name] of [[13436, /^NotPrimaryOrSecondary$/], [150, /^StaleEpoch$/], [234, /^RetryChangeStream$/],
+    [133, /^FailedToSatisfyReadPreference$/], [216, /^ElectionInProgress$/], [63, /^(OBSOLETE_)?StaleShardVersion$/],
+    [237, /^CursorKilled$/], [11601, /^Interrupted$/], [40324, /^Location40324$/]]) {
+    await fp({ times: 1 }, { failCommands: ['ping'], errorCode: code });
+    await assert.rejects(ping(), (e) => e.code === code && name.test(e.codeName), `code ${code}`);
+  }
+});

@@ -185,3 +185,31 @@ test('repeated pipelines with changing literals (lengths, types, $literal, "$pat
     assert.equal(asNumber(r.value.calc), asNumber(num) + 1);
   }
 });
+
+// Pipelines that differ only in literals share one compiled form on the
+// stand-in; the variable a $filter or $map names ('as') is structure, not a
+// literal: two commands that differ in it must each see their own variable.
+test('$filter and $map with literals and named variables: each command gets its own values and names', async () => {
+  const c = db.collection('asvars');
+  await c.insertOne({ _id: 1, q: [{ w: 'a', n: 1 }, { w: 'b', n: 2 }, { w: 'c', n: 3 }] });
+  const run = (as, drop, add) => db.command({
+    findAndModify: 'asvars', query: { _id: 1 }, new: true,
+    update: [{ $set: {
+      kept: { $filter: { input: '$q', as, cond: { $ne: [`$$${as}.w`, drop] } } },
+      plus: { $map: { input: '$q', as, in: { $add: [`$$${as}.n`, add] } } },
+      at: { $indexOfArray: ['$q.w', drop] },
+      all: { $concatArrays: ['$q.w', [drop]] },
+    } }],
+    fields: { _id: 0, kept: '$kept.w', plus: 1, at: 1, all: 1 },
+  });
+  for (const [as, drop, add, kept, plus, at] of [
+    ['x', 'a', 10, ['b', 'c'], [11, 12, 13], 0], ['y', 'b', 20, ['a', 'c'], [21, 22, 23], 1],
+    ['x', 'c', 30, ['a', 'b'], [31, 32, 33], 2], ['zz', 'none', 0, ['a', 'b', 'c'], [1, 2, 3], -1]]) {
+    const r = await run(as, drop, add);
+    assert.deepEqual(r.value, { kept, plus, at, all: ['a', 'b', 'c', drop] }, `as ${as}, drop ${drop}`);
+  }
+  // an undefined variable is still refused whatever the cached shape
+  await assert.rejects(db.command({ findAndModify: 'asvars', query: { _id: 1 },
+    update: [{ $set: { k: { $filter: { input: '$q', as: 'x', cond: { $ne: ['$$y.w', 'a'] } } } } }] }),
+  (e) => e.code === 17276);
+});
