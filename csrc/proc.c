@@ -3,14 +3,26 @@
  * command (bin/mongolock), a module of its own so that the library every
  * nginx worker loads (mongolock.core) spawns nothing.  No libmongoc here.
  *
- *   proc.trap()              catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
- *   proc.untrap()            back to their default disposition
- *   proc.signals()           -> {{name=, tty=}, ...} caught since last call
- *   proc.spawn(argv)         -> pid | nil, message, errno
- *   proc.wait(pid, timeout)  -> "exit", code | "signal", name, signo | false
- *   proc.kill(pid, name)     -> true | nil, message, errno
+ *   proc.trap()                  catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
+ *   proc.untrap()                back to their default disposition
+ *   proc.signals()               -> {{name=, tty=}, ...} caught since last call
+ *   proc.spawn(argv)             -> pid, tty | nil, message, errno
+ *   proc.wait(pid, timeout[, s]) -> "exit", code | "signal", name, signo | false
+ *   proc.kill(pid, name)         -> true | nil, message, errno
  *
  * Invariants:
+ * - A spawned child leads a process group of its own (pgid = its pid), and
+ *   proc.kill signals that whole group: whatever the child starts (a shell's
+ *   background jobs, a pipeline) gets the signal too, unless it left the
+ *   group (setsid, setpgid).
+ * - When this process is the foreground process group of its terminal, the
+ *   child's group is made the foreground group before it execs (spawn's
+ *   second result is then true): the terminal's keys (^C, ^Z, ^\) go to the
+ *   child's group and it may read the terminal.  proc.wait hands the
+ *   terminal back once the child has ended, and follows a stop (^Z) the way
+ *   a shell's job does: it takes the terminal back, stops this process (so
+ *   the shell sees the job stopped), and on SIGCONT gives the terminal to
+ *   the child's group and continues it.
  * - Signal handlers only set a flag and write one byte to a non-blocking
  *   self-pipe (async-signal-safe); whichever thread runs the handler (the
  *   driver's threads included), the byte wakes proc.wait's poll().
@@ -20,10 +32,11 @@
  * - A spawned child starts with every signal unblocked and the trapped ones
  *   at their default disposition; the pipe is close-on-exec.
  */
-#define _GNU_SOURCE             /* pipe2 */
+#define _GNU_SOURCE             /* pipe2, posix_spawn_file_actions_addtcsetpgrp_np */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -42,6 +55,7 @@ static const struct { int sig; const char *name; } signames[] = {
   {SIGALRM, "ALRM"}, {SIGCHLD, "CHLD"}, {SIGSEGV, "SEGV"}, {SIGABRT, "ABRT"},
   {SIGCONT, "CONT"}, {SIGSTOP, "STOP"}, {SIGTSTP, "TSTP"}, {SIGBUS, "BUS"},
   {SIGFPE, "FPE"}, {SIGILL, "ILL"}, {SIGTRAP, "TRAP"}, {SIGSYS, "SYS"},
+  {SIGTTIN, "TTIN"}, {SIGTTOU, "TTOU"},
   {0, NULL}
 };
 
@@ -52,6 +66,10 @@ static const int trapped[] = {SIGINT, SIGTERM, SIGHUP};
 static int wake_pipe[2] = {-1, -1};
 /* per trapped signal: sent by a process (kill) / by the kernel (a tty) */
 static volatile sig_atomic_t caught_user[NTRAPPED], caught_tty[NTRAPPED];
+
+/* the terminal given to a child's group (-1: none), and that group */
+static int tty_fd = -1;
+static pid_t tty_pgrp = 0;
 
 static double monotonic(void) {
   struct timespec ts;
@@ -73,8 +91,8 @@ static void on_signal(int sig, siginfo_t *info, void *ctx) {
   (void)ctx;
   for (i = 0; i < NTRAPPED; i++) {
     if (trapped[i] != sig) continue;
-    /* a terminal's ^C reaches the whole foreground process group (the child
-     * too): the kernel sends it with si_code SI_KERNEL */
+    /* a terminal's key reaches its foreground process group: the kernel
+     * sends it with si_code SI_KERNEL */
     if (info && info->si_code == SI_KERNEL) caught_tty[i] = 1;
     else caught_user[i] = 1;
   }
@@ -90,8 +108,38 @@ static void drain_pipe(void) {
   while (read(wake_pipe[0], buf, sizeof buf) > 0) {}
 }
 
+/* makes pgrp the foreground group of fd; SIGTTOU blocked in this thread, as
+ * a process outside the foreground group would otherwise be stopped */
+static void give_tty(int fd, pid_t pgrp) {
+  sigset_t ttou, old;
+  sigemptyset(&ttou);
+  sigaddset(&ttou, SIGTTOU);
+  pthread_sigmask(SIG_BLOCK, &ttou, &old);
+  if (tcsetpgrp(fd, pgrp) != 0) {
+    /* the terminal is gone (hangup): nothing to hand back */
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* the terminal back to this process's group, if a child had it */
+static void reclaim_tty(void) {
+  if (tty_fd < 0) return;
+  give_tty(tty_fd, getpgrp());
+  tty_fd = -1;
+  tty_pgrp = 0;
+}
+
+/* the first of stdin, stdout, stderr that is a terminal whose foreground
+ * group is this process's; -1 when there is none */
+static int foreground_tty(void) {
+  int fd;
+  for (fd = 0; fd <= 2; fd++)
+    if (isatty(fd) && tcgetpgrp(fd) == getpgrp()) return fd;
+  return -1;
+}
+
 /* proc.trap(): installs the handlers (idempotent) */
-static int l_proc_trap(lua_State *L) {
+static int l_trap(lua_State *L) {
   struct sigaction sa;
   size_t i;
   if (wake_pipe[0] < 0) {
@@ -111,9 +159,9 @@ static int l_proc_trap(lua_State *L) {
   return 0;
 }
 
-/* proc.untrap(): the trapped signals and SIGCHLD back to their
- * default disposition (the pipe stays for a later proc.trap) */
-static int l_proc_untrap(lua_State *L) {
+/* proc.untrap(): the trapped signals and SIGCHLD back to their default
+ * disposition (the pipe stays for a later proc.trap) */
+static int l_untrap(lua_State *L) {
   struct sigaction sa;
   size_t i;
   (void)L;
@@ -126,10 +174,9 @@ static int l_proc_untrap(lua_State *L) {
   return 0;
 }
 
-/* proc.signals() -> array of {name = "INT", tty = boolean}, clearing
- * them.  tty is true when the kernel sent it (a terminal key), which the
- * child in the same foreground process group has received too. */
-static int l_proc_signals(lua_State *L) {
+/* proc.signals() -> array of {name = "INT", tty = boolean}, clearing them.
+ * tty is true when only the kernel sent it (a terminal key or hangup). */
+static int l_signals(lua_State *L) {
   size_t i;
   int n = 0;
   lua_newtable(L);
@@ -155,17 +202,18 @@ static int push_errno(lua_State *L, const char *what, int err) {
   return 3;
 }
 
-/* proc.spawn(argv) -> pid | nil, message, errno.  argv: an array of
- * strings, argv[1] looked up in PATH.  errno ENOENT / EACCES tell "not
- * found" from "not executable". */
-static int l_proc_spawn(lua_State *L) {
+/* proc.spawn(argv) -> pid, tty | nil, message, errno.  argv: an array of
+ * strings, argv[1] looked up in PATH.  The child leads a new process group;
+ * tty is true when it was given the terminal (see the invariants).  errno
+ * ENOENT / EACCES tell "not found" from "not executable". */
+static int l_spawn(lua_State *L) {
   posix_spawnattr_t attr;
+  posix_spawn_file_actions_t fa;
   sigset_t none, dflt;
   char **argv;
   size_t i, n;
   pid_t pid;
-  int err;
-  size_t k;
+  int err, fd;
   luaL_checktype(L, 1, LUA_TTABLE);
   n = (size_t)lua_rawlen(L, 1);
   luaL_argcheck(L, n > 0, 1, "empty command");
@@ -181,19 +229,39 @@ static int l_proc_spawn(lua_State *L) {
 
   sigemptyset(&none);
   sigemptyset(&dflt);
-  for (k = 0; k < NTRAPPED; k++) sigaddset(&dflt, trapped[k]);
+  for (i = 0; i < NTRAPPED; i++) sigaddset(&dflt, trapped[i]);
   sigaddset(&dflt, SIGCHLD);
   sigaddset(&dflt, SIGPIPE);
   if ((err = posix_spawnattr_init(&attr)) != 0)
     return push_errno(L, "posix_spawnattr_init", err);
+  if ((err = posix_spawn_file_actions_init(&fa)) != 0) {
+    posix_spawnattr_destroy(&attr);
+    return push_errno(L, "posix_spawn_file_actions_init", err);
+  }
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &dflt);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  err = posix_spawnp(&pid, argv[0], NULL, &attr, argv, environ);
+  posix_spawnattr_setpgroup(&attr, 0);         /* a group of its own */
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                  POSIX_SPAWN_SETPGROUP);
+  /* the child takes the terminal itself, before exec, so that it never
+   * reads it from a background group (glibc runs the action with every
+   * signal blocked, SIGTTOU included) */
+  fd = foreground_tty();
+  if (fd >= 0) posix_spawn_file_actions_addtcsetpgrp_np(&fa, fd);
+  err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  if (err != 0) return push_errno(L, argv[0], err);
+  if (err != 0) {
+    if (fd >= 0) give_tty(fd, getpgrp());  /* a child that failed may have taken it */
+    return push_errno(L, argv[0], err);
+  }
+  if (fd >= 0) {
+    tty_fd = fd;
+    tty_pgrp = pid;
+  }
   lua_pushinteger(L, (lua_Integer)pid);
-  return 1;
+  lua_pushboolean(L, fd >= 0);
+  return 2;
 }
 
 static int any_caught(void) {
@@ -203,32 +271,73 @@ static int any_caught(void) {
   return 0;
 }
 
+/* the child stopped (^Z at its terminal, SIGSTOP): stop this process too,
+ * as a shell's job, and continue the child when this process is continued */
+static void follow_stop(pid_t pid) {
+  int fd = tty_fd;
+  reclaim_tty();
+  kill(getpid(), SIGSTOP);
+  /* continued (fg, bg, kill -CONT) */
+  if (fd >= 0 && tcgetpgrp(fd) == getpgrp()) {
+    give_tty(fd, pid);
+    tty_fd = fd;
+    tty_pgrp = pid;
+  }
+  kill(-pid, SIGCONT);
+}
+
 /*
- * proc.wait(pid, timeout) -> "exit", code | "signal", name, signo |
- * false.
+ * proc.wait(pid, timeout[, signal]) -> "exit", code | "signal", name, signo
+ * | false.
  * Returns as soon as the child has ended (and reaps it), a trapped signal
  * is pending (see proc.signals), or timeout seconds have passed (false).
- * timeout 0 only looks.
+ * timeout 0 only looks.  With signal (a name), what remains of the child's
+ * group is sent that signal once the child has ended, before it is reaped
+ * (so that its group id cannot be reused meanwhile).
  */
-static int l_proc_wait(lua_State *L) {
+static int l_wait(lua_State *L) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
   double timeout = luaL_checknumber(L, 2);
+  const char *last = luaL_optstring(L, 3, NULL);
   double deadline;
+  int i, last_sig = 0;
   luaL_argcheck(L, pid > 0, 1, "positive pid expected");
   luaL_argcheck(L, timeout >= 0, 2, "non-negative number expected");
+  if (last) {
+    for (i = 0; signames[i].name; i++)
+      if (strcmp(signames[i].name, last) == 0) last_sig = signames[i].sig;
+    luaL_argcheck(L, last_sig != 0, 3, "unknown signal name");
+  }
   deadline = monotonic() + timeout;
   for (;;) {
     int st = 0, ms;
     pid_t r;
     double left;
     struct pollfd pfd;
+    siginfo_t si;
     drain_pipe();
-    r = waitpid(pid, &st, WNOHANG);
-    if (r < 0 && errno != EINTR) return push_errno(L, "waitpid", errno);
-    if (r == pid) {
+    memset(&si, 0, sizeof si);
+    /* look without reaping: the group is signalled while the zombie holds
+     * its pid */
+    if (waitid(P_PID, (id_t)pid, &si,
+               WEXITED | WNOHANG | WNOWAIT | (tty_pgrp == pid ? WSTOPPED : 0)) != 0 &&
+        errno != EINTR)
+      return push_errno(L, "waitid", errno);
+    if (si.si_pid == pid && si.si_code == CLD_STOPPED) {
+      r = waitpid(pid, &st, WUNTRACED | WNOHANG);   /* consumes the stop */
+      (void)r;
+      follow_stop(pid);
+      continue;
+    }
+    if (si.si_pid == pid) {
+      if (last_sig) kill(-pid, last_sig);
+      r = waitpid(pid, &st, 0);
+      if (r < 0) return push_errno(L, "waitpid", errno);
+      if (tty_pgrp == pid) reclaim_tty();
       if (WIFEXITED(st)) {
         lua_pushliteral(L, "exit");
         lua_pushinteger(L, WEXITSTATUS(st));
+        return 2;
       } else {
         const char *name = signame(WTERMSIG(st));
         lua_pushliteral(L, "signal");
@@ -237,7 +346,6 @@ static int l_proc_wait(lua_State *L) {
         lua_pushinteger(L, WTERMSIG(st));
         return 3;
       }
-      return 2;
     }
     if (any_caught()) break;
     left = deadline - monotonic();
@@ -245,6 +353,8 @@ static int l_proc_wait(lua_State *L) {
     /* without proc.trap there is no SIGCHLD wake-up: look every 50 ms */
     ms = left > 3600 ? 3600000 : (int)(left * 1000) + 1;
     if (wake_pipe[0] < 0 && ms > 50) ms = 50;
+    /* a stop makes no SIGCHLD (SA_NOCLDSTOP): look every 100 ms */
+    if (tty_fd >= 0 && ms > 100) ms = 100;
     pfd.fd = wake_pipe[0];
     pfd.events = POLLIN;
     pfd.revents = 0;
@@ -255,27 +365,28 @@ static int l_proc_wait(lua_State *L) {
   return 1;
 }
 
-/* proc.kill(pid, name) -> true | nil, message, errno */
-static int l_proc_kill(lua_State *L) {
+/* proc.kill(pid, name) -> true | nil, message, errno: signals the process
+ * group that pid leads (every process spawn's child started in it) */
+static int l_kill(lua_State *L) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
   const char *name = luaL_checkstring(L, 2);
   int i, sig = 0;
-  luaL_argcheck(L, pid > 0, 1, "positive pid expected");
+  luaL_argcheck(L, pid > 1, 1, "pid of a spawned child expected");
   for (i = 0; signames[i].name; i++)
     if (strcmp(signames[i].name, name) == 0) sig = signames[i].sig;
   luaL_argcheck(L, sig != 0, 2, "unknown signal name");
-  if (kill(pid, sig) != 0) return push_errno(L, "kill", errno);
+  if (kill(-pid, sig) != 0) return push_errno(L, "kill", errno);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static const luaL_Reg proc_funcs[] = {
-  {"trap", l_proc_trap},
-  {"untrap", l_proc_untrap},
-  {"signals", l_proc_signals},
-  {"spawn", l_proc_spawn},
-  {"wait", l_proc_wait},
-  {"kill", l_proc_kill},
+  {"trap", l_trap},
+  {"untrap", l_untrap},
+  {"signals", l_signals},
+  {"spawn", l_spawn},
+  {"wait", l_wait},
+  {"kill", l_kill},
   {NULL, NULL}
 };
 

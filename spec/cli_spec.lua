@@ -8,6 +8,7 @@ local core = require "mongolock.core"
 local proc = require "mongolock.proc"
 
 local format = string.format
+local max = math.max
 local q = helpers.shell_quote
 local root = helpers.root
 local BIN = root .. "/bin/mongolock"
@@ -93,6 +94,41 @@ function Bg:cleanup()
   for _, f in ipairs({ self.out, self.err, self.rc, self.pidf }) do os.remove(f) end
 end
 
+-- A stand-in of the spec's own, to kill mid-run (a server that dies): the
+-- stand-in even when MONGODB_URI names a real server.  :kill() SIGKILLs it.
+local function private_server()
+  local log = os.tmpname()
+  local p = assert(io.popen(format("node %s --port 0 >%s 2>&1 </dev/null & echo $!",
+    q(root .. "/tools/mongo-standin/server.js"), q(log))))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local addr = poll(function() return read(log):match("listening (%S+)") end, 20, "the stand-in")
+  return {
+    uri = "mongodb://" .. addr .. "/?replicaSet=rs0",
+    kill = function() os.execute(format("kill -KILL %d 2>/dev/null", pid)); os.remove(log) end,
+  }
+end
+
+-- true once pid no longer exists (within 10 s); a zombie counts as gone
+local function gone(pid)
+  local deadline = core.monotonic() + 10
+  repeat
+    local p = io.popen(format("ps -o stat= -p %d 2>/dev/null", pid))
+    local st = p:read("*a") or ""
+    p:close()
+    if not st:match("%a") or st:match("^%s*Z") then return true end
+    core.sleep(0.05)
+  until core.monotonic() > deadline
+  return false
+end
+
+-- seconds the call fn() takes, and its results
+local function timed(fn)
+  local t0 = core.monotonic()
+  local a, b, c = fn()
+  return core.monotonic() - t0, a, b, c
+end
+
 -- one line on stderr, no traceback
 local function assert_one_line(err)
   assert.is_truthy(err:match("^mongolock: [^\n]+\n$"), "expected one line, got: " .. err)
@@ -149,7 +185,29 @@ describe("#unit mongolock.proc (the command's child processes)", function()
     assert.equal("signal", (proc.wait(pid, 10)))
   end)
 
+  it("starts the child in a process group of its own, and kill signals the whole group", function()
+    local f = os.tmpname()
+    -- sh waits for its background sleep: the sleep is the grandchild
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 30 & echo $! >" .. q(f) .. "; wait" }))
+    local grandchild = poll(function() return tonumber(read(f):match("%d+")) end, 10, "the grandchild")
+    os.remove(f)
+    assert.is_true(proc.kill(pid, "TERM"))
+    assert.same({ "signal", "TERM", 15 }, { proc.wait(pid, 10) })
+    assert.is_true(gone(grandchild), "the grandchild outlived the signal to the group")
+  end)
+
+  it("signals what remains of the group once the child has ended, when asked", function()
+    local f = os.tmpname()
+    -- sh leaves its background sleep behind
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 30 & echo $! >" .. q(f) }))
+    local grandchild = poll(function() return tonumber(read(f):match("%d+")) end, 10, "the grandchild")
+    os.remove(f)
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10, "KILL") })
+    assert.is_true(gone(grandchild))
+  end)
+
   it("raises on bad arguments", function()
+    assert.has_error(function() proc.wait(1, 1, "NOPE") end)
     assert.has_error(function() proc.spawn({}) end)
     assert.has_error(function() proc.spawn({ "sh", 5 }) end)
     assert.has_error(function() proc.spawn("sh") end)
@@ -217,6 +275,83 @@ describe("#unit mongolock command", function()
     code, _, err = mongolock({ "--uri", DEAD, "exec", "-n", "job", "--", "true" })
     assert.equal(69, code)
     assert_one_line(err)
+  end)
+
+  it("gives up on a refusing server within the server timeout (default 2 s), every command", function()
+    local refused = "mongodb://127.0.0.1:1/"
+    for _, args in ipairs({
+      { "exec", "-w", "2", "job", "--", "echo", "ran" },
+      { "exec", "-n", "job", "--", "echo", "ran" },
+      { "wait", "-w", "2", "job" },
+      { "status", "job" },
+      { "list" },
+    }) do
+      table.insert(args, 1, refused)
+      table.insert(args, 1, "--uri")
+      local took, code, out, err = timed(function() return mongolock(args) end)
+      local what = table.concat(args, " ")
+      assert.equal(69, code, what .. ": " .. err)
+      assert.equal("", out)
+      assert_one_line(err)
+      assert.is_true(took < 4, what .. " took " .. took .. " s")
+    end
+  end)
+
+  it("takes the server timeout from --server-timeout, else MONGOLOCK_SERVER_TIMEOUT; the URI's own wins", function()
+    local refused = "mongodb://127.0.0.1:1/"
+    local took, code = timed(function()
+      return mongolock({ "--uri", refused, "--server-timeout", "0.3", "status", "job" })
+    end)
+    assert.equal(69, code)
+    assert.is_true(took < 1.5, "--server-timeout 0.3 took " .. took .. " s")
+    took, code = timed(function()
+      return mongolock({ "--uri", refused, "status", "job" }, { env = "MONGOLOCK_SERVER_TIMEOUT=0.3" })
+    end)
+    assert.equal(69, code)
+    assert.is_true(took < 1.5, "MONGOLOCK_SERVER_TIMEOUT=0.3 took " .. took .. " s")
+    took, code = timed(function()
+      return mongolock({ "--uri", refused .. "?serverSelectionTimeoutMS=300", "--server-timeout", "20",
+        "status", "job" })
+    end)
+    assert.equal(69, code)
+    assert.is_true(took < 1.5, "the URI's serverSelectionTimeoutMS=300 took " .. took .. " s")
+    local _, err
+    code, _, err = mongolock({ "--uri", refused, "status", "job" }, { env = "MONGOLOCK_SERVER_TIMEOUT=soon" })
+    assert.equal(64, code)
+    assert_one_line(err)
+    assert.matches("MONGOLOCK_SERVER_TIMEOUT", err, 1, true)
+  end)
+
+  it("puts the server timeout in the URI only where the URI gives none", function()
+    local cli = require "mongolock.cli"
+    local u = cli.uri_with_timeouts
+    assert.equal("mongodb://h:1/?serverSelectionTimeoutMS=2000&connectTimeoutMS=2000&socketTimeoutMS=3000",
+      u("mongodb://h:1", 2))
+    assert.equal("mongodb://h:1/db?replicaSet=rs0&serverSelectionTimeoutMS=500&connectTimeoutMS=500"
+      .. "&socketTimeoutMS=1500", u("mongodb://h:1/db?replicaSet=rs0", 0.5))
+    assert.equal("mongodb://a,b/?w=1&serverSelectionTimeoutMS=9&connectTimeoutMS=1000&socketTimeoutMS=2000",
+      u("mongodb://a,b/?w=1&serverSelectionTimeoutMS=9", 1))
+    assert.equal("mongodb://h/?serverselectiontimeoutms=1&connecttimeoutms=1&SOCKETTIMEOUTMS=1",
+      u("mongodb://h/?serverselectiontimeoutms=1&connecttimeoutms=1&SOCKETTIMEOUTMS=1", 5))
+  end)
+
+  it("says what -w absent means, and that the command runs in its own process group", function()
+    local _, out = mongolock({ "exec", "--help" })
+    assert.matches("wait for ever", out, 1, true)
+    assert.matches("-w 0 is -n", out, 1, true)
+    assert.matches("process group", out, 1, true)
+    assert.matches("killed with SIGKILL", out, 1, true)
+    _, out = mongolock({ "--help" })
+    assert.matches("--server-timeout", out, 1, true)
+    _, out = mongolock({ "status", "--help" })
+    assert.matches("Exit status 0 when it is held, 1 when it", out, 1, true)
+  end)
+
+  it("wait's errors say what it was doing", function()
+    local code, _, err = mongolock({ "--uri", DEAD, "wait", "job" })
+    assert.equal(69, code)
+    assert_one_line(err)
+    assert.matches("^mongolock: cannot wait for job: ", err)
   end)
 
   it("rejects a bad lock name as bad usage", function()
@@ -298,6 +433,62 @@ describe("#integration mongolock command", function()
       assert.is_true(h:release())
     end)
 
+    it("-w 0 and --timeout 0 make one attempt, as -n", function()
+      local name = helpers.unique("zero")
+      local h = assert(locks:acquire(name))
+      for _, args in ipairs({ a("exec", "-w", "0", name, "--", "echo", "ran"),
+                              a("exec", "--timeout", "0", name, "--", "echo", "ran"),
+                              a("exec", "--timeout=0", name, "--", "echo", "ran") }) do
+        local took, code, out, err = timed(function() return mongolock(args) end)
+        assert.equal(1, code, table.concat(args, " ") .. ": " .. err)
+        assert.equal("", out)
+        assert.equal("", err)
+        assert.is_true(took < 5)
+      end
+      -- a try never queues: nobody is waiting
+      assert.equal(0, locks:status(name).waiting)
+      assert.is_true(h:release())
+      local code, out = mongolock(a("exec", "-w", "0", name, "--", "echo", "ran"))
+      assert.equal(0, code)
+      assert.equal("ran\n", out)
+    end)
+
+    it("a sub-second -w takes about that long, not a second", function()
+      local name = helpers.unique("subsec")
+      local h = assert(locks:acquire(name))
+      local took, code = timed(function() return mongolock(a("exec", "-w", "0.4", name, "--", "true")) end)
+      assert.equal(1, code)
+      assert.is_true(took >= 0.4)
+      assert.is_true(took < 0.9, "-w 0.4 took " .. took .. " s")
+      assert.is_true(h:release())
+    end)
+
+    it("serves waiters in the order they came, for as long as they wait", function()
+      local name = helpers.unique("fifo")
+      local file = os.tmpname()
+      local h = assert(locks:acquire(name))
+      local bgs = {}
+      for i = 1, 4 do
+        local started = core.monotonic()
+        bgs[i] = background(a("exec", "-w", "30", name, "--", "sh", "-c", "echo w" .. i .. " >>" .. q(file)))
+        -- in the queue before the next one comes, and 0.3 s apart at least
+        poll(function() return (locks:status(name).waiting or 0) >= i end, 20, "waiter " .. i)
+        core.sleep(max(0, started + 0.3 - core.monotonic()))
+      end
+      -- long enough for a wait made of one-second pieces to lose its place
+      core.sleep(2.5)
+      assert.equal(4, locks:status(name).waiting)
+      assert.is_true(h:release())
+      for i = 1, 4 do
+        local code, _, err = bgs[i]:wait()
+        assert.equal(0, code, err)
+        bgs[i]:cleanup()
+      end
+      local order = read(file):gsub("\n", " ")
+      os.remove(file)
+      assert.equal("w1 w2 w3 w4 ", order)
+    end)
+
     it("waits for the lock and runs the command once it is released", function()
       local name = helpers.unique("waits")
       local h = assert(locks:acquire(name))
@@ -349,7 +540,7 @@ describe("#integration mongolock command", function()
       end)
     end
 
-    it("does not forward a terminal's ^C, which the command received already", function()
+    it("gives the terminal to the command's process group: ^C reaches it once, not forwarded", function()
       local name = helpers.unique("tty")
       local dir = os.tmpname(); os.remove(dir)
       assert(os.execute("mkdir " .. q(dir) .. " && mkfifo " .. q(dir .. "/in")))
@@ -377,10 +568,11 @@ describe("#integration mongolock command", function()
       local text = out()
       os.execute("rm -rf " .. q(dir))
       assert.equal(0, rc, text)
-      -- mongolock saw it and left it alone (-v says which); the command
-      -- got it once (a forwarded copy can merge with the first in the
-      -- kernel, so the count alone would not tell)
-      assert.matches("SIGINT came from the terminal", text, 1, true)
+      -- the command's process group was given the terminal (-v says so),
+      -- so the key reached the command alone and mongolock sent nothing;
+      -- the command got it once (a forwarded copy can merge with the first
+      -- in the kernel, so the count alone would not tell)
+      assert.matches("given the terminal", text, 1, true)
       assert.is_nil(text:find("forwarding", 1, true), text)
       local _, ints = text:gsub("got%-INT", "")
       assert.equal(1, ints, text)
@@ -448,7 +640,10 @@ describe("#integration mongolock command", function()
       local code, out, err = bg:wait()
       assert.equal(7, code, err)
       assert.equal("ready\ngot TERM\n", out)
-      assert_one_line(err)
+      -- one line of mongolock's (the shell may report its sleep, which the
+      -- signal to the group ended too)
+      local _, lines = err:gsub("mongolock: ", "")
+      assert.equal(1, lines, err)
       assert.matches("terminating", err, 1, true)
       bg:cleanup()
     end)
@@ -468,6 +663,73 @@ describe("#integration mongolock command", function()
       assert.equal(7, code, err)
       assert.equal("ready\ngot TERM\n", out)
       assert.matches("lost the lock", err, 1, true)
+      bg:cleanup()
+    end)
+
+    it("--on-lost=kill ends the command's whole process group: its grandchild is gone too", function()
+      local name = helpers.unique("lostgroup")
+      local bg = background(a("exec", "--ttl", "1", "--on-lost=kill", name, "--", "sh", "-c",
+        "sleep 30 & echo sleeping $!; wait"))
+      local grandchild = tonumber(bg:wait_output("sleeping (%d+)"))
+      assert.is_false(gone(grandchild) and true or false)
+      assert.is_true(locks:force_release(name))
+      local code, _, err = bg:wait()
+      assert.equal(143, code, err)
+      assert.matches("terminating", err, 1, true)
+      assert.is_true(gone(grandchild), "the command's child outlived the lost lease")
+      bg:cleanup()
+    end)
+
+    it("SIGKILLs what the command left in its group once the lease is lost and it has ended", function()
+      local name = helpers.unique("lostleft")
+      -- sh ends at SIGTERM; its background sleep ignores SIGTERM
+      local bg = background(a("exec", "--ttl", "1", "--on-lost=kill", "--kill-after", "60", name, "--", "sh", "-c",
+        "(trap '' TERM; sleep 30) & echo sleeping $!; while :; do sleep 0.05; done"))
+      local sub = tonumber(bg:wait_output("sleeping (%d+)"))
+      assert.is_true(locks:force_release(name))
+      local code, _, err = bg:wait(20)
+      assert.equal(143, code, err)
+      assert.is_true(gone(sub), "a process of the group outlived the lost lease")
+      bg:cleanup()
+    end)
+
+    it("says the lock was lost and exits 75 when the command succeeded without it", function()
+      local name = helpers.unique("lost75")
+      local go = os.tmpname(); os.remove(go)
+      local bg = background(a("exec", "-v", "--ttl", "1", name, "--", "sh", "-c",
+        "echo ready; while [ ! -e \"$1\" ]; do sleep 0.05; done", "sh", go))
+      bg:wait_output("ready")
+      assert.is_true(locks:force_release(name))
+      poll(function() return read(bg.err):match("lost the lock") end, 10, "the warning")
+      assert(os.execute("touch " .. q(go)))
+      local code, _, err = bg:wait()
+      os.remove(go)
+      assert.equal(75, code, err)
+      assert.is_nil(err:find("released", 1, true), err)
+      bg:cleanup()
+    end)
+
+    it("a server that dies mid-run: says the release was not sent, exits 69, within the server timeout", function()
+      local server = private_server()
+      finally(server.kill)
+      local name = helpers.unique("dies")
+      local go = os.tmpname(); os.remove(go)
+      local bg = background({ "--uri", server.uri, "exec", "-v", name, "--", "sh", "-c",
+        "echo ready; while [ ! -e \"$1\" ]; do sleep 0.05; done", "sh", go })
+      bg:wait_output("ready")
+      server.kill()
+      assert(os.execute("touch " .. q(go)))
+      local t0 = core.monotonic()
+      local code, _, err = bg:wait(60)
+      local took = core.monotonic() - t0
+      os.remove(go)
+      assert.equal(69, code, err)
+      assert.matches("release of " .. name .. " not sent", err, 1, true)
+      assert.matches("the lock frees at the end of its lease", err, 1, true)
+      assert.is_nil(err:find("released", 1, true), err)
+      assert.is_nil(err:find("lost", 1, true), err)
+      -- the release gives up within the server timeout (2 s)
+      assert.is_true(took < 4 * 2, "exec ended " .. took .. " s after the command")
       bg:cleanup()
     end)
 
@@ -529,21 +791,52 @@ describe("#integration mongolock command", function()
       code, out = mongolock(a("status", name))
       assert.equal(0, code)
       assert.matches("waiting +1", out)
+      assert.equal("held", st.state)
       assert.is_true(h:release())
       code, out = mongolock(a("status", "--json", name))
-      assert.equal(0, code)
+      assert.equal(1, code)     -- free
       st = cjson.decode(out)
       assert.is_false(st.held)
+      assert.equal("free", st.state)
       assert.equal(format("%.0f", h.token), st.token)
+    end)
+
+    it("status and list show an expired lease as expired, with its last holder; status exits 1", function()
+      local fresh = helpers.locks(client)
+      local b = { "--uri", helpers.uri(), "--database", fresh.database, "--collection", fresh.collection }
+      local name = "crashed"
+      local h = assert(fresh:acquire(name, { ttl = 0.3, renew = false }))
+      local held_code = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "status", name })
+      assert.equal(0, held_code)
+      core.sleep(0.6)   -- the holder neither renews nor releases: as if it crashed
+      local code, out, err = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "status", "--json", name })
+      assert.equal(1, code, err)
+      local st = cjson.decode(out)
+      assert.equal("expired", st.state)
+      assert.is_false(st.held)
+      assert.equal(core.getpid(), st.holder.pid)
+      assert.equal(format("%.0f", h.token), st.token)
+      assert.is_number(st.expires_at)
+      code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "status", name })
+      assert.equal(1, code)
+      assert.matches("state +expired", out)
+      assert.matches("holder +%S+ pid " .. core.getpid(), out)
+      assert.matches("\nexpired +%d%d%d%d%-%d%d%-%d%dT", out)
+      code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "list" })
+      assert.equal(0, code)
+      assert.matches("\ncrashed +expired +%d+ +%S+ pid " .. core.getpid(), out)
+      code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "list", "--json" })
+      assert.equal(0, code)
+      assert.equal("expired", cjson.decode(out)[1].state)
     end)
 
     it("status of a lock never taken is free", function()
       local name = helpers.unique("never")
       local code, out = mongolock(a("status", "--json", name))
-      assert.equal(0, code)
-      assert.same({ name = name, held = false }, cjson.decode(out))
+      assert.equal(1, code)
+      assert.same({ name = name, held = false, state = "free" }, cjson.decode(out))
       code, out = mongolock(a("status", name))
-      assert.equal(0, code)
+      assert.equal(1, code)
       assert.matches("state +free", out)
     end)
 

@@ -1,21 +1,26 @@
 -- The mongolock command: a flock(1) whose lock lives in MongoDB, so that a
 -- cron job or a backup runs on one machine of a fleet at a time.
 --
---   mongolock [--uri URI] exec [-w S | -n] [--ttl S] [-E N] NAME -- CMD [ARGS...]
+--   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME -- CMD [ARGS...]
 --   mongolock status NAME [--json]      mongolock list [--json]
 --   mongolock release --force NAME [--yes]
 --   mongolock wait NAME [-w S]          mongolock demo [ARGS...]
 --
 -- Exit status (flock(1)'s where they overlap):
---   0     success (exec: the command's own status is passed through)
---   1     the lock was busy (-n) or the wait timed out; -E/--conflict-exit-code
+--   0     success (exec: the command's own status is passed through;
+--         status: the lock is held)
+--   1     the lock was busy (-n) or the wait timed out; -E/--conflict-exit-code;
+--         status: the lock is free or its lease expired
 --   64    bad usage                      69  server unreachable or failing
---   70    internal error                 126 command not executable
---   127   command not found              128+N  the command died of signal N
+--   70    internal error                 75  exec: lease lost, command exited 0
+--   126   command not executable         127 command not found
+--   128+N the command died of signal N
 --
--- Invariant: every failure leaves through fail() (one line on stderr, an exit
--- code) and every lock this process acquired is released, or left to expire
--- when the lease was lost, before main returns.
+-- Invariants: every failure leaves through fail() (one line on stderr, an
+-- exit code) and every lock this process acquired is released, or left to
+-- expire when the lease was lost or the release could not be sent, before
+-- main returns.  Every server call is bounded by the server timeout
+-- (--server-timeout, put in the URI unless the URI gives its own).
 
 local argparse = require "argparse"
 local cjson = require "cjson.safe"
@@ -28,8 +33,8 @@ local getenv = os.getenv
 local _M = { _VERSION = "0.1.0" }
 
 local EXIT = {
-  ok = 0, conflict = 1, usage = 64, unavailable = 69, software = 70,
-  noexec = 126, notfound = 127,
+  ok = 0, conflict = 1, free = 1, usage = 64, unavailable = 69, software = 70,
+  lost = 75, noexec = 126, notfound = 127,
 }
 _M.EXIT = EXIT
 
@@ -66,6 +71,15 @@ local function seconds_or_zero(s)
   return n
 end
 
+-- seconds a server call may take (server selection, connecting, a reply)
+-- unless --server-timeout, MONGOLOCK_SERVER_TIMEOUT or the URI say otherwise
+local SERVER_TIMEOUT = 2
+_M.SERVER_TIMEOUT = SERVER_TIMEOUT
+
+-- how long "wait for ever" is for the library's acquire (a year: it takes a
+-- finite timeout)
+local FOREVER = 365 * 86400
+
 local function exit_code(s)
   local n = tonumber(s)
   if not n or n ~= floor(n) or n < 0 or n > 255 then
@@ -79,11 +93,16 @@ end
 local EPILOG = [[
 The lock lives in the collection --collection (default "locks") of the
 database --database (default: the URI's, else "mongolock").  MONGODB_URI is
-used when --uri is not given.
+used when --uri is not given.  Every call to the server gives up after
+--server-timeout seconds (default 2; MONGOLOCK_SERVER_TIMEOUT), unless the
+URI sets serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS.
 
-Exit status: 0 success; 1 busy or timed out (-E); 64 bad usage; 69 server
-unreachable or failing; 70 internal error; exec passes the command's status
-through (126 not executable, 127 not found, 128+N killed by signal N).]]
+Exit status: 0 success (status: the lock is held); 1 busy or timed out (-E),
+status: free or expired; 64 bad usage; 69 server unreachable or failing; 70
+internal error; exec passes the command's status through (126 not
+executable, 127 not found, 128+N killed by signal N), except that a command
+that exited 0 gives 75 when the lease was lost while it ran and 69 when the
+release could not be sent.]]
 
 function _M.parser()
   local p = argparse("mongolock", "Distributed locks on MongoDB, from the shell.")
@@ -94,21 +113,37 @@ function _M.parser()
   p:option("--database", "Database of the lock collection.")
   p:option("--collection", "Collection of the lock documents.", "locks")
   p:option("--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
+  p:option("--server-timeout", "Seconds a call to the server may take before it fails "
+    .. "(default: $MONGOLOCK_SERVER_TIMEOUT, else " .. SERVER_TIMEOUT .. ").")
+    :convert(seconds)
 
   local e = p:command("exec", [[
 Run a command while holding the lock NAME, renewing the lease while it runs.
-The command's exit status is passed through; SIGINT, SIGTERM and SIGHUP sent
-to mongolock are forwarded to it (a terminal's ^C already reaches both).  When
-the lease is lost (renewal failed for a whole ttl, or the lock was taken),
-mongolock warns on stderr and, with --on-lost=kill, terminates the command
-(SIGTERM, then SIGKILL after --kill-after seconds).  Without -w or -n it
-waits for the lock as long as it takes, as flock(1) does.]])
+Waiters are served in the order they came.  Without -w or -n it waits for the
+lock as long as it takes, as flock(1) does; -w 0 is -n.
+
+The command runs in a process group of its own (given the terminal when
+mongolock has it, so ^C and ^Z reach it as usual), and every signal mongolock
+sends goes to that whole group: SIGINT, SIGTERM and SIGHUP sent to mongolock
+are forwarded; when the lease is lost (no renewal succeeded for a whole ttl,
+or the lock was taken), mongolock warns on stderr and, with --on-lost=kill,
+sends the group SIGTERM, then SIGKILL after --kill-after seconds (and SIGKILL
+to what remains of the group once the command has ended), so nothing it
+started goes on without the lock.  Processes that leave the group (setsid,
+daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
+group runs on unsupervised and the lock frees at the end of its lease.
+
+The command's exit status is passed through.  When it ends, mongolock says
+on stderr, unless the lock was released ("released" with -v): "lost" (exit 75
+if the command exited 0) or "release not sent" (the lock frees at its ttl;
+exit 69 if the command exited 0).]])
     :summary("Run a command while holding a lock.")
   e:argument("name", "Lock name.")
   e:argument("cmd", "The command and its arguments (put them after --).")
     :args("+")
   e:mutex(
-    e:option("-w --timeout", "Give up after waiting this many seconds."):convert(seconds),
+    e:option("-w --timeout", "Give up after waiting this many seconds (0: one attempt, as -n; "
+      .. "without -w or -n: wait for ever)."):convert(seconds_or_zero),
     e:flag("-n --nonblock", "Fail at once when the lock is held (one attempt).")
   )
   e:option("--ttl", "Lease length in seconds; renewed every ttl/3.", "30"):convert(seconds)
@@ -119,11 +154,15 @@ waits for the lock as long as it takes, as flock(1) does.]])
     :convert(seconds_or_zero)
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
 
-  local s = p:command("status", "Show who holds the lock NAME, its token and its lease.")
+  local s = p:command("status", [[
+Show the state of the lock NAME (held, expired or free), its holder (the last
+one when expired), token and lease.  Exit status 0 when it is held, 1 when it
+is free or its lease expired (as for `flock -n`, scripts can test it).]])
+    :summary("Show who holds a lock (exit 0 held, 1 free or expired).")
   s:argument("name", "Lock name.")
   s:flag("--json", "One JSON object on stdout.")
 
-  local l = p:command("list", "List the locks of the collection, held or not.")
+  local l = p:command("list", "List the locks of the collection: held, expired (with the last holder) or free.")
   l:flag("--json", "One JSON array on stdout.")
 
   local r = p:command("release", [[
@@ -137,7 +176,8 @@ next renewal.  Asks for confirmation on stdin unless --yes is given.]])
 
   local w = p:command("wait", "Wait until the lock NAME is free (without taking it).")
   w:argument("name", "Lock name.")
-  w:option("-w --timeout", "Give up after this many seconds."):convert(seconds)
+  w:option("-w --timeout", "Give up after this many seconds (0: look once; without -w: wait for ever).")
+    :convert(seconds_or_zero)
   w:option("-E --conflict-exit-code", "Exit status when timed out.", "1")
     :convert(exit_code)
 
@@ -168,12 +208,52 @@ local function load_proc()
   return proc
 end
 
+-- the server timeout in seconds: --server-timeout, else
+-- MONGOLOCK_SERVER_TIMEOUT, else SERVER_TIMEOUT
+local function server_timeout(args)
+  if args.server_timeout then return args.server_timeout end
+  local env = getenv("MONGOLOCK_SERVER_TIMEOUT")
+  if env and env ~= "" then
+    local n, err = seconds(env)
+    if not n then fail(EXIT.usage, "MONGOLOCK_SERVER_TIMEOUT: %s", err) end
+    return n
+  end
+  return SERVER_TIMEOUT
+end
+
+-- uri with the driver's timeouts for a server timeout of t seconds, each
+-- unless the URI gives it: serverSelectionTimeoutMS and connectTimeoutMS t,
+-- socketTimeoutMS t plus a second (a change stream's getMore waits up to a
+-- second for an event before it answers)
+function _M.uri_with_timeouts(uri, t)
+  local scheme, rest = uri:match("^(mongodb[+%w]*://)(.*)$")
+  if not scheme then return uri end            -- the library says what is wrong
+  if not rest:find("/", 1, true) then
+    local q = rest:find("?", 1, true)
+    rest = q and (rest:sub(1, q - 1) .. "/" .. rest:sub(q)) or (rest .. "/")
+  end
+  local query = rest:match("%?(.*)$") or ""
+  local given = "&" .. query:lower()
+  local ms = floor(t * 1000 + 0.5)
+  local add = {}
+  for _, kv in ipairs({ { "serverSelectionTimeoutMS", ms }, { "connectTimeoutMS", ms },
+                        { "socketTimeoutMS", ms + 1000 } }) do
+    if not given:find("&" .. kv[1]:lower() .. "=", 1, true) then
+      add[#add + 1] = kv[1] .. "=" .. format("%d", kv[2])
+    end
+  end
+  if #add == 0 then return uri end
+  local sep = rest:find("?", 1, true) and ((query == "" or query:sub(-1) == "&") and "" or "&") or "?"
+  return scheme .. rest .. sep .. concat(add, "&")
+end
+
 local function open_locks(args)
   load_core()
   local uri = args.uri or getenv("MONGODB_URI")
   if not uri or uri == "" then
     fail(EXIT.usage, "no server given: use --uri URI or set MONGODB_URI")
   end
+  uri = _M.uri_with_timeouts(uri, server_timeout(args))
   local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app })
   if not ok then fail(EXIT.usage, "%s", tostring(client)) end
   if not client then
@@ -250,7 +330,18 @@ end
 
 -- ---- status, list ----------------------------------------------------------------
 
--- the status of name as one plain table (name and held always present)
+-- "held", "expired" (its holder neither released it nor renewed it in
+-- time) or "free" (never taken, or released): the library's st.state when it
+-- gives one, else from held and owner (a released lock has no owner)
+local function state_of(st)
+  if not st then return "free" end
+  if st.state == "held" or st.state == "expired" or st.state == "free" then return st.state end
+  if st.held then return "held" end
+  if st.owner ~= nil and type(st.expires_at) == "number" then return "expired" end
+  return "free"
+end
+
+-- the status of name as one plain table (name, state and held always present)
 local function status_record(name, st)
   local rec = { name = name, held = false }
   if st then
@@ -258,6 +349,7 @@ local function status_record(name, st)
     rec.name = name
     rec.held = st.held and true or false
   end
+  rec.state = state_of(st)
   return rec
 end
 
@@ -270,6 +362,13 @@ local function json_record(rec)
   return o
 end
 
+-- "in 12.3 s": the time left on a held lease, by the server's clock
+local function until_text(rec)
+  if rec.state ~= "held" then return nil end
+  local rem = remaining_text(rec)
+  return rem and ("in " .. rem) or nil
+end
+
 local function cmd_status(args)
   local client, locks = open_locks(args)
   local st, err = call(locks, "status", args.name)
@@ -279,19 +378,20 @@ local function cmd_status(args)
   if args.json then
     json_out(json_record(rec))
   else
-    local out = { format("lock      %s", rec.name), format("state     %s", rec.held and "held" or "free") }
-    if rec.held then
+    local out = { format("lock      %s", rec.name), format("state     %s", rec.state) }
+    if rec.state ~= "free" then
+      local when = until_text(rec)
       out[#out + 1] = format("holder    %s", holder_text(rec.holder))
       out[#out + 1] = format("owner     %s", tostring(rec.owner or "-"))
-      local rem = remaining_text(rec)
-      out[#out + 1] = format("expires   %s%s", iso(rec.expires_at), rem and (" (in " .. rem .. ")") or "")
+      out[#out + 1] = format("%s   %s%s", rec.state == "held" and "expires" or "expired",
+        iso(rec.expires_at), when and (" (" .. when .. ")") or "")
     end
     if rec.token then out[#out + 1] = format("token     %s", token_text(rec.token)) end
     if rec.acquired_at then out[#out + 1] = format("acquired  %s", iso(rec.acquired_at)) end
     if (tonumber(rec.waiting) or 0) > 0 then out[#out + 1] = format("waiting   %d", rec.waiting) end
     io.stdout:write(concat(out, "\n"), "\n")
   end
-  return EXIT.ok
+  return rec.state == "held" and EXIT.ok or EXIT.free
 end
 
 local function cmd_list(args)
@@ -313,13 +413,15 @@ local function cmd_list(args)
       json_out(recs)
     end
   else
+    -- EXPIRES: time left on a held lease, or when an expired one ended
     local rows = { { "NAME", "STATE", "TOKEN", "HOLDER", "EXPIRES" } }
     for _, r in ipairs(recs) do
+      local shown = r.state ~= "free"
       rows[#rows + 1] = {
-        tostring(r.name), r.held and "held" or "free",
+        tostring(r.name), r.state,
         token_text(r.token),
-        r.held and holder_text(r.holder) or "-",
-        r.held and (remaining_text(r) or iso(r.expires_at)) or "-",
+        shown and holder_text(r.holder) or "-",
+        shown and (until_text(r) or iso(r.expires_at)) or "-",
       }
     end
     local width = {}
@@ -386,7 +488,9 @@ local function cmd_wait(args)
   local step = 0.01
   while true do
     local st, err = call(locks, "status", args.name)
-    if st == nil and err ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(err)) end
+    if st == nil and err ~= nil then
+      fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
+    end
     if not (st and st.held) then
       client:close()
       return EXIT.ok
@@ -412,41 +516,102 @@ local function signal_status(name)
   return 128 + (SIGNO[name] or 0)
 end
 
--- waits for the lock the way flock(1) does: once (-n), up to -w seconds, or
--- for ever.  Caught signals end the wait.  Returns the handle (renewed
--- every ttl/3 by the library's background renewal), or an exit status.
+-- The wait step of the library's acquire, made to end on a caught signal:
+-- it looks at the signals before and after each step, and no step sleeps
+-- longer than SLICE, so a signal ends the wait within about SLICE seconds.
+-- The acquire stays one call with one waiter id, so the command keeps its
+-- place in the lock's queue for the whole wait (a slice that ends without
+-- an event costs one attempt, which also renews the place).
+local SLICE = 0.5
+local INTERRUPTED = "interrupted by a signal"
+
+local function interruptible(inner, caught)
+  local function pending()
+    for _, sig in ipairs(proc.signals()) do caught[#caught + 1] = sig end
+    return caught[1] ~= nil
+  end
+  local w = setmetatable({}, { __index = inner })
+  function w.sleep_until_retry(state)
+    if pending() then return nil, INTERRUPTED end
+    local deadline = state.deadline
+    state.deadline = min(deadline, core.monotonic() + SLICE)
+    local ok, err, code = inner.sleep_until_retry(state)
+    state.deadline = deadline
+    if ok == nil and err ~= nil then return nil, err, code end
+    if pending() then return nil, INTERRUPTED end
+    return true
+  end
+  return w
+end
+
+-- acquire(name, opts) with the interruptible wait step in place: h | nil,
+-- err, info; caught gets the signals that ended it
+local function acquire_interruptible(locks, name, opts, caught)
+  local mod = package.loaded["mongolock.locks"]
+  if not (mod and mod.get_wait and mod.set_wait) then
+    -- a library without a pluggable wait step: slices of SLICE seconds
+    -- (each leaves the queue and joins it again at its tail)
+    local deadline = core.monotonic() + opts.timeout
+    while true do
+      local slice = min(SLICE, deadline - core.monotonic())
+      if slice <= 0 then return nil, "timeout" end
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.timeout = slice
+      local h, err, info = call(locks, "acquire", name, o)
+      if h or err ~= "timeout" then return h, err, info end
+      for _, sig in ipairs(proc.signals()) do caught[#caught + 1] = sig end
+      if caught[1] then return nil, INTERRUPTED end
+    end
+  end
+  local inner = mod.get_wait()
+  mod.set_wait(interruptible(inner, caught))
+  local ok, h, err, info = pcall(call, locks, "acquire", name, opts)
+  mod.set_wait(inner)
+  if not ok then error(h, 0) end
+  return h, err, info
+end
+
+-- waits for the lock the way flock(1) does: once (-n, -w 0), up to -w
+-- seconds, or for ever.  Caught signals end the wait.  Returns the handle
+-- (renewed every ttl/3 by the library's background renewal), or nil and an
+-- exit status.
 local function exec_acquire(args, locks)
   local opts = { ttl = args.ttl, renew = true }
-  if args.nonblock then
-    local h, err = call(locks, "try", args.name, opts)
-    if h then return h end
-    if err == "busy" then return nil, args.conflict_exit_code end
-    fail(EXIT.unavailable, "cannot take %s: %s", args.name, tostring(err))
+  local h, err
+  local caught = {}
+  if args.nonblock or args.timeout == 0 then
+    h, err = call(locks, "try", args.name, opts)
+    if not h and err == "busy" then return nil, args.conflict_exit_code end
+  else
+    opts.timeout = args.timeout or FOREVER
+    h, err = acquire_interruptible(locks, args.name, opts, caught)
+    if not h and err == "timeout" then return nil, args.conflict_exit_code end
+    if not h and err == INTERRUPTED then return nil, signal_status(caught[1].name) end
   end
-  local deadline = args.timeout and core.monotonic() + args.timeout or huge
-  while true do
-    -- slices of at most a second, so that a signal ends the wait promptly
-    local slice = min(1, deadline - core.monotonic())
-    if slice <= 0 then return nil, args.conflict_exit_code end
-    opts.timeout = slice
-    local h, err = call(locks, "acquire", args.name, opts)
-    if h then return h end
-    if err ~= "timeout" then fail(EXIT.unavailable, "cannot take %s: %s", args.name, tostring(err)) end
-    local caught = proc.signals()
-    if caught[1] then return nil, signal_status(caught[1].name) end
+  if not h then fail(EXIT.unavailable, "cannot take %s: %s", args.name, tostring(err)) end
+  -- a signal that came while the lock was being taken: nothing runs
+  for _, sig in ipairs(proc.signals()) do caught[#caught + 1] = sig end
+  if caught[1] then
+    h:release()
+    return nil, signal_status(caught[1].name)
   end
+  return h
 end
 
 -- runs argv as a child holding h (a handle renewed in the background),
 -- until it ends; returns its exit status and whether the lease was lost
 -- (and said so) meanwhile
 local function supervise(args, h, argv)
-  local pid, err, errno = proc.spawn(argv)
+  local pid, tty, errno = proc.spawn(argv)
   if not pid then
-    warn("failed to execute %s", err)
-    return (errno == 2) and EXIT.notfound or EXIT.noexec
+    warn("failed to execute %s", tty)
+    return (errno == 2) and EXIT.notfound or EXIT.noexec, false
   end
-  if args.verbose then warn("running %s (pid %d) holding %s", argv[1], pid, args.name) end
+  if args.verbose then
+    warn("running %s (pid %d, process group %d%s) holding %s", argv[1], pid, pid,
+      tty and ", given the terminal" or "", args.name)
+  end
 
   -- how often h:lost() is looked at: a fraction of the renewal period
   local look = min(0.25, args.ttl / 6)
@@ -455,17 +620,20 @@ local function supervise(args, h, argv)
   while true do
     local wait = look
     if kill_at then wait = min(wait, max(0, kill_at - core.monotonic())) end
-    local how, code, signo = proc.wait(pid, wait)
+    -- once the lease is lost under --on-lost=kill, what the command leaves
+    -- in its group is killed when it ends
+    local how, code, signo = proc.wait(pid, wait, (lost and args.on_lost == "kill") and "KILL" or nil)
     if how == "exit" then return code, lost end
     if how == "signal" then return 128 + signo, lost end
     if how == nil then fail(EXIT.software, "%s", tostring(code)) end
 
     for _, sig in ipairs(proc.signals()) do
-      -- a terminal's key already reached the child (same process group)
-      if sig.tty then
+      -- a terminal's key reached the child's group already when it has the
+      -- terminal
+      if sig.tty and tty then
         if args.verbose then warn("SIG%s came from the terminal, which sent it to %s too", sig.name, argv[1]) end
       else
-        if args.verbose then warn("forwarding SIG%s to %s (pid %d)", sig.name, argv[1], pid) end
+        if args.verbose then warn("forwarding SIG%s to %s (process group %d)", sig.name, argv[1], pid) end
         proc.kill(pid, sig.name)
       end
     end
@@ -474,7 +642,7 @@ local function supervise(args, h, argv)
     if not lost and h:lost() then
       lost = true
       if args.on_lost == "kill" then
-        warn("lost the lock %s (its lease could not be renewed); terminating %s (pid %d)",
+        warn("lost the lock %s (its lease could not be renewed); terminating %s (process group %d)",
           args.name, argv[1], pid)
         proc.kill(pid, "TERM")
         kill_at = core.monotonic() + args.kill_after
@@ -489,25 +657,43 @@ local function supervise(args, h, argv)
   end
 end
 
+-- Ends the lease after the command: "released", "lost" or "not sent", and
+-- the exit status.  Says on stderr what happened unless it was a release
+-- (then only with -v) or a loss already reported.
+local function finish_exec(args, h, code, lost)
+  local ok, err = h:release()
+  local what
+  if ok then
+    what = "released"
+    if args.verbose then warn("released %s", args.name) end
+  elseif lost or err == "not held" or err == "lost" or h:lost() then
+    what = "lost"
+    if not lost then
+      warn("lost the lock %s before the command ended (%s)", args.name, tostring(err))
+    end
+  else
+    what = "not sent"
+    warn("release of %s not sent (%s); the lock frees at the end of its lease (ttl %g s)",
+      args.name, tostring(err), args.ttl)
+  end
+  if code == 0 and what == "lost" then code = EXIT.lost end
+  if code == 0 and what == "not sent" then code = EXIT.unavailable end
+  return code, what
+end
+
+-- Returns the exit status and true: once the handle is released (or was
+-- never taken) nothing needs the client closed, and the process exits
+-- without waiting for the driver's threads (a change stream's getMore
+-- after a wait answers within a second, and a dead server's within the
+-- server timeout).
 local function cmd_exec(args)
-  local client, locks = open_locks(args)
-  load_core()
+  local _, locks = open_locks(args)
   load_proc().trap()
   local h, status = exec_acquire(args, locks)
-  if not h then
-    client:close()
-    return status
-  end
+  if not h then return status, true end
   if args.verbose then warn("took %s (token %s)", args.name, token_text(h.token)) end
   local code, lost = supervise(args, h, args.cmd)
-  local ok, err = h:release()
-  if not ok and not lost then
-    warn("the lock %s was lost before the command ended (%s)", args.name, tostring(err))
-  elseif args.verbose then
-    warn("released %s", args.name)
-  end
-  client:close()
-  return code
+  return (finish_exec(args, h, code, lost)), true
 end
 
 -- ---- demo -------------------------------------------------------------------------------
@@ -546,17 +732,18 @@ local function cmd_demo(args, info)
     interpreter(info.arg), script }
   for _, a in ipairs(args.args) do argv[#argv + 1] = a end
   load_proc().trap()
-  local pid, err, errno = proc.spawn(argv)
+  local pid, tty, errno = proc.spawn(argv)
   if not pid then
-    warn("failed to execute %s", err)
+    warn("failed to execute %s", tty)
     return (errno == 2) and EXIT.notfound or EXIT.noexec
   end
   while true do
     local how, code, signo = proc.wait(pid, 3600)
     if how == "exit" then return code end
     if how == "signal" then return 128 + signo end
+    if how == nil then fail(EXIT.software, "%s", tostring(code)) end
     for _, sig in ipairs(proc.signals()) do
-      if not sig.tty then proc.kill(pid, sig.name) end
+      if not (sig.tty and tty) then proc.kill(pid, sig.name) end
     end
   end
 end
@@ -568,8 +755,10 @@ local commands = {
   release = cmd_release, wait = cmd_wait, demo = cmd_demo,
 }
 
--- main(argv, info) -> exit status.  argv: the arguments (arg of the script);
--- info.root: the source tree the launcher runs from, if any.
+-- main(argv, info) -> exit status, quick.  argv: the arguments (arg of the
+-- script); info.root: the source tree the launcher runs from, if any.
+-- quick: nothing is held, the process may exit without closing the Lua
+-- state (else closing it releases what a failure left held, by __gc).
 function _M.main(argv, info)
   info = info or {}
   info.arg = info.arg or argv
@@ -586,7 +775,7 @@ function _M.main(argv, info)
     return EXIT.usage
   end
   local command = commands[args.command]
-  local done, code = xpcall(function() return command(args, info) end, function(e)
+  local done, code, quick = xpcall(function() return command(args, info) end, function(e)
     if getmetatable(e) == failure_mt then return e end
     if getenv("MONGOLOCK_DEBUG") then io.stderr:write(debug.traceback(tostring(e), 2), "\n") end
     return setmetatable({ code = EXIT.software, msg = "internal error: " .. tostring(e):match("^[^\n]*") }, failure_mt)
@@ -595,7 +784,7 @@ function _M.main(argv, info)
     io.stderr:write("mongolock: ", code.msg, "\n")
     return code.code
   end
-  return code
+  return code, quick
 end
 
 return _M
