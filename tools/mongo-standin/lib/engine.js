@@ -657,7 +657,7 @@ Engine.prototype.updateOne = function (coll, db, name, filter, u, opts, vars) {
           ? `After applying the update, the (immutable) field '_id' was found to have been altered to _id: ${V.render(next._id)}`
           : `Performing an update on the path '_id' would modify the immutable field '_id'`);
       }
-      if (this.store.replace(coll, old, next, opType)) nModified += 1;
+      if (this.store.replace(coll, old, next, opType, upd)) nModified += 1;
       results.push([old, next]);
     }
     return { n: matched.length, nModified, results };
@@ -865,7 +865,7 @@ COMMANDS.findAndModify = function (cmd) {
         ? `After applying the update, the (immutable) field '_id' was found to have been altered to _id: ${V.render(next._id)}`
         : `Performing an update on the path '_id' would modify the immutable field '_id'`);
     }
-    if (this.store.replace(coll, target, next, upd.kind === 'replacement' ? 'replace' : 'update')) this.afterStmt(0, {});
+    if (this.store.replace(coll, target, next, upd.kind === 'replacement' ? 'replace' : 'update', upd)) this.afterStmt(0, {});
     return { lastErrorObject: { n: new Int32(1), updatedExisting: true }, value: show(isNew ? next : target), ok: 1 };
   }
   if (!upsert) return { lastErrorObject: { n: new Int32(0), updatedExisting: false }, value: null, ok: 1 };

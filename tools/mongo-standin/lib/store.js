@@ -13,6 +13,7 @@ const V = require('./values');
 const query = require('./query');
 const { fail, MongoError } = require('./errors');
 const { ObjectId, Timestamp, Long, Int32 } = V;
+const { change } = require('./diff');
 
 // Canonical key of a value for _id and unique indexes: numerically equal
 // values of different numeric types collide, as they do in mongod.
@@ -187,10 +188,10 @@ class Store {
   }
 
   // Replaces old with doc (same _id). Returns false when nothing changed
-  // (a no-op: no write, no change event).
-  replace(coll, old, doc, opType = 'update') {
-    const desc = diff(old, doc);
-    if (!desc) return false; // identical: a no-op
+  // (a no-op: no write, no change event). how: the compiled update, which
+  // decides what the change event reports (diff.js).
+  replace(coll, old, doc, opType = 'update', how = undefined) {
+    if (!diff(old, doc)) return false; // identical: a no-op
     if (!V.identical(old._id, doc._id)) {
       fail(66, `Performing an update on the path '_id' would modify the immutable field '_id'`);
     }
@@ -201,8 +202,9 @@ class Store {
     coll.indexAdd(doc);
     // An update event keeps only its updateDescription, a replace event the
     // new document: the log holds no old versions.
-    if (opType === 'update') this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, desc });
-    else this.emit({ op: opType, coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, doc });
+    const ch = opType === 'update' ? change(old, doc, how) : { op: 'replace' };
+    if (ch.op === 'update') this.emit({ op: 'update', coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, desc: ch.desc });
+    else this.emit({ op: 'replace', coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, doc });
     return true;
   }
 

@@ -126,7 +126,7 @@ function compileOperators(u) {
     }
   }
   checkConflicts(paths);
-  return (doc, ctx) => {
+  const run = (doc, ctx) => {
     for (const [op, path, parts, arg] of steps) {
       if (parts[0] === '_id' && op !== '$setOnInsert' && !ctx.isInsert) {
         // checked after the update by comparing _id; operators other than
@@ -215,6 +215,8 @@ function compileOperators(u) {
     }
     return doc;
   };
+  run.steps = steps; // what a change event reports (diff.js)
+  return run;
 }
 
 function checkReplacement(u) {
@@ -257,7 +259,7 @@ function compileUpdate(u) {
   }
   if (kind === 'operators') {
     const run = compileOperators(u);
-    return { kind, apply(doc, ctx) { return idFirst(run(V.clone(doc), ctx)); } };
+    return { kind, steps: run.steps, apply(doc, ctx) { return idFirst(run(V.clone(doc), ctx)); } };
   }
   checkReplacement(u);
   return {

@@ -197,3 +197,56 @@ test('an unknown stage after $changeStream is 40324; a known stage it does not a
   await assert.rejects(open([{ $changeStream: {} }, { $group: { _id: null } }]), (e) => e.code === 20);
   await assert.rejects(open([{ $changeStream: {} }, { $sort: { a: 1 } }]), (e) => e.code === 20);
 });
+
+// updateDescription as mongod 5.0+ reports it. A pipeline update is logged
+// as the delta of mongod's document_diff_calculator.cpp (computeOplogDiff,
+// called by pipeline_executor.cpp with 15 bytes of padding), which the
+// change stream turns into dotted paths, removedFields and truncatedArrays
+// (change_stream_document_diff_parser.cpp); when that delta is not smaller
+// than the new document, the update is logged as the whole document and the
+// event is a replace. An update with operators reports what each operator
+// wrote (a $push onto a non-empty array: the appended elements).
+test('updateDescription: dotted paths inside arrays and embedded documents, truncatedArrays, replace for a large delta', async () => {
+  const c = db.collection('c');
+  const long = 'x'.repeat(200);
+  const q = (ws) => ws.map((w) => ({ w, t: long.slice(0, 16), p: false }));
+  await c.insertOne({ _id: 'ud', owner: null, e: { x: 1, y: long }, queue: q(['a', 'b', 'c']), next: null });
+  const cur = await open([{ $changeStream: {} }, { $match: { 'documentKey._id': 'ud' } }]);
+  const upd = (u) => c.updateOne({ _id: 'ud' }, u);
+  const entry = { w: 'd', t: long.slice(0, 16), p: false };
+  // pipelines: an element appended, the array cut at the end, a field of an
+  // embedded document, an element's field in the middle of the array
+  await upd([{ $set: { queue: { $concatArrays: ['$queue', [{ $literal: entry }]] } } }]);
+  await upd([{ $set: { queue: { $filter: { input: '$queue', cond: { $in: ['$$this.w', ['a', 'b']] } } } } }]);
+  await upd([{ $set: { 'e.x': 2 } }]);
+  await upd([{ $set: { queue: { $map: { input: '$queue', in: { $cond: [{ $eq: ['$$this.w', 'b'] },
+    { $mergeObjects: ['$$this', { p: true }] }, '$$this'] } } } } }]);
+  await upd([{ $set: { next: 'n1', owner: 'o1' } }]);
+  // operators
+  await upd({ $push: { queue: entry } });
+  await upd({ $set: { 'e.x': 3 } });
+  await upd({ $set: { queue: q(['z']) } });
+  await upd({ $unset: { 'e.x': '' } });
+  const ev = (await take(cur.id, 9)).map((e) => [e.operationType, e.updateDescription]);
+  assert.deepEqual(ev, [
+    ['update', { updatedFields: { 'queue.3': entry }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: {}, removedFields: [], truncatedArrays: [{ field: 'queue', newSize: 2 }] }],
+    ['update', { updatedFields: { 'e.x': 2 }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: { 'queue.1.p': true }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: { owner: 'o1', next: 'n1' }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: { 'queue.2': entry }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: { 'e.x': 3 }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: { queue: q(['z']) }, removedFields: [], truncatedArrays: [] }],
+    ['update', { updatedFields: {}, removedFields: ['e.x'], truncatedArrays: [] }],
+  ]);
+  // a small document most of which a pipeline rewrites: logged whole, a replace
+  await c.insertOne({ _id: 'small', a: 1 });
+  const cur2 = await open([{ $changeStream: {} }, { $match: { 'documentKey._id': 'small' } }]);
+  await c.updateOne({ _id: 'small' }, [{ $set: { a: 2, b: 'x' } }]);
+  await c.updateOne({ _id: 'small' }, { $set: { a: 3 } });
+  const [r1, r2] = await take(cur2.id, 2);
+  assert.equal(r1.operationType, 'replace');
+  assert.deepEqual(r1.fullDocument, { _id: 'small', a: 2, b: 'x' });
+  assert.equal(r2.operationType, 'update');
+  assert.deepEqual(r2.updateDescription, { updatedFields: { a: 3 }, removedFields: [], truncatedArrays: [] });
+});
