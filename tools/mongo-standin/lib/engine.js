@@ -111,6 +111,7 @@ class Engine {
     this.cursors = new Map();
     this.failpoint = null;   // failCommand
     this.txnWriteFp = null;  // onPrimaryTransactionalWrite
+    this.fpEntered = { failpoint: 0, txnWriteFp: 0 }; // times each has fired
     this.txn = null;         // the retryable write being executed
     this.retried = new Map(); // session -> { txn, body }: retryable writes' results
     this.counters = { insert: 0, query: 0, update: 0, delete: 0, getmore: 0, command: 0 };
@@ -289,6 +290,7 @@ class Engine {
       fp.times -= 1;
       if (fp.times <= 0) this.txnWriteFp = null;
     }
+    this.fpEntered.txnWriteFp += 1;
     return fp.data;
   }
 
@@ -318,6 +320,7 @@ class Engine {
       fp.times -= 1;
       if (fp.times <= 0) this.failpoint = null;
     }
+    this.fpEntered.failpoint += 1;
     return data;
   }
 
@@ -561,13 +564,16 @@ COMMANDS.configureFailPoint = function (cmd) {
   const data = cmd.data === undefined || (cmd.data === null && mode === 'off') ? {} : cmd.data;
   if (!V.isPlainDoc(data)) fail(14, "the 'data' field must be an object");
   const fp = { data };
-  if (mode === 'off') { this[slot] = null; return { count: new Int32(0), ok: 1 }; }
+  // like mongod (fail_point_cmd.cpp), the reply's count is how many times
+  // the fail point has fired so far (waitForFailPoint counts from it)
+  const entered = () => ({ count: Long.fromNumber(this.fpEntered[slot]), ok: 1 });
+  if (mode === 'off') { this[slot] = null; return entered(); }
   if (mode === 'alwaysOn') {
     // no counters
   } else if (V.isPlainDoc(mode) && mode.times !== undefined && V.isNumber(mode.times)) {
     fp.times = V.num(mode.times);
     if (fp.times < 0) fail(2, "'times' option to 'mode' must be positive");
-    if (fp.times === 0) { this[slot] = null; return { count: new Int32(0), ok: 1 }; }
+    if (fp.times === 0) { this[slot] = null; return entered(); }
   } else if (V.isPlainDoc(mode) && mode.skip !== undefined && V.isNumber(mode.skip)) {
     fp.skip = V.num(mode.skip);
     if (fp.skip < 0) fail(2, "'skip' option to 'mode' must be positive");
@@ -581,9 +587,8 @@ COMMANDS.configureFailPoint = function (cmd) {
   if (data.failBeforeCommitExceptionCode !== undefined && !V.isNumber(data.failBeforeCommitExceptionCode)) {
     fail(14, "'failBeforeCommitExceptionCode' must be a number");
   }
-  const was = this[slot] ? 1 : 0;
   this[slot] = fp;
-  return { count: new Int32(was), ok: 1 };
+  return entered();
 };
 
 // ---- CRUD ----------------------------------------------------------------------

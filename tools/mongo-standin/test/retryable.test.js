@@ -52,10 +52,11 @@ test('the reply of a committed write is lost; the retry answers as if it had arr
 
 test('a retry that is answered from the record does not trigger the fail point again', async () => {
   const c = coll('twice');
-  await fp({ times: 2 });
+  const was = (await fp({ times: 2 })).count;      // how often it fired so far (mongod: timesEntered)
   await c.insertOne({ _id: 1 });                   // commits, reply lost; the retry is answered
   await c.insertOne({ _id: 2 });                   // the second activation: lost again, answered again
   assert.equal((await c.insertOne({ _id: 3 })).insertedId, 3);
+  assert.equal((await fp('off')).count - was, 2);
   assert.deepEqual(await c.find().sort({ _id: 1 }).toArray(), [{ _id: 1 }, { _id: 2 }, { _id: 3 }]);
 });
 
