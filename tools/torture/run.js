@@ -4,7 +4,11 @@
 // hold / release on one lock while this process SIGKILLs random holders,
 // arms failCommand faults on the server (closeConnection; errorCode
 // 91/189/11600, armed for one command or two: the driver retries once;
-// blockConnection), and runs some workers under faketime an hour ahead or
+// blockConnection) and lost replies (onPrimaryTransactionalWrite: a lock
+// write commits and its connection is closed before the reply, so the
+// driver's retry is answered from the server's record; or, with
+// failBeforeCommitExceptionCode, it fails uncommitted), and runs some
+// workers under faketime an hour ahead or
 // behind.  At the end it stops the workers and runs the
 // checker (check.lua) on the log; its TAP output and exit status are ours.
 //
@@ -82,7 +86,12 @@ const FAULTS = [
   { kind: 'error11600-update', data: { failCommands: ['update'], errorCode: 11600 } },
   { kind: 'block-findAndModify', data: { failCommands: ['findAndModify'], blockConnection: true, blockTimeMS: 300 } },
   { kind: 'block-update', data: { failCommands: ['update'], blockConnection: true, blockTimeMS: 300 } },
+  // onPrimaryTransactionalWrite is not scoped to an appName: it hits the
+  // next retryable writes of anyone, and here only the workers write
+  { kind: 'lost-reply', failPoint: 'onPrimaryTransactionalWrite', data: {} },
+  { kind: 'fail-before-commit', failPoint: 'onPrimaryTransactionalWrite', data: { failBeforeCommitExceptionCode: 91 } },
 ];
+const FAIL_POINTS = ['failCommand', 'onPrimaryTransactionalWrite'];
 
 async function main() {
   const o = parseArgs(process.argv.slice(2));
@@ -169,13 +178,16 @@ async function main() {
       await sleep(rand(0.5, 1.5) * o.faultEvery);
       if (mono() >= deadline) break;
       const f = pick(FAULTS);
-      const data = { ...f.data, appName: 'torture' };
+      const failPoint = f.failPoint || 'failCommand';
+      const data = failPoint === 'failCommand' ? { ...f.data, appName: 'torture' } : { ...f.data };
       if (data.blockConnection) data.blockTimeMS = Math.round(rand(100, 400));
       // the server labels these errors RetryableWriteError and the driver
       // retries once: a fault armed for one command is absorbed by the
-      // retry, one armed for two reaches the caller
+      // retry, one armed for two reaches the caller (a lost reply armed
+      // twice loses the replies of two writes: a retry answered from the
+      // record does not trigger it)
       try {
-        await admin.command({ configureFailPoint: 'failCommand', mode: { times: 1 + Math.floor(Math.random() * 2) }, data });
+        await admin.command({ configureFailPoint: failPoint, mode: { times: 1 + Math.floor(Math.random() * 2) }, data });
         stats.faults += 1;
         emit(`F ${f.kind} ${mono().toFixed(6)}`);
       } catch (e) {
@@ -190,7 +202,7 @@ async function main() {
   stopping = true;
   emit(`X end ${mono().toFixed(6)}`);
   fs.writeFileSync(stopfile, '');
-  await admin.command({ configureFailPoint: 'failCommand', mode: 'off' }).catch(() => {});
+  for (const fp of FAIL_POINTS) await admin.command({ configureFailPoint: fp, mode: 'off' }).catch(() => {});
   const until = mono() + 10 * o.ttl + 5;
   while (workers.size && mono() < until) await sleep(0.1);
   for (const w of workers.values()) {
