@@ -246,6 +246,9 @@ describe("#unit mongolock command", function()
       { "exec", "-w", "-1", "job", "--", "true" },
       { "exec", "-E", "300", "job", "--", "true" },
       { "exec", "--on-lost=explode", "job", "--", "true" },
+      { "exec", "--ttl", "40000000", "job", "--", "true" },   -- more than a year
+      { "--server-timeout", "0", "status", "job" },
+      { "--server-timeout", "100000", "status", "job" },    -- more than a day
       { "exec", "job", "ls", "-l" },               -- option of CMD without --
       { "status" },
       { "release", "job" },                        -- no --force

@@ -80,6 +80,16 @@ _M.SERVER_TIMEOUT = SERVER_TIMEOUT
 -- finite timeout)
 local FOREVER = 365 * 86400
 
+-- a value of at most limit seconds (limit_text says it in words)
+local function at_most(convert, limit, limit_text)
+  return function(s)
+    local n, err = convert(s)
+    if n and n > limit then return nil, format("'%s' is more than %s (%d seconds)", s, limit_text, limit) end
+    return n, err
+  end
+end
+local YEAR, DAY = 365 * 86400, 86400
+
 local function exit_code(s)
   local n = tonumber(s)
   if not n or n ~= floor(n) or n < 0 or n > 255 then
@@ -115,7 +125,7 @@ function _M.parser()
   p:option("--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
   p:option("--server-timeout", "Seconds a call to the server may take before it fails "
     .. "(default: $MONGOLOCK_SERVER_TIMEOUT, else " .. SERVER_TIMEOUT .. ").")
-    :convert(seconds)
+    :convert(at_most(seconds, DAY, "a day"))
 
   local e = p:command("exec", [[
 Run a command while holding the lock NAME, renewing the lease while it runs.
@@ -146,7 +156,8 @@ exit 69 if the command exited 0).]])
       .. "without -w or -n: wait for ever)."):convert(seconds_or_zero),
     e:flag("-n --nonblock", "Fail at once when the lock is held (one attempt).")
   )
-  e:option("--ttl", "Lease length in seconds; renewed every ttl/3.", "30"):convert(seconds)
+  e:option("--ttl", "Lease length in seconds (at most a year); renewed every ttl/3.", "30")
+    :convert(at_most(seconds, YEAR, "a year"))
   e:option("-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
     :convert(exit_code)
   e:option("--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
@@ -221,7 +232,8 @@ local function server_timeout(args)
   return SERVER_TIMEOUT
 end
 
--- uri with the driver's timeouts for a server timeout of t seconds, each
+-- For a library without the server_timeout connect option: uri with the
+-- driver's timeouts for a server timeout of t seconds, each
 -- unless the URI gives it: serverSelectionTimeoutMS and connectTimeoutMS t,
 -- socketTimeoutMS t plus a second (a change stream's getMore waits up to a
 -- second for an event before it answers)
@@ -253,8 +265,15 @@ local function open_locks(args)
   if not uri or uri == "" then
     fail(EXIT.usage, "no server given: use --uri URI or set MONGODB_URI")
   end
-  uri = _M.uri_with_timeouts(uri, server_timeout(args))
-  local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app })
+  local copts = { appname = args.app }
+  local defaults = mongolock.connect_defaults
+  if type(defaults) == "table" and defaults.server_timeout ~= nil then
+    -- the library bounds its calls itself (the URI's options win there too)
+    copts.server_timeout = server_timeout(args)
+  else
+    uri = _M.uri_with_timeouts(uri, server_timeout(args))
+  end
+  local ok, client, err = pcall(mongolock.connect, uri, copts)
   if not ok then fail(EXIT.usage, "%s", tostring(client)) end
   if not client then
     if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
