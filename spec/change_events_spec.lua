@@ -1,0 +1,229 @@
+-- #integration: the change events of every write the library makes on a
+-- lock document, as mongod 5.0+ emits them (doc/design.md, "Change events
+-- of the lock writes"), and which of them the library's own change-stream
+-- filter passes, in which process, for which waiter.
+--
+-- Two processes are played in this one: tags TA and TB, each with the
+-- library's own stream (core.op_watch: the pipeline csrc/protocol.c builds)
+-- read by the library's own parser (core.parse_events).  Waiters are made
+-- with the library's own commands (core.op_acquire, op_release, ...).  A
+-- plain $changeStream beside them shows each event as the server sent it.
+local helpers = require "helpers"
+local core = require "mongolock.core"
+
+local null = core.null
+
+local TA, TB = ("a"):rep(16), ("b"):rep(16)
+local WA, WB, WC = ("1a"):rep(16), ("2b"):rep(16), ("3c"):rep(16)
+
+-- the keys of a table, sorted
+local function keys(t)
+  local out = {}
+  for k in pairs(t or {}) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
+describe("#integration change events of the lock writes", function()
+  local client, cc, DB, coll, name
+  local raw, sa, sb           -- a plain change stream; the library's, for TA and TB
+
+  local function run(op)
+    local reply, err = cc:run(op)
+    assert(reply, err)
+    return reply
+  end
+
+  -- a waiter's attempt, as acquire makes it (the waiter id is the owner id)
+  local function attempt(w, tag)
+    local reply = run(core.op_acquire({ db = DB, coll = coll, name = name, owner = w, ttl_ms = 60000,
+      host = "events", pid = 1, app = "events", waiter = w, tag = tag, queue_ms = 60000, polling = false }))
+    return assert(core.parse_acquire(reply, w))
+  end
+
+  local function filtered(tag, t, i)
+    local b = core.parse_events(run(core.op_watch({ db = DB, coll = coll, tag = tag, t = t, i = i })), tag)
+    assert.equal(0, #b.events)
+    return { tag = tag, id = b.cursor_id }
+  end
+  -- what the library's stream of that process passes next (await: ms to wait)
+  local function passed(s, await)
+    return core.parse_events(run(core.op_getmore({ db = DB, coll = coll, cursor_id = s.id, await_ms = await })),
+      s.tag).events
+  end
+
+  -- the next event of the plain stream
+  local function event()
+    for _ = 1, 10 do
+      local id = raw.id
+      if type(id) == "number" then id = core.Int64(id) end
+      local r = assert(cc:command(DB, { getMore = id }, { collection = coll, maxTimeMS = 1000 }))
+      raw.id = r.cursor.id
+      local ev = r.cursor.nextBatch[1]
+      if ev then
+        assert.equal(1, #r.cursor.nextBatch)
+        return ev
+      end
+    end
+    error("no change event")
+  end
+
+  -- checks that exactly the processes in `who` (tag -> next expected) got
+  -- the event through their filter
+  local function woken(who)
+    for _, s in ipairs({ sa, sb }) do
+      local want = who[s.tag]
+      local evs = passed(s, want and 5000 or 300)
+      if want then
+        assert.equal(1, #evs, "passed in " .. s.tag)
+        assert.equal(name, evs[1].id)
+        assert.equal(want, evs[1].next, "the waiter named in " .. s.tag)
+      else
+        assert.equal(0, #evs, "nothing passes in " .. s.tag)
+      end
+    end
+  end
+
+  setup(function()
+    client = helpers.connect({ appname = "events" })
+    cc = client._core
+    DB = helpers.database
+    coll = helpers.unique("events")
+    name = helpers.unique("events-lock")
+    assert(cc:command(DB, { create = coll }))
+    local r = assert(cc:command(DB, { ping = 1 }))
+    local t, i = r.operationTime.t, r.operationTime.i
+    local cs = assert(cc:command(DB, { aggregate = coll },
+      { pipeline = { { ["$changeStream"] = { startAtOperationTime = r.operationTime } } }, cursor = {} }))
+    raw = { id = cs.cursor.id }
+    sa, sb = filtered(TA, t, i), filtered(TB, t, i)
+  end)
+  teardown(function() client:close() end)
+
+  it("acquire of a new lock: an insert, which wakes nobody", function()
+    assert.is_true(attempt(WA, TA).won)
+    local ev = event()
+    assert.equal("insert", ev.operationType)
+    assert.equal(WA, ev.fullDocument.owner)
+    woken({})
+  end)
+
+  it("queueing: the queue alone, as the whole array or the appended element; wakes nobody", function()
+    assert.is_false(attempt(WB, TB).won)
+    local ev = event()
+    assert.equal("update", ev.operationType)
+    -- [] to [entry]: the array diff {a, u0} would be larger than the array
+    assert.same({ "queue" }, keys(ev.updateDescription.updatedFields))
+    assert.equal(WB, ev.updateDescription.updatedFields.queue[1].w)
+    assert.is_false(attempt(WC, TA).won)
+    ev = event()
+    assert.same({ "queue.1" }, keys(ev.updateDescription.updatedFields))
+    assert.equal(WC, ev.updateDescription.updatedFields["queue.1"].w)
+    assert.equal(0, #ev.updateDescription.removedFields)
+    assert.equal(0, #ev.updateDescription.truncatedArrays)
+    woken({})
+  end)
+
+  it("a waiter's next attempt: its entry's until alone; wakes nobody", function()
+    assert.is_false(attempt(WB, TB).won)
+    local ev = event()
+    assert.same({ "queue.0.until" }, keys(ev.updateDescription.updatedFields))
+    woken({})
+  end)
+
+  it("extend: expiresAt alone; wakes nobody", function()
+    assert.equal(1, core.parse_update(run(core.op_extend({ db = DB, coll = coll, name = name, owner = WA,
+      ttl_ms = 120000 }))))
+    local ev = event()
+    assert.same({ "expiresAt" }, keys(ev.updateDescription.updatedFields))
+    woken({})
+  end)
+
+  it("release with waiters: owner null, expiresAt, next = the first waiter; wakes that waiter alone", function()
+    assert.equal(1, core.parse_update(run(core.op_release({ db = DB, coll = coll, name = name, owner = WA }))))
+    local ev = event()
+    assert.equal("update", ev.operationType)
+    local u = ev.updateDescription.updatedFields
+    assert.same({ "expiresAt", "next", "owner" }, keys(u))
+    assert.equal(null, u.owner)
+    assert.equal(TB .. WB, u.next)
+    woken({ [TB] = TB .. WB })
+  end)
+
+  it("leave of the waiter the release was handed to: the queue without it, next = the next waiter", function()
+    assert.equal(1, core.parse_update(run(core.op_leave({ db = DB, coll = coll, name = name, waiter = WB, tag = TB }))))
+    local ev = event()
+    local u = ev.updateDescription.updatedFields
+    -- [B, C] to [C]: element 0 rewritten whole and the array cut, larger
+    -- than the new array itself, so the whole array
+    assert.same({ "next", "queue" }, keys(u))
+    assert.equal(TA .. WC, u.next)
+    assert.equal(1, #u.queue)
+    assert.equal(WC, u.queue[1].w)
+    woken({ [TA] = TA .. WC })
+  end)
+
+  it("acquire by the waiter named: owner and lease set, the queue without it, next null; wakes nobody", function()
+    assert.is_true(attempt(WC, TA).won)
+    local ev = event()
+    assert.equal("update", ev.operationType)
+    local u = ev.updateDescription.updatedFields
+    assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue", "token" }, keys(u))
+    assert.equal(WC, u.owner)
+    assert.equal(null, u.next)
+    assert.equal(0, #u.queue)
+    woken({})
+  end)
+
+  it("force release with nobody queued: owner null and expiresAt, next unchanged; wakes every waiter", function()
+    assert.equal(1, core.parse_update(run(core.op_force_release({ db = DB, coll = coll, name = name }))))
+    local ev = event()
+    local u = ev.updateDescription.updatedFields
+    assert.same({ "expiresAt", "owner" }, keys(u))
+    assert.equal(null, u.owner)
+    woken({ [TA] = "", [TB] = "" })
+  end)
+
+  it("a queue cut at its end is reported in truncatedArrays, and wakes nobody", function()
+    -- A holds; B then C queue; C leaves: [B, C] to [B]
+    assert.is_true(attempt(WA, TA).won)
+    event()
+    assert.is_false(attempt(WB, TB).won)
+    event()
+    assert.is_false(attempt(WC, TA).won)
+    event()
+    woken({})
+    assert.equal(1, core.parse_update(run(core.op_leave({ db = DB, coll = coll, name = name, waiter = WC, tag = TA }))))
+    local ev = event()
+    assert.same({}, keys(ev.updateDescription.updatedFields))
+    assert.equal(1, #ev.updateDescription.truncatedArrays)
+    assert.equal("queue", ev.updateDescription.truncatedArrays[1].field)
+    assert.equal(1, ev.updateDescription.truncatedArrays[1].newSize)
+    woken({})
+  end)
+
+  describe("document locks", function()
+    it("write-and-unlock: the caller's fields, the owner field null, the time field; wakes every waiter", function()
+      local docs = client:documents(DB, coll, { ttl = 30 })
+      local doc, h = docs:lock("d1", { insert = { status = "new" } })
+      assert.is_table(doc, h)
+      assert.equal("insert", event().operationType)
+      -- the library's stream for document locks watches the owner field
+      local r = assert(cc:command(DB, { ping = 1 }))
+      local b = core.parse_events(run(core.op_watch({ db = DB, coll = coll, tag = TA, field = "lockId",
+        t = r.operationTime.t, i = r.operationTime.i })), TA)
+      local ds = { tag = TA, id = b.cursor_id }
+      assert.is_true(h:release({ status = "done" }))
+      local ev = event()
+      assert.equal("update", ev.operationType)
+      local u = ev.updateDescription.updatedFields
+      assert.same({ "lockExpires", "lockId", "status" }, keys(u))
+      assert.equal(null, u.lockId)
+      assert.equal("done", u.status)
+      local evs = passed(ds, 5000)
+      assert.equal(1, #evs)
+      assert.equal("d1", evs[1].id)
+      assert.equal("", evs[1].next)
+    end)
+  end)
+end)
