@@ -30,7 +30,8 @@
  *   the child and the flags, so a signal arriving after the look leaves a
  *   byte that makes the next poll() return at once.
  * - A spawned child starts with every signal unblocked and the trapped ones
- *   at their default disposition; the pipe is close-on-exec.
+ *   (and SIGTTOU, which proc.trap ignores) at their default disposition;
+ *   the pipe is close-on-exec.
  */
 #define _GNU_SOURCE             /* pipe2, posix_spawn_file_actions_addtcsetpgrp_np */
 #include <errno.h>
@@ -138,7 +139,7 @@ static int foreground_tty(void) {
   return -1;
 }
 
-/* proc.trap(): installs the handlers (idempotent) */
+/* proc.trap(): installs the handlers (idempotent), and ignores SIGTTOU */
 static int l_trap(lua_State *L) {
   struct sigaction sa;
   size_t i;
@@ -156,11 +157,16 @@ static int l_trap(lua_State *L) {
     sigaction(trapped[i], &sa, NULL);
   sa.sa_flags |= SA_NOCLDSTOP;
   sigaction(SIGCHLD, &sa, NULL);
+  /* this process writes its messages to the terminal while a child's
+   * group has it: never stopped for that, even under stty tostop */
+  sa.sa_handler = SIG_IGN;
+  sa.sa_flags = 0;
+  sigaction(SIGTTOU, &sa, NULL);
   return 0;
 }
 
-/* proc.untrap(): the trapped signals and SIGCHLD back to their default
- * disposition (the pipe stays for a later proc.trap) */
+/* proc.untrap(): the trapped signals, SIGCHLD and SIGTTOU back to their
+ * default disposition (the pipe stays for a later proc.trap) */
 static int l_untrap(lua_State *L) {
   struct sigaction sa;
   size_t i;
@@ -171,6 +177,7 @@ static int l_untrap(lua_State *L) {
   for (i = 0; i < NTRAPPED; i++)
     sigaction(trapped[i], &sa, NULL);
   sigaction(SIGCHLD, &sa, NULL);
+  sigaction(SIGTTOU, &sa, NULL);
   return 0;
 }
 
@@ -232,6 +239,7 @@ static int l_spawn(lua_State *L) {
   for (i = 0; i < NTRAPPED; i++) sigaddset(&dflt, trapped[i]);
   sigaddset(&dflt, SIGCHLD);
   sigaddset(&dflt, SIGPIPE);
+  sigaddset(&dflt, SIGTTOU);
   if ((err = posix_spawnattr_init(&attr)) != 0)
     return push_errno(L, "posix_spawnattr_init", err);
   if ((err = posix_spawn_file_actions_init(&fa)) != 0) {
