@@ -582,6 +582,46 @@ describe("#integration mongolock command", function()
       assert.matches("done", text, 1, true)
     end)
 
+    it("on a terminal, the command reads it, and ^Z stops the job and fg continues it", function()
+      local name = helpers.unique("jobctl")
+      local dir = os.tmpname(); os.remove(dir)
+      assert(os.execute("mkdir " .. q(dir) .. " && mkfifo " .. q(dir .. "/in")))
+      -- an interactive shell on a pseudo-terminal runs mongolock as a job
+      local p = assert(io.popen(format("script -qfec 'bash --norc --noprofile -i' /dev/null <%s >%s 2>&1 & echo $!",
+        q(dir .. "/in"), q(dir .. "/out"))))
+      local script_pid = tonumber(p:read("*l"))
+      p:close()
+      local tty = assert(io.open(dir .. "/in", "w"))
+      -- whatever happens: the terminal goes away (SIGHUP to its session)
+      finally(function()
+        pcall(tty.close, tty)
+        os.execute(format("kill -KILL %d 2>/dev/null; rm -rf %s", script_pid, q(dir)))
+      end)
+      local function out() return read(dir .. "/out"):gsub("\r", "") end
+      local function type_(s) tty:write(s); tty:flush() end
+      -- the command reads a line from the terminal (from a background
+      -- group it would be stopped by SIGTTIN), then waits for a file ('' keeps
+      -- the word "finished" out of the terminal's echo of the line)
+      type_(cli_words(a("exec", name, "--", "sh", "-c",
+        "read l; echo got-$l; while [ ! -e \"$1\" ]; do sleep 0.05; done; echo fin''ished", "sh", dir .. "/go"))
+        .. "\n")
+      poll(function() return (locks:status(name) or {}).held end, 20, "the lock taken")
+      core.sleep(0.3)
+      type_("hello\n")
+      poll(function() return out():find("got-hello", 1, true) end, 20, "the line read")
+      type_("\26")                -- ^Z
+      poll(function() return out():find("Stopped", 1, true) end, 20, "the job stopped")
+      assert(os.execute("touch " .. q(dir .. "/go")))
+      core.sleep(0.3)
+      assert.is_nil(out():find("finished", 1, true), "the command ran on while stopped")
+      type_("fg; echo rc=$?\n")
+      poll(function() return out():find("rc=%d") end, 20, "the job's end")
+      type_("exit\n")
+      local text = out()
+      assert.matches("finished\nrc=0", text)
+      assert.is_false(locks:status(name).held)
+    end)
+
     it("ends a wait for the lock on SIGTERM with 143, running nothing", function()
       local name = helpers.unique("sigwait")
       local h = assert(locks:acquire(name))
