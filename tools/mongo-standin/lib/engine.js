@@ -705,6 +705,8 @@ COMMANDS.update = function (cmd) {
       if (s.u === undefined) fail(40414, "BSON field 'update.updates.u' is missing but a required field");
       if (!V.isPlainDoc(s.q)) fail(14, "BSON field 'update.updates.q' is the wrong type, expected type 'object'");
       const coll = this.store.coll(cmd.$db, name, false);
+      // mongod's write_ops_exec.cpp: a multi update is no retryable write
+      if (this.txn && V.truthy(s.multi)) fail(72, 'Cannot use (or request) retryable writes with multi=true');
       this.beforeStmt();
       const r = this.updateOne(coll, cmd.$db, name, s.q, s.u, { multi: V.truthy(s.multi), upsert: V.truthy(s.upsert) }, vars);
       n += r.n;
@@ -743,6 +745,7 @@ COMMANDS.delete = function (cmd) {
       const limit = V.num(s.limit);
       if (limit !== 0 && limit !== 1) fail(9, `The limit field in delete objects must be 0 or 1. Got ${limit}`);
       const coll = this.store.coll(cmd.$db, name, false);
+      if (this.txn && limit === 0) fail(72, 'Cannot use (or request) retryable writes with limit=0');
       this.beforeStmt();
       const docs = this.select(coll, s.q, vars, limit === 1 ? 1 : Infinity);
       let removed = 0;

@@ -73,7 +73,7 @@ test('failBeforeCommitExceptionCode: the write is not committed; the retry appli
   await fp({ times: 1 }, { failBeforeCommitExceptionCode: 1, closeConnection: false });
   const session = client.startSession();
   try {
-    const r = await client.db(db.databaseName).command({ insert: 'before', documents: [{ _id: 'x' }], txnNumber: Long.fromNumber(1) }, { session });
+    const r = await client.db(db.databaseName).command({ insert: 'before', documents: [{ _id: 'x' }], txnNumber: Long.fromNumber(Date.now()) }, { session });
     assert.equal(r.n, 0);
     assert.equal(r.writeErrors[0].code, 1);
   } finally { await session.endSession(); }
@@ -85,13 +85,14 @@ test('a retried batch that had write errors skips the statements it applied and 
   const d = client.db(db.databaseName);
   try {
     await d.collection('batch').insertOne({ _id: 0, v: 0 });
-    const ins = { insert: 'batch', documents: [{ _id: 1 }, { _id: 0 }, { _id: 2 }], ordered: false, txnNumber: Long.fromNumber(5) };
+    const base = Date.now(); // above the numbers a pooled server session may have used
+    const ins = { insert: 'batch', documents: [{ _id: 1 }, { _id: 0 }, { _id: 2 }], ordered: false, txnNumber: Long.fromNumber(base + 5) };
     for (let i = 0; i < 2; i++) {
       const r = await d.command(ins, { session });
       assert.equal(r.n, 2, `insert attempt ${i}`);
       assert.deepEqual(r.writeErrors.map((e) => [e.index, e.code]), [[1, 11000]], `insert attempt ${i}`);
     }
-    const upd = { update: 'batch', ordered: false, txnNumber: Long.fromNumber(6), updates: [
+    const upd = { update: 'batch', ordered: false, txnNumber: Long.fromNumber(base + 6), updates: [
       { q: { _id: 0 }, u: { $inc: { v: 1 } } },
       { q: { _id: 1 }, u: { $set: { _id: 9 } } },
       { q: { _id: 'new' }, u: { $inc: { v: 1 } }, upsert: true },
@@ -103,7 +104,7 @@ test('a retried batch that had write errors skips the statements it applied and 
       assert.deepEqual(r.upserted, [{ index: 2, _id: 'new' }], `update attempt ${i}`);
       assert.deepEqual(r.writeErrors.map((e) => [e.index, e.code]), [[1, 66]], `update attempt ${i}`);
     }
-    const del = { delete: 'batch', ordered: true, txnNumber: Long.fromNumber(7), deletes: [
+    const del = { delete: 'batch', ordered: true, txnNumber: Long.fromNumber(base + 7), deletes: [
       { q: { _id: 'new' }, limit: 1 }, { q: { $foo: 1 }, limit: 1 }, { q: { _id: 2 }, limit: 1 }] };
     for (let i = 0; i < 2; i++) {
       const r = await d.command(del, { session });
@@ -112,5 +113,29 @@ test('a retried batch that had write errors skips the statements it applied and 
     }
     assert.deepEqual(await d.collection('batch').find().sort({ _id: 1 }).toArray(),
       [{ _id: 0, v: 1 }, { _id: 1 }, { _id: 2, v: 1 }]);
+  } finally { await session.endSession(); }
+});
+
+// mongod refuses a multi-document statement inside a retryable write, per
+// statement (write_ops_exec.cpp; jstests/replsets/retryable_writes_direct_ops
+// "Only the update statements with multi=true in a batch fail")
+test('a retryable write refuses multi updates and limit: 0 deletes, statement by statement', async () => {
+  const session = client.startSession();
+  const d = client.db(db.databaseName);
+  try {
+    await d.collection('multi').insertMany([{ _id: 1, x: 1 }, { _id: 2, x: 1 }]);
+    // the pool may hand this session a server session used before: numbers above any earlier ones
+    const base = Date.now();
+    const u = await d.command({ update: 'multi', ordered: false, txnNumber: Long.fromNumber(base), updates: [
+      { q: { _id: 1 }, u: { $set: { y: 1 } } }, { q: { x: 1 }, u: { $set: { z: 1 } }, multi: true }] }, { session });
+    assert.equal(u.n, 1);
+    assert.deepEqual(u.writeErrors.map((e) => [e.index, e.code]), [[1, 72]]);
+    const r = await d.command({ delete: 'multi', ordered: false, txnNumber: Long.fromNumber(base + 1), deletes: [
+      { q: { x: 1 }, limit: 0 }, { q: { _id: 2 }, limit: 1 }] }, { session });
+    assert.equal(r.n, 1);
+    assert.deepEqual(r.writeErrors.map((e) => [e.index, e.code]), [[0, 72]]);
+    assert.deepEqual(await d.collection('multi').find().toArray(), [{ _id: 1, x: 1, y: 1 }]);
+    // without a txnNumber they are ordinary writes
+    assert.equal((await d.collection('multi').updateMany({ x: 1 }, { $set: { z: 2 } })).modifiedCount, 1);
   } finally { await session.endSession(); }
 });
