@@ -198,6 +198,9 @@ class Engine {
       checkFields(ALIASES[name] || name, cmd);
       const rw = retryableWrite(name, cmd);
       this.txn = null;
+      if (cmd.txnNumber !== undefined && !this.replset) {
+        fail(20, 'Transaction numbers are only allowed on a replica set member or mongos');
+      }
       if (rw) {
         const rec = this.retryRecord(rw);
         if (name === 'findAndModify' && rec.body) return this.reply({ ...rec.body });

@@ -62,6 +62,9 @@ test('--standalone reports a standalone server without change streams', { skip: 
       (e) => e.code === 40573);
     await c.db('x').collection('c').insertOne({ a: 1 });
     assert.equal(await c.db('x').collection('c').countDocuments(), 1);
+    // no retryable writes on a standalone mongod
+    await assert.rejects(c.db('x').command({ insert: 'c', documents: [{ a: 2 }], txnNumber: Long.fromNumber(1) }),
+      (e) => e.code === 20);
   } finally {
     await c.close();
     assert.equal(await s.stop(), 0);
