@@ -22,7 +22,9 @@
  *   terminal back once the child has ended, and follows a stop (^Z) the way
  *   a shell's job does: it takes the terminal back, stops this process (so
  *   the shell sees the job stopped), and on SIGCONT gives the terminal to
- *   the child's group and continues it.
+ *   the child's group and continues it.  With no job-control shell above
+ *   (mongolock leads its session: ssh -t, script -c) the child is continued
+ *   at once.
  * - Signal handlers only set a flag and write one byte to a non-blocking
  *   self-pipe (async-signal-safe); whichever thread runs the handler (the
  *   driver's threads included), the byte wakes proc.wait's poll().
@@ -279,10 +281,24 @@ static int any_caught(void) {
   return 0;
 }
 
+/* does a shell with job control (the parent, in this session, in another
+ * group) look after this process's group?  Without one the group is
+ * orphaned: the kernel discards ^Z for it, and nobody would continue it */
+static int job_control_parent(void) {
+  pid_t pp = getppid(), ppg = getpgid(pp);
+  return ppg >= 0 && ppg != getpgrp() && getsid(pp) == getsid(0);
+}
+
 /* the child stopped (^Z at its terminal, SIGSTOP): stop this process too,
- * as a shell's job, and continue the child when this process is continued */
+ * as a shell's job, and continue the child when this process is continued;
+ * with no job-control shell above, continue the child at once (as the
+ * kernel treats ^Z in an orphaned group) */
 static void follow_stop(pid_t pid) {
   int fd = tty_fd;
+  if (!job_control_parent()) {
+    kill(-pid, SIGCONT);
+    return;
+  }
   reclaim_tty();
   kill(getpid(), SIGSTOP);
   /* continued (fg, bg, kill -CONT) */
