@@ -381,8 +381,23 @@ local function percentile(sorted, p)
   return sorted[math.max(1, math.ceil(#sorted * p))]
 end
 
--- the example's database
+-- "N requests, p50 .. ms, p90 .. ms, max .. ms" of unsorted latencies (s)
+local function summary(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  return format("%d requests, p50 %.1f ms, p90 %.1f ms, max %.1f ms", #s, percentile(s, 0.5) * 1000,
+    percentile(s, 0.9) * 1000, (s[#s] or 0) * 1000)
+end
+
+-- the example's database and its lock collection (the URI's database, as
+-- resty.mongolock's default)
 local EXAMPLE_DB = "mongolock_example"
+local LOCK_COLLECTION = "nginx_locks"
+
+-- every command of the library and of the example's counter goes through
+-- these (the change stream's aggregate and getMore do not)
+local SLOW_COMMANDS = { "findAndModify", "update", "find" }
 
 describe("#integration nginx with resty.mongolock", function()
   local nginx, observer
@@ -391,6 +406,10 @@ describe("#integration nginx with resty.mongolock", function()
   -- enableTestCommands); turned off by the caller, and by teardown
   local function failpoint(spec)
     assert(require("mongolock.core")._failpoint(observer._core, spec))
+  end
+
+  local function counter_lock()
+    return assert(observer:locks({ collection = LOCK_COLLECTION }))
   end
 
   setup(function()
@@ -506,5 +525,130 @@ describe("#integration nginx with resty.mongolock", function()
 
     local log = helpers.read_file(nginx.log) or ""
     assert.is_nil(log:match("%[error%][^\n]*"), log:match("%[error%][^\n]*"))
+  end)
+
+  -- issue 12's "before" case: each call blocked a worker for its round trip
+  it("keeps /ping answering while every lock and counter command takes 200 ms (16 concurrent /incr)", function()
+    local code, body = get(nginx.port, "/reset")
+    assert.equal(200, code, body)
+    local idle = {}
+    for i = 1, 50 do
+      local t0 = socket.gettime()
+      assert.equal(200, (get(nginx.port, "/ping")))
+      idle[i] = socket.gettime() - t0
+    end
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 200 })
+    local ok, responses, pings, wall = pcall(load, nginx.port, "/incr", 16, pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print(format("# nginx, server delayed 200 ms: 16 concurrent /incr in %.2f s; /ping alone: %s", wall,
+      summary(idle)))
+    print("# nginx, server delayed 200 ms: /ping during the load: " .. summary(pings))
+    local seen = {}
+    for _, r in ipairs(responses) do
+      assert.equal(200, r.code, r.body)
+      local n = tonumber(r.body:match("^(%d+) "))
+      assert.is_nil(seen[n], "two requests wrote " .. tostring(n))
+      seen[n] = true
+    end
+    for i = 1, 16 do assert.is_true(seen[i], "no request wrote " .. i) end
+    code, body = get(nginx.port, "/count")
+    assert.equal(200, code)
+    assert.equal(16, tonumber(body:match("^(%d+)")))
+    local st = counter_lock():status("counter")
+    assert.is_false(st and st.held)
+    table.sort(pings)
+    assert.is_true(#pings >= 20, "only " .. #pings .. " /ping answered during the load")
+    -- idle, a /ping takes well under a millisecond here: 50 ms is the
+    -- margin, a blocked worker's 200 ms round trip is what it tells apart
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+  end)
+
+  it("answers /incr with an error within its lock timeout while the server does not answer; "
+     .. "/ping unaffected; the lock free afterwards", function()
+    -- every command blocked 4 s, longer than /incr-short's 1 s timeout
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 4000 })
+    local blocked_at = socket.gettime()
+    local ok, responses, pings = pcall(load, nginx.port, "/incr-short", 2, pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print("# nginx, server not answering: /ping meanwhile: " .. summary(pings))
+    for _, r in ipairs(responses) do
+      assert.equal(503, r.code, r.body)
+      assert.is_true(r.took < 2, format("/incr-short answered after %.2f s (timeout 1 s)", r.took))
+    end
+    table.sort(pings)
+    assert.is_true(#pings >= 10, "only " .. #pings .. " /ping answered meanwhile")
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+    -- the attempts sent meanwhile end after the block; one that won the
+    -- lock for a caller that had given up releases it at once (the lease,
+    -- 10 s, would free it only later)
+    local locks = counter_lock()
+    local free = poll(function()
+      local st = locks:status("counter")
+      return (st == nil or not st.held) and socket.gettime()
+    end, 9, "the lock to be free")
+    assert.is_true(free - blocked_at < 9, "the lock was held until its lease ended")
+    -- and it works again
+    local code, body = get(nginx.port, "/incr-short")
+    assert.equal(200, code, body)
+  end)
+end)
+
+describe("#integration nginx saturated: one worker, 4 thread VMs", function()
+  local nginx, observer
+  local CALLS = 64
+
+  setup(function()
+    observer = helpers.connect()
+    nginx = start_nginx({
+      locations = SPEC_LOCATIONS,
+      files = { ["gate_spec.lua"] = GATE_HANDLER, ["saturate_spec.lua"] = SATURATE_HANDLER },
+      edit = function(conf)
+        local n
+        conf, n = conf:gsub("worker_processes %d+;", "worker_processes 1;")
+        assert.equal(1, n, "the example's worker_processes moved")
+        if conf:find("lua_worker_thread_vm_pool_size %d+;") then
+          conf = conf:gsub("lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 4;")
+        else
+          conf = conf:gsub("\nhttp {\n", "%0    lua_worker_thread_vm_pool_size 4;\n", 1)
+        end
+        return conf
+      end,
+    })
+  end)
+
+  teardown(function()
+    if observer then
+      pcall(require("mongolock.core")._failpoint, observer._core, { mode = "off" })
+    end
+    if nginx then nginx:stop() end
+    if observer then observer:close() end
+  end)
+
+  it(CALLS .. " concurrent lock cycles in one worker: none refused, none lost, /ping answers", function()
+    local r = assert(observer:command(EXAMPLE_DB, { find = "counters" },
+      { filter = { _id = "saturate" }, limit = 1, singleBatch = true }))
+    local before = r.cursor.firstBatch[1] and r.cursor.firstBatch[1].n or 0
+    local pingers = open_pingers(nginx.port, 1, 2)
+    assert(require("mongolock.core")._failpoint(observer._core,
+      { mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 20 }))
+    local ok, responses, pings = pcall(load, nginx.port, "/saturate?n=" .. CALLS, 1, pingers)
+    assert(require("mongolock.core")._failpoint(observer._core, { mode = "off" }))
+    assert(ok, responses)
+    print("# nginx saturated (" .. CALLS .. " lock cycles, server delayed 20 ms): /ping meanwhile: "
+      .. summary(pings))
+    assert.equal(200, responses[1].code, responses[1].body)
+    assert.equal(format("ok %d failed 0\n", CALLS), responses[1].body)
+    r = assert(observer:command(EXAMPLE_DB, { find = "counters" },
+      { filter = { _id = "saturate" }, limit = 1, singleBatch = true }))
+    assert.equal(before + CALLS, r.cursor.firstBatch[1].n)
+    local log = helpers.read_file(nginx.log) or ""
+    assert.is_nil(log:find("no available Lua vm", 1, true))
+    table.sort(pings)
+    assert.is_true(#pings >= 10, "only " .. #pings .. " /ping answered meanwhile")
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
   end)
 end)
