@@ -45,6 +45,13 @@ Nginx.__index = Nginx
 -- the example's config on a free port.  opts.locations: text added before
 -- the example's /ping location; opts.files: name -> content written to the
 -- prefix; opts.edit(conf): the config changed further (returns it).
+local WORKER_PID = [[
+        location = /worker-pid {
+            return 200 $pid;
+        }
+
+]]
+
 local function start_nginx(opts)
   opts = opts or {}
   local example = assert(helpers.read_file(EXAMPLE))
@@ -64,10 +71,10 @@ local function start_nginx(opts)
     local port = math.random(20000, 60000)
     local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d;", port))
     assert(n == 1, "the example's listen directive moved")
-    if opts.locations then
-      conf, n = conf:gsub("\n        location = /ping {", "\n" .. opts.locations:gsub("%%", "%%%%") .. "%0")
-      assert(n == 1, "the example's /ping location moved")
-    end
+    -- /worker-pid (open_pingers) and the caller's locations
+    local locations = WORKER_PID .. (opts.locations or "")
+    conf, n = conf:gsub("\n        location = /ping {", "\n" .. locations:gsub("%%", "%%%%") .. "%0")
+    assert(n == 1, "the example's /ping location moved")
     if opts.edit then conf = opts.edit(conf) end
     local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
     f:write(conf)

@@ -17,10 +17,6 @@ local REQUESTS = 500          -- all sent at once, one connection each
 -- a location the spec adds to the example: the per-worker queue of
 -- resty.mongolock, checked from inside one request of one worker
 local SPEC_LOCATIONS = [[
-        location = /worker-pid {
-            return 200 $pid;
-        }
-
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
