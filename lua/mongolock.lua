@@ -94,7 +94,13 @@ function _M.connect(uri, opts)
   end
   local c, err = core.connect(uri, appname, w, wtimeout, pool, sst)
   if not c then return nil, err end
-  return setmetatable({ _core = c, uri = uri, appname = appname }, client_mt)
+  -- the arguments, as plain values: inside nginx a worker thread makes its
+  -- own client from them (mongolock.ngx)
+  local connect_opts = {}
+  for _, k in ipairs({ "appname", "write_concern", "wtimeout", "pool_size", "server_selection_timeout" }) do
+    connect_opts[k] = opts[k]
+  end
+  return setmetatable({ _core = c, uri = uri, appname = appname, connect_opts = connect_opts }, client_mt)
 end
 
 -- ---- the client ---------------------------------------------------------
@@ -125,6 +131,28 @@ function client_mt:command(db, cmd, opts)
   check_type(opts, "table", 3, "command", true)
   local c = self._core
   if c:closed() then return nil, "closed" end
+  -- inside nginx, where the request can yield: in a worker thread
+  -- (mongolock.ngx), the reply decoded here
+  if rawget(_G, "ngx") then
+    local transport = require "mongolock.ngx"
+    if transport.active() then
+      local ok, op = pcall(core.op_command, db, cmd, opts)
+      if not ok then
+        if type(op) == "string" then
+          op = op:gsub("^[^\n]-:%d+: ", "", 1):gsub("'op_command'", "'command'", 1)
+        end
+        error(op, 2)
+      end
+      local spec = self.ngx_spec
+      if not spec then
+        spec = transport.spec(self.uri, self.connect_opts)
+        self.ngx_spec = spec
+      end
+      local reply, err, code, ereply = transport.run(spec, op)
+      if not reply then return nil, err, code, ereply and core.bson_decode(ereply) end
+      return core.bson_decode(reply)
+    end
+  end
   -- the core checks the rest (the database name, one command name, values
   -- that BSON can hold); its complaint is raised again at our caller
   local ok, r, err, code, reply = pcall(function() return c:command(db, cmd, opts) end)

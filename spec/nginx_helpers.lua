@@ -76,6 +76,7 @@ local function start_nginx(opts)
     conf, n = conf:gsub("\n        location = /ping {", "\n" .. locations:gsub("%%", "%%%%") .. "%0")
     assert(n == 1, "the example's /ping location moved")
     if opts.edit then conf = opts.edit(conf) end
+    os.remove(log)         -- the last attempt's only
     local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
     f:write(conf)
     f:close()

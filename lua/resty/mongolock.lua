@@ -32,12 +32,14 @@
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
 local check_name = require("mongolock.locks").check_name
+local transport = require "mongolock.ngx"
+local nlocks = require "mongolock.ngx.locks"
 
 local ok_sema, semaphore = pcall(require, "ngx.semaphore")
 if not ok_sema then semaphore = nil end
 
 local type, error, pairs, tostring = type, error, pairs, tostring
-local setmetatable = setmetatable
+local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
 local math_min, math_max = math.min, math.max
 local table_remove = table.remove
 local getpid = core.getpid
@@ -101,6 +103,10 @@ local function locks_for(opts)
     local err
     locks, err = client:locks({ database = opts.database, collection = opts.collection, ttl = opts.exptime })
     if not locks then return nil, err end
+    -- inside nginx, the same locks through worker threads (mongolock.ngx):
+    -- a thread VM makes the client from the arguments the client was made with
+    locks.ngx = nlocks.context(transport.spec(client.uri, client.connect_opts), locks.database,
+      locks.collection, client.appname)
     cache.locks[key] = locks
   end
   return locks
@@ -243,6 +249,30 @@ local function gate_enter(self, gate, deadline)
   end
 end
 
+-- a lease (mongolock.ngx.locks) held by obj; if obj is collected while
+-- holding it, the lock is released from a timer (nothing may yield in
+-- __gc).  newproxy: LuaJIT's tables have no __gc.
+local newproxy = rawget(_G, "newproxy")
+local function hold(self, lease)
+  self.lease = lease
+  if not newproxy then return end
+  local p = newproxy(true)
+  getmetatable(p).__gc = function()
+    if not lease.released and not lease.lost then
+      lease.released = true
+      transport.release_later(lease.ctx.spec, core.op_release{ db = lease.ctx.db, coll = lease.ctx.coll,
+        name = lease.name, owner = lease.owner })
+    end
+  end
+  self.gc_proxy = p
+end
+
+local function unhold(self)
+  local lease = self.lease
+  self.lease, self.gc_proxy = nil, nil
+  return lease
+end
+
 -- syntax: elapsed, err = obj:lock(key)
 -- elapsed: seconds waited before the lock was won (0 at once).
 -- err: "timeout" (still held by another after opts.timeout), "locked"
@@ -250,7 +280,7 @@ end
 function _M.lock(self, key)
   -- a bad key raises here, before this object enters the gate
   check_name(key, "lock")
-  if self.handle then return nil, "locked" end
+  if self.handle or self.lease then return nil, "locked" end
   local locks, topts = self.locks, { ttl = self.exptime }
   local start = monotonic()
   local deadline = start + self.timeout
@@ -260,6 +290,22 @@ function _M.lock(self, key)
   if gate then
     local entered, gerr = gate_enter(self, gate, deadline)
     if not entered then return nil, gerr or "timeout" end
+  end
+
+  if transport.active() then
+    -- inside nginx: every round trip in a worker thread, the wait on the
+    -- event loop, the lock held as plain data (mongolock.ngx.locks)
+    local lease, err, code = nlocks.acquire(locks.ngx, key, { ttl = self.exptime,
+      timeout = math_max(0, deadline - monotonic()), step = self.step, ratio = self.ratio,
+      max_step = self.max_step, wake = nlocks.wake })
+    if not lease then
+      gate_leave(self)
+      if err == "busy" or err == "timeout" then return nil, "timeout" end
+      return nil, err, code
+    end
+    hold(self, lease)
+    if gate then gate.deadline = monotonic() + self.exptime end
+    return (waited or lease.waited) and (monotonic() - start) or 0
   end
 
   -- one try; when busy, the library's acquire for the time left: it
@@ -293,6 +339,16 @@ end
 -- lock), or "not held" (the lease had expired and the lock was taken or
 -- released meanwhile: the critical section was not exclusive to its end).
 function _M.unlock(self)
+  local lease = self.lease
+  if lease then
+    local ok, err, code = nlocks.release(lease)
+    if ok or err == "not held" then
+      unhold(self)
+      gate_leave(self)
+    end
+    if not ok then return nil, err, code end
+    return 1
+  end
   local h = self.handle
   if not h then return nil, "unlocked" end
   self.handle = nil
@@ -310,9 +366,22 @@ function _M.expire(self, timeout)
   if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout <= 0 or timeout == math.huge) then
     error("bad argument #1 to 'expire' (positive number expected, got " .. tostring(timeout) .. ")", 2)
   end
+  local t = timeout or self.exptime
+  local lease = self.lease
+  if lease then
+    local ok, err, code = nlocks.extend(lease, t)
+    if not ok then
+      if err == "lost" then
+        unhold(self)
+        gate_leave(self)
+      end
+      return nil, err, code
+    end
+    if self.gate then self.gate.deadline = monotonic() + t end
+    return true
+  end
   local h = self.handle
   if not h then return nil, "unlocked" end
-  local t = timeout or self.exptime
   local ok, err, code = h:extend(t)
   if not ok then
     if err == "lost" or err == "not held" or err == "closed" then
@@ -329,6 +398,7 @@ end
 -- The fencing token of the lock held (nil when none): pass it to the
 -- resource the lock guards so that it can refuse a stale holder's writes.
 function _M.token(self)
+  if self.lease then return self.lease.token end
   local h = self.handle
   return h and h.token or nil
 end

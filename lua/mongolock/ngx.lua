@@ -1,0 +1,375 @@
+-- mongolock.ngx: MongoDB round trips off the nginx event loop.
+--
+-- Inside an nginx worker, a libmongoc call made by a handler stops every
+-- request that worker serves until the server answers.  This module sends
+-- each round trip to a thread of an nginx thread pool instead
+-- (ngx.run_worker_thread), while the request waits on the event loop:
+--
+--   local transport = require "mongolock.ngx"
+--   if transport.active() then
+--     local reply, err, code = transport.run(spec, op, deadline, on_orphan)
+--   end
+--
+-- op is one operation built by the core's pure builders (core.op_*; a BSON
+-- string), spec the plain description of a client (transport.spec), and
+-- the reply comes back as a BSON string for the core's parsers.  Only
+-- strings, numbers and tables cross to the thread.
+--
+-- nginx.conf needs a thread pool (the name is configurable):
+--
+--   thread_pool mongolock threads=8;
+--
+-- Invariants:
+-- - A job is one bounded operation (an attempt, a release, an extend, a
+--   getMore).  Waiting never happens in a thread: it stays on the event loop
+--   (ngx.sleep, ngx.semaphore).
+-- - Jobs are run by at most max_running runners per worker (light threads
+--   of timers); the rest queue here, in order.  max_running stays below
+--   lua_worker_thread_vm_pool_size, so ngx.run_worker_thread never answers
+--   "no available Lua vm" to us (unless other code uses the same VMs), and
+--   nginx's own queue of the pool never overflows (its failure paths are
+--   unsafe in lua-nginx-module before 0.10.32).
+-- - The runners are timers, not the requests: a request that stops waiting
+--   (its deadline passed, it was aborted, its light thread was killed)
+--   never loses a job's result.  A job whose caller stopped waiting is
+--   "abandoned": if it had not started it never runs; if it had, its
+--   on_orphan(reply, err, code, ereply) runs in a timer when it ends (an
+--   acquisition releases the lock it won at once).  A caller that is gone
+--   without saying so (its coroutine killed) is found by the janitor: a
+--   result not taken within `grace` seconds is abandoned the same way.
+-- - Clients live in the thread VMs (mongolock.ngx.thread): one per VM and
+--   spec, made there on first use, so always after nginx forked the worker.
+-- - Per process: state made in one process (the master, init_by_lua) is
+--   never used by another (a worker).
+
+local core = require "mongolock.core"
+
+local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
+local rawget = rawget
+local monotonic = core.monotonic
+local getpid = core.getpid
+local math_max, math_min = math.max, math.min
+local unpack = table.unpack or rawget(_G, "unpack")
+
+local _M = { _VERSION = "0.1.0" }
+
+local config = {
+  thread_pool = "mongolock", -- the thread_pool directive's name
+  max_running = 8,           -- jobs in flight per worker
+  idle = 10,                 -- seconds an idle runner waits for work before it ends
+  grace = 1,                 -- seconds a result waits for its caller before it is abandoned
+  enabled = true,            -- false: round trips stay on the event loop (blocking)
+}
+
+-- Phases where a request can yield (ngx.sleep, ngx.semaphore).
+local yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+
+local semaphore
+local function ngx_api()
+  local ngx = rawget(_G, "ngx")
+  if not ngx or not ngx.run_worker_thread or not ngx.get_phase then return nil end
+  if semaphore == nil then
+    local ok, s = pcall(require, "ngx.semaphore")
+    semaphore = ok and s or false
+  end
+  if not semaphore then return nil end
+  return ngx
+end
+
+-- transport.configure{thread_pool =, max_running =, idle =, grace =, enabled =}
+-- (init_by_lua, or before the first round trip): raises on a bad option
+function _M.configure(opts)
+  if type(opts) ~= "table" then
+    error("bad argument #1 to 'configure' (table expected, got " .. type(opts) .. ")", 2)
+  end
+  for k, v in pairs(opts) do
+    if config[k] == nil then
+      error("bad argument #1 to 'configure' (unknown option '" .. tostring(k) .. "')", 2)
+    end
+    if k == "thread_pool" then
+      if type(v) ~= "string" or v == "" then
+        error("bad argument #1 to 'configure' (thread_pool: a thread pool's name expected)", 2)
+      end
+    elseif k == "enabled" then
+      if type(v) ~= "boolean" then
+        error("bad argument #1 to 'configure' (enabled: boolean expected)", 2)
+      end
+    elseif type(v) ~= "number" or v ~= v or v <= 0 or v == math.huge
+        or (k == "max_running" and v % 1 ~= 0) then
+      error("bad argument #1 to 'configure' (" .. k .. ": a positive "
+        .. (k == "max_running" and "integer" or "number of seconds") .. " expected)", 2)
+    end
+  end
+  for k, v in pairs(opts) do config[k] = v end
+end
+
+function _M.config()
+  local t = {}
+  for k, v in pairs(config) do t[k] = v end
+  return t
+end
+
+-- true when round trips made from here go to a worker thread: inside an
+-- nginx worker with ngx.run_worker_thread, in a phase that can yield
+function _M.active()
+  if not config.enabled then return false end
+  local ngx = ngx_api()
+  if not ngx then return false end
+  return yieldable[ngx.get_phase()] == true
+end
+
+-- true inside nginx in a phase that cannot yield (init_worker, set, header
+-- and body filters, log, balancer, ...): round trips made there block
+function _M.blocking_phase()
+  local ngx = ngx_api()
+  if not ngx then return false end
+  local phase = ngx.get_phase()
+  return not yieldable[phase] and phase ~= "init"
+end
+
+-- spec = transport.spec(uri, opts): the plain description of a client
+-- (mongolock.connect's arguments) that a thread VM makes its client from;
+-- equal arguments give equal keys, so they share a client in each VM
+function _M.spec(uri, opts)
+  local o, keys = {}, {}
+  for k, v in pairs(opts or {}) do
+    if type(v) == "string" or type(v) == "number" or type(v) == "boolean" then
+      o[k] = v
+      keys[#keys + 1] = k
+    end
+  end
+  table.sort(keys)
+  local key = { uri }
+  for _, k in ipairs(keys) do key[#key + 1] = k .. "=" .. tostring(o[k]) end
+  return { key = table.concat(key, "\0"), uri = uri, opts = o }
+end
+
+-- ---- per-process state ---------------------------------------------------
+
+local state
+
+local function get_state()
+  local pid = getpid()
+  if state and state.pid == pid then return state end
+  state = {
+    pid = pid,
+    queue = {}, first = 1, last = 0,  -- jobs not started, in order
+    runners = 0,                      -- runners alive
+    idle = {},                        -- idle runners' semaphores, most recent last
+    unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
+    released = {},                    -- release ops of collected locks (spec, op)
+    janitor = false,
+    stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0 },
+  }
+  return state
+end
+
+local function push(st, job)
+  st.last = st.last + 1
+  st.queue[st.last] = job
+  local queued = st.last - st.first + 1
+  if queued > st.stats.max_queued then st.stats.max_queued = queued end
+end
+
+local function pop(st)
+  while st.first <= st.last do
+    local job = st.queue[st.first]
+    st.queue[st.first] = nil
+    st.first = st.first + 1
+    -- a caller that gave up before its job started: nothing was sent
+    if job.state ~= "abandoned" then return job end
+  end
+  return nil
+end
+
+local function orphan(st, job)
+  st.stats.orphans = st.stats.orphans + 1
+  if not job.on_orphan then return end
+  local ngx = rawget(_G, "ngx")
+  local ok, err = ngx.timer.at(0, function()
+    local pok, perr = pcall(job.on_orphan, unpack(job.result, 1, 4))
+    if not pok then ngx.log(ngx.ERR, "mongolock: ", tostring(perr)) end
+  end)
+  if not ok then ngx.log(ngx.ERR, "mongolock: cannot release what an abandoned job acquired: ", err) end
+end
+
+-- one job, in a runner
+local function execute(st, job)
+  local ngx = rawget(_G, "ngx")
+  job.state = "running"
+  st.stats.jobs = st.stats.jobs + 1
+  local running = st.runners - #st.idle
+  if running > st.stats.max_running then st.stats.max_running = running end
+  local ok, reply, err, code, ereply = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
+    job.spec, job.op)
+  if not ok then
+    st.stats.errors = st.stats.errors + 1
+    local why = tostring(reply)
+    if why:find("not found", 1, true) then
+      why = why .. " (nginx.conf needs 'thread_pool " .. config.thread_pool .. " threads=N;')"
+    end
+    reply, err, code, ereply = nil, "worker thread: " .. why, nil, nil
+  end
+  job.result = { reply, err, code, ereply }
+  if job.state == "abandoned" then
+    st.stats.abandoned = st.stats.abandoned + 1
+    return orphan(st, job)
+  end
+  job.state = "done"
+  job.sema:post(1)
+  if job.on_orphan then
+    job.delivered_at = monotonic()
+    st.unclaimed[#st.unclaimed + 1] = job
+  end
+end
+
+local function runner(premature, st)
+  local ngx = rawget(_G, "ngx")
+  local me
+  while true do
+    local job = pop(st)
+    if job then
+      local ok, err = pcall(execute, st, job)
+      if not ok then
+        ngx.log(ngx.ERR, "mongolock: ", tostring(err))
+        if job.state == "running" then
+          job.result = { nil, tostring(err) }
+          job.state = "done"
+          job.sema:post(1)
+        end
+      end
+    else
+      if premature or ngx.worker.exiting() then break end
+      me = me or semaphore.new(0)
+      st.idle[#st.idle + 1] = me
+      local woken = me:wait(config.idle)
+      if not woken then
+        -- still listed: nobody chose this runner; it ends
+        local listed = false
+        for i = #st.idle, 1, -1 do
+          if st.idle[i] == me then
+            table.remove(st.idle, i)
+            listed = true
+            break
+          end
+        end
+        if listed and st.first > st.last then break end
+      end
+    end
+  end
+  st.runners = st.runners - 1
+end
+
+-- the janitor: results nobody took, and releases of collected locks
+local function janitor(premature, st)
+  local ngx = rawget(_G, "ngx")
+  local now = monotonic()
+  local keep = {}
+  for _, job in ipairs(st.unclaimed) do
+    if job.state == "done" then
+      if premature or now - job.delivered_at > config.grace then
+        job.state = "abandoned"
+        st.stats.abandoned = st.stats.abandoned + 1
+        orphan(st, job)
+      else
+        keep[#keep + 1] = job
+      end
+    end
+  end
+  st.unclaimed = keep
+  if #st.released > 0 then
+    local list = st.released
+    st.released = {}
+    for _, r in ipairs(list) do
+      local reply, err = _M.run(r.spec, r.op)
+      if not reply then ngx.log(ngx.WARN, "mongolock: release of a collected lock: ", tostring(err)) end
+    end
+  end
+end
+
+local function start_janitor(st)
+  if st.janitor then return end
+  local ngx = rawget(_G, "ngx")
+  local ok, err = ngx.timer.every(0.5, janitor, st)
+  if ok then st.janitor = true
+  else ngx.log(ngx.ERR, "mongolock: no janitor timer: ", err) end
+end
+
+local function dispatch(st)
+  local n = #st.idle
+  if n > 0 then
+    local sema = st.idle[n]
+    st.idle[n] = nil
+    sema:post(1)
+    return true
+  end
+  if st.runners < config.max_running then
+    local ngx = rawget(_G, "ngx")
+    local ok, err = ngx.timer.at(0, runner, st)
+    if ok then
+      st.runners = st.runners + 1
+    elseif st.runners == 0 then
+      return nil, "cannot start a runner: " .. tostring(err)
+    end
+  end
+  return true
+end
+
+local FOREVER = 3600
+
+-- reply, err, code, ereply = transport.run(spec, op [, deadline [, on_orphan]])
+-- Runs op in a worker thread; the calling request waits on the event
+-- loop.  deadline (core.monotonic() time): the caller stops waiting then and
+-- gets nil, "timeout"; the job still runs if it had started, and
+-- on_orphan(reply, err, code, ereply) is called with its outcome (in a
+-- timer).  Must be called where transport.active() is true.
+function _M.run(spec, op, deadline, on_orphan)
+  local ngx = ngx_api()
+  if not ngx then error("mongolock.ngx: not inside an nginx worker with ngx.run_worker_thread", 2) end
+  local st = get_state()
+  start_janitor(st)
+  local sema = semaphore.new(0)
+  local job = { spec = spec, op = op, sema = sema, state = "queued", on_orphan = on_orphan }
+  push(st, job)
+  local ok, err = dispatch(st)
+  if not ok then
+    job.state = "abandoned"
+    return nil, err
+  end
+  while true do
+    local wait = FOREVER
+    if deadline then wait = math_max(0, math_min(FOREVER, deadline - monotonic())) end
+    local woken = sema:wait(wait)
+    if woken or job.state == "done" then break end
+    if deadline and monotonic() >= deadline then
+      job.state = "abandoned"
+      return nil, "timeout"
+    end
+  end
+  if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
+  job.state = "taken"
+  return unpack(job.result, 1, 4)
+end
+
+-- transport.release_later(spec, op): runs op (a release) from a timer
+-- soon; for __gc, where nothing may yield
+function _M.release_later(spec, op)
+  local st = get_state()
+  st.released[#st.released + 1] = { spec = spec, op = op }
+end
+
+-- counters of this worker: jobs, abandoned, orphans, errors, max_queued,
+-- max_running; and now: runners, idle, queued
+function _M.stats()
+  local st = get_state()
+  local t = {}
+  for k, v in pairs(st.stats) do t[k] = v end
+  t.runners, t.idle, t.queued = st.runners, #st.idle, st.last - st.first + 1
+  return t
+end
+
+return _M

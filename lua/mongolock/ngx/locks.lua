@@ -1,0 +1,260 @@
+-- mongolock.ngx.locks: named locks inside nginx, each round trip one job of
+-- mongolock.ngx (a worker thread), the lock itself plain data on the event
+-- loop.  The commands are the core's (core.op_* builders and core.parse_*
+-- parsers): the same documents, queue, tokens and server time as the C
+-- handles of mongolock.locks.
+--
+--   local nlocks = require "mongolock.ngx.locks"
+--   local ctx = nlocks.context(spec, database, collection, app)
+--   local lease, err, info = nlocks.acquire(ctx, name, opts)
+--   nlocks.extend(lease, ttl); nlocks.release(lease)
+--
+-- A lease is { name, owner, token, ttl, deadline (local monotonic time the
+-- lease surely ends by), ctx }.
+--
+-- Invariants:
+-- - Every wait is on the event loop (ngx.sleep, ngx.semaphore through
+--   mongolock.ngx.watch); a job is one attempt, release, extend or leave.
+-- - An attempt whose caller stopped waiting (its timeout passed while the
+--   attempt was in flight) never leaves a lock held by nobody: if it won,
+--   the lock is released as soon as its reply comes; if it queued the
+--   waiter, the waiter leaves the queue.
+-- - Where a request cannot yield, the same ops run on this process's own
+--   client, blocking (as every round trip did before mongolock.ngx).
+
+local core = require "mongolock.core"
+local mongolock = require "mongolock"
+local transport = require "mongolock.ngx"
+local backoff = require "mongolock.backoff"
+
+local type, tostring = type, tostring
+local rawget = rawget
+local monotonic = core.monotonic
+local getpid = core.getpid
+local math_min, math_max, math_ceil = math.min, math.max, math.ceil
+
+local _M = {
+  _VERSION = "0.1.0",
+  defaults = { queue_ttl = 3, expire_after = 86400, step = 0.001, ratio = 2, max_step = 0.5 },
+}
+
+local process_tag = core.process_tag or core._process_tag
+
+-- ---- running an op --------------------------------------------------------
+
+-- per process: spec key -> a client for the phases that cannot yield
+local direct = { pid = nil, clients = {} }
+
+local function direct_run(spec, op)
+  local pid = getpid()
+  if direct.pid ~= pid then direct = { pid = pid, clients = {} } end
+  local c = direct.clients[spec.key]
+  if not c then
+    local err
+    c, err = mongolock.connect(spec.uri, spec.opts)
+    if not c then return nil, err end
+    direct.clients[spec.key] = c
+  end
+  return c._core:run(op)
+end
+
+-- reply | nil, err, code, ereply: through a worker thread where the caller
+-- can yield, else here (blocking)
+local function run(spec, op, deadline, on_orphan)
+  if transport.active() then return transport.run(spec, op, deadline, on_orphan) end
+  return direct_run(spec, op)
+end
+_M.run = run
+
+local function sleep(s)
+  if s <= 0 then return end
+  local ngx = rawget(_G, "ngx")
+  if transport.active() then return ngx.sleep(s) end
+  return core.sleep(s)
+end
+
+-- ---- the context ------------------------------------------------------------
+
+-- ctx = nlocks.context(spec, database, collection [, app [, expire_after]])
+function _M.context(spec, db, coll, app, expire_after)
+  return {
+    spec = spec, db = db, coll = coll, app = app,
+    expire_after = expire_after or _M.defaults.expire_after,
+    host = core.hostname(),
+  }
+end
+
+-- the TTL index, once per process, spec, database and collection
+local indexed = {}
+
+local function ensure_index(ctx, deadline)
+  local key = ctx.spec.key .. "\0" .. ctx.db .. "\0" .. ctx.coll
+  if indexed[key] == getpid() then return true end
+  local reply, err, code = run(ctx.spec, core.op_ensure_index{ db = ctx.db, coll = ctx.coll,
+    expire_after = math_ceil(ctx.expire_after) }, deadline)
+  -- 85/86: an index on expiresAt exists with other options; it serves
+  if not reply and code ~= 85 and code ~= 86 then return nil, err, code end
+  indexed[key] = getpid()
+  return true
+end
+
+-- ---- release, extend, leave -------------------------------------------------
+
+local function release_op(ctx, name, owner)
+  return core.op_release{ db = ctx.db, coll = ctx.coll, name = name, owner = owner }
+end
+
+-- an attempt's reply that shows owner holding the lock: release it (true)
+local function release_if_won(ctx, name, owner, reply)
+  if type(reply) ~= "string" then return false end
+  local ok, r = pcall(core.parse_acquire, reply, owner)
+  if ok and r and r.won then
+    local rel, err = run(ctx.spec, release_op(ctx, name, owner))
+    local ngx = rawget(_G, "ngx")
+    if ngx and ngx.log then
+      if rel then
+        ngx.log(ngx.WARN, "mongolock: '", name, "' was won after its caller gave up: released")
+      else
+        ngx.log(ngx.ERR, "mongolock: '", name, "' was won after its caller gave up; release failed: ",
+          tostring(err))
+      end
+    end
+    return true
+  end
+  return false
+end
+
+local function leave(ctx, name, waiter, tag)
+  return run(ctx.spec, core.op_leave{ db = ctx.db, coll = ctx.coll, name = name, waiter = waiter, tag = tag })
+end
+
+-- leave the queue without waiting for it (the caller's time is up)
+local function leave_later(ctx, name, waiter, tag)
+  local ngx = rawget(_G, "ngx")
+  if transport.active() then
+    ngx.timer.at(0, function() pcall(leave, ctx, name, waiter, tag) end)
+  else
+    pcall(leave, ctx, name, waiter, tag)
+  end
+end
+
+-- true | nil, "not held" | nil, err, code
+function _M.release(lease)
+  local ctx = lease.ctx
+  local reply, err, code = run(ctx.spec, release_op(ctx, lease.name, lease.owner))
+  if not reply then return nil, err, code end
+  lease.released = true
+  local n = core.parse_update(reply)
+  if n == 1 then return true end
+  return nil, "not held"
+end
+
+-- true | nil, "lost" | nil, err, code
+function _M.extend(lease, ttl)
+  local ctx = lease.ctx
+  local started = monotonic()
+  local reply, err, code = run(ctx.spec, core.op_extend{ db = ctx.db, coll = ctx.coll, name = lease.name,
+    owner = lease.owner, ttl_ms = math_ceil(ttl * 1000) })
+  if not reply then return nil, err, code end
+  if core.parse_update(reply) == 1 then
+    lease.deadline = started + ttl
+    lease.ttl = ttl
+    return true
+  end
+  lease.lost = true
+  return nil, "lost"
+end
+
+-- ---- acquire ----------------------------------------------------------------
+
+-- lease | nil, "busy" | "timeout", info | nil, err, code
+-- opts: ttl, timeout (0: one attempt, "busy" when held), step, ratio,
+-- max_step, queue_ttl; wake (optional): function(name, waiter, info,
+-- seconds) that waits up to seconds for a hand-off on the event loop and
+-- returns true when it waited (mongolock.ngx.watch), nil when it cannot
+-- (then this polls with backoff)
+function _M.acquire(ctx, name, opts)
+  local ttl = opts.ttl
+  local ttl_ms = math_ceil(ttl * 1000)
+  local timeout = opts.timeout or 0
+  local deadline = monotonic() + timeout
+  local ok, err, code = ensure_index(ctx, deadline)
+  if not ok then return nil, err, code end
+  local d = _M.defaults
+  local queue_ttl = opts.queue_ttl or d.queue_ttl
+  local waiter, tag
+  if timeout > 0 then
+    waiter, err = core.waiter_id()
+    if not waiter then return nil, err end
+    tag = process_tag()
+  end
+  local owner = waiter or core.random_owner()
+  local pid = getpid()
+  local queued, polling = false, opts.wake == nil
+  local step = opts.step or d.step
+  local attempt = {
+    db = ctx.db, coll = ctx.coll, name = name, owner = owner, ttl_ms = ttl_ms,
+    host = ctx.host, pid = pid, app = ctx.app,
+    waiter = waiter, tag = tag, queue_ms = waiter and math_ceil(queue_ttl * 1000) or nil,
+  }
+
+  local function give_up(...)
+    if queued then leave_later(ctx, name, waiter, tag) end
+    return nil, ...
+  end
+
+  -- the outcome of an attempt nobody waits for any more
+  local function orphaned(reply, _, _, ereply)
+    if not release_if_won(ctx, name, owner, reply or ereply) and waiter then
+      pcall(leave, ctx, name, waiter, tag)
+    end
+  end
+
+  while true do
+    local started = monotonic()
+    attempt.polling = waiter and polling or nil
+    local op = core.op_acquire(attempt)
+    local reply, aerr, acode, ereply = run(ctx.spec, op, deadline, orphaned)
+    if not reply then
+      if aerr == "timeout" and acode == nil then
+        -- the transport's: the attempt never started, or is still in
+        -- flight and orphaned() deals with its outcome
+        return give_up("timeout")
+      end
+      -- a write concern error comes after the write: a reply showing us as
+      -- the owner is released again
+      release_if_won(ctx, name, owner, ereply)
+      return give_up(aerr, acode)
+    end
+    local info, perr = core.parse_acquire(reply, owner)
+    if not info then return give_up(perr) end
+    if info.won then
+      return { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl, ctx = ctx }
+    end
+    if not waiter then return nil, "busy", info end
+    queued = queued or info.position ~= nil
+    local now = monotonic()
+    if now >= deadline then return give_up("timeout", info) end
+    -- until the next attempt: the caller's deadline, the refresh of our
+    -- place in the queue, the holder's lease end (first in line only)
+    local left = deadline - now
+    if info.position ~= nil then left = math_min(left, started + queue_ttl / 2 - now) end
+    local remaining = info.remaining
+    if type(remaining) == "number" and remaining >= 0 and (info.position == nil or info.position == 1) then
+      left = math_min(left, remaining + 0.001)
+    end
+    local waited = false
+    if opts.wake and left > 0 then
+      waited = opts.wake(name, waiter, info, left)
+      polling = not waited
+    end
+    if not waited then
+      local delay
+      delay, step = backoff.delay(step, opts.ratio or d.ratio, opts.max_step or d.max_step,
+        (type(remaining) == "number" and remaining > 0) and remaining or nil, math_max(0, left), core.random())
+      sleep(delay)
+    end
+  end
+end
+
+return _M
