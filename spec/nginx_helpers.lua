@@ -6,7 +6,8 @@
 --   local nx = require "nginx_helpers"
 --   local nginx = nx.start({ locations =, files =, edit = })  -- :stop()
 --   nx.get(port, path)                      code, body (one connection)
---   nx.open_pingers(port, workers, per)     keep-alive /ping connections
+--   nx.open_pingers(port, workers, per)     keep-alive connections, per worker
+--   nx.keepalive_get(sock, path)            code, body on one of them
 --   nx.load(port, path, n, pingers, opts)   n requests at once, /ping timed
 --   nx.percentile(sorted, p), nx.summary(latencies)
 local helpers = require "helpers"
@@ -323,6 +324,7 @@ _M.sh = sh
 _M.poll = poll
 _M.get = get
 _M.open_pingers = open_pingers
+_M.keepalive_get = keepalive_get
 _M.load = load
 _M.percentile = percentile
 _M.summary = summary

@@ -78,10 +78,11 @@ local function add_one(key, token)
   return n + 1
 end
 
--- the guarded read-modify-write of counter document key: n, seconds
--- waited for the lock | nil, message, HTTP status.  opts: lock options
--- replacing the example's (the specs use a short timeout).
-function _M.guarded_add(key, opts)
+-- the guarded read-modify-write of counter document key under the lock
+-- lock_name ("counter"): n, seconds waited for the lock | nil, message, HTTP
+-- status.  opts: lock options replacing the example's (the specs use a
+-- short timeout).
+function _M.guarded_add(key, opts, lock_name)
   local o = lock_opts
   if opts then
     o = {}
@@ -90,8 +91,9 @@ function _M.guarded_add(key, opts)
   end
   local lock, err = resty_mongolock:new(o)
   if not lock then return nil, "mongolock: " .. tostring(err), 500 end
-  local elapsed, lerr = lock:lock("counter")
-  if not elapsed then return nil, "lock counter: " .. tostring(lerr), 503 end
+  lock_name = lock_name or "counter"
+  local elapsed, lerr = lock:lock(lock_name)
+  if not elapsed then return nil, "lock " .. lock_name .. ": " .. tostring(lerr), 503 end
   local n, serr = add_one(key, lock:token())
   local ok, uerr = lock:unlock()
   if not n then return nil, "counter: " .. tostring(serr), 500 end

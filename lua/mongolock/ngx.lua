@@ -163,7 +163,9 @@ local function get_state()
     unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
     released = {},                    -- release ops of collected locks (spec, op)
     janitor = false,
-    stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0 },
+    stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
+              vm_refusals = 0 },
+    cap = nil,                        -- below max_running after "no available Lua vm"
   }
   return state
 end
@@ -206,6 +208,18 @@ local function execute(st, job)
   if running > st.stats.max_running then st.stats.max_running = running end
   local ok, reply, err, code, ereply = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
     job.spec, job.op)
+  if not ok and reply == "no available Lua vm" then
+    -- other code holds VMs too, or lua_worker_thread_vm_pool_size is below
+    -- max_running: nothing was sent; the job goes back to the head of the
+    -- queue and this worker runs one job fewer at once from now on
+    st.stats.vm_refusals = st.stats.vm_refusals + 1
+    st.stats.jobs = st.stats.jobs - 1
+    job.state = "queued"
+    st.first = st.first - 1
+    st.queue[st.first] = job
+    st.cap = math_max(1, math_min(st.cap or config.max_running, running - 1))
+    return "refused"
+  end
   if not ok then
     st.stats.errors = st.stats.errors + 1
     local why = tostring(reply)
@@ -234,7 +248,12 @@ local function runner(premature, st)
     local job = pop(st)
     if job then
       local ok, err = pcall(execute, st, job)
-      if not ok then
+      if ok and err == "refused" then
+        if st.runners > (st.cap or config.max_running) then break end
+        -- every VM busy although this worker is at its cap: other code's
+        -- calls hold them; look again soon
+        ngx.sleep(0.001)
+      elseif not ok then
         ngx.log(ngx.ERR, "mongolock: ", tostring(err))
         if job.state == "running" then
           job.result = { nil, tostring(err) }
@@ -307,7 +326,7 @@ local function dispatch(st)
     sema:post(1)
     return true
   end
-  if st.runners < config.max_running then
+  if st.runners < (st.cap or config.max_running) then
     local ngx = rawget(_G, "ngx")
     local ok, err = ngx.timer.at(0, runner, st)
     if ok then
@@ -363,12 +382,13 @@ function _M.release_later(spec, op)
 end
 
 -- counters of this worker: jobs, abandoned, orphans, errors, max_queued,
--- max_running; and now: runners, idle, queued
+-- max_running, vm_refusals; and now: runners, idle, queued, cap
 function _M.stats()
   local st = get_state()
   local t = {}
   for k, v in pairs(st.stats) do t[k] = v end
   t.runners, t.idle, t.queued = st.runners, #st.idle, st.last - st.first + 1
+  t.cap = st.cap or config.max_running
   return t
 end
 

@@ -167,10 +167,15 @@ end
 
 -- ---- acquire ----------------------------------------------------------------
 
+-- change-stream wake-ups on the event loop (mongolock.ngx.watch)
+function _M.wake(...)
+  return require("mongolock.ngx.watch").wake(...)
+end
+
 -- lease | nil, "busy" | "timeout", info | nil, err, code
 -- opts: ttl, timeout (0: one attempt, "busy" when held), step, ratio,
--- max_step, queue_ttl; wake (optional): function(name, waiter, info,
--- seconds) that waits up to seconds for a hand-off on the event loop and
+-- max_step, queue_ttl; wake (optional, nlocks.wake): function(ctx, name,
+-- waiter, info, seconds) that waits up to seconds for a hand-off on the event loop and
 -- returns true when it waited (mongolock.ngx.watch), nil when it cannot
 -- (then this polls with backoff)
 function _M.acquire(ctx, name, opts)
@@ -210,7 +215,9 @@ function _M.acquire(ctx, name, opts)
     end
   end
 
+  local attempts = 0
   while true do
+    attempts = attempts + 1
     local started = monotonic()
     attempt.polling = waiter and polling or nil
     local op = core.op_acquire(attempt)
@@ -229,7 +236,8 @@ function _M.acquire(ctx, name, opts)
     local info, perr = core.parse_acquire(reply, owner)
     if not info then return give_up(perr) end
     if info.won then
-      return { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl, ctx = ctx }
+      return { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl, ctx = ctx,
+               waited = attempts > 1 }
     end
     if not waiter then return nil, "busy", info end
     queued = queued or info.position ~= nil
@@ -245,7 +253,7 @@ function _M.acquire(ctx, name, opts)
     end
     local waited = false
     if opts.wake and left > 0 then
-      waited = opts.wake(name, waiter, info, left)
+      waited = opts.wake(ctx, name, waiter, info, left)
       polling = not waited
     end
     if not waited then
