@@ -115,6 +115,19 @@ local e2, err2 = d:lock(key .. "-timeout")
 out[#out + 1] = "timeout " .. tostring(e2) .. " " .. tostring(err2)
 assert(c:unlock() == 1)
 
+-- a lock object collected while it holds releases its lock (its lease,
+-- 30 s, would free it only later)
+do
+  local g = new({ exptime = 30 })
+  assert(g:lock(key .. "-collected") == 0)
+end
+collectgarbage()
+collectgarbage()
+local h = new({ timeout = 5 })
+local e3, err3 = h:lock(key .. "-collected")
+out[#out + 1] = "collected " .. (e3 and "locked" or tostring(err3))
+if e3 then h:unlock() end
+
 ngx.say(table.concat(out, "\n"))
 ]==]
 
@@ -180,7 +193,7 @@ describe("#integration nginx with resty.mongolock", function()
   it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()
     local code, body = get(nginx.port, "/gate-spec?key=" .. helpers.unique("gate"))
     assert.equal(200, code, body)
-    assert.equal("order 1,2,3,4,5\nabandoned locked\ntimeout nil timeout\n", body)
+    assert.equal("order 1,2,3,4,5\nabandoned locked\ntimeout nil timeout\ncollected locked\n", body)
   end)
 
   it("loses no update of the guarded counter under " .. REQUESTS

@@ -265,7 +265,13 @@ local function runner(premature, st)
       if premature or ngx.worker.exiting() then break end
       me = me or semaphore.new(0)
       st.idle[#st.idle + 1] = me
-      local woken = me:wait(config.idle)
+      -- in steps of a second at most: a worker that is shutting down waits
+      -- for its running timers, this one included
+      local woken
+      local idle_until = monotonic() + config.idle
+      repeat
+        woken = me:wait(math_min(1, math_max(0.001, idle_until - monotonic())))
+      until woken or ngx.worker.exiting() or monotonic() >= idle_until
       if not woken then
         -- still listed: nobody chose this runner; it ends
         local listed = false
