@@ -54,6 +54,10 @@ build = {
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
     ["mongolock.documents"] = "lua/mongolock/documents.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
+    ["mongolock.ngx"] = "lua/mongolock/ngx.lua",
+    ["mongolock.ngx.locks"] = "lua/mongolock/ngx/locks.lua",
+    ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
+    ["mongolock.ngx.watch"] = "lua/mongolock/ngx/watch.lua",
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
