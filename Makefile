@@ -88,8 +88,9 @@ CFLAGS ?= -O2 -g
 WARN := -std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror
 MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
 MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
-# csrc/proc.c is the command's own module (mongolock.proc), not the core's
-CSRC := $(filter-out csrc/proc.c,$(wildcard csrc/*.c))
+# csrc/proc.c is the command's own module (mongolock.proc), not the core's;
+# csrc/testing.c is the specs' module (mongolock.testing), never shipped
+CSRC := $(filter-out csrc/proc.c csrc/testing.c,$(wildcard csrc/*.c))
 CHDR := $(wildcard csrc/*.h)
 
 # one build tree per Lua: build/<lua>/mongolock/core.so
@@ -98,16 +99,18 @@ INC_lua5.4 := -I/usr/include/lua5.4
 INC_luajit := -I/usr/include/luajit-2.1
 CORE_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/core.so)
 PROC_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/proc.so)
+TESTING_SO := $(foreach l,$(LUAS),build/$(l)/mongolock/testing.so)
 # the other Lua versions the core supports (make test runs the #unit specs
 # under each; make build-luas builds them)
 MORE_LUAS := lua5.1 lua5.2 lua5.3
 INC_lua5.1 := -I/usr/include/lua5.1
 INC_lua5.2 := -I/usr/include/lua5.2
 INC_lua5.3 := -I/usr/include/lua5.3
-MORE_SO := $(foreach l,$(MORE_LUAS),build/$(l)/mongolock/core.so build/$(l)/mongolock/proc.so)
+MORE_SO := $(foreach l,$(MORE_LUAS),build/$(l)/mongolock/core.so build/$(l)/mongolock/proc.so \
+  build/$(l)/mongolock/testing.so)
 
 .PHONY: build
-build: deps-apt $(CORE_SO) $(PROC_SO)
+build: deps-apt $(CORE_SO) $(PROC_SO) $(TESTING_SO)
 
 .PHONY: build-luas
 build-luas: deps-luas $(MORE_SO)
@@ -116,6 +119,13 @@ build/%/mongolock/core.so: $(CSRC) $(CHDR) | deps-apt
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(MONGOC_CFLAGS) \
 	  -o $@ $(CSRC) $(MONGOC_LIBS) -lpthread
+
+# the specs' hooks (fork, fail points, the core's thread counters): built
+# next to the core for the specs and benchmarks, not in the rockspec
+build/%/mongolock/testing.so: csrc/testing.c $(CHDR) | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(MONGOC_CFLAGS) \
+	  -o $@ csrc/testing.c $(MONGOC_LIBS)
 
 # the mongolock command's child processes and signals (no libmongoc)
 build/%/mongolock/proc.so: csrc/proc.c csrc/compat.h | deps-apt
@@ -187,11 +197,11 @@ torture: deps-torture build
 # and hangs at start-up.
 ASAN_SO = build/asan/mongolock/core.so
 INC_asan := $(INC_lua5.4)
-$(ASAN_SO) build/asan/mongolock/proc.so: SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+$(ASAN_SO) build/asan/mongolock/proc.so build/asan/mongolock/testing.so: SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 ASAN_ENV = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_SPECS ?= spec
-test-asan: deps-test $(ASAN_SO) build/asan/mongolock/proc.so
+test-asan: deps-test $(ASAN_SO) build/asan/mongolock/proc.so build/asan/mongolock/testing.so
 	@LUA_CPATH='$(CURDIR)/build/asan/?.so;;' MONGOLOCK_ROOT=$(CURDIR) \
 	  tools/with-standin env $(ASAN_ENV) busted --lua=lua5.4 --filter-out=hour.off $(ASAN_SPECS)
 

@@ -17,6 +17,7 @@
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 
 local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI is not set")
 local seconds = tonumber(arg[1]) or 5
@@ -45,7 +46,7 @@ local function cycle()
 end
 
 local function ops()
-  local oc = assert(client._core:_opcounters())
+  local oc = assert(testing.opcounters(client._core))
   local t = 0
   for _, k in ipairs { "insert", "query", "update", "delete", "getmore", "command" } do
     t = t + (oc[k] or 0)

@@ -1,6 +1,7 @@
 /*
  * mongolock.Client: one libmongoc pool per process, the Lua side's
- * connection popped from it, the write concern, and error helpers.
+ * connection popped from it, the write concern, error helpers, and the
+ * registration of every Client method (client_methods below).
  *
  * Fork: the pid that made the pool is kept; in another process the pool and
  * connection are abandoned (libmongoc forbids destroying them in a child)
@@ -240,39 +241,6 @@ static int l_tostring(lua_State *L) {
 }
 
 /*
- * client:_opcounters() -> {insert=, query=, update=, delete=, getmore=,
- * command=} | nil, message, code.  One serverStatus; for tests and
- * benchmarks that count round trips.
- */
-static int l_opcounters(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
-  mongoc_client_t *mc = ml_client_get(L, c);
-  bson_t cmd = BSON_INITIALIZER, reply;
-  bson_error_t err;
-  bson_iter_t it, sub;
-  int ok;
-  BSON_APPEND_INT32(&cmd, "serverStatus", 1);
-  ok = mongoc_client_command_simple(mc, "admin", &cmd, NULL, &reply, &err);
-  bson_destroy(&cmd);
-  if (!ok) {
-    bson_destroy(&reply);
-    return ml_pusherror(L, &err);
-  }
-  lua_newtable(L);
-  if (bson_iter_init_find(&it, &reply, "opcounters") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
-      bson_iter_recurse(&it, &sub)) {
-    while (bson_iter_next(&sub)) {
-      if (BSON_ITER_HOLDS_NUMBER(&sub)) {
-        lua_pushnumber(L, (lua_Number)bson_iter_as_int64(&sub));
-        lua_setfield(L, -2, bson_iter_key(&sub));
-      }
-    }
-  }
-  bson_destroy(&reply);
-  return 1;
-}
-
-/*
  * client:get_number(db, coll, id, field) -> number | nil (no document or
  * no such field) | nil, message, code.  One find on the primary.
  * client:set_number(db, coll, id, field, value) -> true | nil, msg, code.
@@ -349,13 +317,27 @@ static int l_set_number(lua_State *L) {
   return 1;
 }
 
+/* every Client method, whichever file implements it */
 static const luaL_Reg client_methods[] = {
-  {"get_number", l_get_number},
-  {"set_number", l_set_number},
+  /* the client (this file) */
   {"close", l_close},
   {"closed", l_closed},
   {"default_database", l_default_db},
-  {"_opcounters", l_opcounters},
+  {"get_number", l_get_number},
+  {"set_number", l_set_number},
+  /* named locks (lock.c) */
+  {"acquire", ml_m_acquire},
+  {"status", ml_m_status},
+  {"list", ml_m_list},
+  {"force_release", ml_m_force_release},
+  {"leave", ml_m_leave},
+  {"ensure_index", ml_m_ensure_index},
+  /* document locks (documents.c) */
+  {"doc_acquire", ml_m_doc_acquire},
+  {"doc_status", ml_m_doc_status},
+  /* any command (command.c), any op (ops.c) */
+  {"command", ml_m_command},
+  {"run", ml_m_run},
   {NULL, NULL}
 };
 

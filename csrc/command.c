@@ -1,5 +1,6 @@
 /*
- * Generic commands on a client: client:command(db, cmd [, opts]).
+ * Generic commands on a client: client:command(db, cmd [, opts]) (registered
+ * in client.c), and the op it runs (also core.op_command, ops.c).
  *
  * Results follow the project's convention: the server's reply as a Lua
  * table, or nil, message, code, reply where code is MongoDB's error code
@@ -64,7 +65,7 @@ void ml_command_op(lua_State *L, int first, ml_op *op) {
  * the command goes in opts.  Malformed tables raise.  Write commands get
  * the client's write concern unless opts has writeConcern.
  */
-static int l_command(lua_State *L) {
+int ml_m_command(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_op op;
   int n;
@@ -72,17 +73,4 @@ static int l_command(lua_State *L) {
   n = ml_push_run(L, c, &op, 1);
   ml_op_destroy(&op);
   return n;
-}
-
-static const luaL_Reg client_command_methods[] = {
-  {"command", l_command},
-  {NULL, NULL}
-};
-
-void ml_command_open(lua_State *L) {
-  /* [module]: the methods go on mongolock.Client */
-  luaL_getmetatable(L, ML_CLIENT_MT);
-  lua_getfield(L, -1, "__index");
-  luaL_setfuncs(L, client_command_methods, 0);
-  lua_pop(L, 2);
 }

@@ -14,7 +14,6 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/wait.h>
 
 #include "mongolock.h"
 
@@ -24,13 +23,20 @@ double ml_monotonic(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+struct timespec ml_timespec(double s) {
+  struct timespec ts;
+  if (!(s > 0)) s = 0;                 /* also NaN */
+  if (s > 1e12) s = 1e12;
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  return ts;
+}
+
 void ml_sleep(double s) {
   struct timespec req, rem;
   if (!(s > 0)) return;                /* also NaN */
-  if (s > 1e9) s = 1e9;
-  req.tv_sec = (time_t)s;
-  req.tv_nsec = (long)((s - (double)req.tv_sec) * 1e9);
-  if (req.tv_nsec >= 1000000000L) req.tv_nsec = 999999999L;
+  req = ml_timespec(s > 1e9 ? 1e9 : s);
   while (nanosleep(&req, &rem) == -1 && errno == EINTR)
     req = rem;
 }
@@ -115,8 +121,9 @@ static int l_random_owner(lua_State *L) {
   return push_random_hex(L, ok, id);
 }
 
-/* core._process_tag() -> 16 hex digits, or nil, message.  INTERNAL, for
- * the specs (the prefix of the next a release sets for this process) */
+/* core.process_tag() -> 16 hex digits, or nil, message: this process's
+ * tag (a queued waiter's entry carries it; a release handed to one of its
+ * waiters sets next to it and the waiter's id) */
 static int l_process_tag(lua_State *L) {
   char tag[17];
   int ok = ml_process_tag(tag);
@@ -171,83 +178,25 @@ static int l_hostname(lua_State *L) {
   return 1;
 }
 
-/*
- * core._fork() -> 0 in the child, the child's pid in the parent, or nil,
- * message.  INTERNAL: a test hook for the fork-safety specs; the child must
- * leave with core._exit(status).  Not part of the API.
- */
-static int l_fork(lua_State *L) {
-  pid_t p;
-  fflush(NULL);
-  p = fork();
-  if (p < 0) {
-    lua_pushnil(L);
-    lua_pushstring(L, strerror(errno));
-    return 2;
-  }
-  lua_pushinteger(L, (lua_Integer)p);
-  return 1;
-}
-
-/* core._exit(status): INTERNAL test hook; _exit(2) without closing Lua */
-static int l_exit(lua_State *L) {
-  int st = (int)luaL_optinteger(L, 1, 0);
-  fflush(NULL);
-  _exit(st);
-  return 0;
-}
-
-/* core._waitpid(pid [, timeout]) -> exit status | nil, "timeout".
- * INTERNAL test hook.  With timeout (seconds), a child still running then
- * is killed (SIGKILL) and reaped, so that a child stuck after fork fails
- * its spec instead of hanging the run. */
-static int l_waitpid(lua_State *L) {
-  pid_t p = (pid_t)luaL_checkinteger(L, 1);
-  double timeout = luaL_optnumber(L, 2, -1);
-  double deadline = ml_monotonic() + timeout;
-  int st = 0;
-  pid_t r;
-  for (;;) {
-    r = waitpid(p, &st, timeout < 0 ? 0 : WNOHANG);
-    if (r == p) break;
-    if (r < 0 && errno != EINTR) {
-      lua_pushnil(L);
-      lua_pushstring(L, strerror(errno));
-      return 2;
-    }
-    if (r == 0) {
-      if (ml_monotonic() >= deadline) {
-        kill(p, SIGKILL);
-        while (waitpid(p, &st, 0) < 0 && errno == EINTR)
-          ;
-        lua_pushnil(L);
-        lua_pushliteral(L, "timeout");
-        return 2;
-      }
-      ml_sleep(0.01);
-    }
-  }
-  lua_pushinteger(L, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-  return 1;
-}
-
 static const luaL_Reg core_funcs[] = {
   {"monotonic", l_monotonic},
   {"sleep", l_sleep},
   {"random_owner", l_random_owner},
   {"waiter_id", l_random_owner},   /* a queued acquire's id: its owner id */
-  {"_process_tag", l_process_tag},
+  {"process_tag", l_process_tag},
   {"random", l_random},
   {"utf8_valid", l_utf8_valid},
   {"getpid", l_getpid},
   {"hostname", l_hostname},
-  {"_fork", l_fork},
-  {"_exit", l_exit},
-  {"_waitpid", l_waitpid},
   {NULL, NULL}
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+/* for mongolock.testing (mongolock.h) */
+static const ml_internals internals = {
+  ml_checkclient, ml_client_get, ml_renew_stats, ml_renew_flush, ml_watch_stats
+};
 
 /* libmongoc's log goes to stderr only when MONGOLOCK_LOG is set (to a
  * level: error, warning, message, info, debug); failures reach the caller
@@ -322,16 +271,16 @@ int luaopen_mongolock_core(lua_State *L);
 
 int luaopen_mongolock_core(lua_State *L) {
   pthread_once(&init_once, init_mongoc);
+  ml_renew_init();
   luaL_newlib(L, core_funcs);
   lua_pushliteral(L, "0.1.0");
   lua_setfield(L, -2, "_VERSION");
   ml_client_open(L);
   ml_lock_open(L);
-  ml_renew_open(L);
   ml_watch_open(L);
   ml_bson_open(L);
-  ml_command_open(L);
-  ml_documents_open(L);
   ml_ops_open(L);
+  lua_pushlightuserdata(L, (void *)&internals);
+  lua_setfield(L, LUA_REGISTRYINDEX, ML_INTERNALS_KEY);
   return 1;
 }

@@ -1,22 +1,23 @@
 /*
  * Locks on the application's own documents: the lock lives in two fields of
  * the document itself (owner and time, names configurable), the handle is
- * the same mongolock.Lock as for named locks (lock.c's lease).
+ * the same mongolock.Lock as for named locks (lock.c's lease, of kind
+ * ML_KIND_DOCUMENT).  The client's doc_acquire and doc_status are here
+ * (registered in client.c), and the changes a release may write.
  *
  * Acquire is one findAndModify on {_id} alone whose update pipeline takes
  * the lock only when it is free by the server's clock, and (when the caller
  * gave a document to insert) creates the document when it is missing
  * (protocol.c, ml_build_doc_acquire).  Won when the returned owner is ours.
  *
- * Release with changes (h:release(changes)) is one update that applies the
- * changes and clears the lock fields, filtered on {_id, O: ours}.
+ * Release with changes (h:release(changes), lock.c) is one update that
+ * applies the changes and clears the lock fields, filtered on {_id, O:
+ * ours}.
  */
 #include <string.h>
 #include <unistd.h>
 
 #include "mongolock.h"
-
-#define DOCHANDLES "mongolock.documents.handles"
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -108,7 +109,7 @@ static int64_t arg_lockref(lua_State *L, ml_lockref *r) {
  *    | nil, "not found"            (no such document and no insert given)
  *    | nil, message, code
  */
-static int l_doc_acquire(lua_State *L) {
+int ml_m_doc_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_lockref r;
   int64_t ttl_ms;
@@ -174,12 +175,8 @@ static int l_doc_acquire(lua_State *L) {
     s.ttl_ms = ttl_ms;
     s.started = started;
     s.renew = renew;
+    s.kind = ML_KIND_DOCUMENT;
     ml_lock_new(L, 1, &s);                          /* [.. h] */
-    lua_getfield(L, LUA_REGISTRYINDEX, DOCHANDLES);
-    lua_pushvalue(L, -2);
-    lua_pushboolean(L, 1);
-    lua_rawset(L, -3);
-    lua_pop(L, 1);
     ml_pushbson(L, &ar.value);                      /* [.. h doc] */
     bson_destroy(&id);
     bson_destroy(&reply);
@@ -203,10 +200,11 @@ static int l_doc_acquire(lua_State *L) {
 /*
  * client:doc_status(db, coll, id, ttl_ms, owner_field, time_field,
  *                   "expires" | "locked", "hex" | "uuid")
- *   -> {held, owner, remaining} | nil, "not found" | nil, message, code
+ *   -> {held, state = "held" | "expired" | "free", owner, remaining} |
+ *      nil, "not found" | nil, message, code
  * One aggregate; remaining by the server's clock.
  */
-static int l_doc_status(lua_State *L) {
+int ml_m_doc_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_lockref r;
   int64_t ttl_ms;
@@ -239,9 +237,11 @@ static int l_doc_status(lua_State *L) {
     bson_iter_recurse(&docs, &f);
     if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
     held = has_owner && rem > 0;
-    lua_createtable(L, 0, 3);
+    lua_createtable(L, 0, 4);
     lua_pushboolean(L, held);
     lua_setfield(L, -2, "held");
+    lua_pushstring(L, held ? "held" : has_owner ? "expired" : "free");
+    lua_setfield(L, -2, "state");
     if (held) {
       bson_iter_recurse(&docs, &f);
       bson_iter_find(&f, "owner");
@@ -271,8 +271,8 @@ static int touches(const char *key, const ml_lease *l) {
  * is the $set of its fields.  0 with err when malformed or when it touches
  * the lock fields or _id.
  */
-static int changes_tobson(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
-                          size_t errlen) {
+int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
+                   size_t errlen) {
   bson_t tmp = BSON_INITIALIZER;
   bson_iter_t it, sub;
   int ops = 0, plain = 0;
@@ -327,106 +327,4 @@ static int changes_tobson(lua_State *L, int idx, const ml_lease *l, bson_t *out,
   else bson_concat(out, &tmp);
   bson_destroy(&tmp);
   return 1;
-}
-
-/* the client of a handle (NULL when gone); leaves the stack as it was */
-static ml_client *handle_client(lua_State *L, int idx) {
-  ml_client *c;
-  ml_getuservalue(L, idx);
-  if (!lua_istable(L, -1)) {
-    lua_pop(L, 1);
-    return NULL;
-  }
-  lua_rawgeti(L, -1, 1);
-  c = (ml_client *)luaL_testudata(L, -1, ML_CLIENT_MT);
-  lua_pop(L, 2);
-  return c;
-}
-
-static int is_doc_handle(lua_State *L, int idx) {
-  int r;
-  lua_getfield(L, LUA_REGISTRYINDEX, DOCHANDLES);
-  lua_pushvalue(L, idx);
-  lua_rawget(L, -2);
-  r = lua_toboolean(L, -1);
-  lua_pop(L, 2);
-  return r;
-}
-
-/*
- * h:release([changes]) for every mongolock.Lock: named locks go to lock.c's
- * release (upvalue 1) and take no changes; document locks apply changes in
- * the unlocking command.
- *   -> true | nil, "lost" (no longer ours on the server) | nil, "not held"
- *      (already released) | nil, "closed" | nil, message, code
- */
-static int l_release(lua_State *L) {
-  ml_lock *h = ml_checklock(L, 1);
-  ml_lease *l = h->lease;
-  ml_client *c;
-  bson_t extra = BSON_INITIALIZER;
-  bson_error_t e;
-  char err[512];
-  int r, held, lost, has_changes = !lua_isnoneornil(L, 2);
-  if (!is_doc_handle(L, 1)) {
-    if (has_changes) return luaL_argerror(L, 2, "a named lock's release takes no changes");
-    int base = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_pushvalue(L, 1);
-    lua_call(L, 1, LUA_MULTRET);
-    return lua_gettop(L) - base;
-  }
-  if (has_changes) luaL_checktype(L, 2, LUA_TTABLE);
-  if (!l) return ml_pushfail(L, "closed", 0);
-  c = handle_client(L, 1);
-  if (!c || c->closed) return ml_pushfail(L, "closed", 0);
-  pthread_mutex_lock(&l->mu);
-  held = l->held && l->pid == getpid();
-  lost = l->lost;
-  pthread_mutex_unlock(&l->mu);
-  if (lost) return ml_pushfail(L, "lost", 0);
-  if (!held) return ml_pushfail(L, "not held", 0);
-  if (has_changes && !changes_tobson(L, 2, l, &extra, err, sizeof err)) {
-    bson_destroy(&extra);
-    return luaL_argerror(L, 2, err);
-  }
-  r = ml_lease_release(ml_client_get(L, c), c, l, has_changes ? &extra : NULL, &e);
-  bson_destroy(&extra);
-  if (r < 0) return ml_pusherror(L, &e);
-  pthread_mutex_lock(&l->mu);
-  l->held = 0;
-  if (r == 0) l->lost = 1;
-  pthread_mutex_unlock(&l->mu);
-  if (r == 0) return ml_pushfail(L, "lost", 0);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-static const luaL_Reg client_doc_methods[] = {
-  {"doc_acquire", l_doc_acquire},
-  {"doc_status", l_doc_status},
-  {NULL, NULL}
-};
-
-void ml_documents_open(lua_State *L) {
-  /* [module] */
-  lua_newtable(L);                               /* weak set of handles */
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "k");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  lua_setfield(L, LUA_REGISTRYINDEX, DOCHANDLES);
-
-  luaL_getmetatable(L, ML_CLIENT_MT);
-  lua_getfield(L, -1, "__index");
-  luaL_setfuncs(L, client_doc_methods, 0);
-  lua_pop(L, 2);
-
-  /* Lock.release gains the changes argument (document locks) */
-  luaL_getmetatable(L, ML_LOCK_MT);
-  lua_getfield(L, -1, "__methods");              /* [module, mt, methods] */
-  lua_getfield(L, -1, "release");
-  lua_pushcclosure(L, l_release, 1);
-  lua_setfield(L, -2, "release");
-  lua_pop(L, 2);
 }

@@ -1,14 +1,18 @@
 /*
- * mongolock.Lock: the lease on a lock document, and the commands on named
- * locks (acquire, status, list, force release, the TTL index).
+ * mongolock.Lock: the lease on a lock document (a named lock's or a
+ * document lock's: its kind), every Lock method, the one release path,
+ * and the client's commands on named locks (acquire, status, list, force
+ * release, leave, the TTL index; registered in client.c).
  *
  * Every command here is built by protocol.c and run by transport.c, one
  * round trip each; every time decision is made by the server ($$NOW); the
- * only local clock read is the monotonic one, for h:remaining().
+ * only local clock read is the monotonic one, for the local deadline.
  *
- * Handle states (liolib-style): open and held -> open, not held (released,
- * lost, or used from another process) -> closed (lease == NULL).  close(),
- * __close and __gc share lock_close, which is idempotent.
+ * Handle states (mongolock.h, ml_lease): held, lost, not held, closed, read
+ * by lease_state and answered alike by every method and kind.  Every way a
+ * handle ends (release, close, __close, __gc) goes through lock_end, and
+ * the release itself (there and in the renewal thread) is ml_lease_end;
+ * closing is idempotent (liolib-style: lease = NULL marks it closed).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -79,6 +83,7 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   bson_copy_to(s->id, &l->iddoc);
   if (bson_iter_init_find(&it, &l->iddoc, "_id")) bson_value_copy(bson_iter_value(&it), &l->id);
   else l->id.value_type = BSON_TYPE_NULL;
+  l->kind = s->kind;
   l->owner_field = bson_strdup(s->owner_field ? s->owner_field : ML_F_OWNER);
   l->time_field = bson_strdup(s->time_field ? s->time_field : ML_F_EXPIRES);
   l->time_mode = s->time_mode;
@@ -90,8 +95,6 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   l->deadline = s->started + (double)s->ttl_ms / 1000.0;
   l->held = 1;
   l->renew = s->renew;
-  l->queued = s->queued;
-  l->lost = 0;
   l->refs = 1;
   return l;
 }
@@ -105,7 +108,7 @@ static void lease_ref(const ml_lease *l, ml_lockref *r) {
   r->time_field = l->time_field;
   r->time_mode = l->time_mode;
   r->owner_form = l->owner_form;
-  r->queued = l->queued;
+  r->queued = l->kind == ML_KIND_NAMED;
 }
 
 /* runs an update op: documents matched (>= 0), or -1 with error set */
@@ -124,14 +127,25 @@ static int64_t run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op,
   return n;
 }
 
-int ml_lease_release(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
-                     const bson_t *extra, bson_error_t *error) {
+int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bson_t *extra,
+                 bson_error_t *error) {
   ml_lockref r;
   ml_op op;
   int64_t n;
+  pthread_mutex_lock(&l->mu);
+  l->ending = 1;
+  pthread_mutex_unlock(&l->mu);
   lease_ref(l, &r);
   ml_build_release(&op, &r, l->owner, extra);
   n = run_update(mc, c, &op, error);
+  pthread_mutex_lock(&l->mu);
+  if (n >= 0) {
+    l->held = 0;
+    if (n == 0) l->lost = 1;
+  } else {
+    l->ending = 0;              /* still held: renewal goes on */
+  }
+  pthread_mutex_unlock(&l->mu);
   if (n < 0) return -1;
   error->code = 0;
   return n > 0 ? 1 : 0;
@@ -148,12 +162,12 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
   if (n < 0) return -1;
   error->code = 0;
   pthread_mutex_lock(&l->mu);
-  if (n > 0) {
+  if (n > 0 && l->held && !l->lost) {
     /* locked-at documents expire at lockTime + the ttl every party uses:
      * the lease length does not change */
     if (l->time_mode == ML_TIME_EXPIRES_AT) l->ttl_ms = ttl_ms;
     l->deadline = started + (double)l->ttl_ms / 1000.0;
-  } else if (l->held && !l->releasing) {
+  } else if (n == 0 && l->held && !l->ending) {
     /* a release under way or done is not a loss: it cleared the owner */
     l->held = 0;
     l->lost = 1;
@@ -200,159 +214,216 @@ static ml_client *lock_client(lua_State *L, int idx) {
   return c;
 }
 
-/* held by this process? (a forked child never acts for its parent) */
-static int lease_held(ml_lease *l) {
-  int held;
+/* a handle's state (mongolock.h, ml_lease): what every method answers */
+enum { ST_HELD, ST_LOST, ST_NOT_HELD, ST_CLOSED };
+static const char *const state_names[] = {"held", "lost", "not held", "closed"};
+
+/* the state of the handle at idx; *cp its client when not closed */
+static int lease_state(lua_State *L, int idx, ml_lock *h, ml_client **cp) {
+  ml_lease *l = h->lease;
+  ml_client *c = lock_client(L, idx);
+  int st;
+  if (!l || !c || c->closed) return ST_CLOSED;
+  if (cp) *cp = c;
   pthread_mutex_lock(&l->mu);
-  held = l->held && l->pid == getpid();
+  if (l->pid != getpid()) {
+    st = ST_NOT_HELD;           /* a forked child never acts for its parent */
+  } else {
+    if (l->held && !l->ending && ml_monotonic() >= l->deadline) {
+      l->held = 0;              /* the local deadline passed: lost for good */
+      l->lost = 1;
+    }
+    st = l->lost ? ST_LOST : l->held ? ST_HELD : ST_NOT_HELD;
+  }
   pthread_mutex_unlock(&l->mu);
-  return held;
+  return st;
+}
+
+/* [-0, +3] nil, the state's name; returns 3 */
+static int push_state(lua_State *L, int st) {
+  return ml_pushfail(L, state_names[st], 0);
 }
 
 /*
- * Releases a held lease from the Lua thread.  Returns 1 released, 0 not
- * held, -1 error (error set).  On -1 the lease stays marked held: the caller
- * may retry, and the server frees it at expiry anyway.
+ * The one way a handle ends: h:release([changes]), h:close(), __close and
+ * __gc (which may hand the release to the renewal thread, from_gc).  Sends
+ * the release when the lease is held (errors of close and __gc are
+ * swallowed: the server frees the lock at the ttl).  Returns the state it
+ * ended in: ST_HELD released, ST_LOST, ST_NOT_HELD, ST_CLOSED, or -1 with
+ * error set (release only: the lease stays held).
  */
-static int lock_release(lua_State *L, int idx, ml_lease *l, const bson_t *extra,
-                        bson_error_t *error) {
-  ml_client *c = lock_client(L, idx);
-  int r;
-  if (!lease_held(l)) return 0;
-  if (!c || c->closed) {
-    bson_set_error(error, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_NOT_READY, "closed");
-    return -1;
+static int lock_end(lua_State *L, int idx, ml_lock *h, const bson_t *extra, int closing,
+                    int from_gc, bson_error_t *error) {
+  ml_client *c = NULL;
+  ml_lease *l = h->lease;
+  int st = lease_state(L, idx, h, &c), r = 1;
+  if (st == ST_HELD && c->pool && c->pid == getpid()) {
+    if (from_gc && ml_gc_handoff && ml_gc_handoff(c, l)) {
+      h->lease = NULL;          /* renew.c owns this reference now */
+      return ST_HELD;
+    }
+    r = ml_lease_end(ml_client_get(L, c), c, l, extra, error);
+    if (r == 0) st = ST_LOST;
   }
-  pthread_mutex_lock(&l->mu);
-  l->releasing = 1;
-  pthread_mutex_unlock(&l->mu);
-  r = ml_lease_release(ml_client_get(L, c), c, l, extra, error);
-  pthread_mutex_lock(&l->mu);
-  if (r >= 0) l->held = 0;
-  l->releasing = 0;
-  pthread_mutex_unlock(&l->mu);
-  return r;
+  if (closing && l) {
+    if (r < 0) {
+      pthread_mutex_lock(&l->mu);
+      l->held = 0;              /* not sent: the lease ends at its ttl */
+      pthread_mutex_unlock(&l->mu);
+    }
+    h->lease = NULL;            /* mark closed */
+    ml_lease_unref(l);
+  }
+  return r < 0 ? -1 : st;
 }
 
-/* h:release() -> true | nil, "not held" | nil, "closed" | nil, msg, code */
+/*
+ * h:release([changes]) -> true | nil, "lost" | nil, "not held" |
+ * nil, "closed" | nil, message, code.  changes (document locks only): the
+ * application's update, written by the releasing command.
+ */
 static int l_release(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
+  bson_t extra = BSON_INITIALIZER;
   bson_error_t err;
-  int r;
-  ml_client *c = lock_client(L, 1);
-  if (!h->lease || !c || c->closed) return ml_pushfail(L, "closed", 0);
-  r = lock_release(L, 1, h->lease, NULL, &err);
-  if (r < 0) return ml_pusherror(L, &err);
-  if (r == 0) return ml_pushfail(L, "not held", 0);
+  char msg[512];
+  int st, has = !lua_isnoneornil(L, 2);
+  if (has) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if (h->keep && h->keep->kind != ML_KIND_DOCUMENT)
+      return luaL_argerror(L, 2, "a named lock's release takes no changes");
+    if (h->lease && !ml_doc_changes(L, 2, h->lease, &extra, msg, sizeof msg)) {
+      bson_destroy(&extra);
+      return luaL_argerror(L, 2, msg);
+    }
+  }
+  st = lock_end(L, 1, h, has ? &extra : NULL, 0, 0, &err);
+  bson_destroy(&extra);
+  if (st < 0) return ml_pusherror(L, &err);
+  if (st != ST_HELD) return push_state(L, st);
   lua_pushboolean(L, 1);
   return 1;
+}
+
+/* the seconds of extend's argument as milliseconds; raises at the caller
+ * ("bad argument #1 to 'extend'") unless a positive number up to a year */
+static int64_t arg_extend_ttl(lua_State *L) {
+  int64_t ms;
+  if (lua_type(L, 2) != LUA_TNUMBER)
+    luaL_error(L, "bad argument #1 to 'extend' (number expected, got %s)", luaL_typename(L, 2));
+  ms = ml_ttl_ms(lua_tonumber(L, 2) * 1000);
+  if (ms <= 0)
+    luaL_error(L, "bad argument #1 to 'extend' (ttl must be a positive, finite number of "
+                  "seconds, at most a year)");
+  return ms;
 }
 
 /* h:extend([ttl_seconds]) -> true | nil, "lost" | nil, "not held" |
  * nil, "closed" | nil, msg, code */
 static int l_extend(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  ml_lease *l = h->lease;
-  ml_client *c;
+  ml_client *c = NULL;
   bson_error_t err;
-  int64_t ttl_ms;
-  int r, lost;
-  if (!lua_isnoneornil(L, 2)) {
-    ttl_ms = ml_ttl_ms(luaL_checknumber(L, 2) * 1000);
-    luaL_argcheck(L, ttl_ms > 0, 2,
-                  "ttl must be a positive, finite number of seconds (at most a year)");
-  } else {
-    ttl_ms = 0;
+  int64_t ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
+  int st = lease_state(L, 1, h, &c), r;
+  if (st != ST_HELD) return push_state(L, st);
+  if (!ttl_ms) {
+    pthread_mutex_lock(&h->lease->mu);
+    ttl_ms = h->lease->ttl_ms;
+    pthread_mutex_unlock(&h->lease->mu);
   }
-  if (!l) return ml_pushfail(L, "closed", 0);
-  pthread_mutex_lock(&l->mu);
-  lost = l->lost;
-  if (!ttl_ms) ttl_ms = l->ttl_ms;
-  pthread_mutex_unlock(&l->mu);
-  if (lost) return ml_pushfail(L, "lost", 0);
-  if (!lease_held(l)) return ml_pushfail(L, "not held", 0);
-  c = lock_client(L, 1);
-  if (!c || c->closed) return ml_pushfail(L, "closed", 0);
-  r = ml_lease_extend(ml_client_get(L, c), c, l, ttl_ms, ml_monotonic(), &err);
+  r = ml_lease_extend(ml_client_get(L, c), c, h->lease, ttl_ms, ml_monotonic(), &err);
   if (r < 0) return ml_pusherror(L, &err);
-  if (r == 0) return ml_pushfail(L, "lost", 0);
+  if (r == 0) return push_state(L, ST_LOST);
   lua_pushboolean(L, 1);
   return 1;
 }
 
-/* h:remaining() -> seconds left by the local monotonic clock (>= 0), or
- * nil, "not held" | "lost" | "closed" */
+/* h:remaining() -> seconds left by the local monotonic clock (> 0), or
+ * nil, "lost" | "not held" | "closed" */
 static int l_remaining(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  ml_lease *l = h->lease;
+  int st = lease_state(L, 1, h, NULL);
   double left;
-  int lost;
-  if (!l) return ml_pushfail(L, "closed", 0);
-  pthread_mutex_lock(&l->mu);
-  left = l->deadline - ml_monotonic();
-  lost = l->lost;
-  pthread_mutex_unlock(&l->mu);
-  if (lost) return ml_pushfail(L, "lost", 0);
-  if (!lease_held(l)) return ml_pushfail(L, "not held", 0);
+  if (st != ST_HELD) return push_state(L, st);
+  pthread_mutex_lock(&h->lease->mu);
+  left = h->lease->deadline - ml_monotonic();
+  pthread_mutex_unlock(&h->lease->mu);
   lua_pushnumber(L, left > 0 ? left : 0);
   return 1;
 }
 
-/* h:held() -> boolean: held by this handle as far as this process knows
- * (not released, not lost, not closed, and made in this process) */
+/* h:held() -> boolean: held by this handle, as far as this process knows */
 static int l_held(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  lua_pushboolean(L, h->lease && lease_held(h->lease));
+  lua_pushboolean(L, lease_state(L, 1, h, NULL) == ST_HELD);
   return 1;
 }
 
 /*
- * Idempotent close shared by close(), __close and __gc.  Releases a lease
- * still held by this process (errors swallowed: the server frees it at
- * expiry), or hands it to background renewal when that is running (gc only).
+ * h:check() -> true | nil, "lost" | nil, "not held" | nil, "closed": may
+ * the holder still act under the lock?  No round trip: it reads what the
+ * renewal thread and the local deadline say.
  */
-static void lock_close(lua_State *L, int idx, ml_lock *h, int from_gc) {
-  ml_lease *l = h->lease;
-  bson_error_t err;
-  if (!l) return;
-  h->lease = NULL;  /* mark closed */
-  if (lease_held(l)) {
-    ml_client *c = lock_client(L, idx);
-    if (c && !c->closed && c->pool && c->pid == getpid()) {
-      if (from_gc && ml_gc_handoff && ml_gc_handoff(c, l))
-        return;  /* renew.c owns this reference now */
-      (void)ml_lease_release(ml_client_get(L, c), c, l, NULL, &err);
-    }
-    pthread_mutex_lock(&l->mu);
-    l->held = 0;
-    pthread_mutex_unlock(&l->mu);
+static int l_check(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  int st = lease_state(L, 1, h, NULL);
+  if (st != ST_HELD) return push_state(L, st);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/*
+ * h:lost() -> boolean: the lease can no longer be trusted (a renewal or
+ * extend found it gone, a release found it taken, or this process held it
+ * past its local deadline).  Once true, always true.
+ */
+static int l_lost(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  int lost;
+  (void)lease_state(L, 1, h, NULL);
+  if (!h->keep) {
+    lua_pushboolean(L, 0);
+    return 1;
   }
-  ml_lease_unref(l);
+  pthread_mutex_lock(&h->keep->mu);
+  lost = h->keep->lost;
+  pthread_mutex_unlock(&h->keep->mu);
+  lua_pushboolean(L, lost);
+  return 1;
+}
+
+/* h:token_string() -> the fencing token in decimal digits, exact under
+ * LuaJIT too (its numbers print 16 significant digits) */
+static int l_token_string(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  char buf[32];
+  bson_snprintf(buf, sizeof buf, "%lld", (long long)(h->keep ? h->keep->token : 0));
+  lua_pushstring(L, buf);
+  return 1;
 }
 
 /* h:close() -> true: releases if held; afterwards every method answers
  * nil, "closed" */
 static int l_close(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  if (h->lease) {
-    ml_lease *l = h->lease;
-    bson_error_t err;
-    int r = lock_release(L, 1, l, NULL, &err);
-    h->lease = NULL;
-    if (r < 0 && lease_held(l)) {
-      pthread_mutex_lock(&l->mu);
-      l->held = 0;
-      pthread_mutex_unlock(&l->mu);
-    }
-    ml_lease_unref(l);
-  }
+  bson_error_t err;
+  (void)lock_end(L, 1, h, NULL, 1, 0, &err);
   lua_pushboolean(L, 1);
   return 1;
 }
 
+static int l_tclose(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  bson_error_t err;
+  (void)lock_end(L, 1, h, NULL, 1, 0, &err);
+  return 0;
+}
+
 static int l_gc(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  lock_close(L, 1, h, 1);
+  bson_error_t err;
+  (void)lock_end(L, 1, h, NULL, 1, 1, &err);
   if (h->keep) {
     ml_lease_unref(h->keep);
     h->keep = NULL;
@@ -360,73 +431,58 @@ static int l_gc(lua_State *L) {
   return 0;
 }
 
-static int l_tclose(lua_State *L) {
-  ml_lock *h = ml_checklock(L, 1);
-  lock_close(L, 1, h, 0);
-  return 0;
-}
-
 static int l_tostring(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  ml_lease *l = h->lease;
-  if (!l) lua_pushliteral(L, "mongolock.Lock (closed)");
-  else if (l->id.value_type == BSON_TYPE_UTF8)
-    lua_pushfstring(L, "mongolock.Lock (%s, %s)", l->id.value.v_utf8.str,
-                    lease_held(l) ? "held" : "not held");
-  else lua_pushfstring(L, "mongolock.Lock (%p, %s)", (void *)l, lease_held(l) ? "held" : "not held");
+  int st = lease_state(L, 1, h, NULL);
+  if (st == ST_CLOSED) lua_pushliteral(L, "mongolock.Lock (closed)");
+  else if (h->keep->id.value_type == BSON_TYPE_UTF8)
+    lua_pushfstring(L, "mongolock.Lock (%s, %s)", h->keep->id.value.v_utf8.str, state_names[st]);
+  else lua_pushfstring(L, "mongolock.Lock (%p, %s)", (void *)h->keep, state_names[st]);
   return 1;
 }
 
 /* pushes the lock's _id: a string for named locks; other BSON values as
  * bson.c maps them */
-static void push_id(lua_State *L, const bson_value_t *v) {
-  switch (v->value_type) {
-  case BSON_TYPE_UTF8: lua_pushlstring(L, v->value.v_utf8.str, v->value.v_utf8.len); return;
-  case BSON_TYPE_INT32: lua_pushinteger(L, v->value.v_int32); return;
-  case BSON_TYPE_INT64: ml_pushint64(L, v->value.v_int64); return;
-  case BSON_TYPE_DOUBLE: lua_pushnumber(L, v->value.v_double); return;
-  default: {
-    bson_t tmp = BSON_INITIALIZER;
-    bson_iter_t it;
-    BSON_APPEND_VALUE(&tmp, "v", v);
-    if (bson_iter_init_find(&it, &tmp, "v")) ml_pushbsonvalue(L, &it);
-    else lua_pushnil(L);
-    bson_destroy(&tmp);
-  }
-  }
+static void push_id(lua_State *L, const ml_lease *l) {
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, &l->iddoc, "_id")) ml_pushbsonvalue(L, &it);
+  else lua_pushnil(L);
 }
 
 /*
- * __index: methods first, then the lease's data, readable after close too: name (the _id), token, owner, ttl (seconds),
- * database, collection, renew, lost.  Unknown keys give nil.
+ * __index: methods first, then the lease's data, readable after close too:
+ * name (the _id; also id), token, owner, ttl (seconds), database,
+ * collection, renew, kind ("named" | "document").  Unknown keys give nil.
  * Upvalue 1: the methods table.
  */
 static int l_index(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   const char *k;
+  ml_lease *l = h->keep;
   lua_pushvalue(L, 2);
   lua_rawget(L, lua_upvalueindex(1));
   if (!lua_isnil(L, -1) || lua_type(L, 2) != LUA_TSTRING) return 1;
   lua_pop(L, 1);
   k = lua_tostring(L, 2);
-  if (!h->keep) {
+  if (!l) {
     lua_pushnil(L);
     return 1;
   }
-  if (!strcmp(k, "name") || !strcmp(k, "id")) push_id(L, &h->keep->id);
-  else if (!strcmp(k, "token")) ml_pushint64(L, h->keep->token);
-  else if (!strcmp(k, "owner")) lua_pushstring(L, h->keep->owner);
+  if (!strcmp(k, "name") || !strcmp(k, "id")) push_id(L, l);
+  else if (!strcmp(k, "token")) ml_pushint64(L, l->token);
+  else if (!strcmp(k, "owner")) lua_pushstring(L, l->owner);
   else if (!strcmp(k, "ttl")) {
-    pthread_mutex_lock(&h->keep->mu);
-    lua_pushnumber(L, (lua_Number)h->keep->ttl_ms / 1000.0);
-    pthread_mutex_unlock(&h->keep->mu);
-  } else if (!strcmp(k, "database")) lua_pushstring(L, h->keep->db);
-  else if (!strcmp(k, "collection")) lua_pushstring(L, h->keep->coll);
-  else if (!strcmp(k, "renew") || !strcmp(k, "lost")) {
+    pthread_mutex_lock(&l->mu);
+    lua_pushnumber(L, (lua_Number)l->ttl_ms / 1000.0);
+    pthread_mutex_unlock(&l->mu);
+  } else if (!strcmp(k, "database")) lua_pushstring(L, l->db);
+  else if (!strcmp(k, "collection")) lua_pushstring(L, l->coll);
+  else if (!strcmp(k, "kind")) lua_pushstring(L, l->kind == ML_KIND_NAMED ? "named" : "document");
+  else if (!strcmp(k, "renew")) {
     int v;
-    pthread_mutex_lock(&h->keep->mu);
-    v = k[0] == 'r' ? h->keep->renew : h->keep->lost;
-    pthread_mutex_unlock(&h->keep->mu);
+    pthread_mutex_lock(&l->mu);
+    v = l->renew;
+    pthread_mutex_unlock(&l->mu);
     lua_pushboolean(L, v);
   } else lua_pushnil(L);
   return 1;
@@ -451,7 +507,7 @@ static int l_index(lua_State *L) {
  * id, so that an attempt the server applied but whose reply was lost is
  * recognised as won instead of leaving the lock held by nobody.
  */
-static int l_acquire(lua_State *L) {
+int ml_m_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_acquire_args a;
   size_t namelen;
@@ -503,7 +559,7 @@ static int l_acquire(lua_State *L) {
   s.id = &id;
   s.owner = owner;
   s.ttl_ms = a.ttl_ms;
-  s.queued = 1;
+  s.kind = ML_KIND_NAMED;
   if (ok == 0) {
     /* A write concern error comes after the write was applied: if it took
      * the lock, give it back (best effort; the lease ends at ttl anyway)
@@ -511,7 +567,7 @@ static int l_acquire(lua_State *L) {
     if (r.won) {
       ml_lease *l = lease_new(&s);
       bson_error_t err2;
-      (void)ml_lease_release(mc, c, l, NULL, &err2);
+      (void)ml_lease_end(mc, c, l, NULL, &err2);
       ml_lease_unref(l);
     }
     bson_destroy(&id);
@@ -565,7 +621,7 @@ static int run_status(lua_State *L, ml_client *c, ml_op *op) {
 
 /* client:status(db, coll, name) -> status | nil (no such lock) |
  * nil, message, code.  One aggregate. */
-static int l_status(lua_State *L) {
+int ml_m_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   size_t namelen;
@@ -581,7 +637,7 @@ static int l_status(lua_State *L) {
 }
 
 /* client:list(db, coll) -> {status, ...} sorted by name | nil, msg, code */
-static int l_list(lua_State *L) {
+int ml_m_list(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll;
   ml_op op;
@@ -593,7 +649,7 @@ static int l_list(lua_State *L) {
 /* client:force_release(db, coll, name) -> true | nil, "not held" |
  * nil, msg, code.  Frees the lock whoever holds it (one update; the
  * document and its token stay). */
-static int l_force_release(lua_State *L) {
+int ml_m_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   size_t namelen;
@@ -617,7 +673,7 @@ static int l_force_release(lua_State *L) {
  * it instead (an update of next, which wakes that waiter).  One update;
  * nothing changes when waiter is not queued.
  */
-static int l_leave(lua_State *L) {
+int ml_m_leave(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name, *w;
   size_t namelen;
@@ -637,7 +693,7 @@ static int l_leave(lua_State *L) {
 /* client:ensure_index(db, coll, expire_after_seconds) -> true |
  * nil, msg, code.  The TTL index on expiresAt (cleanup of idle documents
  * only; correctness never depends on it). */
-static int l_ensure_index(lua_State *L) {
+int ml_m_ensure_index(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll;
   lua_Integer secs;
@@ -657,36 +713,6 @@ static int l_ensure_index(lua_State *L) {
   return 1;
 }
 
-/* client:_delete(db, coll, name) -> number deleted | nil, msg, code.
- * INTERNAL, for tests: deletes a lock document as a person or the TTL
- * monitor would.  Not part of the API. */
-static int l_delete(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
-  const char *db, *coll, *name;
-  size_t namelen;
-  mongoc_collection_t *col;
-  bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply;
-  bson_error_t err;
-  bson_iter_t it;
-  int64_t n = 0;
-  int ok;
-  ml_arg_ns(L, 2, &db, &coll);
-  name = arg_name(L, 4, &namelen);
-  bson_append_utf8(&q, "_id", 3, name, (int)namelen);
-  ml_client_append_wc(c, &opts);
-  /* a retryable write, as run_update's */
-  col = mongoc_client_get_collection(ml_client_get(L, c), db, coll);
-  ok = mongoc_collection_delete_one(col, &q, &opts, &reply, &err);
-  if (ok && bson_iter_init_find(&it, &reply, "deletedCount")) n = ml_iter_int64(&it, 0);
-  mongoc_collection_destroy(col);
-  bson_destroy(&q);
-  bson_destroy(&opts);
-  bson_destroy(&reply);
-  if (!ok) return ml_pusherror(L, &err);
-  lua_pushinteger(L, (lua_Integer)n);
-  return 1;
-}
-
 /* ---- registration ------------------------------------------------------ */
 
 static const luaL_Reg lock_methods[] = {
@@ -694,46 +720,28 @@ static const luaL_Reg lock_methods[] = {
   {"extend", l_extend},
   {"remaining", l_remaining},
   {"held", l_held},
+  {"check", l_check},
+  {"lost", l_lost},
+  {"token_string", l_token_string},
   {"close", l_close},
   {NULL, NULL}
 };
 
-static const luaL_Reg client_lock_methods[] = {
-  {"acquire", l_acquire},
-  {"status", l_status},
-  {"list", l_list},
-  {"force_release", l_force_release},
-  {"leave", l_leave},
-  {"ensure_index", l_ensure_index},
-  {"_delete", l_delete},
+static const luaL_Reg lock_meta[] = {
+  {"__gc", l_gc},
+  {"__close", l_tclose},
+  {"__tostring", l_tostring},
   {NULL, NULL}
 };
 
 void ml_lock_open(lua_State *L) {
   /* [module] */
   luaL_newmetatable(L, ML_LOCK_MT);              /* [module, mt] */
-  lua_pushliteral(L, "mongolock.Lock");
+  luaL_setfuncs(L, lock_meta, 0);
+  lua_pushliteral(L, ML_LOCK_MT);
   lua_setfield(L, -2, "__name");
-  lua_pushcfunction(L, l_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, l_tclose);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, l_tostring);
-  lua_setfield(L, -2, "__tostring");
   luaL_newlib(L, lock_methods);                  /* [module, mt, methods] */
-  /* the methods table is shared: renew.c and the Lua layer may add to it
-   * (mt.__methods, module.Lock) */
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -3, "__methods");
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -4, "Lock");
   lua_pushcclosure(L, l_index, 1);               /* [module, mt, index] */
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);                                 /* [module] */
-
-  /* named-lock commands are methods of the client */
-  luaL_getmetatable(L, ML_CLIENT_MT);
-  lua_getfield(L, -1, "__index");
-  luaL_setfuncs(L, client_lock_methods, 0);
-  lua_pop(L, 2);
 }

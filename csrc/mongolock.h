@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <pthread.h>
 #include <sys/types.h>
+#include <time.h>
 #include <mongoc/mongoc.h>
 #include "compat.h"
 #include "protocol.h"
@@ -52,6 +53,10 @@ int ml_random_owner(char out[33]);
 /* this process's tag, 16 hex digits and a NUL (drawn again after fork);
  * 0 when the kernel gave no randomness */
 int ml_process_tag(char out[17]);
+
+/* seconds on CLOCK_MONOTONIC as an absolute timespec (for timed waits on
+ * condition variables with a monotonic clock), clamped to 0 .. 1e12 */
+struct timespec ml_timespec(double s);
 
 /* [-0, +0] add the Client / Lock metatables and functions to the module
  * table at the top of the stack (called once from luaopen_mongolock_core) */
@@ -122,6 +127,16 @@ void ml_pushint64(lua_State *L, int64_t v);
 /* ---- lock.c ------------------------------------------------------------ */
 
 /*
+ * What kind of lock a lease is on.  Every kind answers the same strings
+ * for the same situation; the kind decides what the document looks like:
+ *   ML_KIND_NAMED: a named lock's document (owner, expiresAt, token, the
+ *     waiter queue: release hands it to the queue's head; doc/design.md);
+ *   ML_KIND_DOCUMENT: two fields of the application's document (their
+ *     names, time mode and owner form given; release may apply changes).
+ */
+typedef enum { ML_KIND_NAMED = 0, ML_KIND_DOCUMENT = 1 } ml_kind;
+
+/*
  * What a caller of ml_lock_new describes: the lock document and the lease
  * it won.  Everything is copied by ml_lock_new; the caller keeps ownership
  * of what it passed.
@@ -139,9 +154,7 @@ typedef struct ml_lease_spec {
   double started;               /* ml_monotonic() taken just before the
                                    acquire command was sent */
   int renew;                    /* ask background renewal for this lease */
-  int queued;                   /* a named lock's document, with a waiter
-                                   queue: release hands it to the queue's
-                                   head (doc/design.md) */
+  ml_kind kind;
 } ml_lease_spec;
 
 /*
@@ -150,10 +163,19 @@ typedef struct ml_lease_spec {
  * read and written under mu once the handle is visible to another thread;
  * the others never change after ml_lock_new.
  *
- * Invariants: held == 1 from acquire until release/close/lost/expiry is
- * observed; once 0 it never becomes 1 again.  pid is the process that
- * acquired: any other process (a forked child) treats the handle as not
- * held and never sends a command for it.
+ * States (lock.c's lease_state; every method answers from it):
+ *   held      held == 1, in the process that acquired (pid);
+ *   lost      lost == 1: a renewal or an extend matched nothing, a release
+ *             found it taken, or the local deadline passed (set then);
+ *             lost never becomes 0 again;
+ *   not held  released by this handle, or asked from another process;
+ *   closed    the handle was closed, or its client was.
+ * Invariants: held == 1 from acquire until the lease ends (released or
+ * lost); once 0 it never becomes 1 again.  ending == 1 while a release is
+ * under way (and after it succeeded): a renewal that matches nothing then
+ * saw the release, not a loss.  pid is the process that acquired: any
+ * other process (a forked child) treats the handle as not held and never
+ * sends a command for it.
  */
 typedef struct ml_lease {
   pthread_mutex_t mu;
@@ -172,13 +194,11 @@ typedef struct ml_lease {
                                    extend was sent, plus ttl */
   int held;                     /* (mu) */
   int renew;                    /* (mu) background renewal wanted */
-  int lost;                     /* (mu) renewal found the lease gone */
-  int releasing;                /* (mu) the Lua side is releasing it: a
-                                   renewal that then matches nothing saw
-                                   the release, not a loss */
+  int lost;                     /* (mu) sticky, see above */
+  int ending;                   /* (mu) see above */
   int refs;                     /* (mu) 1 for the Lua handle, +1 for each
                                    thread holding it; freed at 0 */
-  int queued;                   /* see ml_lease_spec */
+  ml_kind kind;
 } ml_lease;
 
 /* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
@@ -203,14 +223,17 @@ ml_lock *ml_checklock(lua_State *L, int idx);
 void ml_lease_unref(ml_lease *l);
 
 /*
- * One command: clears the lock fields of l's document if l's owner still
- * holds it, applying `extra` (an update document of operators, e.g.
- * {$set: {...}}; may be NULL) in the same command.  extra must not touch
- * the owner or time field.  Uses the given connection (any thread).
- * Returns 1 released, 0 not held (error->code 0), -1 error (error set).
+ * The one release of a lease, whoever ends it (h:release, h:close,
+ * __close, __gc, the renewal thread for a collected handle): one command
+ * that clears the lock fields of l's document if l's owner still holds it,
+ * applying `extra` (an update document of operators, e.g. {$set: {...}};
+ * may be NULL) in the same command, then the lease's state: 1 released
+ * (held = 0), 0 it was no longer ours (held = 0, lost = 1), -1 error
+ * (error set; the lease stays held and renewed).  Uses the given
+ * connection (any thread).
  */
-int ml_lease_release(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
-                     const bson_t *extra, bson_error_t *error);
+int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bson_t *extra,
+                 bson_error_t *error);
 
 /*
  * One command: renews l's lease to ttl_ms from the server's now if l's owner
@@ -228,6 +251,27 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
  * Returns 0 to decline, then __gc releases synchronously.
  */
 extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
+
+/* Client methods on locks, implemented next to what they make and
+ * registered with the others in client.c: lock.c (named locks) ... */
+int ml_m_acquire(lua_State *L);
+int ml_m_status(lua_State *L);
+int ml_m_list(lua_State *L);
+int ml_m_force_release(lua_State *L);
+int ml_m_leave(lua_State *L);
+int ml_m_ensure_index(lua_State *L);
+/* ... documents.c (document locks) ... */
+int ml_m_doc_acquire(lua_State *L);
+int ml_m_doc_status(lua_State *L);
+/* ... command.c and ops.c */
+int ml_m_command(lua_State *L);
+int ml_m_run(lua_State *L);
+
+/* documents.c: a document lock's release changes (the table at idx) as an
+ * update of operators in out; 0 with err when malformed or when they touch
+ * the lock fields or _id */
+int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
+                   size_t errlen);
 
 /* ---- ops.c ------------------------------------------------------------- */
 
@@ -250,7 +294,7 @@ int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode);
  * MongoDB takes (protocol.c's rule) */
 void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll);
 
-/* [-0, +0] adds op_*, parse_* and client:run to the module table on top */
+/* [-0, +0] adds op_* and parse_* to the module table on top */
 void ml_ops_open(lua_State *L);
 
 /* ---- bson.c ------------------------------------------------------------ */
@@ -279,18 +323,14 @@ void ml_bson_open(lua_State *L);
  * first (raises on malformed arguments) */
 void ml_command_op(lua_State *L, int first, ml_op *op);
 
-/* [-0, +0] command.c, documents.c: add client:command and the document-lock
- * commands to mongolock.Client (after ml_client_open) */
-void ml_command_open(lua_State *L);
-void ml_documents_open(lua_State *L);
-
 /* ---- renew.c, watch.c: background renewal and change-stream waits ----- */
 
-/* [-0, +0] add the renewal and wait functions to the module table at the
- * top of the stack (after ml_lock_open: they add methods to Lock) */
-void ml_renew_open(lua_State *L);
-void ml_watch_open(lua_State *L);
+/* once per process: fork handlers, and the renewal thread as the releaser
+ * of collected handles (ml_gc_handoff) */
+void ml_renew_init(void);
 
+/* [-0, +0] adds watch_wait to the module table at the top of the stack */
+void ml_watch_open(lua_State *L);
 
 /*
  * Hands l (a lease just won whose handle asked for renewal) to c's renewal
@@ -306,5 +346,39 @@ void ml_bg_on_close(ml_client *c);
 
 /* stops and joins c's change-stream threads in this process */
 void ml_watch_stop(ml_client *c);
+
+/* ---- what the specs' module (testing.c) reads ------------------------- */
+
+/* this process's renewal thread of a client */
+typedef struct ml_renew_counts {
+  int running;
+  long leases, renewals, failures, lost, released;
+} ml_renew_counts;
+
+/* this process's change streams of a client */
+typedef struct ml_watch_counts {
+  long streams, events, reopens, getmores, failed;
+} ml_watch_counts;
+
+void ml_renew_stats(ml_client *c, ml_renew_counts *out);
+/* waits up to timeout seconds until no release of a collected handle is
+ * pending; 1 when none is */
+int ml_renew_flush(ml_client *c, double timeout);
+void ml_watch_stats(ml_client *c, ml_watch_counts *out);
+
+/*
+ * The core's internals for mongolock.testing, a module built for the specs
+ * only (csrc/testing.c): a light userdata in the registry under
+ * ML_INTERNALS_KEY, set when mongolock.core loads.  Both modules come from
+ * one build.
+ */
+#define ML_INTERNALS_KEY "mongolock.core.internals"
+typedef struct ml_internals {
+  ml_client *(*checkclient)(lua_State *L, int idx);
+  mongoc_client_t *(*client_get)(lua_State *L, ml_client *c);
+  void (*renew_stats)(ml_client *c, ml_renew_counts *out);
+  int (*renew_flush)(ml_client *c, double timeout);
+  void (*watch_stats)(ml_client *c, ml_watch_counts *out);
+} ml_internals;
 
 #endif

@@ -117,6 +117,7 @@ static void push_status(lua_State *L, const ml_status *st) {
   set_str(L, "name", st->name);
   lua_pushboolean(L, st->held);
   lua_setfield(L, -2, "held");
+  set_str(L, "state", st->held ? "held" : st->owner ? "expired" : "free");
   set_str(L, "owner", st->owner);
   set_int(L, st->has_token, "token", st->token);
   set_date(L, st->has_acquired, "acquired_at", st->acquired_ms);
@@ -460,8 +461,9 @@ int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
   return n;
 }
 
-/* client:run(op) -> reply | nil, message, code, reply (BSON strings) */
-static int l_run(lua_State *L) {
+/* client:run(op) -> reply | nil, message, code, reply (BSON strings);
+ * registered in client.c */
+int ml_m_run(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_op op;
   arg_op(L, 2, &op);
@@ -583,16 +585,7 @@ static const luaL_Reg ops_funcs[] = {
   {NULL, NULL}
 };
 
-static const luaL_Reg ops_client_methods[] = {
-  {"run", l_run},
-  {NULL, NULL}
-};
-
 void ml_ops_open(lua_State *L) {
   /* [module] */
   luaL_setfuncs(L, ops_funcs, 0);
-  luaL_getmetatable(L, ML_CLIENT_MT);
-  lua_getfield(L, -1, "__index");
-  luaL_setfuncs(L, ops_client_methods, 0);
-  lua_pop(L, 2);
 }

@@ -184,7 +184,9 @@ int64_t ml_parse_matched(const bson_t *reply);
 /* the operationTime of a reply (a replica set's); 0 when it has none */
 int ml_parse_operation_time(const bson_t *reply, uint32_t *t, uint32_t *i);
 
-/* one status document (a named lock's, from ml_build_status) */
+/* one status document (a named lock's, from ml_build_status).  Its state:
+ * held; expired (an owner whose lease ended unreleased: owner, holder and
+ * expires_ms say whose and when); free (released, or never held) */
 typedef struct ml_status {
   const char *name;                 /* NULL when not a string */
   int held;

@@ -12,7 +12,9 @@
  * 2/3 ttl).  A renewal that matches nothing marks it lost at once; a
  * renewal that fails is retried every ttl/10 (50 ms .. 1 s), and a lease
  * that reaches its local deadline without a successful renewal is marked
- * lost.  Lost means held = 0, lost = 1: the Lua side reads both.
+ * lost.  Lost means held = 0, lost = 1: the Lua side reads both.  A
+ * collected handle's release is ml_lease_end, the one release of every
+ * handle (lock.c).
  *
  * Invariants:
  * - renew_mu guards every ml_renew and its items.  The thread takes a
@@ -50,11 +52,11 @@ typedef struct ml_renew {
   pid_t pid;                    /* process the thread runs in */
   pthread_t thread;
   pthread_cond_t cv;            /* new work or stop */
-  pthread_cond_t done;          /* a release was sent (core._renew_flush) */
+  pthread_cond_t done;          /* a release was sent (ml_renew_flush) */
   renew_item *items;
   renew_item *busy;             /* item whose command runs outside renew_mu */
   int stop;
-  /* counters for core._renew_stats */
+  /* counters for ml_renew_stats */
   long renewals, failures, lost, released;
 } ml_renew;
 
@@ -100,13 +102,7 @@ static void install_atfork(void) {
 /* ---- the thread -------------------------------------------------------- */
 
 static void wait_until(pthread_cond_t *cv, double when) {
-  struct timespec ts;
-  double s;
-  if (when > 1e12) when = 1e12;
-  s = when < 0 ? 0 : when;
-  ts.tv_sec = (time_t)s;
-  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  struct timespec ts = ml_timespec(when);
   pthread_cond_timedwait(cv, &renew_mu, &ts);
 }
 
@@ -143,6 +139,8 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
     pthread_mutex_lock(&l->mu);
     if (!l->held || !l->renew || st->stop) {
       drop = 1;
+    } else if (l->ending) {
+      /* the Lua side is releasing it: no renewal, no verdict */
     } else if (now >= l->deadline) {
       l->held = 0;
       l->lost = 1;
@@ -175,11 +173,11 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
   st->busy = it;
   if (it->release) {
     pthread_mutex_unlock(&renew_mu);
-    r = ml_lease_release(mc, st->c, l, NULL, &err);
+    r = ml_lease_end(mc, st->c, l, NULL, &err);
     pthread_mutex_lock(&renew_mu);
     st->busy = NULL;
     pthread_mutex_lock(&l->mu);
-    l->held = 0;
+    l->held = 0;                /* collected: not sent is ended too */
     pthread_mutex_unlock(&l->mu);
     if (r == 1) st->released++;
     item_drop(st, it);
@@ -199,14 +197,10 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
     it->retry_at = 0;
   } else if (r == 0) {
     /* matched nothing: expired and taken, or the document is gone
-     * (ml_lease_extend marks it too; a release by the Lua side in the
-     * meantime has already cleared held and leaves it alone) */
+     * (ml_lease_extend marked it lost; a release under way or done is
+     * not a loss and leaves it alone) */
     pthread_mutex_lock(&l->mu);
-    if ((l->held || l->lost) && !l->releasing) {
-      l->held = 0;
-      l->lost = 1;
-      st->lost++;
-    }
+    if (l->lost && !l->ending) st->lost++;
     pthread_mutex_unlock(&l->mu);
   } else {
     st->failures++;
@@ -398,91 +392,27 @@ void ml_bg_on_close(ml_client *c) {
   renew_stop(c);
 }
 
-/* ---- Lua --------------------------------------------------------------- */
+/* ---- what the specs read (mongolock.testing) -------------------------- */
 
-/*
- * core._renew_stats(client) -> {running=, leases=, renewals=, failures=,
- * lost=, released=}: this process's renewal thread of client.  INTERNAL,
- * for the specs.
- */
-static int l_renew_stats(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
+void ml_renew_stats(ml_client *c, ml_renew_counts *out) {
   ml_renew *st;
   renew_item *it;
-  long n = 0;
+  memset(out, 0, sizeof *out);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid != getpid()) st = NULL;
-  lua_createtable(L, 0, 6);
-  lua_pushboolean(L, st != NULL);
-  lua_setfield(L, -2, "running");
-  if (st) {
-    for (it = st->items; it; it = it->next) n++;
-    lua_pushinteger(L, (lua_Integer)n);
-    lua_setfield(L, -2, "leases");
-    lua_pushinteger(L, (lua_Integer)st->renewals);
-    lua_setfield(L, -2, "renewals");
-    lua_pushinteger(L, (lua_Integer)st->failures);
-    lua_setfield(L, -2, "failures");
-    lua_pushinteger(L, (lua_Integer)st->lost);
-    lua_setfield(L, -2, "lost");
-    lua_pushinteger(L, (lua_Integer)st->released);
-    lua_setfield(L, -2, "released");
+  if (st && st->pid == getpid()) {
+    out->running = 1;
+    for (it = st->items; it; it = it->next) out->leases++;
+    out->renewals = st->renewals;
+    out->failures = st->failures;
+    out->lost = st->lost;
+    out->released = st->released;
   }
   pthread_mutex_unlock(&renew_mu);
-  return 1;
 }
 
-/*
- * h:lost() -> boolean: the lease can no longer be trusted: a renewal found
- * it gone, or this process held it past its local deadline.  False for a
- * released or closed handle, or in a process other than the holder's.
- */
-static int l_lost(lua_State *L) {
-  ml_lock *h = ml_checklock(L, 1);
-  ml_lease *l = h->lease;
-  int lost = 0;
-  if (l) {
-    pthread_mutex_lock(&l->mu);
-    lost = l->lost || (l->held && l->pid == getpid() && ml_monotonic() >= l->deadline);
-    pthread_mutex_unlock(&l->mu);
-  }
-  lua_pushboolean(L, lost);
-  return 1;
-}
-
-/*
- * h:check() -> true | nil, "lost" | nil, "not held" | nil, "closed": may
- * the holder still act under the lock?  No round trip: it reads what the
- * renewal thread and the local deadline say.
- */
-static int l_check(lua_State *L) {
-  ml_lock *h = ml_checklock(L, 1);
-  ml_lease *l = h->lease;
-  int lost, held;
-  double left;
-  if (!l) return ml_pushfail(L, "closed", 0);
-  pthread_mutex_lock(&l->mu);
-  lost = l->lost;
-  held = l->held && l->pid == getpid();
-  left = l->deadline - ml_monotonic();
-  pthread_mutex_unlock(&l->mu);
-  if (lost) return ml_pushfail(L, "lost", 0);
-  if (!held) return ml_pushfail(L, "not held", 0);
-  if (left <= 0) return ml_pushfail(L, "lost", 0);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/*
- * core._renew_flush(client [, timeout]) -> true | false: waits (up to
- * timeout seconds, default 10) until no release of a collected handle is
- * pending in this process.  INTERNAL, for the specs: the signal that a
- * handoff has reached the server.
- */
-static int l_renew_flush(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
-  double until = ml_monotonic() + luaL_optnumber(L, 2, 10);
+int ml_renew_flush(ml_client *c, double timeout) {
+  double until = ml_monotonic() + timeout;
   int pending = 0;
   pthread_mutex_lock(&renew_mu);
   for (;;) {
@@ -493,33 +423,13 @@ static int l_renew_flush(lua_State *L) {
     for (it = st->items; it; it = it->next)
       if (it->release) pending = 1;
     if (!pending || ml_monotonic() >= until) break;
-    {
-      struct timespec ts;
-      ts.tv_sec = (time_t)until;
-      ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
-      if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-      pthread_cond_timedwait(&st->done, &renew_mu, &ts);
-    }
+    wait_until(&st->done, until);
   }
   pthread_mutex_unlock(&renew_mu);
-  lua_pushboolean(L, !pending);
-  return 1;
+  return !pending;
 }
 
-void ml_renew_open(lua_State *L) {
-  lua_pushcfunction(L, l_renew_flush);
-  lua_setfield(L, -2, "_renew_flush");
+void ml_renew_init(void) {
   pthread_once(&atfork_once, install_atfork);
   ml_gc_handoff = renew_handoff;
-  lua_pushcfunction(L, l_renew_stats);
-  lua_setfield(L, -2, "_renew_stats");
-  /* [module] */
-  lua_getfield(L, -1, "Lock");                   /* [module, methods] */
-  if (lua_istable(L, -1)) {
-    lua_pushcfunction(L, l_lost);
-    lua_setfield(L, -2, "lost");
-    lua_pushcfunction(L, l_check);
-    lua_setfield(L, -2, "check");
-  }
-  lua_pop(L, 1);
 }

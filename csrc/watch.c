@@ -95,11 +95,7 @@ static int ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
 }
 
 static void cv_wait_until(pthread_cond_t *cv, double when) {
-  struct timespec ts;
-  double s = when < 0 ? 0 : (when > 1e12 ? 1e12 : when);
-  ts.tv_sec = (time_t)s;
-  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  struct timespec ts = ml_timespec(when);
   pthread_cond_timedwait(cv, &watch_mu, &ts);
 }
 
@@ -536,110 +532,24 @@ static int l_watch_wait(lua_State *L) {
   return 1;
 }
 
-/*
- * core._watch_stats(client) -> {streams=, events=, reopens=, getmores=,
- * failed=}: this process's streams of client.  INTERNAL, for the specs.
- */
-static int l_watch_stats(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
+void ml_watch_stats(ml_client *c, ml_watch_counts *out) {
   ml_stream *s;
-  long n = 0, ev = 0, ro = 0, gm = 0, failed = 0;
   pid_t pid = getpid();
+  memset(out, 0, sizeof *out);
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next) {
     if (s->c != c || s->pid != pid) continue;
-    if (s->state == ST_RUNNING || s->state == ST_STARTING) n++;
-    if (s->state == ST_FAILED) failed++;
-    ev += s->events;
-    ro += s->reopens;
-    gm += s->getmores;
+    if (s->state == ST_RUNNING || s->state == ST_STARTING) out->streams++;
+    if (s->state == ST_FAILED) out->failed++;
+    out->events += s->events;
+    out->reopens += s->reopens;
+    out->getmores += s->getmores;
   }
   pthread_mutex_unlock(&watch_mu);
-  lua_createtable(L, 0, 5);
-  lua_pushinteger(L, (lua_Integer)n);
-  lua_setfield(L, -2, "streams");
-  lua_pushinteger(L, (lua_Integer)ev);
-  lua_setfield(L, -2, "events");
-  lua_pushinteger(L, (lua_Integer)ro);
-  lua_setfield(L, -2, "reopens");
-  lua_pushinteger(L, (lua_Integer)gm);
-  lua_setfield(L, -2, "getmores");
-  lua_pushinteger(L, (lua_Integer)failed);
-  lua_setfield(L, -2, "failed");
-  return 1;
-}
-
-/*
- * core._failpoint(client, spec) -> true | nil, message, code.  INTERNAL, for
- * the specs: configures the failCommand fail point (mongod started with
- * enableTestCommands, or the stand-in).  spec = {mode = "alwaysOn" | "off",
- * times = n, commands = {...}, error_code = n, close_connection = bool,
- * app_name = s, block_ms = n}.
- */
-static int l_failpoint(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
-  bson_t cmd = BSON_INITIALIZER, mode, data, names, reply;
-  bson_error_t err;
-  int ok, n;
-  luaL_checktype(L, 2, LUA_TTABLE);
-  BSON_APPEND_UTF8(&cmd, "configureFailPoint", "failCommand");
-  lua_getfield(L, 2, "times");
-  if (lua_isnumber(L, -1)) {
-    BSON_APPEND_DOCUMENT_BEGIN(&cmd, "mode", &mode);
-    BSON_APPEND_INT32(&mode, "times", (int32_t)lua_tointeger(L, -1));
-    bson_append_document_end(&cmd, &mode);
-  } else {
-    lua_getfield(L, 2, "mode");
-    BSON_APPEND_UTF8(&cmd, "mode", lua_isstring(L, -1) ? lua_tostring(L, -1) : "alwaysOn");
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "data", &data);
-  BSON_APPEND_ARRAY_BEGIN(&data, "failCommands", &names);
-  lua_getfield(L, 2, "commands");
-  for (n = 1; lua_istable(L, -1); n++) {
-    char k[16];
-    lua_rawgeti(L, -1, n);
-    if (!lua_isstring(L, -1)) {
-      lua_pop(L, 1);
-      break;
-    }
-    bson_snprintf(k, sizeof k, "%d", n - 1);
-    BSON_APPEND_UTF8(&names, k, lua_tostring(L, -1));
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-  bson_append_array_end(&data, &names);
-  lua_getfield(L, 2, "error_code");
-  if (lua_isnumber(L, -1)) BSON_APPEND_INT32(&data, "errorCode", (int32_t)lua_tointeger(L, -1));
-  lua_pop(L, 1);
-  lua_getfield(L, 2, "close_connection");
-  if (lua_toboolean(L, -1)) BSON_APPEND_BOOL(&data, "closeConnection", true);
-  lua_pop(L, 1);
-  lua_getfield(L, 2, "app_name");
-  if (lua_isstring(L, -1)) BSON_APPEND_UTF8(&data, "appName", lua_tostring(L, -1));
-  lua_pop(L, 1);
-  lua_getfield(L, 2, "block_ms");
-  if (lua_isnumber(L, -1)) {
-    BSON_APPEND_BOOL(&data, "blockConnection", true);
-    BSON_APPEND_INT32(&data, "blockTimeMS", (int32_t)lua_tointeger(L, -1));
-  }
-  lua_pop(L, 1);
-  bson_append_document_end(&cmd, &data);
-  ok = mongoc_client_command_simple(ml_client_get(L, c), "admin", &cmd, NULL, &reply, &err);
-  bson_destroy(&cmd);
-  bson_destroy(&reply);
-  if (!ok) return ml_pusherror(L, &err);
-  lua_pushboolean(L, 1);
-  return 1;
 }
 
 void ml_watch_open(lua_State *L) {
-  lua_pushcfunction(L, l_failpoint);
-  lua_setfield(L, -2, "_failpoint");
   pthread_once(&atfork_once, install_atfork);
   lua_pushcfunction(L, l_watch_wait);
   lua_setfield(L, -2, "watch_wait");
-  lua_pushcfunction(L, l_watch_stats);
-  lua_setfield(L, -2, "_watch_stats");
 }

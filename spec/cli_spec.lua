@@ -5,6 +5,7 @@
 local helpers = require "helpers"
 local cjson = require "cjson"
 local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 local proc = require "mongolock.proc"
 
 local format = string.format
@@ -699,9 +700,9 @@ describe("#integration mongolock command", function()
       bg:wait_output("ready")
       assert.equal(app, locks:status(name).holder.app)
       -- from now on the server refuses every update of that process
-      assert(core._failpoint(client._core, { mode = "alwaysOn", commands = { "update" },
+      assert(testing.failpoint(client._core, { mode = "alwaysOn", commands = { "update" },
         error_code = 2, app_name = app }))
-      finally(function() core._failpoint(client._core, { mode = "off" }) end)
+      finally(function() testing.failpoint(client._core, { mode = "off" }) end)
       local code, out, err = bg:wait()
       assert.equal(7, code, err)
       assert.equal("ready\ngot TERM\n", out)
@@ -926,7 +927,7 @@ describe("#integration mongolock command", function()
       -- the holder learns it
       local ok, herr = h:release()
       assert.is_nil(ok)
-      assert.equal("not held", herr)
+      assert.equal("lost", herr)
     end)
 
     it("releases without asking with --yes, and says when there is nothing to release", function()

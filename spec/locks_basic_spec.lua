@@ -1,6 +1,7 @@
 -- #integration: named locks against the server (the stand-in, or MONGODB_URI).
 local helpers = require "helpers"
 local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 
 describe("#integration named locks", function()
   local client, locks
@@ -59,7 +60,7 @@ describe("#integration named locks", function()
     local h = assert(locks:acquire(name, { ttl = 0.3 }))
     local h2 = assert(locks:acquire(name, { timeout = 5 }))
     assert.is_true(h2.token > h.token)
-    assert.same({ nil, "not held" }, { h:release() })
+    assert.same({ nil, "lost" }, { h:release() })
     assert.is_true(h2:release())
   end)
 
@@ -161,7 +162,7 @@ describe("#integration named locks", function()
     assert.is_true(h2.token > h.token)
     assert.same({ nil, "lost" }, { h:extend() })
     assert.same({ nil, "lost" }, { h:remaining() })
-    assert.same({ nil, "not held" }, { h:release() })
+    assert.same({ nil, "lost" }, { h:release() })
     assert.is_true(h2:release())
   end)
 
@@ -171,11 +172,11 @@ describe("#integration named locks", function()
     core.sleep(0.15)          -- the lease ends by the server's clock ...
     local h2 = assert(locks:acquire(name, { timeout = 5 }))   -- ... and is taken
     assert.same({ nil, "lost" }, { h:extend(10) })
-    assert.same({ nil, "not held" }, { h:release() })
+    assert.same({ nil, "lost" }, { h:release() })
     local h1 = assert(locks:acquire(helpers.unique("owner2"), { ttl = 0.1 }))
     core.sleep(0.15)
     local h1b = assert(locks:acquire(h1.name, { timeout = 5 }))
-    assert.same({ nil, "not held" }, { h1:release() })   -- release first: same answer
+    assert.same({ nil, "lost" }, { h1:release() })   -- release first: same answer
     assert.is_true(h1b:release())
     local st = assert(locks:status(name))
     assert.is_true(st.held)
@@ -183,12 +184,13 @@ describe("#integration named locks", function()
     assert.is_true(h2:release())
   end)
 
-  it("an expired lease nobody took is still released by its holder", function()
+  it("an expired lease is lost, whether or not anyone took it", function()
     local name = helpers.unique("expired-own")
     local h = assert(locks:acquire(name, { ttl = 0.05 }))
     core.sleep(0.1)
-    assert.equal(0, h:remaining())
-    assert.is_true(h:release())
+    assert.same({ nil, "lost" }, { h:remaining() })
+    assert.same({ nil, "lost" }, { h:release() })
+    assert.is_false(assert(locks:status(name)).held)
   end)
 
   it("with runs the function holding the lock and always releases", function()
@@ -283,15 +285,15 @@ describe("#integration named locks", function()
     -- the time part of the token (server ms x 1024) carries it over the
     -- deletion once the server's millisecond has moved on
     core.sleep(0.005)
-    assert.equal(1, client._core:_delete(locks.database, locks.collection, name))
+    assert.equal(1, testing.delete(client._core, locks.database, locks.collection, name))
     assert.is_nil(locks:status(name))
     local h2 = assert(locks:acquire(name))
     assert.is_true(h2.token > t1, ("%s <= %s"):format(h2.token, t1))
     -- deleted while held: the holder's release finds nothing, and the next
     -- acquisition still gets a larger token
     core.sleep(0.005)
-    assert.equal(1, client._core:_delete(locks.database, locks.collection, name))
-    assert.same({ nil, "not held" }, { h2:release() })
+    assert.equal(1, testing.delete(client._core, locks.database, locks.collection, name))
+    assert.same({ nil, "lost" }, { h2:release() })
     core.sleep(0.005)
     local h3 = assert(locks:acquire(name))
     assert.is_true(h3.token > h2.token)

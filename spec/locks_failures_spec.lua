@@ -3,7 +3,7 @@
 -- (the stand-in, or mongod with enableTestCommands=1), scoped to one
 -- client's appname so that nothing else is affected.
 local helpers = require "helpers"
-local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 
 describe("#integration server errors", function()
   local client, locks, app, observer, olocks
@@ -16,14 +16,14 @@ describe("#integration server errors", function()
     olocks = observer:locks({ database = locks.database, collection = locks.collection })
   end)
   teardown(function()
-    core._failpoint(observer._core, { mode = "off" })
+    testing.failpoint(observer._core, { mode = "off" })
     client:close()
     observer:close()
   end)
 
   local function fail(spec)
     spec.app_name = app
-    assert(core._failpoint(observer._core, spec))
+    assert(testing.failpoint(observer._core, spec))
   end
 
   it("an unsatisfiable write concern is an error with MongoDB's code, nothing held", function()
@@ -92,7 +92,7 @@ describe("#integration server errors", function()
     assert.is_nil(h)
     assert.is_string(err)
     assert.is_number(code)
-    assert(core._failpoint(observer._core, { mode = "off" }))
+    assert(testing.failpoint(observer._core, { mode = "off" }))
     assert.is_nil(olocks:status(name))
     assert(locks:try(name)):release()
   end)

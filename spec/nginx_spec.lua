@@ -146,7 +146,7 @@ describe("#integration nginx with resty.mongolock", function()
   -- the failCommand fail point on every connection (mongod needs
   -- enableTestCommands); turned off by the caller, and by teardown
   local function failpoint(spec)
-    assert(require("mongolock.core")._failpoint(observer._core, spec))
+    assert(require("mongolock.testing").failpoint(observer._core, spec))
   end
 
   local function counter_lock()

@@ -5,6 +5,7 @@
 -- handle say, never about how long something took.
 local helpers = require "helpers"
 local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 
 describe("#integration background renewal", function()
   local client
@@ -32,7 +33,7 @@ describe("#integration background renewal", function()
       assert.is_true(h:check())
       assert.is_false(h:lost())
     end
-    local st = core._renew_stats(client._core)
+    local st = testing.renew_stats(client._core)
     assert.is_true(st.running)
     assert.is_true(st.renewals >= 5)
     assert.is_true(h:release())
@@ -53,7 +54,7 @@ describe("#integration background renewal", function()
     assert.is_true(h2.token > h.token)
     assert.same({ nil, "lost" }, { h:check() })
     assert.is_true(h:lost())
-    assert.same({ nil, "not held" }, { h:release() })
+    assert.same({ nil, "lost" }, { h:release() })
     assert.is_true(h2:release())
     other:close()
   end)
@@ -61,14 +62,14 @@ describe("#integration background renewal", function()
   it("marks the handle lost when a renewal finds the lock gone", function()
     local locks = helpers.locks(client, { ttl = 3 })
     local h = assert(locks:acquire("gone", { renew = true }))
-    local before = core._renew_stats(client._core).lost
+    local before = testing.renew_stats(client._core).lost
     -- someone deletes the lock document (by hand, or force_release)
-    assert.equal(1, client._core:_delete(locks.database, locks.collection, "gone"))
+    assert.equal(1, testing.delete(client._core, locks.database, locks.collection, "gone"))
     -- the next renewal (a third of the ttl later) matches nothing
     assert.is_truthy(helpers.eventually(function() return h:lost() end, 10))
     assert.same({ nil, "lost" }, { h:check() })
     assert.same({ nil, "lost" }, { h:extend() })
-    assert.is_true(core._renew_stats(client._core).lost >= before + 1)
+    assert.is_true(testing.renew_stats(client._core).lost >= before + 1)
     assert.same({ nil, "lost" }, { h:remaining() })
     h:close()
   end)
@@ -81,18 +82,18 @@ describe("#integration background renewal", function()
     local ol = other:locks({ database = locks.database, collection = locks.collection })
     local h = assert(locks:acquire("failing", { renew = true }))
     -- every update of this client fails from now on: renewals included
-    assert(core._failpoint(c2._core, { mode = "alwaysOn", commands = { "update" },
+    assert(testing.failpoint(c2._core, { mode = "alwaysOn", commands = { "update" },
       error_code = 2, app_name = app }))
     local ok, err = pcall(function()
       assert.is_truthy(helpers.eventually(function() return h:lost() end, 10))
       -- the server's lease began no earlier than our local clock says, so
       -- the lock is flagged lost no later than it can be taken
-      local st = core._renew_stats(c2._core)
+      local st = testing.renew_stats(c2._core)
       assert.is_true(st.failures >= 1)
       assert.is_true(st.lost >= 1)
       assert.same({ nil, "lost" }, { h:check() })
     end)
-    assert(core._failpoint(c2._core, { mode = "off" }))
+    assert(testing.failpoint(c2._core, { mode = "off" }))
     assert(ok, err)
     -- and once it has ended on the server, another client takes it
     local h2 = helpers.eventually(function() return (ol:try("failing")) end, 10)
@@ -112,10 +113,10 @@ describe("#integration background renewal", function()
     make("gc-plain", false)
     collectgarbage()
     collectgarbage()
-    assert.is_true(core._renew_flush(client._core))
+    assert.is_true(testing.renew_flush(client._core))
     assert.is_false(assert(locks:status("gc-renewed")).held)
     assert.is_false(assert(locks:status("gc-plain")).held)
-    assert.is_true(core._renew_stats(client._core).released >= 2)
+    assert.is_true(testing.renew_stats(client._core).released >= 2)
   end)
 
   it("locks:with renews by default", function()
@@ -135,7 +136,7 @@ describe("#integration background renewal", function()
     local c2 = helpers.connect({ appname = "renew-close" })
     local locks = helpers.locks(c2, { ttl = 30 })
     local h = assert(locks:acquire("a", { renew = true }))
-    assert.is_true(core._renew_stats(c2._core).running)
+    assert.is_true(testing.renew_stats(c2._core).running)
     local function make()
       local x, err = locks:acquire("b")
       if not x then error(err) end
@@ -154,7 +155,7 @@ describe("#integration background renewal", function()
   it("is fork-safe: the child never renews or releases the parent's locks", function()
     local locks = helpers.locks(client, { ttl = 1 })
     local h = assert(locks:acquire("parent", { renew = true }))
-    local pid = assert(core._fork())
+    local pid = assert(testing.fork())
     if pid == 0 then
       -- the child: its own thread, pool and locks; the parent's handle is
       -- not its to use
@@ -169,12 +170,12 @@ describe("#integration background renewal", function()
         check(mine, 12)
         core.sleep(2)   -- two of its ttls: renewed by the child's own thread
         check(mine:check() == true, 13)
-        check(core._renew_stats(client._core).renewals >= 1, 14)
+        check(testing.renew_stats(client._core).renewals >= 1, 14)
         check(mine:release() == true, 15)
       end)
-      core._exit(ok and 0 or (status ~= 0 and status or 1))
+      testing.exit(ok and 0 or (status ~= 0 and status or 1))
     end
-    local st = core._waitpid(pid, 60)
+    local st = testing.waitpid(pid, 60)
     assert.equal(0, st)
     -- the parent's lease was renewed throughout, and is still ours
     assert.is_true(h:check())

@@ -73,7 +73,7 @@ describe("#integration resty.mongolock", function()
     -- the first holder learns its lease was taken
     local ok, uerr = holder:unlock()
     assert.is_nil(ok)
-    assert.equal("not held", uerr)
+    assert.equal("lost", uerr)
   end)
 
   it("times out after timeout seconds of steps", function()

@@ -6,6 +6,7 @@
 -- timing.
 local helpers = require "helpers"
 local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 local locks_mod = require "mongolock.locks"
 local wait = require "mongolock.wait"
 
@@ -158,7 +159,7 @@ describe("#integration change-stream waits", function()
     -- only if the server still saw it held at that instant); polling takes
     -- about ten steps to cover a second
     assert.is_true(w.calls <= 2, "waits: " .. w.calls)
-    assert.same({ nil, "not held" }, { h1:release() })
+    assert.same({ nil, "lost" }, { h1:release() })
     assert.is_true(h2:release())
     other:close()
   end)
@@ -181,14 +182,14 @@ describe("#integration change-stream waits", function()
       p:cleanup()
       os.remove(trigger)
     end
-    local st = core._watch_stats(c2._core)
+    local st = testing.watch_stats(c2._core)
     assert.equal(1, st.streams)
     -- the holders' releases (and ours, which may still be on their way)
     assert.is_true(st.events >= 3)
     c2:close()
     -- close stops the stream's thread
     local fresh = helpers.connect()
-    assert.equal(0, core._watch_stats(fresh._core).streams)
+    assert.equal(0, testing.watch_stats(fresh._core).streams)
     fresh:close()
   end)
 
@@ -239,22 +240,22 @@ describe("#integration change-stream waits", function()
     assert.is_truthy(h, err)
     assert.equal(1, calls)
     assert.is_true(h:release())
-    assert.equal(1, core._watch_stats(c2._core).streams)
-    local pid = assert(core._fork())
+    assert.equal(1, testing.watch_stats(c2._core).streams)
+    local pid = assert(testing.fork())
     if pid == 0 then
       local code = 1
       pcall(function()
         -- the parent's stream is not this process's
-        if core._watch_stats(c2._core).streams ~= 0 then code = 10 return end
+        if testing.watch_stats(c2._core).streams ~= 0 then code = 10 return end
         local hc, _, n = handoff("child")
         if not hc then code = 11 return end
         if n ~= 1 then code = 12 return end
         if not hc:release() then code = 13 return end
         code = 0
       end)
-      core._exit(code)
+      testing.exit(code)
     end
-    assert.equal(0, core._waitpid(pid, 60))
+    assert.equal(0, testing.waitpid(pid, 60))
     h, err, calls = handoff("after")
     assert.is_truthy(h, err)
     assert.equal(1, calls)
@@ -264,7 +265,7 @@ describe("#integration change-stream waits", function()
 
   describe("a stream killed by failCommand closeConnection", function()
     local function failpoint(c, spec)
-      local ok, err = core._failpoint(c._core, spec)
+      local ok, err = testing.failpoint(c._core, spec)
       if not ok then error("configureFailPoint: " .. tostring(err)) end
     end
 
@@ -321,7 +322,7 @@ describe("#integration change-stream waits", function()
       local ok, perr = pcall(with_wait, trigger, function()
         h, err = locks:acquire("d", { timeout = 20, wait = "auto" })
       end)
-      local st = core._watch_stats(c2._core)
+      local st = testing.watch_stats(c2._core)
       local r2, err2
       if ok then
         -- the stream is known to be broken: watch mode says so at once

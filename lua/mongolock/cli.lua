@@ -710,7 +710,7 @@ local function cmd_exec(args)
   load_proc().trap()
   local h, status = exec_acquire(args, locks)
   if not h then return status, true end
-  if args.verbose then warn("took %s (token %s)", args.name, token_text(h.token)) end
+  if args.verbose then warn("took %s (token %s)", args.name, h:token_string()) end
   local code, lost = supervise(args, h, args.cmd)
   return (finish_exec(args, h, code, lost)), true
 end

@@ -336,8 +336,9 @@ end
 
 -- syntax: ok, err = obj:unlock()
 -- ok is 1 as in lua-resty-lock.  err: "unlocked" (this object holds no
--- lock), or "not held" (the lease had expired and the lock was taken or
--- released meanwhile: the critical section was not exclusive to its end).
+-- lock), or "lost" (the lease had expired, or the lock was taken or
+-- force-released meanwhile: the critical section was not exclusive to its
+-- end).
 function _M.unlock(self)
   local lease = self.lease
   if lease then
