@@ -30,7 +30,7 @@ PKGS_TEST := lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
 	faketime nginx libnginx-mod-http-lua wrk
 # the #unit specs under the other Lua versions the core supports
 PKGS_LUAS := lua5.1 liblua5.1-0-dev lua5.2 liblua5.2-dev lua5.3 liblua5.3-dev
-PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua
+PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua lua-socket lua-cjson
 PKGS_TORTURE := faketime
 PKGS_VALGRIND := valgrind
 
