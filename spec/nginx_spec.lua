@@ -26,10 +26,43 @@ local SPEC_LOCATIONS = [[
             content_by_lua_block { require("guarded_counter").incr({ timeout = 1 }) }
         }
 
+        # the example's /incr in a request that ends when its client goes
+        location = /incr-abortable {
+            lua_check_client_abort on;
+            content_by_lua_block { require("guarded_counter").incr() }
+        }
+
         # ?n=&keys= guarded increments at once, from light threads of this
         # one request (so in one worker)
         location = /saturate {
             content_by_lua_file saturate_spec.lua;
+        }
+
+        # resty.mongolock and client:command in log_by_lua, where nothing
+        # can yield: they block there, as before mongolock.ngx; the outcome
+        # is kept in the worker for /log-phase-result
+        location = /log-phase {
+            return 200 "ok\n";
+            log_by_lua_block {
+                local lock = require("resty.mongolock"):new({ uri = os.getenv("MONGODB_URI"),
+                    collection = "nginx_log_phase", timeout = 0 })
+                local key = "k-" .. ngx.worker.pid()
+                local e, err = lock:lock(key)
+                local ok, uerr = lock:unlock()
+                local c = require("mongolock").connect(os.getenv("MONGODB_URI"))
+                local r, cerr = c:command("admin", { ping = 1 })
+                c:close()
+                package.loaded.log_phase_result = table.concat({ tostring(e), tostring(err), tostring(ok),
+                    tostring(uerr), tostring(r and r.ok), tostring(cerr) }, " ")
+            }
+        }
+
+        location = /log-phase-result {
+            content_by_lua_block {
+                local body = package.loaded.log_phase_result or "none"
+                ngx.header.content_length = #body
+                ngx.print(body)
+            }
         }
 
         # this worker's counters: mongolock.ngx (jobs) and its change streams
@@ -347,6 +380,71 @@ describe("#integration nginx with resty.mongolock", function()
     -- and it works again
     local code, body = get(nginx.port, "/incr-short")
     assert.equal(200, code, body)
+  end)
+
+  it("releases at once a lock won for a request whose client went away meanwhile", function()
+    local locks = counter_lock()
+    local st0 = locks:status("counter")
+    local token0 = st0 and st0.token or 0
+    failpoint({ mode = "alwaysOn", commands = { "findAndModify" }, block_ms = 2000 })
+    local c = assert(socket.connect("127.0.0.1", nginx.port))
+    assert(c:send("GET /incr-abortable HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"))
+    socket.sleep(0.3)
+    c:close()            -- nginx ends the request (499); its attempt is in flight
+    local gone_at = socket.gettime()
+    failpoint({ mode = "off" })
+    -- the attempt ends after its 2 s block and wins the free lock for
+    -- nobody: it is released then, long before its 10 s lease ends
+    local ok, free = pcall(poll, function()
+      local st = locks:status("counter")
+      return st and st.token > token0 and not st.held and socket.gettime()
+    end, 9, "the lock to be won and released")
+    assert(ok, tostring(free) .. "\n" .. (helpers.read_file(nginx.log) or ""))
+    assert.is_true(free - gone_at < 8, "the lock was held until its lease ended")
+    local log = helpers.read_file(nginx.log) or ""
+    assert.is_truthy(log:find("was won after its caller gave up: released", 1, true), log)
+  end)
+
+  it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()
+    local conns = open_pingers(nginx.port, 2, 1)
+    for _, p in ipairs(conns) do
+      local code = nx.keepalive_get(p.sock, "/log-phase")
+      assert.equal(200, code)
+      local body
+      poll(function()
+        code, body = nx.keepalive_get(p.sock, "/log-phase-result")
+        return body ~= "none"
+      end, 10, "the log phase's result")
+      assert.equal("0 nil 1 nil 1 nil", body)
+      p.sock:close()
+    end
+  end)
+end)
+
+describe("#integration nginx without the thread pool", function()
+  local nginx
+
+  setup(function()
+    nginx = start_nginx({
+      edit = function(conf)
+        local n
+        conf, n = conf:gsub("\nthread_pool mongolock [^\n]*\n", "\n")
+        assert.equal(1, n, "the example's thread_pool directive moved")
+        return conf
+      end,
+    })
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+  end)
+
+  it("answers /incr with an error that names the missing directive, and /ping", function()
+    local code = get(nginx.port, "/incr")
+    assert.equal(503, code)
+    assert.equal(200, (get(nginx.port, "/ping")))
+    local log = helpers.read_file(nginx.log) or ""
+    assert.is_truthy(log:find("nginx.conf needs 'thread_pool mongolock threads=N;'", 1, true), log)
   end)
 end)
 

@@ -33,7 +33,7 @@
 --   (its deadline passed, it was aborted, its light thread was killed)
 --   never loses a job's result.  A job whose caller stopped waiting is
 --   "abandoned": if it had not started it never runs; if it had, its
---   on_orphan(reply, err, code, ereply) runs in a timer when it ends (an
+--   on_orphan(arg, reply, err, code, ereply) runs in a timer when it ends (an
 --   acquisition releases the lock it won at once).  A caller that is gone
 --   without saying so (its coroutine killed) is found by the janitor: a
 --   result not taken within `grace` seconds is abandoned the same way.
@@ -193,7 +193,7 @@ local function orphan(st, job)
   if not job.on_orphan then return end
   local ngx = rawget(_G, "ngx")
   local ok, err = ngx.timer.at(0, function()
-    local pok, perr = pcall(job.on_orphan, unpack(job.result, 1, 4))
+    local pok, perr = pcall(job.on_orphan, job.orphan_arg, unpack(job.result, 1, 4))
     if not pok then ngx.log(ngx.ERR, "mongolock: ", tostring(perr)) end
   end)
   if not ok then ngx.log(ngx.ERR, "mongolock: cannot release what an abandoned job acquired: ", err) end
@@ -346,19 +346,22 @@ end
 
 local FOREVER = 3600
 
--- reply, err, code, ereply = transport.run(spec, op [, deadline [, on_orphan]])
+-- reply, err, code, ereply = transport.run(spec, op [, deadline [, on_orphan, arg]])
 -- Runs op in a worker thread; the calling request waits on the event
 -- loop.  deadline (core.monotonic() time): the caller stops waiting then and
 -- gets nil, "timeout"; the job still runs if it had started, and
--- on_orphan(reply, err, code, ereply) is called with its outcome (in a
--- timer).  Must be called where transport.active() is true.
-function _M.run(spec, op, deadline, on_orphan)
+-- on_orphan(arg, reply, err, code, ereply) is called with its outcome (in a
+-- timer).  on_orphan must not be a closure over the caller's locals: when
+-- lua-nginx-module kills a request's coroutine it reuses its stack, and the
+-- upvalues of functions still running there read nil afterwards.  Must be
+-- called where transport.active() is true.
+function _M.run(spec, op, deadline, on_orphan, arg)
   local ngx = ngx_api()
   if not ngx then error("mongolock.ngx: not inside an nginx worker with ngx.run_worker_thread", 2) end
   local st = get_state()
   start_janitor(st)
   local sema = semaphore.new(0)
-  local job = { spec = spec, op = op, sema = sema, state = "queued", on_orphan = on_orphan }
+  local job = { spec = spec, op = op, sema = sema, state = "queued", on_orphan = on_orphan, orphan_arg = arg }
   push(st, job)
   local ok, err = dispatch(st)
   if not ok then

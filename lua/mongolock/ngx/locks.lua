@@ -60,8 +60,8 @@ end
 
 -- reply | nil, err, code, ereply: through a worker thread where the caller
 -- can yield, else here (blocking)
-local function run(spec, op, deadline, on_orphan)
-  if transport.active() then return transport.run(spec, op, deadline, on_orphan) end
+local function run(spec, op, deadline, on_orphan, arg)
+  if transport.active() then return transport.run(spec, op, deadline, on_orphan, arg) end
   return direct_run(spec, op)
 end
 _M.run = run
@@ -138,6 +138,14 @@ local function leave_later(ctx, name, waiter, tag)
   end
 end
 
+-- the outcome of an attempt nobody waits for any more: the lock it won
+-- is released, the queue it joined left
+local function orphaned(o, reply, _, _, ereply)
+  if not release_if_won(o.ctx, o.name, o.owner, reply or ereply) and o.waiter then
+    pcall(leave, o.ctx, o.name, o.waiter, o.tag)
+  end
+end
+
 -- true | nil, "not held" | nil, err, code
 function _M.release(lease)
   local ctx = lease.ctx
@@ -208,12 +216,9 @@ function _M.acquire(ctx, name, opts)
     return nil, ...
   end
 
-  -- the outcome of an attempt nobody waits for any more
-  local function orphaned(reply, _, _, ereply)
-    if not release_if_won(ctx, name, owner, reply or ereply) and waiter then
-      pcall(leave, ctx, name, waiter, tag)
-    end
-  end
+  -- what the outcome of an attempt nobody waits for any more needs (a
+  -- table, not upvalues: see transport.run)
+  local orphan = { ctx = ctx, name = name, owner = owner, waiter = waiter, tag = tag }
 
   local attempts = 0
   while true do
@@ -221,7 +226,7 @@ function _M.acquire(ctx, name, opts)
     local started = monotonic()
     attempt.polling = waiter and polling or nil
     local op = core.op_acquire(attempt)
-    local reply, aerr, acode, ereply = run(ctx.spec, op, deadline, orphaned)
+    local reply, aerr, acode, ereply = run(ctx.spec, op, deadline, orphaned, orphan)
     if not reply then
       if aerr == "timeout" and acode == nil then
         -- the transport's: the attempt never started, or is still in
