@@ -16,7 +16,6 @@
 -- Markdown on stdout, progress on stderr.
 local helpers = require "helpers"
 local nx = require "nginx_helpers"
-local core = require "mongolock.core"
 
 local format = string.format
 local seconds = tonumber(arg[1]) or 5
@@ -67,7 +66,8 @@ print(t)
 ]==]
 
 local observer = helpers.connect()
-local function failpoint(spec) assert(core._failpoint(observer._core, spec)) end
+local testing = require "mongolock.testing"
+local function failpoint(spec) assert(testing.failpoint(observer._core, spec)) end
 local lock_status = assert(observer:locks({ collection = "nginx_locks" }))
 
 -- until no /incr is left in the workers (wrk's connections end with its

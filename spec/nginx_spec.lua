@@ -475,7 +475,7 @@ describe("#integration nginx saturated: one worker, 4 thread VMs", function()
 
   teardown(function()
     if observer then
-      pcall(require("mongolock.core")._failpoint, observer._core, { mode = "off" })
+      pcall(require("mongolock.testing").failpoint, observer._core, { mode = "off" })
     end
     if nginx then nginx:stop() end
     if observer then observer:close() end
@@ -495,11 +495,11 @@ describe("#integration nginx saturated: one worker, 4 thread VMs", function()
      .. "/ping answers", function()
     local before = total()
     local pingers = open_pingers(nginx.port, 1, 2)
-    assert(require("mongolock.core")._failpoint(observer._core,
+    assert(require("mongolock.testing").failpoint(observer._core,
       { mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 20 }))
     local ok, responses, pings = pcall(load, nginx.port, format("/saturate?n=%d&keys=%d", CALLS, KEYS), 1,
       pingers)
-    assert(require("mongolock.core")._failpoint(observer._core, { mode = "off" }))
+    assert(require("mongolock.testing").failpoint(observer._core, { mode = "off" }))
     assert(ok, responses)
     print("# nginx saturated (" .. CALLS .. " lock cycles, server delayed 20 ms): /ping meanwhile: "
       .. summary(pings))
