@@ -212,7 +212,7 @@ class Engine {
       if (r && typeof r.then === 'function') return r.then((b) => (b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
       const txn = this.txn;
       this.txn = null;
-      if (txn && name === 'findAndModify' && r.ok === 1) txn.rec.body = { ...r };
+      if (txn && name === 'findAndModify' && r.ok === 1 && txn.wrote) txn.rec.body = { ...r };
       // onPrimaryTransactionalWrite: the write is done, the reply is lost
       if (txn && txn.close) return { closeConnection: true };
       return this.reply(r);
@@ -277,6 +277,7 @@ class Engine {
   // without failBeforeCommitExceptionCode loses the reply.
   afterStmt(i, result, fire = true) {
     if (!this.txn) return;
+    this.txn.wrote = true;
     this.txn.rec.stmts.set(this.stmtId(i), result);
     const data = fire ? this.txnWriteFires(false) : null;
     if (data && (data.closeConnection === undefined || V.truthy(data.closeConnection))) this.txn.close = true;
