@@ -8,6 +8,7 @@
 --   nx.get(port, path)                      code, body (one connection)
 --   nx.open_pingers(port, workers, per)     keep-alive connections, per worker
 --   nx.keepalive_get(sock, path)            code, body on one of them
+--   nx.keepalive_read(sock)                 code, body of a request sent on it
 --   nx.load(port, path, n, pingers, opts)   n requests at once, /ping timed
 --   nx.percentile(sorted, p), nx.summary(latencies)
 local helpers = require "helpers"
@@ -173,6 +174,18 @@ local function keepalive_text(path)
   return format("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path)
 end
 
+-- one response on a blocking keep-alive connection: code, body
+local function keepalive_read(sock)
+  local buf = ""
+  while true do
+    local code, body = keepalive_response(buf)
+    if code then return code, body end
+    local data, err, partial = sock:receive(1)
+    if not data and err ~= "timeout" then error("keep-alive: " .. err) end
+    buf = buf .. (data or partial or "")
+  end
+end
+
 -- one request on a blocking keep-alive connection: code, body
 local function keepalive_get(sock, path)
   assert(sock:send(keepalive_text(path)))
@@ -325,6 +338,7 @@ _M.poll = poll
 _M.get = get
 _M.open_pingers = open_pingers
 _M.keepalive_get = keepalive_get
+_M.keepalive_read = keepalive_read
 _M.load = load
 _M.percentile = percentile
 _M.summary = summary

@@ -32,6 +32,25 @@ local SPEC_LOCATIONS = [[
             content_by_lua_block { require("guarded_counter").incr() }
         }
 
+        # ?key=&ms=&timeout=: holds the lock key for ms, in a request that
+        # ends when its client goes
+        location = /hold-abortable {
+            lua_check_client_abort on;
+            content_by_lua_block {
+                local lock = require("resty.mongolock"):new({ uri = os.getenv("MONGODB_URI"),
+                    collection = "nginx_gate_spec", timeout = tonumber(ngx.var.arg_timeout) or 10 })
+                local e, err = lock:lock(ngx.var.arg_key)
+                local body = "timeout"
+                if e then
+                    ngx.sleep(tonumber(ngx.var.arg_ms) / 1000)
+                    lock:unlock()
+                    body = "locked"
+                end
+                ngx.header.content_length = #body
+                ngx.print(body)
+            }
+        }
+
         # ?n=&keys= guarded increments at once, from light threads of this
         # one request (so in one worker)
         location = /saturate {
@@ -403,6 +422,36 @@ describe("#integration nginx with resty.mongolock", function()
     assert.is_true(free - gone_at < 8, "the lock was held until its lease ended")
     local log = helpers.read_file(nginx.log) or ""
     assert.is_truthy(log:find("was won after its caller gave up: released", 1, true), log)
+  end)
+
+  it("lets a worker's next waiter in when the waiters ahead of it went away", function()
+    -- five keep-alive connections to one worker
+    local conns, mine, count = open_pingers(nginx.port, 1, 5), {}, {}
+    for _, p in ipairs(conns) do count[p.pid] = (count[p.pid] or 0) + 1 end
+    for _, p in ipairs(conns) do
+      if count[p.pid] == 5 then mine[#mine + 1] = p.sock else p.sock:close() end
+    end
+    local key = helpers.unique("gone")
+    local function send(sock, ms, timeout)
+      assert(sock:send(format("GET /hold-abortable?key=%s&ms=%d&timeout=%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        key, ms, timeout)))
+    end
+    send(mine[1], 1000, 10)            -- holds the lock for 1 s
+    socket.sleep(0.1)
+    for i = 2, 4 do send(mine[i], 0, 10) end
+    socket.sleep(0.2)
+    for i = 2, 4 do mine[i]:close() end   -- three queued waiters gone
+    local t0 = socket.gettime()
+    send(mine[5], 0, 5)
+    mine[5]:settimeout(10)
+    local code, body = nx.keepalive_read(mine[5])
+    local took = socket.gettime() - t0
+    assert.equal(200, code)
+    assert.equal("locked", body)
+    -- the holder's second, then at most a couple of max_step (0.5 s)
+    assert.is_true(took < 3, format("the next waiter got the lock after %.2f s", took))
+    mine[1]:close()
+    mine[5]:close()
   end)
 
   it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()

@@ -194,7 +194,18 @@ local function gate_take(self, gate, deadline)
   self.gate = gate
 end
 
+-- drops the waiters at the head of the queue that stopped looking (their
+-- request was aborted: its coroutine is gone without leaving the queue);
+-- a live waiter looks at least every max_step
+local function drop_gone(queue, me)
+  local now = monotonic()
+  while queue[1] and queue[1] ~= me and now > queue[1].seen + queue[1].every do
+    table_remove(queue, 1)
+  end
+end
+
 local function wake_head(gate)
+  drop_gone(gate.queue)
   local head = gate.queue[1]
   if head then head.sema:post(1) end
 end
@@ -214,7 +225,8 @@ end
 -- free (true), or deadline passes (false).  Each waiter sleeps on its own
 -- semaphore: the owner leaving wakes the first; without that wake-up (an
 -- owner collected or past its deadline) it looks again at the gate's
--- deadline, or after max_step.  The queue keeps its order through all that.
+-- deadline, or after max_step.  The queue keeps its order through all that;
+-- a waiter whose request is gone (it stopped looking) leaves it.
 local function gate_enter(self, gate, deadline)
   local queue = gate.queue
   if queue[1] == nil and gate_free(gate) then
@@ -223,10 +235,14 @@ local function gate_enter(self, gate, deadline)
   end
   local sema, err = semaphore.new(0)
   if not sema then return nil, err end
-  local me = { sema = sema }
+  -- seen, every: when this waiter last looked, and how often it does
+  -- (with room for a busy event loop)
+  local me = { sema = sema, seen = monotonic(), every = 2 * self.max_step + 0.1 }
   queue[#queue + 1] = me
   while true do
     local now = monotonic()
+    me.seen = now
+    drop_gone(queue, me)
     if queue[1] == me and gate_free(gate) then
       table_remove(queue, 1)
       gate_take(self, gate, deadline)

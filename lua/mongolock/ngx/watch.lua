@@ -116,7 +116,15 @@ local function deliver(s, batch)
   if batch.cursor_id then s.cursor_id = batch.cursor_id end
 end
 
+-- true while a live waiter waits (the records of gone ones are dropped)
 local function waiting(s)
+  local now = monotonic()
+  for name, list in pairs(s.waiters) do
+    for rec in pairs(list) do
+      if now > rec["until"] then list[rec] = nil end
+    end
+    if next(list) == nil then s.waiters[name] = nil end
+  end
   return next(s.waiters) ~= nil
 end
 
@@ -235,7 +243,9 @@ function _M.wake(ctx, name, waiter, info, seconds)
       return true
     end
   end
-  local rec = { sema = sema_new(), waiter = waiter }
+  -- until: a waiter whose request is gone (its coroutine killed while it
+  -- waits) is dropped by the stream after that
+  local rec = { sema = sema_new(), waiter = waiter, ["until"] = monotonic() + seconds + 1 }
   local list = s.waiters[name]
   if not list then
     list = {}
@@ -245,7 +255,7 @@ function _M.wake(ctx, name, waiter, info, seconds)
   s.more:post(1)
   rec.sema:wait(seconds)
   list[rec] = nil
-  if next(list) == nil then s.waiters[name] = nil end
+  if next(list) == nil and s.waiters[name] == list then s.waiters[name] = nil end
   local c = stats()
   if rec.woken == "handoff" then c.handoffs = c.handoffs + 1
   elseif rec.woken then c.woken = c.woken + 1
