@@ -124,7 +124,8 @@ function _M.parser()
   p:option("--collection", "Collection of the lock documents.", "locks")
   p:option("--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
   p:option("--server-timeout", "Seconds a call to the server may take before it fails "
-    .. "(default: $MONGOLOCK_SERVER_TIMEOUT, else " .. SERVER_TIMEOUT .. ").")
+    .. "(default: $MONGOLOCK_SERVER_TIMEOUT, else " .. SERVER_TIMEOUT .. "; wait -w S: S if shorter, "
+    .. "at least 1).")
     :convert(at_most(seconds, DAY, "a day"))
 
   local e = p:command("exec", [[
@@ -221,14 +222,17 @@ end
 
 -- the server timeout in seconds: --server-timeout, else
 -- MONGOLOCK_SERVER_TIMEOUT, else SERVER_TIMEOUT
+-- SERVER_TIMEOUT; by default, wait -w S bounds its calls by S too (at
+-- least a second: one round trip on a slow link), as it holds nothing
 local function server_timeout(args)
   if args.server_timeout then return args.server_timeout end
   local env = getenv("MONGOLOCK_SERVER_TIMEOUT")
   if env and env ~= "" then
-    local n, err = seconds(env)
+    local n, err = at_most(seconds, DAY, "a day")(env)
     if not n then fail(EXIT.usage, "MONGOLOCK_SERVER_TIMEOUT: %s", err) end
     return n
   end
+  if args.command == "wait" and args.timeout then return min(SERVER_TIMEOUT, max(args.timeout, 1)) end
   return SERVER_TIMEOUT
 end
 
