@@ -33,15 +33,48 @@ const { Int32 } = V;
 // (update_oplog_entry::kSizeOfDeltaOplogEntryMetadata)
 const DELTA_METADATA = 15;
 
-const size = (o) => BSON.calculateObjectSize(o, { ignoreUndefined: true });
 const isDoc = (v) => V.isPlainDoc(v);
 
-// A document's delta as mongod serializes it ({d, u, i, s<field>}), or null
-// when it would not be smaller than post (+ padding).
+// BSON size of a value (as an element's value), as bson's serializer writes
+// it (undefined is left out, as the server's stored documents never hold it)
+function valueSize(v) {
+  switch (typeof v) {
+    case 'string': return 5 + Buffer.byteLength(v);
+    case 'boolean': return 1;
+    case 'number': return Number.isInteger(v) && v >= -2147483648 && v <= 2147483647 ? 4 : 8;
+    case 'undefined': return 0;
+    default: break;
+  }
+  if (v === null) return 0;
+  if (v instanceof Date) return 8;
+  if (Array.isArray(v)) {
+    let n = 5;
+    for (let i = 0; i < v.length; i++) n += elementSize(i < 10 ? 1 : String(i).length, v[i]);
+    return n;
+  }
+  switch (v._bsontype) {
+    case undefined: break;
+    case 'Int32': return 4;
+    case 'Long': case 'Double': case 'Timestamp': return 8;
+    case 'ObjectId': return 12;
+    case 'Decimal128': return 16;
+    default: return BSON.calculateObjectSize({ x: v }) - 8; // 4 + 1 (type) + 2 ("x\0") + 1
+  }
+  if (!isDoc(v)) return BSON.calculateObjectSize({ x: v }) - 8;
+  let n = 5;
+  for (const k of Object.keys(v)) if (v[k] !== undefined) n += elementSize(Buffer.byteLength(k), v[k]);
+  return n;
+}
+// an element: type byte, name and its NUL, value
+const elementSize = (nameLen, v) => 2 + nameLen + valueSize(v);
+const nameLen = (k) => Buffer.byteLength(k);
+
+// A document's delta as mongod serializes it ({d, u, i, s<field>}), with
+// its BSON size, or null when it would not be smaller than post (+ padding).
 function docDiff(pre, post, padding) {
-  const limit = size(post);
   const u = {}, ins = {}, subs = {};
   const deletes = new Set();
+  let uSize = 0, iSize = 0, sSize = 0, nu = 0, ni = 0;
   const preKeys = Object.keys(pre), postKeys = Object.keys(post);
   let i = 0, j = 0;
   while (i < preKeys.length && j < postKeys.length) {
@@ -50,7 +83,7 @@ function docDiff(pre, post, padding) {
       const a = pre[k], b = post[k];
       if (!V.identical(a, b)) {
         const sub = subDiff(a, b);
-        if (sub) subs['s' + k] = sub; else u[k] = b;
+        if (sub) { subs['s' + k] = sub.node; sSize += 2 + 1 + nameLen(k) + sub.size; } else { u[k] = b; nu++; uSize += elementSize(nameLen(k), b); }
       }
       i++; j++;
     } else {
@@ -62,29 +95,37 @@ function docDiff(pre, post, padding) {
   }
   for (; i < preKeys.length; i++) deletes.add(preKeys[i]);
   for (; j < postKeys.length; j++) {
-    ins[postKeys[j]] = post[postKeys[j]];
-    deletes.delete(postKeys[j]);
+    const k = postKeys[j];
+    ins[k] = post[k]; ni++; iSize += elementSize(nameLen(k), post[k]);
+    deletes.delete(k);
   }
   const out = {};
-  if (deletes.size) { out.d = {}; for (const k of deletes) out.d[k] = false; }
-  if (Object.keys(u).length) out.u = u;
-  if (Object.keys(ins).length) out.i = ins;
+  let size = 5 + sSize;
+  if (deletes.size) {
+    out.d = {};
+    let dSize = 5;
+    for (const k of deletes) { out.d[k] = false; dSize += elementSize(nameLen(k), false); }
+    size += 3 + dSize;
+  }
+  if (nu) { out.u = u; size += 3 + 5 + uSize; }
+  if (ni) { out.i = ins; size += 3 + 5 + iSize; }
   Object.assign(out, subs);
-  return size(out) + padding < limit ? out : null;
+  return size + padding < valueSize(post) ? { node: out, size } : null;
 }
 
 function arrayDiff(pre, post) {
-  const limit = size(post);
   const out = { a: true };
+  let size = 5 + 4; // {a: true}
   let n = 0;
   for (; n < pre.length && n < post.length; n++) {
     if (V.identical(pre[n], post[n])) continue;
     const sub = subDiff(pre[n], post[n]);
-    if (sub) out['s' + n] = sub; else out['u' + n] = post[n];
+    const name = String(n);
+    if (sub) { out['s' + name] = sub.node; size += 3 + name.length + sub.size; } else { out['u' + name] = post[n]; size += elementSize(1 + name.length, post[n]); }
   }
-  for (; n < post.length; n++) out['u' + n] = post[n];
-  if (pre.length > post.length) out.l = new Int32(post.length);
-  return size(out) < limit ? out : null;
+  for (; n < post.length; n++) { out['u' + n] = post[n]; size += elementSize(1 + String(n).length, post[n]); }
+  if (pre.length > post.length) { out.l = new Int32(post.length); size += 7; }
+  return size < valueSize(post) ? { node: out, size } : null;
 }
 
 // a sub-diff of two documents or two arrays, or null (update the whole value)
@@ -166,7 +207,7 @@ function describeOperators(pre, post, steps) {
 function change(pre, post, how) {
   if (how && how.kind === 'operators' && how.steps) return { op: 'update', desc: describeOperators(pre, post, how.steps) };
   const delta = docDiff(pre, post, DELTA_METADATA);
-  return delta ? { op: 'update', desc: describe(delta) } : { op: 'replace' };
+  return delta ? { op: 'update', desc: describe(delta.node) } : { op: 'replace' };
 }
 
-module.exports = { change, docDiff, describe };
+module.exports = { change, docDiff, describe, valueSize };
