@@ -169,13 +169,16 @@ class Engine {
     return body;
   }
 
-  errorReply(e) {
+  // rw: the command is a retryable write
+  errorReply(e, rw) {
     if (e instanceof MongoError) {
       const body = { ok: 0, errmsg: e.message, code: e.code, codeName: e.codeName };
       if (e.extra) Object.assign(body, e.extra);
       // mongod 4.4+ labels the errors of its NonResumableChangeStreamError
-      // category (jstests/change_streams/error_label.js)
+      // category (jstests/change_streams/error_label.js), and a retryable
+      // write's retryable errors RetryableWriteError
       if (nonResumable(e.code)) body.errorLabels = ['NonResumableChangeStreamError'];
+      else if (rw && RETRYABLE_CODES.has(e.code)) body.errorLabels = ['RetryableWriteError'];
       return this.reply(body);
     }
     return this.reply({ ok: 0, errmsg: String(e && e.stack || e), code: 1, codeName: 'InternalError' });
@@ -220,7 +223,7 @@ class Engine {
       const txn = this.txn;
       this.txn = null;
       if (txn && txn.close) return { closeConnection: true };
-      return this.errorReply(e);
+      return this.errorReply(e, !!txn);
     }
   }
 

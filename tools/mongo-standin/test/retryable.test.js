@@ -30,6 +30,14 @@ after(async () => { await client.close(); await env.stop(); });
 const fp = (mode, data) => admin.command({ configureFailPoint: 'onPrimaryTransactionalWrite', mode, ...(data ? { data } : {}) });
 const coll = (name) => client.db(db.databaseName).collection(name);
 const sent = (name) => started.filter((n) => n === name).length;
+// fn(db, session) with txnNumbers of its own choosing, on a client of its
+// own: its server sessions never go back to a pool the driver numbers itself
+async function rawSession(fn) {
+  const c = new MongoClient(env.uri, { serverSelectionTimeoutMS: 5000 });
+  await c.connect();
+  const session = c.startSession();
+  try { return await fn(c.db(db.databaseName), session); } finally { await session.endSession(); await c.close(); }
+}
 
 test('the reply of a committed write is lost; the retry answers as if it had arrived; applied once', async () => {
   const c = coll('lost');
@@ -71,21 +79,22 @@ test('failBeforeCommitExceptionCode: the write is not committed; the retry appli
   assert.deepEqual(await c.find().toArray(), [{ _id: 'once' }]);
   // closeConnection: false: the error itself reaches the client, nothing is written
   await fp({ times: 1 }, { failBeforeCommitExceptionCode: 1, closeConnection: false });
-  const session = client.startSession();
-  try {
-    const r = await client.db(db.databaseName).command({ insert: 'before', documents: [{ _id: 'x' }], txnNumber: Long.fromNumber(Date.now()) }, { session });
+  await rawSession(async (d, session) => {
+    const r = await d.command({ insert: 'before', documents: [{ _id: 'x' }], txnNumber: Long.fromNumber(1) }, { session });
     assert.equal(r.n, 0);
     assert.equal(r.writeErrors[0].code, 1);
-  } finally { await session.endSession(); }
+  });
   assert.deepEqual(await c.find().toArray(), [{ _id: 'once' }]);
+  // a retryable error code is labelled RetryableWriteError, so the driver
+  // retries it on the same connection, and the retry applies the write once
+  await fp({ times: 1 }, { failBeforeCommitExceptionCode: 91, closeConnection: false });
+  assert.deepEqual(await c.findOneAndUpdate({ _id: 'once' }, { $inc: { n: 1 } }, { returnDocument: 'after' }), { _id: 'once', n: 1 });
 });
 
 test('a retried batch that had write errors skips the statements it applied and still counts them', async () => {
-  const session = client.startSession();
-  const d = client.db(db.databaseName);
-  try {
+  await rawSession(async (d, session) => {
     await d.collection('batch').insertOne({ _id: 0, v: 0 });
-    const base = Date.now(); // above the numbers a pooled server session may have used
+    const base = 0;
     const ins = { insert: 'batch', documents: [{ _id: 1 }, { _id: 0 }, { _id: 2 }], ordered: false, txnNumber: Long.fromNumber(base + 5) };
     for (let i = 0; i < 2; i++) {
       const r = await d.command(ins, { session });
@@ -113,19 +122,16 @@ test('a retried batch that had write errors skips the statements it applied and 
     }
     assert.deepEqual(await d.collection('batch').find().sort({ _id: 1 }).toArray(),
       [{ _id: 0, v: 1 }, { _id: 1 }, { _id: 2, v: 1 }]);
-  } finally { await session.endSession(); }
+  });
 });
 
 // mongod refuses a multi-document statement inside a retryable write, per
 // statement (write_ops_exec.cpp; jstests/replsets/retryable_writes_direct_ops
 // "Only the update statements with multi=true in a batch fail")
 test('a retryable write refuses multi updates and limit: 0 deletes, statement by statement', async () => {
-  const session = client.startSession();
-  const d = client.db(db.databaseName);
-  try {
+  await rawSession(async (d, session) => {
     await d.collection('multi').insertMany([{ _id: 1, x: 1 }, { _id: 2, x: 1 }]);
-    // the pool may hand this session a server session used before: numbers above any earlier ones
-    const base = Date.now();
+    const base = 1;
     const u = await d.command({ update: 'multi', ordered: false, txnNumber: Long.fromNumber(base), updates: [
       { q: { _id: 1 }, u: { $set: { y: 1 } } }, { q: { x: 1 }, u: { $set: { z: 1 } }, multi: true }] }, { session });
     assert.equal(u.n, 1);
@@ -137,5 +143,5 @@ test('a retryable write refuses multi updates and limit: 0 deletes, statement by
     assert.deepEqual(await d.collection('multi').find().toArray(), [{ _id: 1, x: 1, y: 1 }]);
     // without a txnNumber they are ordinary writes
     assert.equal((await d.collection('multi').updateMany({ x: 1 }, { $set: { z: 2 } })).modifiedCount, 1);
-  } finally { await session.endSession(); }
+  });
 });
