@@ -10,7 +10,9 @@
  * macro of tokens spliced into the call.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "protocol.h"
@@ -114,84 +116,149 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
 
 /* ---- named locks: acquire and try -------------------------------------- */
 
+/* the stage that decides whether this attempt takes the lock (_mlt): it is
+ * free and no live watching waiter is queued ahead of W (fw: the first
+ * watching entry, me: W's); W is "" for a try, which no entry has */
+#define STAGE_TAKES(W)                                                             \
+  "$set", "{", "_mlt", "{", "$let", "{",                                          \
+    "vars", "{",                                                                   \
+      "fw", "{", "$indexOfArray", "[",                                             \
+              "{", "$map", "{", "input", "$_mlq",                                  \
+                              "in", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}", \
+              BCON_BOOL(true), "]", "}",                                           \
+      "me", "{", "$indexOfArray", "[", "$_mlq.w", BCON_UTF8(W), "]", "}", "}",     \
+    "in", "{", "$and", "[",                                                        \
+      FREE("$" ML_F_OWNER, "$" ML_F_EXPIRES),                                      \
+      "{", "$or", "[",                                                             \
+        "{", "$eq", "[", "$$fw", BCON_INT32(-1), "]", "}",                        \
+        "{", "$and", "[", "{", "$ne", "[", "$$me", BCON_INT32(-1), "]", "}",       \
+                         "{", "$lte", "[", "$$me", "$$fw", "]", "}", "]", "}", "]", "}", \
+      "]", "}", "}", "}", "}"
+
+/* what the attempt returns: the lock document's fields, the holder's time
+ * left by the server's clock, the queue's length and W's place in it */
+#define FIELDS(W)                                                                  \
+  ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_EXPIRES, BCON_INT32(1), \
+  ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1),                        \
+  "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}",       \
+  "queued", "{", "$size", QUEUE_ARRAY, "}",                                        \
+  "position", "{", "$indexOfArray", "[",                                           \
+    "{", "$cond", "[", "{", "$isArray", "$" ML_F_QUEUE, "}", "$" ML_F_QUEUE ".w", "[", "]", "]", "}", \
+    BCON_UTF8(W), "]", "}"
+
+/*
+ * The parts of an acquire that no attempt changes, built once (a try's
+ * decision and projection have W = ""): the hot path then appends them as
+ * they are.  Never freed: a thread may still build a command at exit.
+ */
+static struct {
+  bson_t *stage0;               /* {$set: {_mlq: LIVE}} */
+  bson_t *takes_try;            /* STAGE_TAKES("") */
+  bson_t *set;                  /* fields of the $set that are the same for
+                                   every attempt: token, acquiredAt, next,
+                                   and a try's queue */
+  bson_t *stage3;               /* {$unset: [_mlq, _mlt]} */
+  bson_t *fields_try;           /* FIELDS("") */
+  bson_t *release_named;        /* a named lock's release pipeline: next is
+                                   the queue's first live watching waiter,
+                                   whose process the release event wakes
+                                   (csrc/watch.c) */
+} K;
+static pthread_once_t k_once = PTHREAD_ONCE_INIT;
+
+static void k_init(void) {
+  K.stage0 = BCON_NEW("$set", "{", "_mlq", LIVE_QUEUE, "}");
+  K.takes_try = BCON_NEW(STAGE_TAKES(""));
+  K.set = BCON_NEW(
+    ML_F_TOKEN, IF_TAKEN("$" ML_F_TOKEN,
+      "{", "$max", "[",
+        "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}",
+                          BCON_INT64(1), "]", "}",
+        "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}",
+      "]", "}"),
+    ML_F_ACQUIRED, IF_TAKEN("$" ML_F_ACQUIRED, "$$NOW"),
+    /* a try leaves a queue it did not take from as it was */
+    ML_F_QUEUE, IF_TAKEN("$" ML_F_QUEUE, "$_mlq"),
+    ML_F_NEXT, IF_TAKEN("$" ML_F_NEXT, BCON_NULL));
+  K.stage3 = BCON_NEW("$unset", "[", "_mlq", "_mlt", "]");
+  K.fields_try = BCON_NEW(FIELDS(""));
+  K.release_named = BCON_NEW("0", "{", "$set", "{", ML_F_OWNER, BCON_NULL, ML_F_EXPIRES, "$$NOW",
+                                                  ML_F_NEXT, QUEUE_HEAD, "}", "}");
+}
+
+/* the field key of a constant part */
+static void k_field(const bson_t *part, const char *key, bson_iter_t *it) {
+  if (!bson_iter_init_find(it, part, key)) abort();    /* a bug in k_init */
+}
+
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
-  const char *w = a->waiter ? a->waiter : "";   /* a try: no entry has "" */
-  bcon_append_ctx_t ctx;
+  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w;
+  const bson_t *takes, *fields, *queue;
+  bson_iter_t token, acquired, q, next;
+  pthread_once(&k_once, k_init);
+  BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
+  if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));
+  if (a->waiter) {
+    const char *w = a->waiter;
+    bson_init(&takes_w);
+    bson_init(&fields_w);
+    bson_init(&queue_w);
+    BCON_APPEND(&takes_w, STAGE_TAKES(w));
+    BCON_APPEND(&fields_w, FIELDS(w));
+    /* taken: the live queue without w; else w's place kept (until
+     * refreshed) or taken at the end */
+    BCON_APPEND(&queue_w,
+      ML_F_QUEUE, "{", "$cond", "[", "$_mlt",
+        "{", "$filter", "{", "input", "$_mlq",
+                             "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
+        "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
+          "{", "$map", "{", "input", "$_mlq",
+               "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
+                 ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
+          "{", "$concatArrays", "[", "$_mlq",
+                 "[", ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}",
+        "]", "}", "]", "}");
+    takes = &takes_w;
+    fields = &fields_w;
+    queue = &queue_w;
+  } else {
+    takes = K.takes_try;
+    fields = K.fields_try;
+    queue = K.set;
+  }
+  k_field(K.set, ML_F_TOKEN, &token);
+  k_field(K.set, ML_F_ACQUIRED, &acquired);
+  k_field(queue, ML_F_QUEUE, &q);
+  k_field(K.set, ML_F_NEXT, &next);
   op_init(op, ML_RUN_WRITE, a->db, a->coll);
   op->retry = 1;
-  bcon_append_ctx_init(&ctx);
-  BCON_APPEND_CTX(&op->cmd, &ctx,
+  BCON_APPEND(&op->cmd,
     "findAndModify", BCON_UTF8(a->coll),
     "query", "{", "_id", BCON_UTF8(a->name), "}",
     "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
     "update", "[",
-      /* _mlq: the live queue */
-      "{", "$set", "{", "_mlq", LIVE_QUEUE, "}", "}",
-      /* _mlt: this attempt takes the lock: it is free and no live
-       * watching waiter is queued ahead of w (fw: the first watching
-       * entry, me: w's) */
-      "{", "$set", "{", "_mlt", "{", "$let", "{",
-        "vars", "{",
-          "fw", "{", "$indexOfArray", "[",
-                  "{", "$map", "{", "input", "$_mlq",
-                                  "in", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}",
-                  BCON_BOOL(true), "]", "}",
-          "me", "{", "$indexOfArray", "[", "$_mlq.w", BCON_UTF8(w), "]", "}", "}",
-        "in", "{", "$and", "[",
-          FREE("$" ML_F_OWNER, "$" ML_F_EXPIRES),
-          "{", "$or", "[",
-            "{", "$eq", "[", "$$fw", BCON_INT32(-1), "]", "}",
-            "{", "$and", "[", "{", "$ne", "[", "$$me", BCON_INT32(-1), "]", "}",
-                             "{", "$lte", "[", "$$me", "$$fw", "]", "}", "]", "}", "]", "}",
-          "]", "}", "}", "}", "}", "}",
+      BCON_DOCUMENT(K.stage0),             /* _mlq: the live queue */
+      BCON_DOCUMENT(takes),                /* _mlt: this attempt takes it */
       /* every field from _mlt: written back unchanged when it is false */
       "{", "$set", "{",
         ML_F_OWNER, IF_TAKEN("$" ML_F_OWNER, BCON_UTF8(a->owner)),
-        ML_F_TOKEN, IF_TAKEN("$" ML_F_TOKEN,
-          "{", "$max", "[",
-            "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}",
-                              BCON_INT64(1), "]", "}",
-            "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}",
-          "]", "}"),
-        ML_F_ACQUIRED, IF_TAKEN("$" ML_F_ACQUIRED, "$$NOW"),
+        ML_F_TOKEN, BCON_ITER(&token),
+        ML_F_ACQUIRED, BCON_ITER(&acquired),
         ML_F_EXPIRES, IF_TAKEN("$" ML_F_EXPIRES,
                                "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}"),
-        ML_F_HOLDER, "{", "$cond", "[", "$_mlt",
-          "{", "$literal", "{", "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
-  if (a->app) BCON_APPEND_CTX(&op->cmd, &ctx, "app", BCON_UTF8(a->app));
-  BCON_APPEND_CTX(&op->cmd, &ctx, "}", "}", "$" ML_F_HOLDER, "]", "}");
-  if (a->waiter) {
-    /* taken: the live queue without w; else w's place kept (until
-     * refreshed) or taken at the end */
-    BCON_APPEND_CTX(&op->cmd, &ctx,
-        ML_F_QUEUE, "{", "$cond", "[", "$_mlt",
-          "{", "$filter", "{", "input", "$_mlq",
-                               "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
-          "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
-            "{", "$map", "{", "input", "$_mlq",
-                 "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                   ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
-            "{", "$concatArrays", "[", "$_mlq",
-                   "[", ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}",
-          "]", "}", "]", "}");
-  } else {
-    /* a try leaves a queue it did not take from as it was */
-    BCON_APPEND_CTX(&op->cmd, &ctx, ML_F_QUEUE, IF_TAKEN("$" ML_F_QUEUE, "$_mlq"));
-  }
-  BCON_APPEND_CTX(&op->cmd, &ctx,
-        ML_F_NEXT, IF_TAKEN("$" ML_F_NEXT, BCON_NULL),
+        ML_F_HOLDER, IF_TAKEN("$" ML_F_HOLDER, "{", "$literal", BCON_DOCUMENT(&holder), "}"),
+        ML_F_QUEUE, BCON_ITER(&q),
+        ML_F_NEXT, BCON_ITER(&next),
       "}", "}",
-      "{", "$unset", "[", "_mlq", "_mlt", "]", "}",
+      BCON_DOCUMENT(K.stage3),
     "]",
-    "fields", "{",
-      ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_EXPIRES, BCON_INT32(1),
-      ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1),
-      "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}",
-      "queued", "{", "$size", QUEUE_ARRAY, "}",
-      "position", "{", "$indexOfArray", "[",
-        "{", "$cond", "[", "{", "$isArray", "$" ML_F_QUEUE, "}", "$" ML_F_QUEUE ".w", "[", "]", "]", "}",
-        BCON_UTF8(w), "]", "}",
-    "}");
+    "fields", BCON_DOCUMENT(fields));
+  bson_destroy(&holder);
+  if (a->waiter) {
+    bson_destroy(&takes_w);
+    bson_destroy(&fields_w);
+    bson_destroy(&queue_w);
+  }
 }
 
 /* ---- document locks: acquire ------------------------------------------- */
@@ -262,17 +329,16 @@ void ml_build_doc_acquire(ml_op *op, const ml_lockref *r, const char *owner, int
 
 /* ---- release, extend, force release, leave ----------------------------- */
 
-/* [{$set: {O: null, T: "$$NOW" | null, next: QUEUE_HEAD (queued)}}] */
+/* [{$set: {O: null, T: "$$NOW" | null, next: QUEUE_HEAD (queued)}}] as a
+ * document with key "0" */
 static void release_pipeline(bson_t *u, const ml_lockref *r) {
-  bcon_append_ctx_t ctx;
-  bcon_append_ctx_init(&ctx);
-  BCON_APPEND_CTX(u, &ctx, "0", "{", "$set", "{", r->owner_field, BCON_NULL);
-  if (r->time_mode == ML_TIME_EXPIRES_AT) BCON_APPEND_CTX(u, &ctx, r->time_field, "$$NOW");
-  else BCON_APPEND_CTX(u, &ctx, r->time_field, BCON_NULL);
-  /* next: the queue's first live waiter, whose process the release event
-   * wakes (csrc/watch.c) */
-  if (r->queued) BCON_APPEND_CTX(u, &ctx, ML_F_NEXT, QUEUE_HEAD);
-  BCON_APPEND_CTX(u, &ctx, "}", "}");
+  pthread_once(&k_once, k_init);
+  if (r->queued) bson_concat(u, K.release_named);   /* a named lock's */
+  else if (r->time_mode == ML_TIME_EXPIRES_AT)
+    BCON_APPEND(u, "0", "{", "$set", "{", r->owner_field, BCON_NULL, r->time_field, "$$NOW", "}", "}");
+  else
+    BCON_APPEND(u, "0", "{", "$set", "{", r->owner_field, BCON_NULL, r->time_field, BCON_NULL,
+                "}", "}");
 }
 
 /* is this operator of a caller's update one the unlock also uses? */
@@ -548,25 +614,59 @@ static int find_doc(const bson_t *doc, const char *key, bson_t *out) {
   return bson_init_static(out, data, len);
 }
 
+/* a numeric or date value at it */
+static int iter_number(const bson_iter_t *it, int64_t *out) {
+  if (!BSON_ITER_HOLDS_NUMBER(it) && !BSON_ITER_HOLDS_DATE_TIME(it)) return 0;
+  *out = ml_iter_int64(it, 0);
+  return 1;
+}
+
+/* the document at it as a view */
+static int iter_doc(const bson_iter_t *it, bson_t *out) {
+  const uint8_t *data;
+  uint32_t len;
+  if (!BSON_ITER_HOLDS_DOCUMENT(it)) return 0;
+  bson_iter_document(it, &len, &data);
+  return bson_init_static(out, data, len);
+}
+
 int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_field,
                      ml_owner_form form, int doc, ml_acquire_reply *out) {
   bson_t value;
+  bson_iter_t it;
+  int has_doc = 0;
   memset(out, 0, sizeof *out);
   out->queued = -1;
   out->position = -1;
-  if (!find_doc(reply, "value", &value)) return 0;
-  out->has_remaining = find_int64(&value, "remainingMs", &out->remaining_ms);
-  if (doc) {
-    if (!find_doc(&value, "doc", &out->value)) return -1;
-  } else {
-    out->value = value;
-    find_int64(&value, ML_F_TOKEN, &out->token);
-    out->has_expires = find_int64(&value, ML_F_EXPIRES, &out->expires_ms);
-    find_int64(&value, "queued", &out->queued);
-    find_int64(&value, "position", &out->position);
-    out->has_holder = find_doc(&value, ML_F_HOLDER, &out->holder);
+  if (!find_doc(reply, "value", &value) || !bson_iter_init(&it, &value)) return 0;
+  out->value = value;
+  /* one pass over the returned fields (a named lock's projection, or a
+   * document lock's {doc, remainingMs}) */
+  while (bson_iter_next(&it)) {
+    const char *k = bson_iter_key(&it);
+    if (!strcmp(k, "remainingMs")) {
+      out->has_remaining = iter_number(&it, &out->remaining_ms);
+    } else if (doc) {
+      if (!strcmp(k, "doc")) has_doc = iter_doc(&it, &out->value);
+    } else if (!strcmp(k, owner_field)) {
+      out->owner = it;
+      out->has_owner = 1;
+    } else if (!strcmp(k, ML_F_TOKEN)) {
+      iter_number(&it, &out->token);
+    } else if (!strcmp(k, ML_F_EXPIRES)) {
+      out->has_expires = iter_number(&it, &out->expires_ms);
+    } else if (!strcmp(k, "queued")) {
+      iter_number(&it, &out->queued);
+    } else if (!strcmp(k, "position")) {
+      iter_number(&it, &out->position);
+    } else if (!strcmp(k, ML_F_HOLDER)) {
+      out->has_holder = iter_doc(&it, &out->holder);
+    }
   }
-  out->has_owner = bson_iter_init_find(&out->owner, &out->value, owner_field);
+  if (doc) {
+    if (!has_doc) return -1;
+    out->has_owner = bson_iter_init_find(&out->owner, &out->value, owner_field);
+  }
   out->won = out->has_owner && ml_owner_is(&out->owner, owner, form);
   return 1;
 }
