@@ -111,10 +111,13 @@ static void client_close(ml_client *c) {
 /* ---- Lua functions ----------------------------------------------------- */
 
 /*
- * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms)
+ * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms, bound_ms)
  *   -> client | nil, message
  * w: "majority", an integer >= 0, or nil for "majority".  appname,
  * wtimeout_ms, pool_size and sst_ms may be nil (the URI's or libmongoc's).
+ * bound_ms: serverSelectionTimeoutMS, connectTimeoutMS and socketTimeoutMS,
+ * each unless the URI (or sst_ms) gives it, so that no round trip waits for
+ * an unreachable or silent server longer than about that.
  * The Lua layer (mongolock.connect) checks and converts friendly options;
  * this checks types again and never trusts them.
  */
@@ -156,6 +159,20 @@ static int l_connect(lua_State *L) {
       return luaL_argerror(L, 6, "server selection timeout out of range");
     }
     mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, (int32_t)n);
+  }
+  if (!lua_isnoneornil(L, 7)) {
+    static const char *const bounded[] = {MONGOC_URI_SERVERSELECTIONTIMEOUTMS,
+                                          MONGOC_URI_CONNECTTIMEOUTMS,
+                                          MONGOC_URI_SOCKETTIMEOUTMS};
+    lua_Integer n = luaL_checkinteger(L, 7);
+    size_t k;
+    if (n < 1 || n > INT32_MAX) {
+      mongoc_uri_destroy(uri);
+      return luaL_argerror(L, 7, "server timeout out of range");
+    }
+    for (k = 0; k < sizeof bounded / sizeof bounded[0]; k++)
+      if (!mongoc_uri_has_option(uri, bounded[k]))
+        mongoc_uri_set_option_as_int32(uri, bounded[k], (int32_t)n);
   }
 
   /* the URI's write concern unless one was given; "majority" when neither */
@@ -216,6 +233,30 @@ static int l_gc(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   client_close(c);
   return 0;
+}
+
+/*
+ * client:writable() -> boolean: libmongoc's monitors know a server that
+ * takes writes now (a primary, a standalone, a mongos or a load balancer).
+ * No round trip: it reads the topology the pool's monitors keep, so a
+ * caller with a deadline can wait for a server without entering server
+ * selection, which would block for the whole serverSelectionTimeoutMS.
+ */
+static int l_writable(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  mongoc_client_t *mc = ml_client_get(L, c);
+  mongoc_server_description_t **sds;
+  size_t n = 0, k;
+  int ok = 0;
+  sds = mongoc_client_get_server_descriptions(mc, &n);
+  for (k = 0; k < n && !ok; k++) {
+    const char *t = mongoc_server_description_type(sds[k]);
+    ok = !strcmp(t, "RSPrimary") || !strcmp(t, "Standalone") || !strcmp(t, "Mongos") ||
+         !strcmp(t, "LoadBalancer");
+  }
+  mongoc_server_descriptions_destroy_all(sds, n);
+  lua_pushboolean(L, ok);
+  return 1;
 }
 
 /* client:closed() -> boolean */
@@ -322,6 +363,7 @@ static const luaL_Reg client_methods[] = {
   /* the client (this file) */
   {"close", l_close},
   {"closed", l_closed},
+  {"writable", l_writable},
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},
