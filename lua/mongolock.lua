@@ -8,53 +8,23 @@
 -- arguments, writes every default down once, and hands out the objects.
 
 local core = require "mongolock.core"
+local private = require "mongolock.private"
 
 local type = type
 local error = error
 local tostring = tostring
+local tonumber = tonumber
 local setmetatable = setmetatable
-local math_huge = math.huge
-local string_format = string.format
+local math_ceil = math.ceil
+
+local argerror = private.argerror
+local check_type = private.check_type
+local seconds = private.seconds
 
 local _M = { _VERSION = "0.1.0", core = core }
 
 local client_mt = {}
 client_mt.__index = client_mt
-
--- ---- argument checks (shared with the other modules) --------------------
-
--- raises "bad argument #n to 'fname' (msg)" at the caller of fname
-local function argerror(n, fname, msg, level)
-  error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), (level or 2) + 1)
-end
-_M._argerror = argerror
-
-local function typename(v)
-  return type(v)
-end
-
--- checks that v has type t (or is nil when optional); returns v
-local function check_type(v, t, n, fname, optional, level)
-  if v == nil and optional then return nil end
-  if type(v) ~= t then
-    argerror(n, fname, string_format("%s expected, got %s", t, typename(v)), (level or 2) + 1)
-  end
-  return v
-end
-_M._check_type = check_type
-
--- a positive, finite number of seconds (ttl, timeout, ...); returns it
-local function check_seconds(v, n, fname, what, level)
-  if type(v) ~= "number" then
-    argerror(n, fname, string_format("%s: number expected, got %s", what, typename(v)), (level or 2) + 1)
-  end
-  if v ~= v or v <= 0 or v == math_huge then
-    argerror(n, fname, string_format("%s must be a positive, finite number of seconds (got %s)",
-      what, tostring(v)), (level or 2) + 1)
-  end
-  return v
-end
-_M._check_seconds = check_seconds
 
 -- ---- connect ------------------------------------------------------------
 
@@ -63,15 +33,28 @@ local connect_defaults = {
   write_concern = "majority",     -- "majority" or a number of nodes
   wtimeout = nil,                 -- seconds to wait for the write concern
   pool_size = nil,                -- maximum connections (libmongoc: 100)
-  server_selection_timeout = nil, -- seconds (libmongoc: 30)
+  -- seconds a round trip waits for an unreachable or silent server: server
+  -- selection, connect and socket timeouts (the URI's own
+  -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
+  server_timeout = private.SERVER_TIMEOUT,
+  server_selection_timeout = nil, -- seconds; server selection alone
 }
 _M.connect_defaults = connect_defaults
+local CONNECT_OPTS = private.set({ "appname", "write_concern", "wtimeout", "pool_size",
+  "server_timeout", "server_selection_timeout" })
+
+-- the URI's serverSelectionTimeoutMS in seconds, or nil
+local function uri_selection_timeout(uri)
+  local ms = uri:lower():match("[?&;]serverselectiontimeoutms=(%d+)")
+  return ms and tonumber(ms) / 1000 or nil
+end
 
 -- client, err = mongolock.connect(uri, opts)
 function _M.connect(uri, opts)
   check_type(uri, "string", 1, "connect")
   check_type(opts, "table", 2, "connect", true)
   opts = opts or {}
+  private.check_keys(opts, CONNECT_OPTS, 2, "connect")
   local appname = check_type(opts.appname, "string", 2, "connect", true)
   local w = opts.write_concern
   if w == nil then w = connect_defaults.write_concern end
@@ -80,27 +63,41 @@ function _M.connect(uri, opts)
   end
   local wtimeout, pool, sst
   if opts.wtimeout ~= nil then
-    wtimeout = math.ceil(check_seconds(opts.wtimeout, 2, "connect", "wtimeout") * 1000)
+    wtimeout = math_ceil(seconds(opts.wtimeout, 2, "connect", "wtimeout") * 1000)
   end
   if opts.pool_size ~= nil then
     pool = opts.pool_size
     if type(pool) ~= "number" or pool ~= pool or pool < 1 or pool % 1 ~= 0 or pool > 100000 then
-      argerror(2, "connect", "pool_size must be a positive integer")
+      argerror(2, "connect", "pool_size must be an integer from 1 to 100000 (got "
+        .. private.shown(pool) .. ")")
     end
   end
   if opts.server_selection_timeout ~= nil then
-    sst = math.ceil(check_seconds(opts.server_selection_timeout, 2, "connect",
+    sst = math_ceil(seconds(opts.server_selection_timeout, 2, "connect",
       "server_selection_timeout") * 1000)
   end
-  local c, err = core.connect(uri, appname, w, wtimeout, pool, sst)
+  local bound = connect_defaults.server_timeout
+  if opts.server_timeout ~= nil then
+    bound = seconds(opts.server_timeout, 2, "connect", "server_timeout")
+    if bound > 86400 then
+      argerror(2, "connect", "server_timeout must be at most a day (86400 seconds) (got "
+        .. private.shown(bound) .. ")")
+    end
+  end
+  local c, err = core.connect(uri, appname, w, wtimeout, pool, sst, math_ceil(bound * 1000))
   if not c then return nil, err end
   -- the arguments, as plain values: inside nginx a worker thread makes its
   -- own client from them (mongolock.ngx)
   local connect_opts = {}
-  for _, k in ipairs({ "appname", "write_concern", "wtimeout", "pool_size", "server_selection_timeout" }) do
+  for _, k in ipairs({ "appname", "write_concern", "wtimeout", "pool_size", "server_selection_timeout",
+                       "server_timeout" }) do
     connect_opts[k] = opts[k]
   end
-  return setmetatable({ _core = c, uri = uri, appname = appname, connect_opts = connect_opts }, client_mt)
+  -- how long one server selection may block: the acquire loop waits for a
+  -- server itself when less than this is left before its deadline
+  local selection = uri_selection_timeout(uri) or (sst and sst / 1000) or bound
+  return setmetatable({ _core = c, uri = uri, appname = appname, connect_opts = connect_opts,
+                        server_bound = selection }, client_mt)
 end
 
 -- ---- the client ---------------------------------------------------------

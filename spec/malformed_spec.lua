@@ -77,6 +77,11 @@ local BAD_SECONDS = {
   { "non-numeric string", "soon" }, { "empty string", "" }, { "table", {} }, { "true", true },
   { "function", fn }, { "userdata", udata },
 }
+-- timeouts: 0 is one attempt and math.huge no limit, the rest are bad
+local BAD_TIMEOUT = {}
+for _, c in ipairs(BAD_SECONDS) do
+  if not (c[2] == 0 or c[2] == math.huge) then BAD_TIMEOUT[#BAD_TIMEOUT + 1] = c end
+end
 -- the same for C functions (luaL_checknumber takes "1" as Lua does; the
 -- catalogue has no numeric strings)
 local BAD_SECONDS_C = BAD_SECONDS
@@ -86,6 +91,7 @@ local function bad_opts(fields)
   local out = {
     { "string", "ttl=1" }, { "number", 1 }, { "true", true }, { "function", fn },
     { "userdata", udata }, { "coroutine", thread },
+    { "unknown key", { no_such_option = 1 } }, { "positional value", { 1 } },
   }
   for field, values in pairs(fields) do
     for _, v in ipairs(values) do
@@ -240,6 +246,7 @@ describe("#integration malformed input", function()
                       { "string", "10" }, { "table", {} } },
         wtimeout = BAD_SECONDS,
         server_selection_timeout = BAD_SECONDS,
+        server_timeout = BAD_SECONDS,
       }
       run(50, "connect", 2, cases, function(v) return mongolock.connect(helpers.uri(), v) end)
     end)
@@ -250,7 +257,7 @@ describe("#integration malformed input", function()
       local cases = bad_opts {
         database = { { "empty", "" }, { "number", 1 }, { "table", {} } },
         collection = { { "empty", "" }, { "number", 1 }, { "table", {} } },
-        ttl = BAD_SECONDS, timeout = BAD_SECONDS, step = BAD_SECONDS, max_step = BAD_SECONDS,
+        ttl = BAD_SECONDS, timeout = BAD_TIMEOUT, step = BAD_SECONDS, max_step = BAD_SECONDS,
         ratio = concat(BAD_SECONDS, { { "0.5", 0.5 } }), expire_after = BAD_SECONDS,
         wait = { { "unknown", "sometimes" }, { "number", 1 }, { "table", {} } },
       }
@@ -260,7 +267,7 @@ describe("#integration malformed input", function()
 
   describe("named locks", function()
     local coll_opts = {
-      ttl = BAD_SECONDS, timeout = BAD_SECONDS, step = BAD_SECONDS, max_step = BAD_SECONDS,
+      ttl = BAD_SECONDS, timeout = BAD_TIMEOUT, step = BAD_SECONDS, max_step = BAD_SECONDS,
       ratio = BAD_SECONDS, wait = { { "unknown", "sometimes" }, { "number", 1 }, { "table", {} } },
     }
 
@@ -326,19 +333,16 @@ describe("#integration malformed input", function()
         o[field] = v
         return o
       end
+      -- (a string is lua-resty-lock's dict_name: new(dict_name, opts))
       local cases = {
-        { "string", "opts" }, { "number", 1 }, { "true", true }, { "function", fn }, { "userdata", udata },
+        { "dict name with $", "a$b" }, { "empty dict name", "" }, { "dict name with NUL", "a\0b" },
+        { "number", 1 }, { "true", true }, { "function", fn }, { "userdata", udata },
+        { "unknown option", with("tll", 1) }, { "lua-resty-lock misspelt", with("exptim", 1) },
       }
-      -- timeout 0 is lua-resty-lock's "do not wait": valid
-      local function nonzero(list)
-        local out = {}
-        for _, c in ipairs(list) do if c[2] ~= 0 then out[#out + 1] = c end end
-        return out
-      end
       for _, f in ipairs({ "exptime", "step", "ratio", "max_step", "server_selection_timeout" }) do
         for _, c in ipairs(BAD_SECONDS) do cases[#cases + 1] = { f .. " = " .. c[1], with(f, c[2]) } end
       end
-      for _, c in ipairs(nonzero(BAD_SECONDS)) do
+      for _, c in ipairs(BAD_TIMEOUT) do
         cases[#cases + 1] = { "timeout = " .. c[1], with("timeout", c[2]) }
       end
       for _, c in ipairs({ { "number", 1 }, { "table", {} }, { "true", true } }) do
@@ -377,7 +381,7 @@ describe("#integration malformed input", function()
       run(40, "documents", 1, BAD_NAME, function(v) return client:documents(v, docs_coll) end)
       run(40, "documents", 2, BAD_NAME, function(v) return client:documents(db, v) end)
       local cases = bad_opts {
-        ttl = BAD_SECONDS, timeout = BAD_SECONDS,
+        ttl = BAD_SECONDS, timeout = BAD_TIMEOUT,
         fields = { { "string", "lockId" }, { "owner = _id", { owner = "_id" } },
                    { "owner dotted", { owner = "a.b" } }, { "time = $x", { time = "$x" } },
                    { "same fields", { owner = "x", time = "x" } }, { "owner empty", { owner = "" } } },
@@ -397,7 +401,7 @@ describe("#integration malformed input", function()
       for _, fname in ipairs({ "try", "lock", "status" }) do
         run(9, fname, 1, ids, function(v) return docs[fname](docs, v) end, true)
       end
-      local opts = bad_opts { ttl = BAD_SECONDS, timeout = BAD_SECONDS,
+      local opts = bad_opts { ttl = BAD_SECONDS, timeout = BAD_TIMEOUT,
                               insert = { { "string", "doc" }, { "number", 1 }, { "true", true } } }
       for _, fname in ipairs({ "try", "lock" }) do
         run(30, fname, 2, opts, function(v) return docs[fname](docs, "id-1", v) end)

@@ -150,7 +150,7 @@ describe("#integration resty.mongolock", function()
     assert.has_error(function() lock:lock("") end, "bad argument #1 to 'lock' (name must not be empty)")
     assert.has_error(function() lock:lock("\255") end, "bad argument #1 to 'lock' (name is not valid UTF-8)")
     assert.has_error(function() lock:expire(-1) end)
-    assert.has_error(function() resty:new("x") end, "bad argument #1 to 'new' (table expected, got string)")
+    assert.has_error(function() resty:new(5) end, "bad argument #1 to 'new' (table expected, got number)")
     for _, bad in ipairs({ { exptime = 0 }, { timeout = -1 }, { step = "x" }, { max_step = 0 / 0 },
                            { collection = 5 } }) do
       bad.client = client

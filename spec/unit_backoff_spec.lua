@@ -120,6 +120,7 @@ describe("#unit the wait seam of locks:acquire", function()
     local calls = 0
     l.core = setmetatable({
       closed = function() return false end,
+      writable = function() return true end,
       ensure_index = function() return true end,
       acquire = function()
         calls = calls + 1

@@ -3,8 +3,8 @@
 -- past the holder's known expiry or the caller's deadline.
 --
 -- The acquire loop (mongolock.locks) calls wait.sleep_until_retry(state)
--- after every failed attempt.  `wait` is mongolock.wait when that module
--- exists (change-stream wake-ups), else this module.  state:
+-- after every failed attempt through mongolock.wait, which falls back to
+-- this module when no change stream serves.  state:
 --   state.locks        the locks object
 --   state.name         the lock name
 --   state.attempt      attempts made so far (>= 1)
@@ -23,6 +23,7 @@
 -- nil, message[, code], and acquire returns those.
 
 local core = require "mongolock.core"
+local private = require "mongolock.private"
 
 local math_min = math.min
 local math_max = math.max
@@ -30,26 +31,12 @@ local random = core.random
 
 local _M = {
   _VERSION = "0.1.0",
-  defaults = { step = 0.001, ratio = 2, max_step = 0.5 },
-}
-
--- Phases of ngx_lua in which ngx.sleep yields (elsewhere it errors).
-local yieldable = {
-  rewrite = true, access = true, content = true, timer = true,
-  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
-  server_rewrite = true, preread = true,
+  defaults = private.backoff,   -- step 0.001 s, ratio 2, max_step 0.5 s
 }
 
 -- sleep(s): ngx.sleep inside a yieldable OpenResty phase (the worker keeps
 -- serving), else the C core's blocking sleep.
-function _M.sleep(s)
-  if s <= 0 then return end
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.sleep and ngx.get_phase and yieldable[ngx.get_phase()] then
-    return ngx.sleep(s)
-  end
-  return core.sleep(s)
-end
+_M.sleep = private.sleep
 
 -- The delay before the next attempt, and the step after it.
 --   step      current step (s), ratio, max_step: the backoff parameters

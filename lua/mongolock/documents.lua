@@ -17,42 +17,51 @@
 --   { fields = { owner = "LockId", time = "LockTime" }, time = "locked",
 --     owner_type = "uuid", ttl = <their lock duration> }
 
-local mongolock = require "mongolock"
 local core = require "mongolock.core"
-local wait = require "mongolock.wait"
+local private = require "mongolock.private"
+local wait_mod = require "mongolock.wait"
 
 local type = type
+local pairs = pairs
 local pcall = pcall
 local error = error
+local select = select
+local tostring = tostring
 local setmetatable = setmetatable
 local string_format = string.format
 local math_ceil = math.ceil
-local monotonic = core.monotonic
 local table_unpack = table.unpack or rawget(_G, "unpack")
+local function pack(...) return { n = select("#", ...), ... } end
 
-local argerror = mongolock._argerror
-local check_type = mongolock._check_type
-local check_seconds = mongolock._check_seconds
+local argerror = private.argerror
+local check_type = private.check_type
 
 local _M = {
   _VERSION = "0.1.0",
   defaults = {
     ttl = 30,                   -- seconds a lock lasts unless extended
-    timeout = 10,               -- seconds lock() waits
+    timeout = 10,               -- seconds lock() waits (0: one attempt,
+                                -- math.huge: no limit)
     owner_field = "lockId",     -- fields.owner
     time_field = "lockExpires", -- fields.time
     time = "expires",           -- the time field holds: "expires" (lease
                                 -- end) or "locked" (when it was locked)
     owner_type = "string",      -- "string" (32 hex digits) or "uuid"
-    step = 0.001,               -- backoff: first step (s), ratio, cap
-    ratio = 2,
-    max_step = 0.5,
-    wait = "auto",              -- "auto" | "watch" | "poll" (mongolock.wait)
+    step = private.backoff.step,          -- backoff: first step (s), ratio, cap
+    ratio = private.backoff.ratio,
+    max_step = private.backoff.max_step,
+    renew = false,              -- background renewal every ttl/3
+    wait = wait_mod.default,    -- "auto" | "watch" | "poll" (mongolock.wait)
   },
 }
 local defaults = _M.defaults
 
 local mt = { __index = _M }
+
+local CALL_OPTS = { "ttl", "timeout", "renew", "wait", "step", "ratio", "max_step" }
+local VALID_NEW = private.set(CALL_OPTS, { "fields", "time", "owner_type" })
+local VALID_CALL = private.set(CALL_OPTS, { "insert" })
+local VALID_FIELDS = private.set({ "owner", "time" })
 
 local function check_name(v, n, fname, what, level)
   if type(v) ~= "string" then
@@ -73,52 +82,72 @@ local function check_field(v, n, fname, what, level)
   return v
 end
 
+-- the options both new and the calls take: name -> check
+local checks = {
+  ttl = private.ttl,
+  timeout = private.timeout,
+  step = private.seconds,
+  max_step = private.seconds,
+  ratio = function(v, n, fname, what, level)
+    private.seconds(v, n, fname, what, level + 1)
+    if v < 1 then argerror(n, fname, "ratio must be >= 1 (got " .. private.shown(v) .. ")", level + 1) end
+    return v
+  end,
+  renew = function(v, n, fname, what, level)
+    if type(v) ~= "boolean" then
+      argerror(n, fname, what .. ": boolean expected, got " .. type(v), level + 1)
+    end
+    return v
+  end,
+  wait = function(v, n, fname, _, level) return wait_mod.check_mode(v, n, fname, level + 1) end,
+}
+
 -- docs = documents.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)
-  check_name(db, 1, "documents", "database", 2)
-  check_name(coll, 2, "documents", "collection", 2)
+  private.check_ns(db, 1, "documents", "database", 2)
+  private.check_ns(coll, 2, "documents", "collection", 2)
   check_type(opts, "table", 3, "documents", true, 2)
   opts = opts or {}
+  private.check_keys(opts, VALID_NEW, 3, "documents", 2)
   local fields = check_type(opts.fields, "table", 3, "documents", true, 2) or {}
+  private.check_keys(fields, VALID_FIELDS, 3, "documents", 2)
   local self = {
     client = client, core = client._core, db = db, coll = coll,
+    bound = client.server_bound or private.SERVER_TIMEOUT,
     owner_field = fields.owner ~= nil and check_field(fields.owner, 3, "documents", "fields.owner", 2)
       or defaults.owner_field,
     time_field = fields.time ~= nil and check_field(fields.time, 3, "documents", "fields.time", 2)
       or defaults.time_field,
-    ttl = opts.ttl ~= nil and check_seconds(opts.ttl, 3, "documents", "ttl", 2) or defaults.ttl,
-    timeout = opts.timeout ~= nil and check_seconds(opts.timeout, 3, "documents", "timeout", 2)
-      or defaults.timeout,
     time = opts.time == nil and defaults.time or opts.time,
     owner_type = opts.owner_type == nil and defaults.owner_type or opts.owner_type,
-    step = defaults.step, ratio = defaults.ratio, max_step = defaults.max_step,
-    renew = opts.renew and true or false,
-    wait = wait.check_mode(opts.wait, 3, "documents", 2) or defaults.wait,
   }
+  for _, k in pairs(CALL_OPTS) do
+    if opts[k] ~= nil then self[k] = checks[k](opts[k], 3, "documents", k, 2)
+    else self[k] = defaults[k] end
+  end
   if self.owner_field == self.time_field then
     argerror(3, "documents", "fields.owner and fields.time must differ", 2)
   end
   if self.time ~= "expires" and self.time ~= "locked" then
-    argerror(3, "documents", 'time must be "expires" or "locked"', 2)
+    argerror(3, "documents", 'time must be "expires" or "locked" (got ' .. private.shown(self.time)
+      .. ")", 2)
   end
   if self.owner_type ~= "string" and self.owner_type ~= "uuid" then
-    argerror(3, "documents", 'owner_type must be "string" or "uuid"', 2)
+    argerror(3, "documents", 'owner_type must be "string" or "uuid" (got '
+      .. private.shown(self.owner_type) .. ")", 2)
   end
   return setmetatable(self, mt)
 end
 
--- per-call options: ttl, timeout, insert, renew, wait
+-- per-call options over the collection's own
 local function call_opts(self, opts, fname)
   check_type(opts, "table", 2, fname, true, 3)
   opts = opts or {}
-  local o = {
-    ttl = opts.ttl ~= nil and check_seconds(opts.ttl, 2, fname, "ttl", 3) or self.ttl,
-    timeout = opts.timeout ~= nil and check_seconds(opts.timeout, 2, fname, "timeout", 3)
-      or self.timeout,
-    insert = check_type(opts.insert, "table", 2, fname, true, 3),
-    renew = opts.renew == nil and self.renew or (opts.renew and true or false),
-    wait = wait.check_mode(opts.wait, 2, fname, 3) or self.wait,
-  }
+  private.check_keys(opts, VALID_CALL, 2, fname, 3)
+  local o = { insert = check_type(opts.insert, "table", 2, fname, true, 3) }
+  for _, k in pairs(CALL_OPTS) do
+    if opts[k] ~= nil then o[k] = checks[k](opts[k], 2, fname, k, 3) else o[k] = self[k] end
+  end
   if self.time == "locked" and opts.ttl ~= nil and opts.ttl ~= self.ttl then
     -- every party computes expiry as lockTime + the same ttl
     argerror(2, fname, 'ttl is fixed per collection when time = "locked"', 3)
@@ -153,45 +182,45 @@ function _M.try(self, id, opts)
   return attempt(self, id, o)
 end
 
--- doc, h = docs:lock(id, opts): waits up to opts.timeout, as named locks
--- do (mongolock.wait: woken by the document's change stream when the
--- holder unlocks it or its lock expires, else backoff polling); nil,
--- "timeout", info when still held then.  Document locks keep no queue:
--- waiters race for a release.
+-- the wait loop, once the arguments are checked
+local function wait_for(self, id, o)
+  return private.acquire_loop({
+    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod,
+    attempt = function() return attempt(self, id, o) end,
+    new_state = function(deadline)
+      return { locks = { core = self.core, database = self.db, collection = self.coll },
+               name = id, field = self.owner_field, step = o.step, deadline = deadline,
+               opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
+    end,
+  })
+end
+
+-- doc, h = docs:lock(id, opts): waits up to opts.timeout (0: one attempt;
+-- math.huge: no limit), as named locks do (mongolock.wait: woken by the
+-- document's change stream when the holder unlocks it or its lock expires,
+-- else backoff polling); nil, "timeout", info when still held then.
+-- Document locks keep no queue: waiters race for a release.
 function _M.lock(self, id, opts)
   check_id(id, "lock")
   local o = call_opts(self, opts, "lock")
-  local deadline = monotonic() + o.timeout
-  local state
-  while true do
-    local doc, h, info = attempt(self, id, o)
-    if doc then return doc, h end
-    if h ~= "busy" then return nil, h, info end
-    if monotonic() >= deadline then return nil, "timeout", info end
-    if not state then
-      state = { locks = { core = self.core, database = self.db, collection = self.coll },
-                name = id, field = self.owner_field, step = self.step, deadline = deadline,
-                opts = { step = self.step, ratio = self.ratio, max_step = self.max_step,
-                         wait = o.wait } }
-    end
-    state.info = info
-    -- nil, err only when wait = "watch" finds no change stream
-    local ok, werr, wcode = wait.sleep_until_retry(state)
-    if ok == nil and werr ~= nil then return nil, werr, wcode end
-  end
+  return wait_for(self, id, o)
 end
 
--- docs:with(id, opts, fn, ...) -> fn's results | nil, err, code:
+-- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err, code:
 -- runs fn(doc, h, ...) holding the lock; when fn returns a table first,
 -- it is the changes written by the releasing command; always releases;
--- re-raises fn's error (after releasing without changes)
+-- re-raises fn's error (after releasing without changes).  fn's results
+-- come back only when the release (and its changes) reached the server
+-- while the lock was still this holder's; nil, "lost" when the lease had
+-- ended (expired, taken over): the changes were not written.
 function _M.with(self, id, opts, fn, ...)
   if type(opts) == "function" then return _M.with(self, id, nil, opts, fn, ...) end
   check_id(id, "with")
+  local o = call_opts(self, opts, "with")
   check_type(fn, "function", 3, "with")
-  local doc, h, info = _M.lock(self, id, opts)
+  local doc, h, info = wait_for(self, id, o)
   if not doc then return nil, h, info end
-  local res = { pcall(fn, doc, h, ...) }
+  local res = pack(pcall(fn, doc, h, ...))
   if not res[1] then
     pcall(h.release, h)
     error(res[2], 0)
@@ -199,8 +228,12 @@ function _M.with(self, id, opts, fn, ...)
   local changes = res[2]
   if type(changes) ~= "table" then changes = nil end
   local ok, err, code = h:release(changes)
-  if not ok then return nil, err, code end
-  return table_unpack(res, 2, #res)
+  if not ok then
+    pcall(h.close, h)
+    if err == "not held" or err == "lost" then return nil, "lost" end
+    return nil, err, code
+  end
+  return table_unpack(res, 2, res.n)
 end
 
 -- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code

@@ -27,8 +27,8 @@
 -- were written; only conflicting documents are read again, to hand back
 -- their current state.
 
-local mongolock = require "mongolock"
 local core = require "mongolock.core"
+local private = require "mongolock.private"
 
 local type = type
 local pairs = pairs
@@ -42,8 +42,8 @@ local string_find = string.find
 local string_sub = string.sub
 local table_sort = table.sort
 
-local argerror = mongolock._argerror
-local check_type = mongolock._check_type
+local argerror = private.argerror
+local check_type = private.check_type
 local null = core.null
 local array = core.array
 
@@ -59,6 +59,8 @@ local _M = {
 local defaults = _M.defaults
 
 local mt = { __index = _M }
+local NEW_OPTS = private.set({ "field", "retries" })
+local MODIFY_OPTS = private.set({ "retries" })
 
 local function check_name(v, n, fname, what)
   if type(v) ~= "string" then
@@ -76,6 +78,7 @@ function _M.new(client, db, coll, opts)
   check_name(coll, 2, "versioned", "collection")
   check_type(opts, "table", 3, "versioned", true)
   opts = opts or {}
+  private.check_keys(opts, NEW_OPTS, 3, "versioned")
   local field = opts.field
   if field == nil then field = defaults.field end
   check_name(field, 3, "versioned", "field")
@@ -387,6 +390,7 @@ function _M.modify(self, id, fn, opts)
   if id == nil then argerror(1, "modify", "_id expected, got nil") end
   check_type(fn, "function", 2, "modify")
   check_type(opts, "table", 3, "modify", true)
+  if opts then private.check_keys(opts, MODIFY_OPTS, 3, "modify") end
   local retries = self.retries
   if opts and opts.retries ~= nil then
     retries = opts.retries

@@ -32,13 +32,14 @@
 -- elsewhere the calling thread blocks in C until woken.
 
 local core = require "mongolock.core"
+local private = require "mongolock.private"
 local backoff = require "mongolock.backoff"
 
 local type = type
-local rawget = rawget
 local math_min = math.min
 local monotonic = core.monotonic
 local watch_wait = core.watch_wait
+local cooperative = private.cooperative
 
 local _M = {
   _VERSION = "0.1.0",
@@ -49,28 +50,12 @@ local _M = {
   max_retries = 3,
 }
 
--- Phases of ngx_lua in which ngx.sleep yields (as in mongolock.backoff).
-local yieldable = {
-  rewrite = true, access = true, content = true, timer = true,
-  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
-  server_rewrite = true, preread = true,
-}
-
-local function cooperative()
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.sleep and ngx.get_phase and yieldable[ngx.get_phase()] then
-    return ngx
-  end
-  return nil
-end
-
 -- raises at the caller's caller unless mode is a wait strategy
 function _M.check_mode(mode, argn, fname, level)
   if mode == nil then return nil end
   if type(mode) ~= "string" or not _M.modes[mode] then
-    error(("bad argument #%d to '%s' (wait must be \"auto\", \"watch\" or \"poll\", got %s)")
-      :format(argn, fname, type(mode) == "string" and ("%q"):format(mode) or type(mode)),
-      (level or 2) + 1)
+    private.argerror(argn, fname, ('wait must be "auto", "watch" or "poll" (got %s)')
+      :format(private.shown(mode)), (level or 2) + 1)
   end
   return mode
 end

@@ -31,14 +31,15 @@
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
-local check_name = require("mongolock.locks").check_name
+local private = require "mongolock.private"
+local check_name = private.check_name
 local transport = require "mongolock.ngx"
 local nlocks = require "mongolock.ngx.locks"
 
 local ok_sema, semaphore = pcall(require, "ngx.semaphore")
 if not ok_sema then semaphore = nil end
 
-local type, error, pairs, tostring = type, error, pairs, tostring
+local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
 local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
 local math_min, math_max = math.min, math.max
 local table_remove = table.remove
@@ -51,26 +52,27 @@ local mt = { __index = _M }
 -- every default, written down once (lua-resty-lock's, but the collection)
 local defaults = {
   exptime = 30,        -- lease length (s); lua-resty-lock's exptime
-  timeout = 5,         -- how long lock() waits (s); 0 makes one attempt
-  step = 0.001,        -- first sleep between attempts (s)
-  ratio = 2,           -- the step grows by this factor after each attempt
-  max_step = 0.5,      -- up to this (s)
+  timeout = 5,         -- how long lock() waits (s); 0 makes one attempt,
+                       -- math.huge waits for ever
+  step = private.backoff.step,          -- first sleep between attempts (s)
+  ratio = private.backoff.ratio,        -- the step grows by this factor
+  max_step = private.backoff.max_step,  -- up to this (s)
   collection = "locks",
   -- seconds an attempt waits for a reachable server, blocking the worker:
   -- 1 s unless the URI says otherwise (libmongoc's own default is 30 s)
   server_selection_timeout = 1,
 }
+_M.defaults = defaults
+
+local VALID = private.set({ "uri", "client", "database", "collection", "appname", "exptime",
+  "timeout", "step", "ratio", "max_step", "server_selection_timeout", "server_timeout" })
 
 -- per process: uri -> client, uri|db|collection -> locks, and the gates
 -- (locks -> key -> gate)
 local cache = { pid = nil, clients = {}, locks = {}, gates = {} }
 
 -- phases where ngx.semaphore and ngx.sleep yield
-local yieldable = {
-  rewrite = true, access = true, content = true, timer = true,
-  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
-  server_rewrite = true, preread = true,
-}
+local yieldable = private.yieldable
 
 local function locks_for(opts)
   local pid = getpid()
@@ -87,12 +89,13 @@ local function locks_for(opts)
     if sst == nil and not opts.uri:lower():find("serverselectiontimeoutms=", 1, true) then
       sst = defaults.server_selection_timeout
     end
-    key = opts.uri .. "|" .. tostring(sst)
+    key = opts.uri .. "|" .. tostring(sst) .. "|" .. tostring(opts.server_timeout)
     client = cache.clients[key]
     if not client then
       local err
       client, err = mongolock.connect(opts.uri, { appname = opts.appname or "resty.mongolock",
-                                                  server_selection_timeout = sst })
+                                                  server_selection_timeout = sst,
+                                                  server_timeout = opts.server_timeout })
       if not client then return nil, err end
       cache.clients[key] = client
     end
@@ -112,44 +115,49 @@ local function locks_for(opts)
   return locks
 end
 
-local function check_seconds(opts, name, allow_zero)
-  local v = opts[name]
-  if v == nil then return defaults[name] end
-  if type(v) ~= "number" or v ~= v or v == math.huge or v < 0 or (v == 0 and not allow_zero) then
-    error("bad option '" .. name .. "' to 'new' (" .. (allow_zero and "non-negative" or "positive")
-      .. " number expected, got " .. tostring(v) .. ")", 3)
-  end
-  return v
-end
-
 -- syntax: obj, err = mongolock:new(opts)
+--         obj, err = mongolock:new(dict_name, opts)   (lua-resty-lock's form)
 -- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
--- timeout, step, ratio, max_step, appname, server_selection_timeout.
-function _M.new(_, opts)
+-- timeout, step, ratio, max_step, appname, server_selection_timeout,
+-- server_timeout.  dict_name, lua-resty-lock's shared dictionary, names the
+-- collection here (unless opts.collection does): keys of different
+-- dictionaries stay apart, as they do in lua-resty-lock.
+function _M.new(_, dict_name, opts)
+  local n = 1
+  if type(dict_name) == "string" then
+    n = 2
+    private.check_coll(dict_name, nil, 1, "new", "dict_name", 2)
+  else
+    dict_name, opts = nil, dict_name
+  end
   if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(opts) .. ")", 2)
+    private.argerror(n, "new", "table expected, got " .. type(opts), 2)
   end
   opts = opts or {}
+  private.check_keys(opts, VALID, n, "new", 2)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   if o.client == nil then
     if o.uri == nil then o.uri = os.getenv("MONGODB_URI") end
     if type(o.uri) ~= "string" or o.uri == "" then
-      error("bad option 'uri' to 'new' (a MongoDB URI or a client expected; MONGODB_URI is unset "
-        .. "(nginx passes it to workers only with 'env MONGODB_URI;'))", 2)
+      private.argerror(n, "new", "uri: a MongoDB URI or a client expected; MONGODB_URI is unset "
+        .. "(nginx passes it to workers only with 'env MONGODB_URI;')", 2)
     end
   end
-  if o.collection ~= nil and type(o.collection) ~= "string" then
-    error("bad option 'collection' to 'new' (string expected, got " .. type(o.collection) .. ")", 2)
+  if o.database ~= nil then private.check_db(o.database, n, "new", "database", 2) end
+  if o.collection ~= nil then
+    private.check_coll(o.collection, o.database, n, "new", "collection", 2)
   end
-  o.collection = o.collection or defaults.collection
-  o.exptime = check_seconds(o, "exptime", false)
-  o.timeout = check_seconds(o, "timeout", true)
-  o.step = check_seconds(o, "step", false)
-  o.ratio = check_seconds(o, "ratio", false)
-  o.max_step = check_seconds(o, "max_step", false)
-  if o.server_selection_timeout ~= nil then
-    o.server_selection_timeout = check_seconds(o, "server_selection_timeout", false)
+  o.collection = o.collection or dict_name or defaults.collection
+  o.exptime = o.exptime == nil and defaults.exptime or private.ttl(o.exptime, n, "new", "exptime", 2)
+  o.timeout = o.timeout == nil and defaults.timeout
+    or private.timeout(o.timeout, n, "new", "timeout", 2)
+  for _, k in ipairs({ "step", "ratio", "max_step" }) do
+    o[k] = o[k] == nil and defaults[k] or private.seconds(o[k], n, "new", k, 2)
+  end
+  if o.ratio < 1 then private.argerror(n, "new", "ratio must be >= 1", 2) end
+  for _, k in ipairs({ "server_selection_timeout", "server_timeout" }) do
+    if o[k] ~= nil then o[k] = private.seconds(o[k], n, "new", k, 2) end
   end
 
   local locks, err = locks_for(o)
@@ -380,9 +388,7 @@ end
 -- "unlocked" (no lock held), "lost" (the lease had ended: the object no
 -- longer holds the lock), or the library's error.
 function _M.expire(self, timeout)
-  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout <= 0 or timeout == math.huge) then
-    error("bad argument #1 to 'expire' (positive number expected, got " .. tostring(timeout) .. ")", 2)
-  end
+  if timeout ~= nil then private.ttl(timeout, 1, "expire", "timeout", 2) end
   local t = timeout or self.exptime
   local lease = self.lease
   if lease then

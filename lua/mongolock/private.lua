@@ -1,0 +1,301 @@
+-- mongolock.private: what the library's Lua modules share and users do not
+-- call: argument and option checks (one set of messages, in seconds and the
+-- option's name), the OpenResty phases where sleeping yields, the backoff
+-- defaults, and the one acquire loop of named and document locks.
+--
+-- Conventions: a check raises "bad argument #n to 'fname' (...)" at the
+-- caller of the public function; `level` counts as error()'s does from the
+-- function that calls the check (2: the caller of that function).
+
+local core = require "mongolock.core"
+
+local type = type
+local next = next
+local pairs = pairs
+local error = error
+local tostring = tostring
+local rawget = rawget
+local string_format = string.format
+local math_huge = math.huge
+local math_min = math.min
+local math_max = math.max
+local monotonic = core.monotonic
+
+local _M = {}
+
+-- ---- defaults written once ------------------------------------------------
+
+-- backoff between attempts, as lua-resty-lock's (first step, growth, cap)
+_M.backoff = { step = 0.001, ratio = 2, max_step = 0.5 }
+
+-- seconds a round trip may wait for an unreachable or silent server (server
+-- selection, connect, socket), unless the URI sets libmongoc's own options:
+-- a sixth of the default lease, where libmongoc waits 30 s
+_M.SERVER_TIMEOUT = 5
+
+-- the longest lease (and queue place) the core takes
+_M.TTL_MAX = 365 * 24 * 3600
+
+-- ---- OpenResty -------------------------------------------------------------
+
+-- phases of ngx_lua in which ngx.sleep (and ngx.semaphore) yield
+_M.yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+
+-- ngx when running in a phase where ngx.sleep yields, else nil
+function _M.cooperative()
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.sleep and ngx.get_phase and _M.yieldable[ngx.get_phase()] then
+    return ngx
+  end
+  return nil
+end
+
+-- sleeps s seconds: ngx.sleep where it yields (the worker keeps serving),
+-- else the C core's blocking sleep
+function _M.sleep(s)
+  if s <= 0 then return end
+  local ngx = _M.cooperative()
+  if ngx then return ngx.sleep(s) end
+  return core.sleep(s)
+end
+
+-- ---- argument checks ---------------------------------------------------------
+
+-- raises "bad argument #n to 'fname' (msg)" at the caller of fname
+local function argerror(n, fname, msg, level)
+  error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), (level or 2) + 1)
+end
+_M.argerror = argerror
+
+-- v has type t (or is nil when optional); returns v
+function _M.check_type(v, t, n, fname, optional, level)
+  if v == nil and optional then return nil end
+  if type(v) ~= t then
+    argerror(n, fname, string_format("%s expected, got %s", t, type(v)), (level or 2) + 1)
+  end
+  return v
+end
+
+local function shown(v)
+  if type(v) == "string" then return string_format("%q", v) end
+  if type(v) == "number" then return tostring(v) end
+  return type(v)
+end
+_M.shown = shown
+
+local function number(v, n, fname, what, level)
+  if type(v) ~= "number" then
+    argerror(n, fname, string_format("%s: number of seconds expected, got %s", what, type(v)),
+      level + 1)
+  end
+  return v
+end
+
+-- a positive, finite number of seconds (step, expire_after, ...)
+function _M.seconds(v, n, fname, what, level)
+  level = (level or 2) + 1
+  number(v, n, fname, what, level)
+  if v ~= v or v <= 0 or v == math_huge then
+    argerror(n, fname, string_format("%s must be a positive, finite number of seconds (got %s)",
+      what, shown(v)), level)
+  end
+  return v
+end
+
+-- a lease length: positive seconds, at most a year
+function _M.ttl(v, n, fname, what, level)
+  level = (level or 2) + 1
+  number(v, n, fname, what, level)
+  if v ~= v or v <= 0 or v > _M.TTL_MAX then
+    argerror(n, fname, string_format("%s must be a positive number of seconds, at most a year "
+      .. "(%d) (got %s)", what, _M.TTL_MAX, shown(v)), level)
+  end
+  return v
+end
+
+-- how long to wait: 0 makes one attempt, math.huge waits for ever
+function _M.timeout(v, n, fname, what, level)
+  level = (level or 2) + 1
+  number(v, n, fname, what, level)
+  if v ~= v or v < 0 then
+    argerror(n, fname, string_format("%s must be a number of seconds >= 0 (0: one attempt, "
+      .. "math.huge: no limit) (got %s)", what, shown(v)), level)
+  end
+  if v == 0 then v = 0 end                    -- -0.0
+  return v
+end
+
+-- Levenshtein distance with adjacent transpositions (short strings only)
+local function distance(a, b)
+  local la, lb = #a, #b
+  if la > 64 or lb > 64 then return math_huge end
+  local d = {}
+  for i = 0, la do d[i] = { [0] = i } end
+  for j = 0, lb do d[0][j] = j end
+  for i = 1, la do
+    local ca = a:byte(i)
+    for j = 1, lb do
+      local cb = b:byte(j)
+      local cost = (ca == cb) and 0 or 1
+      local v = math_min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if i > 1 and j > 1 and ca == b:byte(j - 1) and a:byte(i - 1) == cb then
+        v = math_min(v, d[i - 2][j - 2] + 1)
+      end
+      d[i][j] = v
+    end
+  end
+  return d[la][lb]
+end
+
+-- the valid key nearest to key, when it is near enough to be a slip
+function _M.nearest(key, valid)
+  if type(key) ~= "string" then return nil end
+  local best, bestd
+  local lkey = key:lower()
+  for k in pairs(valid) do
+    local d = distance(lkey, k:lower())
+    if d < (bestd or math_huge) or (d == bestd and k < best) then best, bestd = k, d end
+  end
+  if best and bestd <= math_max(1, math_min(3, math.floor(#key / 3))) then return best end
+  return nil
+end
+
+-- raises unless every key of opts is in valid (a set of names): "unknown
+-- option 'tll' (did you mean 'ttl'?)"
+function _M.check_keys(opts, valid, n, fname, level)
+  for k in pairs(opts) do
+    if not valid[k] then
+      local near = _M.nearest(k, valid)
+      local what = type(k) == "string" and string_format("'%s'", k) or string_format("[%s]", shown(k))
+      argerror(n, fname, string_format("unknown option %s%s", what,
+        near and string_format(" (did you mean '%s'?)", near) or ""), (level or 2) + 1)
+    end
+  end
+  return opts
+end
+
+-- a set from a list of names
+function _M.set(...)
+  local s = {}
+  for _, list in pairs({ ... }) do
+    for _, k in pairs(list) do s[k] = true end
+  end
+  return s
+end
+
+-- ---- lock names ---------------------------------------------------------------
+
+local MAX_NAME = 1024
+
+-- raises at the caller of fname unless name is a valid lock name
+function _M.check_name(name, fname, level)
+  level = (level or 2) + 1
+  if type(name) ~= "string" then
+    argerror(1, fname, string_format("string expected, got %s", type(name)), level)
+  end
+  if #name == 0 then argerror(1, fname, "name must not be empty", level) end
+  if #name > MAX_NAME then argerror(1, fname, "name longer than 1024 bytes", level) end
+  if name:find("\0", 1, true) then argerror(1, fname, "name contains a NUL byte", level) end
+  if not core.utf8_valid(name) then argerror(1, fname, "name is not valid UTF-8", level) end
+  return name
+end
+
+-- a database or collection name: 1..119 bytes of UTF-8, no NUL, no '$'
+-- (MongoDB's limits on a namespace, as the core checks them)
+function _M.check_ns(v, n, fname, what, level)
+  level = (level or 2) + 1
+  if type(v) ~= "string" then
+    argerror(n, fname, string_format("%s: string expected, got %s", what, type(v)), level)
+  end
+  if #v == 0 or #v > 119 or v:find("[%z$]") or not core.utf8_valid(v) then
+    argerror(n, fname, string_format("%s must be 1..119 bytes of UTF-8 without NUL or '$' (got %s)",
+      what, shown(#v > 40 and v:sub(1, 40) .. "..." or v)), level)
+  end
+  return v
+end
+
+-- ---- the acquire loop -----------------------------------------------------------
+
+-- the error of an acquire that found no server before its deadline, as
+-- libmongoc words a failed server selection (MONGOC_ERROR_SERVER_SELECTION_FAILURE)
+_M.NO_SERVER = "No suitable servers found: no server that takes writes was reachable "
+  .. "before the timeout"
+_M.NO_SERVER_CODE = 13053
+
+-- Waits until the client's monitors know a writable server (true), or until
+-- `until_` (monotonic) passes (false).  No round trip: an attempt started
+-- now would block in server selection for up to the client's
+-- server_timeout, past a caller's deadline.
+local function await_server(core_client, until_)
+  local step = 0.002
+  while true do
+    if core_client:closed() then return true end      -- the attempt says "closed"
+    if core_client:writable() then return true end
+    local left = until_ - monotonic()
+    if left <= 0 then return false end
+    _M.sleep(math_min(step, left))
+    step = math_min(step * 2, 0.05)
+  end
+end
+
+--[[
+The one acquire loop of named locks (mongolock.locks) and document locks
+(mongolock.documents).  run = {
+  core      the client's core (closed, writable)
+  bound     the client's server selection bound (s)
+  timeout   seconds: 0 makes one attempt, math.huge waits for ever
+  attempt   function(polling) -> first value non-nil on success (all are
+            returned) | nil, "busy", info | nil, err, code
+  wait      the wait module (sleep_until_retry(state))
+  state     the wait state (mongolock.backoff documents it), made on the
+            first busy answer by new_state(deadline)
+  new_state function(deadline) -> state
+  refresh   seconds after an attempt a queued waiter comes back (nil: no queue)
+  give_up   function(...) -> nil, ... (leaves the queue); nil: return nil, ...
+}
+Guarantee: no attempt starts after the deadline, no wait goes past it, and
+an attempt that starts with less than the server bound left first waits (up
+to the deadline) for a writable server, so an unreachable server costs no
+more than the timeout.  An attempt in flight when the server dies or stops
+answering ends within the server bound.
+]]
+function _M.acquire_loop(run)
+  local timeout = run.timeout
+  local start = monotonic()
+  local deadline = start + timeout
+  local give_up = run.give_up or function(...) return nil, ... end
+  local state
+  local first = true
+  while true do
+    local started = monotonic()
+    -- timeout = 0 is one attempt however long its round trip takes
+    if timeout > 0 and deadline - started < run.bound and not await_server(run.core, deadline) then
+      return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE)
+    end
+    started = monotonic()
+    local polling = (run.poll or (state ~= nil and state.polling)) and true or false
+    local a, b, c = run.attempt(polling, first)
+    first = false
+    if a ~= nil then return a, b, c end
+    if b ~= "busy" then return give_up(b, c) end
+    if monotonic() >= deadline then return give_up("timeout", c) end
+    if not state then state = run.new_state(deadline) end
+    state.attempt = (state.attempt or 0) + 1
+    state.info = c
+    state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
+    -- nil, err only when wait = "watch" finds no change stream
+    local ok, serr, scode = run.wait.sleep_until_retry(state)
+    if ok == nil and serr ~= nil then return give_up(serr, scode) end
+  end
+end
+
+-- is t an empty table (no option given)?
+function _M.empty(t)
+  return next(t) == nil
+end
+
+return _M
