@@ -166,6 +166,12 @@ end
 
 -- the wait loop of acquire and with, once the arguments are checked
 local function wait_for(self, name, ttl_ms, o)
+  if o.timeout == 0 then
+    -- one attempt, as try makes it: it takes no place in the queue
+    local h, err, info = attempt(self, name, ttl_ms, o)
+    if err == "busy" then err = "timeout" end
+    return h, err, info
+  end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)

@@ -155,13 +155,19 @@ end
 function _M.nearest(key, valid)
   if type(key) ~= "string" then return nil end
   local best, bestd
-  local lkey = key:lower()
+  -- case and underscores aside: serverSelectionTimeoutMS is near
+  -- server_selection_timeout
+  local lkey = key:lower():gsub("_", "")
   for k in pairs(valid) do
-    local d = distance(lkey, k:lower())
-    if d < (bestd or math_huge) or (d == bestd and k < best) then best, bestd = k, d end
+    local lk = k:lower():gsub("_", "")
+    local d = distance(lkey, lk)
+    -- a slip: about one edit in three letters of the longer name
+    if d <= math_max(1, math_min(3, math.floor(math_max(#lkey, #lk) / 3)))
+       and (d < (bestd or math_huge) or (d == bestd and k < best)) then
+      best, bestd = k, d
+    end
   end
-  if best and bestd <= math_max(1, math_min(3, math.floor(#key / 3))) then return best end
-  return nil
+  return best
 end
 
 -- raises unless every key of opts is in valid (a set of names): "unknown

@@ -1,0 +1,212 @@
+-- #integration: a timeout is a bound.  timeout = 0 is one attempt,
+-- math.huge no limit; a call with a timeout returns within it even when the
+-- server dies or stops answering, and the calls without one (release,
+-- extend, status, list, close) within the client's server_timeout.
+--
+-- The dead-server cases run against a private stand-in started (and
+-- SIGKILLed) by the spec itself, also when MONGODB_URI names a real server.
+local helpers = require "helpers"
+local core = require "mongolock.core"
+local mongolock = require "mongolock"
+
+local monotonic = core.monotonic
+local format = string.format
+
+-- ---- a private stand-in ------------------------------------------------------
+
+-- starts tools/mongo-standin on a free port; returns {uri, pid, log}
+local function standin()
+  local log = os.tmpname()
+  local p = assert(io.popen(format("node %s --port 0 >%s 2>&1 & echo $!",
+    helpers.shell_quote(helpers.root .. "/tools/mongo-standin/server.js"), helpers.shell_quote(log))))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  for _ = 1, 400 do
+    local addr = (helpers.read_file(log) or ""):match("listening (%S+)")
+    if addr then
+      return { uri = format("mongodb://%s/?replicaSet=rs0", addr), pid = pid, log = log }
+    end
+    core.sleep(0.05)
+  end
+  error("the stand-in did not start: " .. (helpers.read_file(log) or ""))
+end
+
+local function kill(s)
+  os.execute(format("kill -9 %d 2>/dev/null", s.pid))
+  os.remove(s.log)
+end
+
+-- kills s after `after` seconds, from a shell in the background
+local function kill_later(s, after)
+  os.execute(format("(sleep %s; kill -9 %d) >/dev/null 2>&1 </dev/null &", tostring(after), s.pid))
+end
+
+-- seconds fn took, and its results
+local function timed(fn)
+  local t0 = monotonic()
+  local r = table.pack and table.pack(fn()) or { fn() }
+  return monotonic() - t0, r
+end
+
+describe("#integration timeout = 0 and math.huge", function()
+  local client, overhead
+
+  local function commands(fn)
+    local a = helpers.opcounters(client)
+    local r = table.pack and table.pack(fn()) or { fn() }
+    local b = helpers.opcounters(client)
+    return b.total - a.total - overhead, r
+  end
+
+  setup(function()
+    client = helpers.connect({ appname = "timeouts" }, helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
+    helpers.opcounters(client)
+    local a = helpers.opcounters(client)
+    local b = helpers.opcounters(client)
+    overhead = b.total - a.total
+  end)
+  teardown(function() client:close() end)
+
+  it("locks:acquire with timeout = 0 makes exactly one attempt", function()
+    local locks = helpers.locks(client)
+    local h = assert(locks:acquire("busy"))
+    local n, r = commands(function() return locks:acquire("busy", { timeout = 0 }) end)
+    assert.is_nil(r[1])
+    assert.equal("timeout", r[2])
+    assert.equal(h.owner, r[3].owner)
+    assert.equal(1, n)
+    -- free: the one attempt takes it
+    local h2
+    n = commands(function() h2 = assert(locks:acquire("free", { timeout = 0 })) end)
+    assert.equal(1, n)
+    assert.is_true(h2:release())
+    assert.is_true(h:release())
+  end)
+
+  it("docs:lock with timeout = 0 makes exactly one attempt", function()
+    local docs = client:documents(helpers.database, helpers.unique("docs"))
+    local _, h = assert(docs:lock("d", { insert = {} }))
+    local n, r = commands(function() return docs:lock("d", { timeout = 0 }) end)
+    assert.is_nil(r[1])
+    assert.equal("timeout", r[2])
+    assert.equal(1, n)
+    assert.is_true(h:release())
+  end)
+
+  it("locks:with and client:locks take timeout = 0 too", function()
+    local locks = helpers.locks(client, { timeout = 0 })
+    local h = assert(locks:acquire("w"))
+    local ok, err = locks:with("w", function() return 1 end)
+    assert.is_nil(ok)
+    assert.equal("timeout", err)
+    assert.is_true(h:release())
+    assert.equal(7, locks:with("w", { timeout = 0 }, function() return 7 end))
+  end)
+
+  it("math.huge waits for as long as it takes", function()
+    local locks = helpers.locks(client)
+    assert(locks:acquire("forever", { ttl = 0.5 }))   -- never released: expires
+    local took, r = timed(function() return locks:acquire("forever", { timeout = math.huge }) end)
+    assert.is_userdata(r[1])
+    assert.is_true(took >= 0.3, took)
+    assert.is_true(r[1]:release())
+    local docs = client:documents(helpers.database, helpers.unique("docs"))
+    assert(docs:lock("d", { insert = {}, ttl = 0.5 }))
+    local doc, h = docs:lock("d", { timeout = math.huge })
+    assert.is_table(doc)
+    assert.is_true(h:release())
+  end)
+end)
+
+describe("#integration a server that dies or hangs", function()
+  -- auto: the change stream's failed getMore tells the driver first, and
+  -- no attempt starts once no server is known.  poll: the next attempt finds
+  -- the connection dead, and the driver's retry of the write selects a
+  -- server again: timeout + 2 server_timeouts at worst
+  it("acquire with timeout = 2 returns within it when the server is killed mid-wait", function()
+    for _, case in ipairs({ { "auto", nil, 2 }, { "poll", 1, 2 + 2 * 1 } }) do
+      local mode, bound, limit = case[1], case[2], case[3]
+      local s = standin()
+      local holder = assert(mongolock.connect(s.uri))
+      local waiter = assert(mongolock.connect(s.uri, { server_timeout = bound }))
+      local hl = holder:locks({ collection = "k" })
+      local wl = waiter:locks({ collection = "k" })
+      assert(hl:acquire("x", { ttl = 30 }))
+      kill_later(s, 1)
+      local took, r = timed(function() return wl:acquire("x", { timeout = 2, wait = mode }) end)
+      assert.is_nil(r[1])
+      assert.is_string(r[2])
+      assert.is_true(took < 2 * limit, format("%s: %.2f s", mode, took))
+      local closed = timed(function() waiter:close() end)
+      assert.is_true(closed < 2 * 2 * (bound or 5), format("close: %.2f s", closed))
+      holder:close()
+      kill(s)
+    end
+  end)
+
+  it("acquire with timeout = 2 returns within it plus server_timeout when the server hangs", function()
+    local s = standin()
+    local admin = assert(mongolock.connect(s.uri))
+    local waiter = assert(mongolock.connect(s.uri, { appname = "hung", server_timeout = 1 }))
+    local wl = waiter:locks({ collection = "k" })
+    assert(admin:locks({ collection = "k" }):acquire("x", { ttl = 30 }))
+    assert(wl:status("x"))                -- connected, index made
+    assert(core._failpoint(admin._core, { mode = "alwaysOn", commands = { "findAndModify" },
+      app_name = "hung", block_ms = 20000 }))
+    local took, r = timed(function() return wl:acquire("x", { timeout = 2 }) end)
+    assert.is_nil(r[1])
+    -- timeout + server_timeout, under 2x
+    assert.is_true(took < 2 * (2 + 1), format("%.2f s", took))
+    admin:close()
+    kill(s)
+    waiter:close()
+  end)
+
+  it("release, extend, status, list and close of a dead server return within server_timeout", function()
+    local s = standin()
+    local client = assert(mongolock.connect(s.uri, { server_timeout = 1 }))
+    local locks = client:locks({ collection = "k" })
+    local h = assert(locks:acquire("x", { ttl = 30, renew = true }))
+    local h2 = assert(locks:acquire("y", { ttl = 30 }))
+    kill(s)
+    -- each within server_timeout, twice that for a write the driver retries
+    -- after a lost connection; asserted under 2x that
+    local bound = 2 * 1
+    for what, fn in pairs({
+      extend = function() return h:extend() end,
+      release = function() return h2:release() end,
+      status = function() return locks:status("x") end,
+      list = function() return locks:list() end,
+      try = function() return locks:try("z") end,
+    }) do
+      local took, r = timed(fn)
+      assert.is_nil(r[1], what)
+      assert.is_true(took < 2 * bound, format("%s: %.2f s", what, took))
+    end
+    local took = timed(function() client:close() end)
+    assert.is_true(took < 2 * bound, format("close: %.2f s", took))
+  end)
+
+  it("the default server_timeout is far below libmongoc's 30 s", function()
+    local s = standin()
+    local client = assert(mongolock.connect(s.uri))
+    local locks = client:locks({ collection = "k" })
+    assert(locks:list())
+    kill(s)
+    local took, r = timed(function() return locks:status("x") end)
+    assert.is_nil(r[1])
+    assert.is_true(took < 2 * 2 * mongolock.connect_defaults.server_timeout, format("%.2f s", took))
+    client:close()
+  end)
+
+  it("acquire with a timeout returns within it against a port that refuses", function()
+    local client = assert(mongolock.connect("mongodb://127.0.0.1:1/"))
+    local locks = client:locks()
+    local took, r = timed(function() return locks:acquire("x", { timeout = 1 }) end)
+    assert.is_nil(r[1])
+    assert.is_truthy(r[2]:match("No suitable servers"), r[2])
+    assert.is_true(took < 2, format("%.2f s", took))
+    took = timed(function() client:close() end)
+    assert.is_true(took < 1, format("close: %.2f s", took))
+  end)
+end)
