@@ -55,7 +55,7 @@ function _M.check_mode(mode, argn, fname, level)
   if mode == nil then return nil end
   if type(mode) ~= "string" or not _M.modes[mode] then
     private.argerror(argn, fname, ('wait must be "auto", "watch" or "poll", got %s')
-      :format(private.shown(mode)), (level or 2) + 1)
+      :format(type(mode) == "string" and ("%q"):format(mode) or type(mode)), (level or 2) + 1)
   end
   return mode
 end
