@@ -104,8 +104,8 @@ local checks = {
 
 -- docs = documents.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)
-  private.check_ns(db, 1, "documents", "database", 2)
-  private.check_ns(coll, 2, "documents", "collection", 2)
+  private.check_db(db, 1, "documents", "database", 2)
+  private.check_coll(coll, db, 2, "documents", "collection", 2)
   check_type(opts, "table", 3, "documents", true, 2)
   opts = opts or {}
   private.check_keys(opts, VALID_NEW, 3, "documents", 2)

@@ -95,8 +95,10 @@ local checks = {
   wait = function(v, n, fname, _, level)
     return wait_mod.check_mode(v, n, fname, (level or 2) + 1)
   end,
-  database = private.check_ns,
-  collection = private.check_ns,
+  database = private.check_db,
+  collection = function(v, n, fname, what, level)
+    return private.check_coll(v, nil, n, fname, what, (level or 2) + 1)
+  end,
 }
 
 -- copies the checked options of opts (argument n of fname) into into
@@ -116,6 +118,7 @@ function _M.new(client, opts)
   self.client = client
   self.core = client._core
   self.database = self.database or client:default_database()
+  private.check_coll(self.collection, self.database, 1, "locks", "collection", 2)
   self.app = client.appname
   self.bound = client.server_bound or private.SERVER_TIMEOUT
   self.key = (client.uri or "") .. "\0" .. self.database .. "\0" .. self.collection

@@ -210,16 +210,36 @@ function _M.check_name(name, fname, level)
   return name
 end
 
--- a database or collection name: 1..119 bytes of UTF-8, no NUL, no '$'
--- (MongoDB's limits on a namespace, as the core checks them)
-function _M.check_ns(v, n, fname, what, level)
+-- MongoDB's limits on names, as the core checks them: a database is 1..63
+-- bytes of UTF-8 without /\. "$ or NUL; a collection is UTF-8 without '$'
+-- or NUL, not system.*, and at most 255 bytes with its database and a dot
+local function clip(v)
+  return shown(#v > 40 and v:sub(1, 40) .. "..." or v)
+end
+
+function _M.check_db(v, n, fname, what, level)
   level = (level or 2) + 1
   if type(v) ~= "string" then
     argerror(n, fname, string_format("%s: string expected, got %s", what, type(v)), level)
   end
-  if #v == 0 or #v > 119 or v:find("[%z$]") or not core.utf8_valid(v) then
-    argerror(n, fname, string_format("%s must be 1..119 bytes of UTF-8 without NUL or '$' (got %s)",
-      what, shown(#v > 40 and v:sub(1, 40) .. "..." or v)), level)
+  if #v == 0 or #v > 63 or v:find('[%z/\\%. "$]') or not core.utf8_valid(v) then
+    argerror(n, fname, string_format('%s must be 1..63 bytes of UTF-8, none of /\\. "$ or NUL '
+      .. "(got %s)", what, clip(v)), level)
+  end
+  return v
+end
+
+-- db: the collection's database when known (its length counts)
+function _M.check_coll(v, db, n, fname, what, level)
+  level = (level or 2) + 1
+  if type(v) ~= "string" then
+    argerror(n, fname, string_format("%s: string expected, got %s", what, type(v)), level)
+  end
+  local max = 254 - (db and #db or 1)
+  if #v == 0 or #v > max or v:find("[%z$]") or v:sub(1, 7) == "system."
+     or not core.utf8_valid(v) then
+    argerror(n, fname, string_format("%s must be 1..%d bytes of UTF-8 without '$' or NUL, not "
+      .. "system.* (got %s)", what, max, clip(v)), level)
   end
   return v
 end
