@@ -8,6 +8,7 @@
 local helpers = require "helpers"
 local core = require "mongolock.core"
 local mongolock = require "mongolock"
+local testing = require "mongolock.testing"
 
 local monotonic = core.monotonic
 local format = string.format
@@ -151,7 +152,7 @@ describe("#integration a server that dies or hangs", function()
     local wl = waiter:locks({ collection = "k" })
     assert(admin:locks({ collection = "k" }):acquire("x", { ttl = 30 }))
     assert(wl:status("x"))                -- connected, index made
-    assert(core._failpoint(admin._core, { mode = "alwaysOn", commands = { "findAndModify" },
+    assert(testing.failpoint(admin._core, { mode = "alwaysOn", commands = { "findAndModify" },
       app_name = "hung", block_ms = 20000 }))
     local took, r = timed(function() return wl:acquire("x", { timeout = 2 }) end)
     assert.is_nil(r[1])
