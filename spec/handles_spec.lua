@@ -124,7 +124,7 @@ describe("#integration handle states", function()
   end)
 
   it("status tells held, expired (with the last holder) and free apart", function()
-    local locks = helpers.locks(client, { appname = "x" })
+    local locks = helpers.locks(client)
     local name = helpers.unique("state")
     local h = assert(locks:acquire(name, { ttl = 0.2 }))
     local st = assert(locks:status(name))
