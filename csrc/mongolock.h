@@ -1,24 +1,30 @@
 /*
- * mongolock private header: the pieces the C files share.
+ * mongolock private header: the pieces the C files share (doc/design.md
+ * has the same layout).
  *
- *   core.c    luaopen_mongolock_core: module table, monotonic clock, sleep
- *   protocol.c  the lock documents' commands and replies (pure; protocol.h)
- *   transport.c runs a built command on libmongoc (transport.h)
- *   ops.c     the protocol and transport seen from Lua: core.op_*,
- *             client:run, core.parse_*, and the tables parsed replies make
- *   client.c  mongolock.Client: the connection pool, fork detection, errors
- *   lock.c    mongolock.Lock: leases (named locks and document locks)
- *   bson.c    Lua value <-> BSON, and the typed values (null, ObjectId, ...)
- *   command.c client:command, a generic command for the Lua layer
- *   documents.c  locks on the application's own documents
- *   renew.c   background lease renewal (a thread per process)
- *   watch.c   change-stream waits
+ *   protocol.h/.c  the protocol: the lock documents' schema, every command
+ *               on them (pure builders) and every reply parsed
+ *   transport.h/.c the transport: runs a built op on libmongoc's pool
+ *   ops.c       the protocol and transport seen from Lua (core.op_*,
+ *               client:run, core.parse_*), the tables parsed replies make
+ *   client.c    mongolock.Client: pool, fork, errors; registers every Client
+ *               method
+ *   lock.c      mongolock.Lock: the lease (kind: named or document), every
+ *               Lock method, the one release path; named-lock commands
+ *   documents.c document-lock commands and a release's changes
+ *   command.c   client:command
+ *   renew.c     background lease renewal (a thread per client and process)
+ *   watch.c     change-stream waits
+ *   bson.c      Lua value <-> BSON, and the typed values (null, ObjectId, ...)
+ *   core.c      luaopen_mongolock_core: module table, clock, ids
  *
- * proc.c is a module of its own (mongolock.proc, child processes for the
+ * testing.c is the specs' module (mongolock.testing), built next to the
+ * core and never shipped; it reads the core through ml_internals.  proc.c
+ * is a module of its own (mongolock.proc, child processes for the
  * mongolock command) and does not use this header.
  *
- * Only luaopen_mongolock_core is exported; everything else is static or
- * hidden (the build uses -fvisibility=hidden).
+ * Only luaopen_* are exported; everything else is static or hidden (the
+ * build uses -fvisibility=hidden).
  */
 #ifndef MONGOLOCK_H
 #define MONGOLOCK_H
