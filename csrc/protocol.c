@@ -549,25 +549,25 @@ void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag) {
   bson_destroy(&or_);
 }
 
+void ml_build_watch_start(bson_t *out, uint32_t t, uint32_t i, const bson_t *resume_token) {
+  if (resume_token) BCON_APPEND(out, "resumeAfter", BCON_DOCUMENT(resume_token));
+  else BCON_APPEND(out, "startAtOperationTime", BCON_TIMESTAMP(t, i));
+}
+
 void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *field,
                     const char *tag, uint32_t t, uint32_t i, const bson_t *resume_token) {
-  bson_t p = BSON_INITIALIZER;
+  bson_t p = BSON_INITIALIZER, start = BSON_INITIALIZER;
   bson_iter_t it, match;
   ml_build_watch_pipeline(&p, field, tag);
   bson_iter_init(&it, &p);
   bson_iter_find_descendant(&it, "pipeline.0", &match);
+  ml_build_watch_start(&start, t, i, resume_token);
   op_init(op, ML_RUN_COMMAND, db, coll);
-  if (resume_token)
-    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
-                "pipeline", "[", "{", "$changeStream", "{", "resumeAfter", BCON_DOCUMENT(resume_token),
-                                 "}", "}", BCON_ITER(&match), "]",
-                "cursor", "{", "}");
-  else
-    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
-                "pipeline", "[", "{", "$changeStream", "{",
-                                   "startAtOperationTime", BCON_TIMESTAMP(t, i), "}", "}",
-                                 BCON_ITER(&match), "]",
-                "cursor", "{", "}");
+  BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+              "pipeline", "[", "{", "$changeStream", BCON_DOCUMENT(&start), "}",
+                               BCON_ITER(&match), "]",
+              "cursor", "{", "}");
+  bson_destroy(&start);
   bson_destroy(&p);
 }
 

@@ -141,6 +141,11 @@ void ml_build_command(ml_op *op, const char *db, const bson_t *cmd, const bson_t
  */
 void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag);
 
+/* where a change stream starts: {startAtOperationTime: (t, i)}, or
+ * {resumeAfter: resume_token} when it is not NULL (libmongoc's watch
+ * options, and the $changeStream stage) */
+void ml_build_watch_start(bson_t *out, uint32_t t, uint32_t i, const bson_t *resume_token);
+
 /* the change stream as a plain aggregate, for a transport that keeps no
  * cursor of libmongoc: starting at (t, i), or after resume_token when it
  * is not NULL; the cursor's first batch is empty */

@@ -169,10 +169,7 @@ static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_s
   ml_build_watch_pipeline(&pipeline, s->field, s->tag);
   bson_init(&opts);
   BSON_APPEND_INT64(&opts, "maxAwaitTimeMS", AWAIT_MS);
-  if (resume_token)
-    BSON_APPEND_DOCUMENT(&opts, "resumeAfter", resume_token);
-  else
-    BSON_APPEND_TIMESTAMP(&opts, "startAtOperationTime", s->start_t, s->start_i);
+  ml_build_watch_start(&opts, s->start_t, s->start_i, resume_token);
   cs = mongoc_collection_watch(coll, &pipeline, &opts);
   bson_destroy(&pipeline);
   bson_destroy(&opts);
