@@ -57,6 +57,7 @@ build = {
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
     ["mongolock.ngx"] = "lua/mongolock/ngx.lua",
     ["mongolock.ngx.locks"] = "lua/mongolock/ngx/locks.lua",
+    ["mongolock.ngx.handle"] = "lua/mongolock/ngx/handle.lua",
     ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
     ["mongolock.ngx.watch"] = "lua/mongolock/ngx/watch.lua",
     ["mongolock.core"] = {

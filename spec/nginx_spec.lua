@@ -17,6 +17,10 @@ local REQUESTS = 500          -- all sent at once, one connection each
 -- a location the spec adds to the example: the per-worker queue of
 -- resty.mongolock, checked from inside one request of one worker
 local SPEC_LOCATIONS = [[
+        location = /api-spec {
+            content_by_lua_file api_spec.lua;
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
@@ -119,6 +123,37 @@ for i = 1, n do ngx.thread.wait(threads[i]) end
 ngx.say("ok ", ok, " failed ", #errors)
 for _, e in ipairs(errors) do ngx.say(e) end
 ]==]
+-- mongolock's own API inside a handler (client:locks(): try, acquire,
+-- with, the handle's methods)
+local API_HANDLER = [==[
+local mongolock = require "mongolock"
+package.loaded.api_spec_client = package.loaded.api_spec_client
+  or assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "api-spec" }))
+local locks = package.loaded.api_spec_client:locks({ collection = "nginx_api_spec", ttl = 5 })
+local key = ngx.var.arg_key
+local out = {}
+local function say(...) out[#out + 1] = table.concat({ ... }, " ") end
+
+local h = assert(locks:try(key))
+say("try", tostring(h:held()), h.kind, tostring(h.name == key), tostring(type(h.token) == "number"))
+say("busy", tostring(select(2, locks:try(key))), tostring(select(2, locks:acquire(key, { timeout = 0.3 }))))
+assert(h:extend(10))
+say("extended", tostring(h:remaining() > 5))
+say("released", tostring(h:release()), tostring(h:held()), tostring(select(2, h:release())))
+
+-- a waiter gets the lock when its holder releases it
+local h2 = assert(locks:acquire(key, { timeout = 5 }))
+local t = ngx.thread.spawn(function() ngx.sleep(0.3); return h2:release() end)
+local h3, err = locks:acquire(key, { timeout = 5 })
+say("handed", tostring(h3 and h3:held()), tostring(err), tostring(select(2, ngx.thread.wait(t))))
+h3:close()
+say("closed", tostring(select(2, h3:release())))
+
+say("with", tostring(locks:with(key, function(hh) return hh:check() and "inside" end)))
+ngx.header.content_length = #table.concat(out, "\n") + 1
+ngx.say(table.concat(out, "\n"))
+]==]
+
 local GATE_HANDLER = [==[
 local mongolock = require "resty.mongolock"
 local key = ngx.var.arg_key
@@ -167,6 +202,14 @@ local e2, err2 = d:lock(key .. "-timeout")
 out[#out + 1] = "timeout " .. tostring(e2) .. " " .. tostring(err2)
 assert(c:unlock() == 1)
 
+-- timeout 0: one attempt, which takes a free lock
+do
+  local z = new({ timeout = 0 })
+  local ez, errz = z:lock(key .. "-zero")
+  out[#out + 1] = "zero " .. tostring(ez) .. " " .. tostring(errz)
+  if ez then z:unlock() end
+end
+
 -- a lock object collected while it holds releases its lock (its lease,
 -- 30 s, would free it only later)
 do
@@ -212,7 +255,7 @@ describe("#integration nginx with resty.mongolock", function()
     -- a new user's database: no counter document yet
     assert(observer:command(EXAMPLE_DB, { dropDatabase = 1 }))
     nginx = start_nginx({ locations = SPEC_LOCATIONS, files = { ["gate_spec.lua"] = GATE_HANDLER,
-      ["saturate_spec.lua"] = SATURATE_HANDLER } })
+      ["saturate_spec.lua"] = SATURATE_HANDLER, ["api_spec.lua"] = API_HANDLER } })
   end)
 
   teardown(function()
@@ -245,7 +288,7 @@ describe("#integration nginx with resty.mongolock", function()
   it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()
     local code, body = get(nginx.port, "/gate-spec?key=" .. helpers.unique("gate"))
     assert.equal(200, code, body)
-    assert.equal("order 1,2,3,4,5\nabandoned locked\ntimeout nil timeout\ncollected locked\n", body)
+    assert.equal("order 1,2,3,4,5\nabandoned locked\ntimeout nil timeout\nzero 0 nil\ncollected locked\n", body)
   end)
 
   it("loses no update of the guarded counter under " .. REQUESTS
@@ -452,6 +495,27 @@ describe("#integration nginx with resty.mongolock", function()
     assert.is_true(took < 3, format("the next waiter got the lock after %.2f s", took))
     mine[1]:close()
     mine[5]:close()
+  end)
+
+  it("runs client:locks() (try, acquire, with, the handle) off the event loop", function()
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 200 })
+    local ok, responses, pings = pcall(load, nginx.port, "/api-spec?key=" .. helpers.unique("api"), 1, pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print("# nginx, client:locks() with every command delayed 200 ms: /ping meanwhile: " .. summary(pings))
+    assert.equal(200, responses[1].code, responses[1].body)
+    assert.equal(table.concat({
+      "try true named true true",
+      "busy busy timeout",
+      "extended true",
+      "released true false not held",
+      "handed true nil true",
+      "closed closed",
+      "with inside",
+    }, "\n") .. "\n", responses[1].body)
+    table.sort(pings)
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
   end)
 
   it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()

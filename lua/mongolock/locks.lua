@@ -20,6 +20,7 @@ local pairs = pairs
 local error = error
 local select = select
 local setmetatable = setmetatable
+local rawget = rawget
 local math_ceil = math.ceil
 local getpid = core.getpid
 local table_unpack = table.unpack or rawget(_G, "unpack")
@@ -150,6 +151,15 @@ local function call_opts(self, opts, fname, extra)
   return math_ceil(o.ttl * 1000), o
 end
 
+-- inside nginx, where the request can yield: the handles of
+-- mongolock.ngx.handle, every round trip in a worker thread (nil elsewhere)
+local function ngx_handles(self)
+  if not rawget(_G, "ngx") then return nil end
+  local nh = require "mongolock.ngx.handle"
+  if nh.active(self) then return nh end
+  return nil
+end
+
 -- one attempt: h | nil, "busy", info | nil, err, code.  waiter: the
 -- acquire's id, which queues it (nil: a try)
 local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
@@ -164,11 +174,15 @@ end
 function _M.try(self, name, opts)
   check_name(name, "try")
   local ttl_ms, o = call_opts(self, opts, "try")
+  local nh = ngx_handles(self)
+  if nh then return nh.try(self, name, ttl_ms, o) end
   return attempt(self, name, ttl_ms, o)
 end
 
 -- the wait loop of acquire and with, once the arguments are checked
 local function wait_for(self, name, ttl_ms, o)
+  local nh = ngx_handles(self)
+  if nh then return nh.acquire(self, name, ttl_ms, o) end
   if o.timeout == 0 then
     -- one attempt, as try makes it: it takes no place in the queue
     local h, err, info = attempt(self, name, ttl_ms, o)

@@ -190,8 +190,11 @@ function _M.acquire(ctx, name, opts)
   local ttl = opts.ttl
   local ttl_ms = math_ceil(ttl * 1000)
   local timeout = opts.timeout or 0
+  -- deadline: the caller stops waiting then (for a reply too); a try
+  -- (timeout 0) waits for its one attempt's reply
   local deadline = monotonic() + timeout
-  local ok, err, code = ensure_index(ctx, deadline)
+  local job_deadline = timeout > 0 and deadline or nil
+  local ok, err, code = ensure_index(ctx, job_deadline)
   if not ok then return nil, err, code end
   local d = _M.defaults
   local queue_ttl = opts.queue_ttl or d.queue_ttl
@@ -226,7 +229,7 @@ function _M.acquire(ctx, name, opts)
     local started = monotonic()
     attempt.polling = waiter and polling or nil
     local op = core.op_acquire(attempt)
-    local reply, aerr, acode, ereply = run(ctx.spec, op, deadline, orphaned, orphan)
+    local reply, aerr, acode, ereply = run(ctx.spec, op, job_deadline, orphaned, orphan)
     if not reply then
       if aerr == "timeout" and acode == nil then
         -- the transport's: the attempt never started, or is still in
