@@ -319,8 +319,14 @@ function _M.lock(self, key)
   if transport.active() then
     -- inside nginx: every round trip in a worker thread, the wait on the
     -- event loop, the lock held as plain data (mongolock.ngx.locks)
+    local left = deadline - monotonic()
+    if left <= 0 and self.timeout > 0 then
+      -- the turn in this worker's queue came too late
+      gate_leave(self)
+      return nil, "timeout"
+    end
     local lease, err, code = nlocks.acquire(locks.ngx, key, { ttl = self.exptime,
-      timeout = math_max(0, deadline - monotonic()), step = self.step, ratio = self.ratio,
+      timeout = math_max(0, left), step = self.step, ratio = self.ratio,
       max_step = self.max_step, wake = nlocks.wake })
     if not lease then
       gate_leave(self)
