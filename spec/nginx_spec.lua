@@ -202,6 +202,18 @@ local e2, err2 = d:lock(key .. "-timeout")
 out[#out + 1] = "timeout " .. tostring(e2) .. " " .. tostring(err2)
 assert(c:unlock() == 1)
 
+-- a holder whose lease ended and was taken over learns it at unlock
+do
+  local a = new({ exptime = 0.2 })
+  assert(a:lock(key .. "-lost") == 0)
+  ngx.sleep(0.4)
+  local b = new()
+  assert(b:lock(key .. "-lost"))
+  local okl, errl = a:unlock()
+  out[#out + 1] = "lost " .. tostring(okl) .. " " .. tostring(errl)
+  assert(b:unlock() == 1)
+end
+
 -- timeout 0: one attempt, which takes a free lock
 do
   local z = new({ timeout = 0 })
@@ -288,7 +300,8 @@ describe("#integration nginx with resty.mongolock", function()
   it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()
     local code, body = get(nginx.port, "/gate-spec?key=" .. helpers.unique("gate"))
     assert.equal(200, code, body)
-    assert.equal("order 1,2,3,4,5\nabandoned locked\ntimeout nil timeout\nzero 0 nil\ncollected locked\n", body)
+    assert.equal(table.concat({ "order 1,2,3,4,5", "abandoned locked", "timeout nil timeout", "lost nil lost",
+      "zero 0 nil", "collected locked" }, "\n") .. "\n", body)
   end)
 
   it("loses no update of the guarded counter under " .. REQUESTS

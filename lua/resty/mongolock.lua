@@ -373,7 +373,10 @@ function _M.unlock(self)
   local lease = self.lease
   if lease then
     local ok, err, code = nlocks.release(lease)
-    if ok or err == "not held" then
+    -- the lease had ended and the lock was taken or released meanwhile:
+    -- "lost", as the C handle answers
+    if err == "not held" then err = "lost" end
+    if ok or err == "lost" then
       unhold(self)
       gate_leave(self)
     end
