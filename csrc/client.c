@@ -367,7 +367,7 @@ static const luaL_Reg client_methods[] = {
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},
-  /* named locks (lock.c) */
+  /* named locks (named.c) */
   {"acquire", ml_m_acquire},
   {"status", ml_m_status},
   {"list", ml_m_list},

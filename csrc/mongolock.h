@@ -10,8 +10,9 @@
  *   client.c    mongolock.Client: pool, fork, errors; registers every Client
  *               method
  *   lock.c      mongolock.Lock: the lease (kind: named or document), every
- *               Lock method, the one release path; named-lock commands
- *   documents.c document-lock commands and a release's changes
+ *               Lock method, the one release path
+ *   named.c     the named-lock commands (acquire, status, list, ...)
+ *   documents.c the document-lock commands and a release's changes
  *   command.c   client:command
  *   renew.c     background lease renewal (a thread per client and process)
  *   watch.c     change-stream waits
@@ -258,8 +259,12 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
  */
 extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
 
+/* runs an update op (and destroys it): documents matched (>= 0), or -1
+ * with error set */
+int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op, bson_error_t *error);
+
 /* Client methods on locks, implemented next to what they make and
- * registered with the others in client.c: lock.c (named locks) ... */
+ * registered with the others in client.c: named.c (named locks) ... */
 int ml_m_acquire(lua_State *L);
 int ml_m_status(lua_State *L);
 int ml_m_list(lua_State *L);

@@ -1,0 +1,269 @@
+/*
+ * The client's commands on named locks (registered in client.c): acquire
+ * and try, status and list, force release, leave, the TTL index.  One lock
+ * document per name in one collection (doc/design.md); the commands are
+ * built by protocol.c and run by transport.c, one round trip each; a won
+ * acquire becomes a mongolock.Lock of kind ML_KIND_NAMED (lock.c).
+ */
+#include <string.h>
+#include <unistd.h>
+
+#include "mongolock.h"
+
+/* ---- validation -------------------------------------------------------- */
+
+/* raises unless argument i is a string (numbers are not converted) */
+static const char *arg_string(lua_State *L, int i, size_t *len) {
+  if (lua_type(L, i) != LUA_TSTRING)
+    luaL_argerror(L, i, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, i)));
+  return lua_tolstring(L, i, len);
+}
+
+static const char *arg_name(lua_State *L, int i, size_t *len) {
+  const char *s = arg_string(L, i, len);
+  const char *msg = ml_check_name(s, *len);
+  if (msg) luaL_argerror(L, i, msg);
+  return s;
+}
+
+
+/* a waiter id (core.waiter_id()): 32 lowercase hex digits */
+static const char *arg_waiter(lua_State *L, int i) {
+  size_t len;
+  const char *w = luaL_checklstring(L, i, &len);
+  luaL_argcheck(L, ml_is_hex(w, len, 32), i, "waiter id must be 32 lowercase hex digits");
+  return w;
+}
+
+/* ttl in milliseconds: a positive number up to a year, rounded up */
+static int64_t arg_ttl_ms(lua_State *L, int i) {
+  int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
+  luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
+  return ms;
+}
+
+/* ---- the commands ------------------------------------------------------ */
+
+/*
+ * client:acquire(db, coll, name, ttl_ms [, app [, renew [, waiter, queue_ms [, polling]]]])
+ *   -> handle
+ *    | nil, "busy", info      info = {owner, token, remaining (s),
+ *                                     expires_at, holder, operation_time,
+ *                                     queued, position}
+ *    | nil, message, code     (server or network error)
+ * Without waiter it is a try: it takes a free lock nobody queues for.
+ * With waiter (core.waiter_id(), the same for every attempt of one
+ * acquire) the attempt takes the lock when it is free and no live watching
+ * waiter is queued ahead of it, and otherwise queues waiter (or keeps its
+ * place) for queue_ms, marked as polling or watching; position is then its
+ * place (1 = first).
+ * One findAndModify.  A network error is retried once with the same owner
+ * id, so that an attempt the server applied but whose reply was lost is
+ * recognised as won instead of leaving the lock held by nobody.
+ */
+int ml_m_acquire(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_acquire_args a;
+  size_t namelen;
+  char tag[17] = "", owner[33], host[256];
+  mongoc_client_t *mc;
+  bson_t reply, id;
+  bson_error_t err;
+  ml_acquire_reply r;
+  ml_op op;
+  ml_lease_spec s;
+  double started;
+  int ok;
+
+  memset(&a, 0, sizeof a);
+  ml_arg_ns(L, 2, &a.db, &a.coll);
+  a.name = arg_name(L, 4, &namelen);
+  a.ttl_ms = arg_ttl_ms(L, 5);
+  a.app = luaL_optstring(L, 6, NULL);
+  if (!lua_isnoneornil(L, 8)) {
+    a.waiter = arg_waiter(L, 8);
+    a.queue_ms = arg_ttl_ms(L, 9);
+    a.polling = lua_toboolean(L, 10);
+    memcpy(owner, a.waiter, 33);
+    if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+    a.tag = tag;
+  } else if (!ml_random_owner(owner)) {
+    return ml_pushfail(L, "getrandom failed", 0);
+  }
+  a.owner = owner;
+  if (!a.app) a.app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
+  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
+  host[sizeof host - 1] = '\0';
+  if (!bson_utf8_validate(host, strlen(host), false)) host[0] = '\0';
+  a.host = host;
+  a.pid = (int64_t)getpid();
+  mc = ml_client_get(L, c);
+
+  ml_build_acquire(&op, &a);
+  started = ml_monotonic();
+  ok = ml_run(mc, c->wc, &op, &reply, &err);
+  ml_op_destroy(&op);
+  ok = ml_parse_acquire(&reply, owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) > 0 ? ok : ok ? -1 : 0;
+
+  bson_init(&id);
+  bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
+  memset(&s, 0, sizeof s);
+  s.db = a.db;
+  s.coll = a.coll;
+  s.id = &id;
+  s.owner = owner;
+  s.ttl_ms = a.ttl_ms;
+  s.kind = ML_KIND_NAMED;
+  if (ok == 0) {
+    /* A write concern error comes after the write was applied: if it took
+     * the lock, give it back (best effort; the lease ends at ttl anyway)
+     * so that a failed acquire leaves no lock held by nobody. */
+    if (r.won) {
+      ml_lockref ref;
+      bson_error_t err2;
+      ml_named_ref(&ref, a.db, a.coll, &id);
+      ml_build_release(&op, &ref, owner, NULL);
+      (void)ml_run_update(mc, c, &op, &err2);
+    }
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return ml_pusherror(L, &err);
+  }
+  if (ok < 0) {
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return ml_pushfail(L, "findAndModify returned no document", 0);
+  }
+  if (r.won) {
+    s.owner_field = ML_F_OWNER;
+    s.time_field = ML_F_EXPIRES;
+    s.time_mode = ML_TIME_EXPIRES_AT;
+    s.owner_form = ML_OWNER_HEX;
+    s.token = r.token;
+    s.started = started;
+    s.renew = lua_toboolean(L, 7);
+    ml_lock_new(L, 1, &s);
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return 1;
+  }
+  bson_destroy(&id);
+  lua_pushnil(L);
+  lua_pushliteral(L, "busy");
+  ml_push_acquire_info(L, &r, &reply);
+  bson_destroy(&reply);
+  return 3;
+}
+
+/*
+ * Runs a status op and pushes an array of status tables: one command when
+ * the result fits the first batch.  Returns 1 (the array pushed) or 3
+ * (error).
+ */
+static int run_status(lua_State *L, ml_client *c, ml_op *op) {
+  bson_t reply;
+  bson_error_t err;
+  int ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err);
+  ml_op_destroy(op);
+  if (!ok) {
+    bson_destroy(&reply);
+    return ml_pusherror(L, &err);
+  }
+  ml_push_status_list(L, &reply);
+  bson_destroy(&reply);
+  return 1;
+}
+
+/* client:status(db, coll, name) -> status | nil (no such lock) |
+ * nil, message, code.  One aggregate. */
+int ml_m_status(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll, *name;
+  size_t namelen;
+  ml_op op;
+  int r;
+  ml_arg_ns(L, 2, &db, &coll);
+  name = arg_name(L, 4, &namelen);
+  ml_build_status(&op, db, coll, name);
+  r = run_status(L, c, &op);
+  if (r != 1) return r;
+  lua_rawgeti(L, -1, 1);
+  return 1;
+}
+
+/* client:list(db, coll) -> {status, ...} sorted by name | nil, msg, code */
+int ml_m_list(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll;
+  ml_op op;
+  ml_arg_ns(L, 2, &db, &coll);
+  ml_build_status(&op, db, coll, NULL);
+  return run_status(L, c, &op);
+}
+
+/* client:force_release(db, coll, name) -> true | nil, "not held" |
+ * nil, msg, code.  Frees the lock whoever holds it (one update; the
+ * document and its token stay). */
+int ml_m_force_release(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll, *name;
+  size_t namelen;
+  bson_error_t err;
+  ml_op op;
+  int64_t n;
+  ml_arg_ns(L, 2, &db, &coll);
+  name = arg_name(L, 4, &namelen);
+  ml_build_force_release(&op, db, coll, name);
+  n = ml_run_update(ml_client_get(L, c), c, &op, &err);
+  if (n < 0) return ml_pusherror(L, &err);
+  if (n == 0) return ml_pushfail(L, "not held", 0);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/*
+ * client:leave(db, coll, name, waiter) -> true | nil, msg, code.  An
+ * acquire that gives up (timeout, error) takes its place out of the queue;
+ * when a release had already been handed to it, the next live waiter gets
+ * it instead (an update of next, which wakes that waiter).  One update;
+ * nothing changes when waiter is not queued.
+ */
+int ml_m_leave(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll, *name, *w;
+  size_t namelen;
+  bson_error_t err;
+  char tag[17];
+  ml_op op;
+  ml_arg_ns(L, 2, &db, &coll);
+  name = arg_name(L, 4, &namelen);
+  w = arg_waiter(L, 5);
+  if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+  ml_build_leave(&op, db, coll, name, w, tag);
+  if (ml_run_update(ml_client_get(L, c), c, &op, &err) < 0) return ml_pusherror(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* client:ensure_index(db, coll, expire_after_seconds) -> true |
+ * nil, msg, code.  The TTL index on expiresAt (cleanup of idle documents
+ * only; correctness never depends on it). */
+int ml_m_ensure_index(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll;
+  lua_Integer secs;
+  bson_t reply;
+  bson_error_t err;
+  ml_op op;
+  int ok;
+  ml_arg_ns(L, 2, &db, &coll);
+  secs = luaL_checkinteger(L, 4);
+  luaL_argcheck(L, secs >= 0 && secs <= INT32_MAX, 4, "expire_after out of range");
+  ml_build_ensure_index(&op, db, coll, (int32_t)secs);
+  ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
+  ml_op_destroy(&op);
+  bson_destroy(&reply);
+  if (!ok) return ml_pusherror(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
