@@ -27,6 +27,13 @@ static const char *arg_name(lua_State *L, int i, size_t *len) {
 }
 
 
+/* the lock of arguments 2 .. 4: database, collection, name */
+static const char *arg_lock(lua_State *L, const char **db, const char **coll) {
+  size_t len;
+  ml_arg_ns(L, 2, db, coll);
+  return arg_name(L, 4, &len);
+}
+
 /* a waiter id (core.waiter_id()): 32 lowercase hex digits */
 static const char *arg_waiter(lua_State *L, int i) {
   size_t len;
@@ -179,11 +186,9 @@ static int run_status(lua_State *L, ml_client *c, ml_op *op) {
 int ml_m_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
-  size_t namelen;
   ml_op op;
   int r;
-  ml_arg_ns(L, 2, &db, &coll);
-  name = arg_name(L, 4, &namelen);
+  name = arg_lock(L, &db, &coll);
   ml_build_status(&op, db, coll, name);
   r = run_status(L, c, &op);
   if (r != 1) return r;
@@ -207,12 +212,10 @@ int ml_m_list(lua_State *L) {
 int ml_m_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
-  size_t namelen;
   bson_error_t err;
   ml_op op;
   int64_t n;
-  ml_arg_ns(L, 2, &db, &coll);
-  name = arg_name(L, 4, &namelen);
+  name = arg_lock(L, &db, &coll);
   ml_build_force_release(&op, db, coll, name);
   n = ml_run_update(ml_client_get(L, c), c, &op, &err);
   if (n < 0) return ml_pusherror(L, &err);
@@ -231,12 +234,10 @@ int ml_m_force_release(lua_State *L) {
 int ml_m_leave(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name, *w;
-  size_t namelen;
   bson_error_t err;
   char tag[17];
   ml_op op;
-  ml_arg_ns(L, 2, &db, &coll);
-  name = arg_name(L, 4, &namelen);
+  name = arg_lock(L, &db, &coll);
   w = arg_waiter(L, 5);
   if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
   ml_build_leave(&op, db, coll, name, w, tag);
