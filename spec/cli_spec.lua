@@ -330,19 +330,6 @@ describe("#unit mongolock command", function()
     assert.matches("MONGOLOCK_SERVER_TIMEOUT", err, 1, true)
   end)
 
-  it("puts the server timeout in the URI only where the URI gives none", function()
-    local cli = require "mongolock.cli"
-    local u = cli.uri_with_timeouts
-    assert.equal("mongodb://h:1/?serverSelectionTimeoutMS=2000&connectTimeoutMS=2000&socketTimeoutMS=3000",
-      u("mongodb://h:1", 2))
-    assert.equal("mongodb://h:1/db?replicaSet=rs0&serverSelectionTimeoutMS=500&connectTimeoutMS=500"
-      .. "&socketTimeoutMS=1500", u("mongodb://h:1/db?replicaSet=rs0", 0.5))
-    assert.equal("mongodb://a,b/?w=1&serverSelectionTimeoutMS=9&connectTimeoutMS=1000&socketTimeoutMS=2000",
-      u("mongodb://a,b/?w=1&serverSelectionTimeoutMS=9", 1))
-    assert.equal("mongodb://h/?serverselectiontimeoutms=1&connecttimeoutms=1&SOCKETTIMEOUTMS=1",
-      u("mongodb://h/?serverselectiontimeoutms=1&connecttimeoutms=1&SOCKETTIMEOUTMS=1", 5))
-  end)
-
   it("says what -w absent means, and that the command runs in its own process group", function()
     local _, out = mongolock({ "exec", "--help" })
     assert.matches("wait for ever", out, 1, true)

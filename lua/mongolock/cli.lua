@@ -20,7 +20,7 @@
 -- exit code) and every lock this process acquired is released, or left to
 -- expire when the lease was lost or the release could not be sent, before
 -- main returns.  Every server call is bounded by the server timeout
--- (--server-timeout, put in the URI unless the URI gives its own).
+-- (--server-timeout; the library's server_timeout connect option).
 
 local argparse = require "argparse"
 local cjson = require "cjson.safe"
@@ -76,9 +76,6 @@ end
 local SERVER_TIMEOUT = 2
 _M.SERVER_TIMEOUT = SERVER_TIMEOUT
 
--- how long "wait for ever" is for the library's acquire (a year: it takes a
--- finite timeout)
-local FOREVER = 365 * 86400
 
 -- a value of at most limit seconds (limit_text says it in words)
 local function at_most(convert, limit, limit_text)
@@ -236,48 +233,16 @@ local function server_timeout(args)
   return SERVER_TIMEOUT
 end
 
--- For a library without the server_timeout connect option: uri with the
--- driver's timeouts for a server timeout of t seconds, each
--- unless the URI gives it: serverSelectionTimeoutMS and connectTimeoutMS t,
--- socketTimeoutMS t plus a second (a change stream's getMore waits up to a
--- second for an event before it answers)
-function _M.uri_with_timeouts(uri, t)
-  local scheme, rest = uri:match("^(mongodb[+%w]*://)(.*)$")
-  if not scheme then return uri end            -- the library says what is wrong
-  if not rest:find("/", 1, true) then
-    local q = rest:find("?", 1, true)
-    rest = q and (rest:sub(1, q - 1) .. "/" .. rest:sub(q)) or (rest .. "/")
-  end
-  local query = rest:match("%?(.*)$") or ""
-  local given = "&" .. query:lower()
-  local ms = floor(t * 1000 + 0.5)
-  local add = {}
-  for _, kv in ipairs({ { "serverSelectionTimeoutMS", ms }, { "connectTimeoutMS", ms },
-                        { "socketTimeoutMS", ms + 1000 } }) do
-    if not given:find("&" .. kv[1]:lower() .. "=", 1, true) then
-      add[#add + 1] = kv[1] .. "=" .. format("%d", kv[2])
-    end
-  end
-  if #add == 0 then return uri end
-  local sep = rest:find("?", 1, true) and ((query == "" or query:sub(-1) == "&") and "" or "&") or "?"
-  return scheme .. rest .. sep .. concat(add, "&")
-end
-
 local function open_locks(args)
   load_core()
   local uri = args.uri or getenv("MONGODB_URI")
   if not uri or uri == "" then
     fail(EXIT.usage, "no server given: use --uri URI or set MONGODB_URI")
   end
-  local copts = { appname = args.app }
-  local defaults = mongolock.connect_defaults
-  if type(defaults) == "table" and defaults.server_timeout ~= nil then
-    -- the library bounds its calls itself (the URI's options win there too)
-    copts.server_timeout = server_timeout(args)
-  else
-    uri = _M.uri_with_timeouts(uri, server_timeout(args))
-  end
-  local ok, client, err = pcall(mongolock.connect, uri, copts)
+  -- the library bounds every call by server_timeout, unless the URI gives
+  -- serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS
+  local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app,
+    server_timeout = server_timeout(args) })
   if not ok then fail(EXIT.usage, "%s", tostring(client)) end
   if not client then
     if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
@@ -567,26 +532,11 @@ local function interruptible(inner, caught)
   return w
 end
 
--- acquire(name, opts) with the interruptible wait step in place: h | nil,
--- err, info; caught gets the signals that ended it
+-- acquire(name, opts) with the interruptible wait step in place (the
+-- library's locks.set_wait): h | nil, err, info; caught gets the signals
+-- that ended it
 local function acquire_interruptible(locks, name, opts, caught)
-  local mod = package.loaded["mongolock.locks"]
-  if not (mod and mod.get_wait and mod.set_wait) then
-    -- a library without a pluggable wait step: slices of SLICE seconds
-    -- (each leaves the queue and joins it again at its tail)
-    local deadline = core.monotonic() + opts.timeout
-    while true do
-      local slice = min(SLICE, deadline - core.monotonic())
-      if slice <= 0 then return nil, "timeout" end
-      local o = {}
-      for k, v in pairs(opts) do o[k] = v end
-      o.timeout = slice
-      local h, err, info = call(locks, "acquire", name, o)
-      if h or err ~= "timeout" then return h, err, info end
-      for _, sig in ipairs(proc.signals()) do caught[#caught + 1] = sig end
-      if caught[1] then return nil, INTERRUPTED end
-    end
-  end
+  local mod = require "mongolock.locks"
   local inner = mod.get_wait()
   mod.set_wait(interruptible(inner, caught))
   local ok, h, err, info = pcall(call, locks, "acquire", name, opts)
@@ -607,7 +557,7 @@ local function exec_acquire(args, locks)
     h, err = call(locks, "try", args.name, opts)
     if not h and err == "busy" then return nil, args.conflict_exit_code end
   else
-    opts.timeout = args.timeout or FOREVER
+    opts.timeout = args.timeout or huge   -- for ever, as flock(1)
     h, err = acquire_interruptible(locks, args.name, opts, caught)
     if not h and err == "timeout" then return nil, args.conflict_exit_code end
     if not h and err == INTERRUPTED then return nil, signal_status(caught[1].name) end
