@@ -150,6 +150,11 @@ h3:close()
 say("closed", tostring(select(2, h3:release())))
 
 say("with", tostring(locks:with(key, function(hh) return hh:check() and "inside" end)))
+local h4 = assert(locks:try(key))
+local st = assert(locks:status(key))
+say("status", tostring(st.held), tostring(st.token == h4.token), tostring(#assert(locks:list()) >= 1))
+say("forced", tostring(locks:force_release(key)), tostring(select(2, h4:release())),
+  tostring(select(2, locks:force_release(key))))
 ngx.header.content_length = #table.concat(out, "\n") + 1
 ngx.say(table.concat(out, "\n"))
 ]==]
@@ -531,6 +536,8 @@ describe("#integration nginx with resty.mongolock", function()
       "handed true nil true",
       "closed closed",
       "with inside",
+      "status true true true",
+      "forced true lost not held",
     }, "\n") .. "\n", responses[1].body)
     table.sort(pings)
     assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")

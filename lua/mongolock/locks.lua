@@ -267,6 +267,8 @@ end
 function _M.status(self, name)
   check_name(name, "status")
   if self.core:closed() then return nil, "closed" end
+  local nh = ngx_handles(self)
+  if nh then return nh.status(self, name) end
   local st, err, code = self.core:status(self.database, self.collection, name)
   if st == nil then return nil, err, code end
   return st
@@ -275,6 +277,8 @@ end
 -- locks:list() -> { status, ... } sorted by name (each with .name)
 function _M.list(self)
   if self.core:closed() then return nil, "closed" end
+  local nh = ngx_handles(self)
+  if nh then return nh.list(self) end
   return self.core:list(self.database, self.collection)
 end
 
@@ -284,6 +288,8 @@ end
 function _M.force_release(self, name)
   check_name(name, "force_release")
   if self.core:closed() then return nil, "closed" end
+  local nh = ngx_handles(self)
+  if nh then return nh.force_release(self, name) end
   return self.core:force_release(self.database, self.collection, name)
 end
 

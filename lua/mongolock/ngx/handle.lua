@@ -14,6 +14,9 @@
 --   h:token_string(), h:close(), <close>, __gc (released from a timer)
 -- Fields: name, id, token, owner, ttl, database, collection, renew, kind.
 --
+-- locks:status, locks:list and locks:force_release go through the same
+-- jobs (one each).
+--
 -- renew: while held, a timer extends the lease every third of its ttl (an
 -- extend that finds it gone makes it lost).
 
@@ -231,6 +234,34 @@ function _M.acquire(locks, name, ttl_ms, o)
     return nil, err, info
   end
   return handle(locks, lease, o.renew)
+end
+
+-- locks:status(name) -> status | nil (never acquired) | nil, err, code
+function _M.status(locks, name)
+  if locks.core:closed() then return nil, "closed" end
+  local ctx = context(locks)
+  local reply, err, code = nlocks.run(ctx.spec, core.op_status{ db = ctx.db, coll = ctx.coll, name = name })
+  if not reply then return nil, err, code end
+  return core.parse_status(reply)[1]
+end
+
+-- locks:list() -> { status, ... } | nil, err, code
+function _M.list(locks)
+  if locks.core:closed() then return nil, "closed" end
+  local ctx = context(locks)
+  local reply, err, code = nlocks.run(ctx.spec, core.op_status{ db = ctx.db, coll = ctx.coll })
+  if not reply then return nil, err, code end
+  return core.parse_status(reply)
+end
+
+-- locks:force_release(name) -> true | nil, "not held" | nil, err, code
+function _M.force_release(locks, name)
+  if locks.core:closed() then return nil, "closed" end
+  local ctx = context(locks)
+  local reply, err, code = nlocks.run(ctx.spec, core.op_force_release{ db = ctx.db, coll = ctx.coll, name = name })
+  if not reply then return nil, err, code end
+  if core.parse_update(reply) == 1 then return true end
+  return nil, "not held"
 end
 
 return _M
