@@ -377,6 +377,10 @@ static const luaL_Reg client_methods[] = {
   /* document locks (documents.c) */
   {"doc_acquire", ml_m_doc_acquire},
   {"doc_status", ml_m_doc_status},
+  {"share_acquire", ml_m_share_acquire},
+  {"share_leave", ml_m_share_leave},
+  {"share_force_release", ml_m_share_force_release},
+  {"share_status", ml_m_share_status},
   /* any command (command.c), any op (ops.c) */
   {"command", ml_m_command},
   {"run", ml_m_run},

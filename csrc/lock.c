@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "mongolock.h"
+#include "protocol_shared.h"
 
 int (*ml_gc_handoff)(ml_client *c, ml_lease *l) = NULL;
 
@@ -101,7 +102,10 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
   l->ending = 1;
   pthread_mutex_unlock(&l->mu);
   lease_ref(l, &r);
-  ml_build_release(&op, &r, l->owner, extra);
+  if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
+    ml_build_share_release(&op, l->db, l->coll, &l->iddoc, l->owner);
+  else
+    ml_build_release(&op, &r, l->owner, extra);
   n = ml_run_update(mc, c, &op, error);
   pthread_mutex_lock(&l->mu);
   if (n >= 0) {
@@ -122,7 +126,10 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
   ml_op op;
   int64_t n;
   lease_ref(l, &r);
-  ml_build_extend(&op, &r, l->owner, ttl_ms);
+  if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
+    ml_build_share_extend(&op, l->db, l->coll, &l->iddoc, l->owner, ttl_ms);
+  else
+    ml_build_extend(&op, &r, l->owner, ttl_ms);
   n = ml_run_update(mc, c, &op, error);
   if (n < 0) return -1;
   error->code = 0;
@@ -442,7 +449,10 @@ static int l_index(lua_State *L) {
     pthread_mutex_unlock(&l->mu);
   } else if (!strcmp(k, "database")) lua_pushstring(L, l->db);
   else if (!strcmp(k, "collection")) lua_pushstring(L, l->coll);
-  else if (!strcmp(k, "kind")) lua_pushstring(L, l->kind == ML_KIND_NAMED ? "named" : "document");
+  else if (!strcmp(k, "kind")) {
+    static const char *const kinds[] = {"named", "document", "shared", "permit"};
+    lua_pushstring(L, kinds[l->kind]);
+  }
   else if (!strcmp(k, "renew")) {
     int v;
     pthread_mutex_lock(&l->mu);

@@ -139,9 +139,11 @@ void ml_pushint64(lua_State *L, int64_t v);
  *   ML_KIND_NAMED: a named lock's document (owner, expiresAt, token, the
  *     waiter queue: release hands it to the queue's head; doc/design.md);
  *   ML_KIND_DOCUMENT: two fields of the application's document (their
- *     names, time mode and owner form given; release may apply changes).
+ *     names, time mode and owner form given; release may apply changes);
+ *   ML_KIND_SHARED, ML_KIND_PERMIT: a reader's share or a semaphore's
+ *     permit, an entry of a named lock's holders (protocol_shared.h).
  */
-typedef enum { ML_KIND_NAMED = 0, ML_KIND_DOCUMENT = 1 } ml_kind;
+typedef enum { ML_KIND_NAMED = 0, ML_KIND_DOCUMENT = 1, ML_KIND_SHARED = 2, ML_KIND_PERMIT = 3 } ml_kind;
 
 /*
  * What a caller of ml_lock_new describes: the lock document and the lease
@@ -274,6 +276,11 @@ int ml_m_ensure_index(lua_State *L);
 /* ... documents.c (document locks) ... */
 int ml_m_doc_acquire(lua_State *L);
 int ml_m_doc_status(lua_State *L);
+/* ... shared.c (reader shares and permits) ... */
+int ml_m_share_acquire(lua_State *L);
+int ml_m_share_leave(lua_State *L);
+int ml_m_share_force_release(lua_State *L);
+int ml_m_share_status(lua_State *L);
 /* ... command.c and ops.c */
 int ml_m_command(lua_State *L);
 int ml_m_run(lua_State *L);

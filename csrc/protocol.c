@@ -48,6 +48,14 @@
     "{", "$eq", "[", "{", "$ifNull", "[", OWNER_REF, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
     "{", "$lte", "[", __VA_ARGS__, "$$NOW", "]", "}", "]", "}"
 
+/* no share or permit (holders, protocol_shared.h) is live: an exclusive
+ * holder waits for every one of them */
+#define NO_LIVE_HOLDERS                                                            \
+  "{", "$eq", "[", "{", "$size", "{", "$filter", "{",                              \
+    "input", "{", "$cond", "[", "{", "$isArray", "$holders", "}", "$holders", "[", "]", "]", "}", \
+    "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",     \
+    BCON_INT32(0), "]", "}"
+
 /* {$cond: ["$_mlt", <taken...>, OLD]}: a field of the acquire's $set, the
  * old value written back when the attempt does not take the lock */
 #define IF_TAKEN(OLD, ...) "{", "$cond", "[", "$_mlt", __VA_ARGS__, OLD, "]", "}"
@@ -129,6 +137,7 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
       "me", "{", "$indexOfArray", "[", "$_mlq.w", BCON_UTF8(W), "]", "}", "}",     \
     "in", "{", "$and", "[",                                                        \
       FREE("$" ML_F_OWNER, "$" ML_F_EXPIRES),                                      \
+      NO_LIVE_HOLDERS,                                                             \
       "{", "$or", "[",                                                             \
         "{", "$eq", "[", "$$fw", BCON_INT32(-1), "]", "}",                        \
         "{", "$and", "[", "{", "$ne", "[", "$$me", BCON_INT32(-1), "]", "}",       \

@@ -107,6 +107,15 @@ function client_mt:locks(opts)
   return require("mongolock.locks").new(self, opts)
 end
 
+-- rw = client:rwlocks(opts), sem = client:semaphores(opts): reader-writer
+-- locks and counting semaphores (mongolock.shared)
+function client_mt:rwlocks(opts)
+  return require("mongolock.shared").rwlocks(self, opts)
+end
+function client_mt:semaphores(opts)
+  return require("mongolock.shared").semaphores(self, opts)
+end
+
 -- documents = client:documents(db, coll, opts): locks on the
 -- application's own documents (mongolock.documents)
 function client_mt:documents(...)

@@ -1,0 +1,364 @@
+/*
+ * The shared kinds' commands (protocol_shared.h, doc/design.md "Shared
+ * kinds"), built with BCON as protocol.c builds the exclusive ones.
+ *
+ * One lock document per name holds every kind: the exclusive holder in
+ * owner/expiresAt (protocol.c), shares and permits in holders, exclusive
+ * waiters in queue, sharers waiting in squeue, and one token for all of
+ * them.  Every decision is made by the server ($$NOW) in one command.
+ */
+#include <string.h>
+
+#include "protocol_shared.h"
+
+/* ---- fragments --------------------------------------------------------- */
+
+/* the array field F, [] when missing or malformed */
+#define ARR(F) "{", "$cond", "[", "{", "$isArray", "$" F, "}", "$" F, "[", "]", "]", "}"
+
+/* entries of the array field F whose until is ahead of the server's now */
+#define LIVE(F)                                                              \
+  "{", "$filter", "{", "input", ARR(F),                                      \
+                       "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}"
+
+/* waiters of INPUT that can be woken (not polling) */
+#define WATCHING(...)                                                        \
+  "{", "$filter", "{", "input", __VA_ARGS__,                                 \
+    "cond", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}"
+
+/* the first watching waiter of INPUT as tag + id (48 hex), null if none */
+#define HEAD_TW(...)                                                         \
+  "{", "$ifNull", "[",                                                       \
+    "{", "$arrayElemAt", "[",                                                \
+      "{", "$map", "{", "input", WATCHING(__VA_ARGS__),                      \
+                 "in", "{", "$concat", "[", "$$this.t", "$$this.w", "]", "}", "}", "}", \
+      BCON_INT32(0), "]", "}",                                               \
+    BCON_NULL, "]", "}"
+
+/* the exclusive holder's lease runs */
+#define OWNER_LIVE                                                           \
+  "{", "$and", "[",                                                          \
+    "{", "$ne", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
+    "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}"
+
+/* max(previous + 1, server-ms * 1024): the rule of every kind */
+#define NEXT_TOKEN                                                           \
+  "{", "$max", "[",                                                          \
+    "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}", \
+                      BCON_INT64(1), "]", "}",                               \
+    "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}", "]", "}"
+
+#define IF_T(OLD, ...) "{", "$cond", "[", "$_mlt", __VA_ARGS__, OLD, "]", "}"
+
+/* a waiter's squeue entry */
+#define SENTRY(W, T, Q, P)                                                   \
+  "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                 \
+       "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), "}"
+
+/* the live holders' owner ids contain O (a filter's $expr) */
+#define HOLDS(O)                                                             \
+  "{", "$in", "[", BCON_UTF8(O),                                             \
+    "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "$$this.o", "}", "}", "]", "}"
+
+static void op_start(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
+  op->kind = kind;
+  op->retry = 0;
+  op->db = db;
+  op->coll = coll;
+  bson_init(&op->cmd);
+}
+
+static void update_pipeline(ml_op *op, const char *db, const char *coll, const bson_t *q,
+                            const bson_t *u) {
+  op_start(op, ML_RUN_UPDATE, db, coll);
+  BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll),
+              "updates", "[", "{", "q", BCON_DOCUMENT(q), "u", BCON_ARRAY(u), "}", "]");
+}
+
+/* ---- acquire ----------------------------------------------------------- */
+
+/*
+ * [ {$set: {_mlq: LIVE(squeue), _mlh: LIVE(holders), _mlw: WATCHING(LIVE(queue))}},
+ *   {$set: {_mlk: KIND_OK, _mlm: O in _mlh.o}},
+ *   {$set: {_mlt: _mlk && !_mlm && FREE(owner) && _mlw == [] && ROOM && TURN}},
+ *   {$set: {permits, token, owner, expiresAt, holders, squeue, next}},
+ *   {$unset: [...]} ]
+ */
+void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
+  const char *w = a->waiter ? a->waiter : "";
+  int p = a->mode == ML_MODE_PERMIT;
+  char tw[64];
+  bson_t holder = BSON_INITIALIZER, kind = BSON_INITIALIZER, room = BSON_INITIALIZER,
+         turn = BSON_INITIALIZER, chain = BSON_INITIALIZER, queue = BSON_INITIALIZER,
+         perm = BSON_INITIALIZER;
+  bson_iter_t ik, ir, it, ic, iq, ip;
+  bson_snprintf(tw, sizeof tw, "%s%s", a->waiter ? a->tag : "", w);
+  BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
+  if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));
+
+  if (p) {
+    /* a semaphore of this N, or a name no permit was asked of yet and no
+     * reader shares */
+    BCON_APPEND(&kind, "v", "{", "$or", "[",
+      "{", "$eq", "[", "$" ML_F_PERMITS, BCON_INT64(a->permits), "]", "}",
+      "{", "$and", "[",
+        "{", "$eq", "[", "{", "$ifNull", "[", "$" ML_F_PERMITS, BCON_NULL, "]", "}", BCON_NULL, "]", "}",
+        "{", "$not", "[", "{", "$in", "[", "s", "$_mlh.m", "]", "}", "]", "}", "]", "}",
+      "]", "}");
+    BCON_APPEND(&room, "v", "{", "$lt", "[", "{", "$size", "$_mlh", "}", BCON_INT64(a->permits), "]", "}");
+    /* first come, first served among the permits' waiters */
+    BCON_APPEND(&turn, "v", "{", "$let", "{",
+      "vars", "{",
+        "fw", "{", "$indexOfArray", "[",
+                "{", "$map", "{", "input", "$_mlq",
+                     "in", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}",
+                BCON_BOOL(true), "]", "}",
+        "me", "{", "$indexOfArray", "[", "$_mlq.w", BCON_UTF8(w), "]", "}", "}",
+      "in", "{", "$or", "[",
+        "{", "$eq", "[", "$$fw", BCON_INT32(-1), "]", "}",
+        "{", "$and", "[", "{", "$ne", "[", "$$me", BCON_INT32(-1), "]", "}",
+                         "{", "$lte", "[", "$$me", "$$fw", "]", "}", "]", "}", "]", "}",
+      "}", "}");
+    /* taken with a permit left: the next waiter is woken too */
+    BCON_APPEND(&chain, "v", "{", "$let", "{",
+      "vars", "{", "h", HEAD_TW("{", "$filter", "{", "input", "$_mlq",
+                       "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}"), "}",
+      "in", "{", "$cond", "[",
+        "{", "$and", "[", "{", "$ne", "[", "$$h", BCON_NULL, "]", "}",
+          "{", "$lt", "[", "{", "$add", "[", "{", "$size", "$_mlh", "}", BCON_INT32(1), "]", "}",
+                           BCON_INT64(a->permits), "]", "}", "]", "}",
+        "$$h",
+        "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_NULL,
+                           "$" ML_F_NEXT, "]", "}",
+      "]", "}", "}", "}");
+  } else {
+    /* a reader-writer lock: no semaphore on the name */
+    BCON_APPEND(&kind, "v", "{", "$eq", "[", "{", "$ifNull", "[", "$" ML_F_PERMITS, BCON_NULL, "]", "}",
+                BCON_NULL, "]", "}");
+    BCON_APPEND(&room, "v", BCON_BOOL(true));
+    BCON_APPEND(&turn, "v", BCON_BOOL(true));
+    BCON_APPEND(&chain, "v", "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}",
+                BCON_NULL, "$" ML_F_NEXT, "]", "}");
+  }
+  if (a->waiter)
+    BCON_APPEND(&queue, "v", "{", "$cond", "[", "$_mlt",
+      "{", "$filter", "{", "input", "$_mlq",
+                           "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
+      "{", "$cond", "[", "$_mlk",
+        "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
+          "{", "$map", "{", "input", "$_mlq",
+               "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
+                 SENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
+          "{", "$concatArrays", "[", "$_mlq",
+                 "[", SENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}", "]", "}",
+        "$" ML_F_SQUEUE, "]", "}",
+      "]", "}");
+  else
+    BCON_APPEND(&queue, "v", IF_T("$" ML_F_SQUEUE, "$_mlq"));
+  /* N is written by the first permit asked of the name, kept after */
+  if (p) BCON_APPEND(&perm, "v", "{", "$cond", "[", "$_mlk", BCON_INT64(a->permits),
+                                  "$" ML_F_PERMITS, "]", "}");
+  else BCON_APPEND(&perm, "v", "$" ML_F_PERMITS);
+  bson_iter_init_find(&ip, &perm, "v");
+  bson_iter_init_find(&ik, &kind, "v");
+  bson_iter_init_find(&ir, &room, "v");
+  bson_iter_init_find(&it, &turn, "v");
+  bson_iter_init_find(&ic, &chain, "v");
+  bson_iter_init_find(&iq, &queue, "v");
+
+  op_start(op, ML_RUN_WRITE, a->db, a->coll);
+  op->retry = 1;
+  BCON_APPEND(&op->cmd,
+    "findAndModify", BCON_UTF8(a->coll),
+    "query", "{", "_id", BCON_UTF8(a->name), "}",
+    "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
+    "update", "[",
+      "{", "$set", "{", "_mlq", LIVE(ML_F_SQUEUE), "_mlh", LIVE(ML_F_HOLDERS),
+                        "_mlw", WATCHING(LIVE(ML_F_QUEUE)), "}", "}",
+      "{", "$set", "{", "_mlk", BCON_ITER(&ik),
+                        "_mlm", "{", "$in", "[", BCON_UTF8(a->owner), "$_mlh.o", "]", "}", "}", "}",
+      "{", "$set", "{", "_mlt", "{", "$and", "[", "$_mlk", "{", "$not", "[", "$_mlm", "]", "}",
+        "{", "$not", "[", OWNER_LIVE, "]", "}",
+        "{", "$eq", "[", "{", "$size", "$_mlw", "}", BCON_INT32(0), "]", "}",
+        BCON_ITER(&ir), BCON_ITER(&it), "]", "}", "}", "}",
+      "{", "$set", "{",
+        ML_F_PERMITS, BCON_ITER(&ip),
+        ML_F_TOKEN, IF_T("$" ML_F_TOKEN, NEXT_TOKEN),
+        /* an owner whose lease ended is cleared: its extend must not bring
+         * it back while shares are held */
+        ML_F_OWNER, IF_T("$" ML_F_OWNER, BCON_NULL),
+        /* the lease end the TTL index reads covers every share */
+        ML_F_EXPIRES, IF_T("$" ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
+                             "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}", "]", "}"),
+        ML_F_HOLDERS, IF_T("$" ML_F_HOLDERS, "{", "$concatArrays", "[", "$_mlh", "[",
+          "{", "o", BCON_UTF8(a->owner), "m", BCON_UTF8(p ? "p" : "s"),
+               "until", "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}",
+               "tk", NEXT_TOKEN, "at", "$$NOW",
+               "h", "{", "$literal", BCON_DOCUMENT(&holder), "}", "}", "]", "]", "}"),
+        ML_F_SQUEUE, BCON_ITER(&iq),
+        ML_F_NEXT, "{", "$cond", "[", "$_mlt", BCON_ITER(&ic),
+          "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_NULL,
+                             "$" ML_F_NEXT, "]", "}", "]", "}",
+      "}", "}",
+      "{", "$unset", "[", "_mlq", "_mlh", "_mlw", "_mlk", "_mlm", "_mlt", "]", "}",
+    "]",
+    "fields", "{",
+      "_id", BCON_INT32(0), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
+      ML_F_OWNER, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1),
+      "me", "{", "$arrayElemAt", "[", "{", "$filter", "{", "input", LIVE(ML_F_HOLDERS),
+               "cond", "{", "$eq", "[", "$$this.o", BCON_UTF8(a->owner), "]", "}", "}", "}",
+               BCON_INT32(0), "]", "}",
+      "holders", "{", "$size", LIVE(ML_F_HOLDERS), "}",
+      "readers", "{", "$size", "{", "$filter", "{", "input", LIVE(ML_F_HOLDERS),
+                   "cond", "{", "$eq", "[", "$$this.m", "s", "]", "}", "}", "}", "}",
+      "exclusive", OWNER_LIVE,
+      /* until the exclusive lease ends, else the first share's */
+      "remainingMs", "{", "$subtract", "[",
+        "{", "$cond", "[", OWNER_LIVE, "$" ML_F_EXPIRES,
+          "{", "$min", "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "$$this.until", "}", "}", "}",
+        "]", "}", "$$NOW", "]", "}",
+      "queued", "{", "$size", ARR(ML_F_SQUEUE), "}",
+      "position", "{", "$indexOfArray", "[",
+        "{", "$cond", "[", "{", "$isArray", "$" ML_F_SQUEUE, "}", "$" ML_F_SQUEUE ".w", "[", "]", "]", "}",
+        BCON_UTF8(w), "]", "}",
+      "writers", "{", "$size", WATCHING(LIVE(ML_F_QUEUE)), "}",
+    "}");
+  bson_destroy(&holder);
+  bson_destroy(&kind);
+  bson_destroy(&room);
+  bson_destroy(&turn);
+  bson_destroy(&chain);
+  bson_destroy(&queue);
+  bson_destroy(&perm);
+}
+
+/* ---- release, extend, leave, force release ----------------------------- */
+
+/*
+ * After a share ends (HS: the live holders left): a queued writer is woken
+ * when none is left (writers first), else the first sharer waiting when
+ * there is room; otherwise next stays as it was (no event).
+ */
+#define NEXT_AFTER(...)                                                      \
+  "{", "$let", "{",                                                          \
+    "vars", "{", "wh", HEAD_TW(LIVE(ML_F_QUEUE)), "sh", HEAD_TW(LIVE(ML_F_SQUEUE)), "}", \
+    "in", "{", "$cond", "[", "{", "$ne", "[", "$$wh", BCON_NULL, "]", "}",    \
+      "{", "$cond", "[", "{", "$eq", "[", "{", "$size", __VA_ARGS__, "}", BCON_INT32(0), "]", "}", \
+                         "$$wh", "$" ML_F_NEXT, "]", "}",                    \
+      "{", "$cond", "[", "{", "$and", "[", "{", "$ne", "[", "$$sh", BCON_NULL, "]", "}",  \
+          "{", "$lt", "[", "{", "$size", __VA_ARGS__, "}",                   \
+                           "{", "$ifNull", "[", "$" ML_F_PERMITS, BCON_INT64(INT64_MAX), "]", "}", \
+          "]", "}", "]", "}",                                                \
+        "$$sh", "$" ML_F_NEXT, "]", "}",                                     \
+    "]", "}", "}", "}"
+
+void ml_build_share_release(ml_op *op, const char *db, const char *coll, const bson_t *id,
+                            const char *owner) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  bson_iter_t i;
+  bson_iter_init_find(&i, id, "_id");
+  BCON_APPEND(&q, "_id", BCON_ITER(&i), "$expr", HOLDS(owner));
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", LIVE(ML_F_HOLDERS),
+           "cond", "{", "$ne", "[", "$$this.o", BCON_UTF8(owner), "]", "}", "}", "}", "}", "}",
+    "1", "{", "$set", "{", ML_F_HOLDERS, "$_mlh", ML_F_NEXT, NEXT_AFTER("$_mlh"), "}", "}",
+    "2", "{", "$unset", "[", "_mlh", "]", "}");
+  update_pipeline(op, db, coll, &q, &u);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bson_t *id,
+                           const char *owner, int64_t ttl_ms) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  bson_iter_t i;
+  bson_iter_init_find(&i, id, "_id");
+  BCON_APPEND(&q, "_id", BCON_ITER(&i), "$expr", HOLDS(owner));
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{",
+      ML_F_HOLDERS, "{", "$map", "{", "input", ARR(ML_F_HOLDERS),
+        "in", "{", "$cond", "[",
+          "{", "$and", "[", "{", "$eq", "[", "$$this.o", BCON_UTF8(owner), "]", "}",
+                           "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "]", "}",
+          "{", "$mergeObjects", "[", "$$this",
+            "{", "until", "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "}", "]", "}",
+          "$$this", "]", "}", "}", "}",
+      ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
+                      "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "]", "}",
+    "}", "}");
+  update_pipeline(op, db, coll, &q, &u);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_share_leave(ml_op *op, const char *db, const char *coll, const char *name,
+                          const char *waiter, const char *tag) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  char tw[64];
+  bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
+  BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_SQUEUE ".w", BCON_UTF8(waiter));
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{", ML_F_SQUEUE, "{", "$filter", "{", "input", LIVE(ML_F_SQUEUE),
+           "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(waiter), "]", "}", "}", "}", "}", "}",
+    /* a wake-up handed to the leaver goes on */
+    "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
+           "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}",
+           NEXT_AFTER(LIVE(ML_F_HOLDERS)), "$" ML_F_NEXT, "]", "}", "}", "}");
+  update_pipeline(op, db, coll, &q, &u);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_share_force_release(ml_op *op, const char *db, const char *coll, const char *name) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  BCON_APPEND(&q, "_id", BCON_UTF8(name),
+              "$expr", "{", "$gt", "[", "{", "$size", LIVE(ML_F_HOLDERS), "}", BCON_INT32(0), "]", "}");
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{", ML_F_HOLDERS, "[", "]", "}", "}",
+    "1", "{", "$set", "{", ML_F_NEXT, NEXT_AFTER("{", "$literal", "[", "]", "}"), "}", "}");
+  update_pipeline(op, db, coll, &q, &u);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_share_status(ml_op *op, const char *db, const char *coll, const char *name) {
+  op_start(op, ML_RUN_CURSOR, db, coll);
+  BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+    "pipeline", "[", "{", "$match", "{", "_id", BCON_UTF8(name), "}", "}",
+      "{", "$project", "{", "_id", BCON_INT32(0), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
+        "exclusive", OWNER_LIVE,
+        "holders", "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "{",
+          "owner", "$$this.o", "mode", "$$this.m", "token", "$$this.tk", "holder", "$$this.h",
+          "remainingMs", "{", "$subtract", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",
+        "waiting", "{", "$size", LIVE(ML_F_SQUEUE), "}",
+        "writers", "{", "$size", LIVE(ML_F_QUEUE), "}", "}", "}", "]",
+    "cursor", "{", "}");
+}
+
+/* ---- replies ----------------------------------------------------------- */
+
+int ml_parse_share_acquire(const bson_t *reply, const char *owner, int mode, int64_t permits,
+                           ml_share_reply *out) {
+  bson_iter_t it, me;
+  const uint8_t *data;
+  uint32_t len;
+  memset(out, 0, sizeof *out);
+  out->permits = -1;
+  if (!bson_iter_init_find(&it, reply, "value") || !BSON_ITER_HOLDS_DOCUMENT(&it)) return 0;
+  bson_iter_document(&it, &len, &data);
+  if (!bson_init_static(&out->value, data, len)) return 0;
+  if (bson_iter_init_find(&it, &out->value, ML_F_PERMITS) && BSON_ITER_HOLDS_NUMBER(&it))
+    out->permits = ml_iter_int64(&it, -1);
+  out->mismatch = mode == ML_MODE_PERMIT ? out->permits != permits : out->permits != -1;
+  if (bson_iter_init_find(&it, &out->value, "me") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+      bson_iter_recurse(&it, &me)) {
+    bson_iter_t o = me, tk = me;
+    if (bson_iter_find(&o, "o") && BSON_ITER_HOLDS_UTF8(&o) &&
+        strcmp(bson_iter_utf8(&o, NULL), owner) == 0) {
+      out->won = 1;
+      out->mismatch = 0;
+      if (bson_iter_find(&tk, "tk")) out->token = ml_iter_int64(&tk, 0);
+    }
+  }
+  return 1;
+}

@@ -1,0 +1,252 @@
+/*
+ * The client's commands on the shared kinds (protocol_shared.h): a reader's
+ * share of a reader-writer lock and a semaphore's permit.  Each is won as a
+ * mongolock.Lock whose lease is an entry of the document's holders array
+ * (ML_KIND_SHARED, ML_KIND_PERMIT): release, extend, renewal, lost, close,
+ * __close and __gc are the exclusive lock's (lock.c), whose release and
+ * extend build the shared kinds' commands for these kinds.
+ */
+#include <string.h>
+#include <unistd.h>
+
+#include "mongolock.h"
+#include "protocol_shared.h"
+
+static const char *arg_str(lua_State *L, int i, size_t *len) {
+  if (lua_type(L, i) != LUA_TSTRING)
+    luaL_argerror(L, i, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, i)));
+  return lua_tolstring(L, i, len);
+}
+
+static const char *arg_lockname(lua_State *L, int i, size_t *len) {
+  const char *s = arg_str(L, i, len);
+  const char *msg = ml_check_name(s, *len);
+  if (msg) luaL_argerror(L, i, msg);
+  return s;
+}
+
+static const char *arg_hex32(lua_State *L, int i) {
+  size_t len;
+  const char *w = luaL_checklstring(L, i, &len);
+  luaL_argcheck(L, ml_is_hex(w, len, 32), i, "waiter id must be 32 lowercase hex digits");
+  return w;
+}
+
+static int64_t arg_ms(lua_State *L, int i) {
+  int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
+  luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
+  return ms;
+}
+
+/* [-0, +1] the reply's projected document, with operation_time */
+static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
+  ml_pushbson(L, value);
+  ml_set_operation_time(L, reply);
+}
+
+/* runs an update: documents matched, or -1 with err set */
+static int64_t run_update(lua_State *L, ml_client *c, ml_op *op, bson_error_t *err) {
+  bson_t reply;
+  int64_t n = -1;
+  if (ml_run(ml_client_get(L, c), c->wc, op, &reply, err)) {
+    n = ml_parse_matched(&reply);
+    if (n < 0)
+      bson_set_error(err, MONGOC_ERROR_PROTOCOL, MONGOC_ERROR_PROTOCOL_INVALID_REPLY,
+                     "update reply without matchedCount");
+  }
+  bson_destroy(&reply);
+  ml_op_destroy(op);
+  return n;
+}
+
+/*
+ * client:share_acquire(db, coll, name, mode, permits, ttl_ms [, app [, renew
+ *                      [, waiter, queue_ms [, polling]]]])
+ *   mode "shared" (a reader's share) or "permit" (permits: N)
+ *   -> handle
+ *    | nil, "busy", info          info: the projected lock document
+ *                                 (permits, token, holders, readers,
+ *                                 exclusive, remainingMs, queued, position
+ *                                 (0-based, -1), writers, holder) and
+ *                                 operation_time
+ *    | nil, "mismatch", info      the name is of another kind, or a
+ *                                 semaphore of another N: nothing written
+ *    | nil, message, code
+ * One findAndModify, retried once after a network error with the same
+ * owner id (an applied attempt is then found won).
+ */
+int ml_m_share_acquire(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_share_args a;
+  size_t namelen;
+  const char *mode;
+  char tag[17] = "", owner[33], host[256];
+  mongoc_client_t *mc;
+  bson_t reply, id;
+  bson_error_t err;
+  ml_share_reply r;
+  ml_op op;
+  ml_lease_spec s;
+  double started;
+  int ok;
+
+  memset(&a, 0, sizeof a);
+  ml_arg_ns(L, 2, &a.db, &a.coll);
+  a.name = arg_lockname(L, 4, &namelen);
+  mode = luaL_checkstring(L, 5);
+  if (!strcmp(mode, "shared")) a.mode = ML_MODE_SHARED;
+  else if (!strcmp(mode, "permit")) a.mode = ML_MODE_PERMIT;
+  else return luaL_argerror(L, 5, "mode must be \"shared\" or \"permit\"");
+  if (a.mode == ML_MODE_PERMIT) {
+    lua_Integer n = luaL_checkinteger(L, 6);
+    luaL_argcheck(L, n >= 1 && n <= ML_PERMITS_MAX, 6, "permits must be an integer from 1 to 1000000");
+    a.permits = n;
+  }
+  a.ttl_ms = arg_ms(L, 7);
+  a.app = luaL_optstring(L, 8, NULL);
+  if (!lua_isnoneornil(L, 10)) {
+    a.waiter = arg_hex32(L, 10);
+    a.queue_ms = arg_ms(L, 11);
+    a.polling = lua_toboolean(L, 12);
+    memcpy(owner, a.waiter, 33);
+    if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+    a.tag = tag;
+  } else if (!ml_random_owner(owner)) {
+    return ml_pushfail(L, "getrandom failed", 0);
+  }
+  a.owner = owner;
+  if (!a.app) a.app = mongoc_uri_get_appname(c->uri);
+  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
+  host[sizeof host - 1] = '\0';
+  if (!bson_utf8_validate(host, strlen(host), false)) host[0] = '\0';
+  a.host = host;
+  a.pid = (int64_t)getpid();
+  mc = ml_client_get(L, c);
+
+  ml_build_share_acquire(&op, &a);
+  started = ml_monotonic();
+  ok = ml_run(mc, c->wc, &op, &reply, &err);
+  ml_op_destroy(&op);
+  ok = ml_parse_share_acquire(&reply, owner, a.mode, a.permits, &r) > 0 ? ok : ok ? -1 : 0;
+
+  bson_init(&id);
+  bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
+  memset(&s, 0, sizeof s);
+  s.db = a.db;
+  s.coll = a.coll;
+  s.id = &id;
+  s.owner = owner;
+  s.owner_field = ML_F_HOLDERS;
+  s.time_field = ML_F_EXPIRES;
+  s.time_mode = ML_TIME_EXPIRES_AT;
+  s.owner_form = ML_OWNER_HEX;
+  s.ttl_ms = a.ttl_ms;
+  s.kind = a.mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED;
+  if (ok == 0) {
+    /* a write concern error after the write: give back what it took */
+    if (r.won) {
+      bson_error_t err2;
+      ml_op rel;
+      ml_build_share_release(&rel, a.db, a.coll, &id, owner);
+      (void)run_update(L, c, &rel, &err2);
+    }
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return ml_pusherror(L, &err);
+  }
+  if (ok < 0) {
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return ml_pushfail(L, "findAndModify returned no document", 0);
+  }
+  if (r.won) {
+    s.token = r.token;
+    s.started = started;
+    s.renew = lua_toboolean(L, 9);
+    ml_lock_new(L, 1, &s);
+    bson_destroy(&id);
+    bson_destroy(&reply);
+    return 1;
+  }
+  bson_destroy(&id);
+  lua_pushnil(L);
+  if (r.mismatch) lua_pushliteral(L, "mismatch");
+  else lua_pushliteral(L, "busy");
+  push_info(L, &r.value, &reply);
+  bson_destroy(&reply);
+  return 3;
+}
+
+/* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
+int ml_m_share_leave(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll, *name, *w;
+  size_t namelen;
+  bson_error_t err;
+  char tag[17];
+  ml_op op;
+  ml_arg_ns(L, 2, &db, &coll);
+  name = arg_lockname(L, 4, &namelen);
+  w = arg_hex32(L, 5);
+  if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
+  ml_build_share_leave(&op, db, coll, name, w, tag);
+  if (run_update(L, c, &op, &err) < 0) return ml_pusherror(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* client:share_force_release(db, coll, name) -> true | nil, "not held" |
+ * nil, msg, code: ends every share and permit of the name */
+int ml_m_share_force_release(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll, *name;
+  size_t namelen;
+  bson_error_t err;
+  ml_op op;
+  int64_t n;
+  ml_arg_ns(L, 2, &db, &coll);
+  name = arg_lockname(L, 4, &namelen);
+  ml_build_share_force_release(&op, db, coll, name);
+  n = run_update(L, c, &op, &err);
+  if (n < 0) return ml_pusherror(L, &err);
+  if (n == 0) return ml_pushfail(L, "not held", 0);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* client:share_status(db, coll, name) -> {permits, token, exclusive,
+ * holders = {{owner, mode, token, holder, remainingMs}}, waiting, writers}
+ * | nil (no such lock) | nil, msg, code.  One aggregate. */
+int ml_m_share_status(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *db, *coll, *name;
+  size_t namelen;
+  bson_t reply;
+  bson_error_t err;
+  bson_iter_t docs;
+  ml_op op;
+  int ok;
+  ml_arg_ns(L, 2, &db, &coll);
+  name = arg_lockname(L, 4, &namelen);
+  ml_build_share_status(&op, db, coll, name);
+  ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
+  ml_op_destroy(&op);
+  if (!ok) {
+    bson_destroy(&reply);
+    return ml_pusherror(L, &err);
+  }
+  lua_pushnil(L);
+  if (ml_reply_batch(&reply, &docs, NULL) && bson_iter_next(&docs) &&
+      BSON_ITER_HOLDS_DOCUMENT(&docs)) {
+    const uint8_t *data;
+    uint32_t len;
+    bson_t doc;
+    bson_iter_document(&docs, &len, &data);
+    if (bson_init_static(&doc, data, len)) {
+      lua_pop(L, 1);
+      ml_pushbson(L, &doc);
+    }
+  }
+  bson_destroy(&reply);
+  return 1;
+}

@@ -1,0 +1,309 @@
+-- Reader-writer locks and counting semaphores on the named locks'
+-- documents (doc/design.md, "Shared kinds").
+--
+--   local rw = client:rwlocks{ ttl = 30 }
+--   local r = assert(rw:read("cache"))       -- one of any number of readers
+--   local w = assert(rw:write("cache"))      -- alone: an exclusive lock
+--
+--   local sem = client:semaphores{ permits = 4 }
+--   local p = assert(sem:acquire("gpu"))     -- one of 4 permits
+--
+-- Every share and permit is a mongolock.Lock of its own (h.kind "shared"
+-- or "permit"): its own owner id, lease on the server's clock, fencing
+-- token (one sequence per name across every kind), renewal, lost signal,
+-- release by its holder only, <close> and __gc.  A writer is an ordinary
+-- exclusive lock (client:locks on the same collection): it waits until no
+-- share or permit is live, and readers that arrive while a writer waits
+-- queue behind it (writers first).
+
+local core = require "mongolock.core"
+local wait = require "mongolock.wait"
+
+local type = type
+local pcall = pcall
+local pairs = pairs
+local error = error
+local ipairs = ipairs
+local math_max = math.max
+local tostring = tostring
+local setmetatable = setmetatable
+local string_format = string.format
+local math_ceil = math.ceil
+local math_floor = math.floor
+local math_huge = math.huge
+local monotonic = core.monotonic
+local getpid = core.getpid
+
+local _M = { _VERSION = "0.1.0", PERMITS_MAX = 1000000 }
+
+local function argerror(n, fname, msg, level)
+  error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), level + 1)
+end
+
+local function check_permits(v, n, fname, level)
+  if type(v) ~= "number" or v ~= v or v < 1 or v > _M.PERMITS_MAX or math_floor(v) ~= v then
+    argerror(n, fname, "permits must be an integer from 1 to 1000000, got " ..
+      (type(v) == "number" and tostring(v) or type(v)), level + 1)
+  end
+  return v
+end
+
+-- the per-call options and their checks
+local SECONDS = { ttl = true, timeout = true, step = true, ratio = true, max_step = true,
+  queue_ttl = true }
+
+local function check_call(self, opts, n, fname, level)
+  level = level + 1
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then argerror(n, fname, "table expected, got " .. type(opts), level) end
+  local o = setmetatable({}, { __index = self.o })
+  for k, v in pairs(opts) do
+    if SECONDS[k] then
+      if type(v) ~= "number" or v ~= v or v < 0 or (v == math_huge and k ~= "timeout")
+        or (v == 0 and k ~= "timeout") then
+        argerror(n, fname, k .. " must be a positive number of seconds", level)
+      end
+      o[k] = v
+    elseif k == "renew" then
+      o.renew = v and true or false
+    elseif k == "wait" then
+      if type(v) ~= "string" or not wait.modes[v] then
+        argerror(n, fname, 'wait must be "auto", "watch" or "poll"', level)
+      end
+      o.wait = v
+    elseif k == "permits" and self.kind == "semaphore" then
+      o.permits = check_permits(v, n, fname, level)
+    else
+      argerror(n, fname, "unknown option " .. tostring(k), level)
+    end
+  end
+  if o.ratio < 1 then argerror(n, fname, "ratio must be >= 1", level) end
+  if o.ttl > 365 * 86400 then argerror(n, fname, "ttl must be at most a year", level) end
+  if self.kind == "semaphore" and o.permits == nil then
+    argerror(n, fname, "permits expected (semaphores{permits = N} or {permits = N})", level)
+  end
+  return o
+end
+
+local function check_name(name, fname, level)
+  if type(name) ~= "string" then
+    argerror(1, fname, "string expected, got " .. type(name), level + 1)
+  end
+  if #name == 0 then argerror(1, fname, "name must not be empty", level + 1) end
+  if #name > 1024 then argerror(1, fname, "name longer than 1024 bytes", level + 1) end
+  if name:find("\0", 1, true) then argerror(1, fname, "name contains a NUL byte", level + 1) end
+  if not core.utf8_valid(name) then argerror(1, fname, "name is not valid UTF-8", level + 1) end
+  return name
+end
+
+local mt = { __index = _M }
+
+-- kind: "rw" | "semaphore"; opts: those of client:locks, and permits
+function _M.new(client, kind, opts, fname)
+  if opts ~= nil and type(opts) ~= "table" then
+    argerror(1, fname, "table expected, got " .. type(opts), 3)
+  end
+  local lopts, permits = {}, nil
+  for k, v in pairs(opts or {}) do
+    if k == "permits" then
+      if kind ~= "semaphore" then argerror(1, fname, "unknown option permits", 3) end
+      permits = check_permits(v, 1, fname, 3)
+    else
+      lopts[k] = v
+    end
+  end
+  -- the exclusive side and every option's check and default
+  local locks = client:locks(lopts)
+  local o = {
+    ttl = locks.ttl, timeout = locks.timeout, step = locks.step, ratio = locks.ratio,
+    max_step = locks.max_step, queue_ttl = locks.queue_ttl or 3, renew = locks.renew and true,
+    wait = locks.wait, permits = permits,
+  }
+  return setmetatable({
+    kind = kind, locks = locks, client = client, core = client._core,
+    database = locks.database, collection = locks.collection,
+    expire_after = locks.expire_after or 86400, app = client.appname, o = o,
+  }, mt)
+end
+
+-- the TTL index, once per collection and process
+local indexed = {}
+local function ensure_index(self)
+  local key = self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
+  if indexed[key] == getpid() then return true end
+  local ok, err, code = self.core:ensure_index(self.database, self.collection,
+    math_ceil(self.expire_after))
+  if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
+  indexed[key] = getpid()
+  return true
+end
+
+-- the projected document of a failed attempt, as the exclusive kind's info
+local function to_info(v)
+  local info = {
+    token = v.token, permits = v.permits, holders = v.holders, readers = v.readers,
+    exclusive = v.exclusive, queued = v.queued, writers = v.writers, owner = v.owner,
+    holder = v.holder, operation_time = v.operation_time,
+  }
+  if type(v.remainingMs) == "number" then
+    info.remaining = v.remainingMs > 0 and v.remainingMs / 1000 or 0
+  end
+  if type(v.position) == "number" and v.position >= 0 then info.position = v.position + 1 end
+  return info
+end
+
+local function mismatch(name, mode, o, info)
+  local msg
+  if mode == "shared" then
+    msg = string_format("%q is a semaphore of %s permits, not a reader-writer lock", name,
+      tostring(info.permits))
+  elseif info.permits then
+    msg = string_format("semaphore %q has %d permits, not %d", name, info.permits, o.permits)
+  else
+    msg = string_format("%q has reader shares: it is a reader-writer lock, not a semaphore",
+      name)
+  end
+  info.mismatch = true
+  return nil, msg, info
+end
+
+-- one attempt: h | nil, "busy", info | nil, message[, code | info]
+local function attempt(self, mode, name, o, waiter, queue_ms, polling)
+  if self.core:closed() then return nil, "closed" end
+  local ok, err, code = ensure_index(self)
+  if not ok then return nil, err, code end
+  local h, e, v = self.core:share_acquire(self.database, self.collection, name, mode,
+    o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling)
+  if h then return h end
+  if e == "busy" then return nil, "busy", to_info(v) end
+  if e == "mismatch" then return mismatch(name, mode, o, to_info(v)) end
+  return nil, e, v
+end
+
+-- the wait loop: queued in the document's squeue, woken by the change
+-- stream (mongolock.wait) or by backoff polling
+local function wait_for(self, mode, name, o)
+  local deadline = monotonic() + o.timeout
+  local waiter, werr = core.waiter_id()
+  if not waiter then return nil, werr end
+  local queue_ms = math_ceil(o.queue_ttl * 1000)
+  local state, queued
+  local function give_up(...)
+    if queued and not self.core:closed() then
+      pcall(self.core.share_leave, self.core, self.database, self.collection, name, waiter)
+    end
+    return nil, ...
+  end
+  if o.timeout == 0 then return attempt(self, mode, name, o) end
+  while true do
+    local started = monotonic()
+    local polling = o.wait == "poll" or (state ~= nil and state.polling)
+    local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling)
+    if h then return h end
+    if err ~= "busy" then return give_up(err, info) end
+    queued = queued or info.position ~= nil
+    if monotonic() >= deadline then return give_up("timeout", info) end
+    if not state then
+      state = { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
+                waiter = waiter,
+                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
+    end
+    state.attempt = state.attempt + 1
+    state.info = info
+    state.refresh_at = info.position and started + o.queue_ttl / 2 or nil
+    local ok, serr, scode = wait.sleep_until_retry(state)
+    if ok == nil and serr ~= nil then return give_up(serr, scode) end
+  end
+end
+
+local function finish(h, ok, ...)
+  pcall(h.close, h)
+  if not ok then error((...), 0) end
+  return ...
+end
+
+local function with(self, mode, fname, name, opts, fn, ...)
+  check_name(name, fname, 3)
+  if type(opts) == "function" then return with(self, mode, fname, name, nil, opts, fn, ...) end
+  if type(fn) ~= "function" then argerror(3, fname, "function expected, got " .. type(fn), 3) end
+  local o = check_call(self, opts, 2, fname, 3)
+  if opts == nil or opts.renew == nil then o.renew = true end
+  local h, err, code = wait_for(self, mode, name, o)
+  if not h then return nil, err, code end
+  return finish(h, pcall(fn, h, ...))
+end
+
+-- status(name) -> {permits, token, exclusive, holders = {{owner, mode,
+-- token, remaining, holder}}, in_use, waiting, writers} | nil (no such
+-- lock) | nil, err, code.  One aggregate.
+function _M.status(self, name)
+  check_name(name, "status", 2)
+  if self.core:closed() then return nil, "closed" end
+  local st, err, code = self.core:share_status(self.database, self.collection, name)
+  if st == nil then return nil, err, code end
+  local holders = {}
+  for i, e in ipairs(st.holders or {}) do
+    holders[i] = { owner = e.owner, mode = e.mode == "p" and "permit" or "shared",
+      token = e.token, holder = e.holder,
+      remaining = type(e.remainingMs) == "number" and math_max(e.remainingMs, 0) / 1000 or nil }
+  end
+  return { permits = st.permits, token = st.token, exclusive = st.exclusive,
+    holders = holders, in_use = #holders, waiting = st.waiting, writers = st.writers }
+end
+
+-- force_release(name) -> true | nil, "not held": ends every share or
+-- permit of the name, whoever holds them
+function _M.force_release(self, name)
+  check_name(name, "force_release", 2)
+  if self.core:closed() then return nil, "closed" end
+  return self.core:share_force_release(self.database, self.collection, name)
+end
+
+-- ---- reader-writer locks --------------------------------------------------
+
+function _M.read(self, name, opts)
+  check_name(name, "read", 2)
+  return wait_for(self, "shared", name, check_call(self, opts, 2, "read", 2))
+end
+
+function _M.try_read(self, name, opts)
+  check_name(name, "try_read", 2)
+  return attempt(self, "shared", name, check_call(self, opts, 2, "try_read", 2))
+end
+
+function _M.with_read(self, name, opts, fn, ...)
+  return with(self, "shared", "with_read", name, opts, fn, ...)
+end
+
+function _M.write(self, name, opts) return self.locks:acquire(name, opts) end
+function _M.try_write(self, name, opts) return self.locks:try(name, opts) end
+function _M.with_write(self, name, opts, fn, ...) return self.locks:with(name, opts, fn, ...) end
+
+-- ---- semaphores -------------------------------------------------------------
+
+local sem = setmetatable({}, { __index = _M })
+local sem_mt = { __index = sem }
+
+function sem.acquire(self, name, opts)
+  check_name(name, "acquire", 2)
+  return wait_for(self, "permit", name, check_call(self, opts, 2, "acquire", 2))
+end
+
+function sem.try(self, name, opts)
+  check_name(name, "try", 2)
+  return attempt(self, "permit", name, check_call(self, opts, 2, "try", 2))
+end
+
+function sem.with(self, name, opts, fn, ...)
+  return with(self, "permit", "with", name, opts, fn, ...)
+end
+
+function _M.rwlocks(client, opts)
+  return _M.new(client, "rw", opts, "rwlocks")
+end
+
+function _M.semaphores(client, opts)
+  return setmetatable(_M.new(client, "semaphore", opts, "semaphores"), sem_mt)
+end
+
+return _M

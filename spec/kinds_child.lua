@@ -1,0 +1,66 @@
+-- The child process of spec/semaphore_spec.lua and spec/rwlock_spec.lua:
+-- connects, then follows its mode on a reader-writer lock or a semaphore.
+--   hold KIND NAME TTL N        take (read | write | permit of N), print
+--                               "held PID TOKEN", sleep until killed
+--   loop KIND NAME COUNT FILE N COUNT times: take, append "B kind pid token"
+--                               and "E kind pid" to FILE around a short
+--                               section, release
+--   wait KIND NAME TIMEOUT N    take waiting up to TIMEOUT (woken by the
+--                               change stream: queue_ttl 30), print "held
+--                               PID TOKEN" and release after a moment
+--   readers read NAME SECONDS   overlapping readers for SECONDS: a new share
+--                               is taken before the previous one is released;
+--                               stops at the first share refused
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+local db, coll, mode, kind, name, a, b, n = ...
+local c = assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "child" }))
+local rw = c:rwlocks({ database = db, collection = coll })
+local sem = c:semaphores({ database = db, collection = coll, permits = tonumber(n) or 1 })
+local function say(...)
+  io.stdout:write(table.concat({ ... }, " "), "\n")
+  io.stdout:flush()
+end
+local function take(opts)
+  if kind == "read" then return rw:read(name, opts) end
+  if kind == "write" then return rw:write(name, opts) end
+  return sem:acquire(name, opts)
+end
+if mode == "hold" then
+  local h = assert(take({ ttl = tonumber(a), timeout = 10 }))
+  say("held", core.getpid(), h:token_string())
+  core.sleep(120)
+elseif mode == "loop" then
+  local f = assert(io.open(b, "a"))
+  f:setvbuf("no")
+  say("ready", core.getpid())
+  for _ = 1, tonumber(a) do
+    local h = assert(take({ ttl = 10, timeout = 60 }))
+    f:write(string.format("B %s %d %s\n", kind, core.getpid(), h:token_string()))
+    core.sleep(0.003)
+    f:write(string.format("E %s %d\n", kind, core.getpid()))
+    assert(h:release())
+  end
+  f:close()
+  say("done")
+elseif mode == "wait" then
+  local h = assert(take({ timeout = tonumber(a), queue_ttl = 30, wait = "watch" }))
+  say("held", core.getpid(), h:token_string())
+  core.sleep(0.2)
+  assert(h:release())
+elseif mode == "readers" then
+  local stop = core.monotonic() + tonumber(a)
+  local prev = assert(rw:read(name, { ttl = 5, timeout = 5 }))
+  say("reading", core.getpid())
+  local count = 1
+  while core.monotonic() < stop do
+    core.sleep(0.05)
+    local h = rw:try_read(name, { ttl = 5 })
+    if not h then break end
+    count = count + 1
+    assert(prev:release())
+    prev = h
+  end
+  say("stopped", count)
+  assert(prev:release())
+end

@@ -1,0 +1,329 @@
+-- #integration: counting semaphores (mongolock.shared): N permits per
+-- name, each a lease of its own; processes contending, a holder killed,
+-- clocks an hour off, disagreeing N, malformed input, round trips.
+local helpers = require "helpers"
+local core = require "mongolock.core"
+
+local CHILD = helpers.root .. "/spec/kinds_child.lua"
+
+describe("#integration semaphores", function()
+  local client, coll, sems
+  setup(function()
+    client = helpers.connect({ appname = "sem-parent" })
+    coll = helpers.unique("sem")
+    sems = client:semaphores({ database = helpers.database, collection = coll, permits = 3 })
+  end)
+  teardown(function() client:close() end)
+
+  local function spawn(mode, kind, name, a, b, n, prefix)
+    return helpers.spawn(CHILD, { helpers.database, coll, mode, kind, name,
+      tostring(a or ""), tostring(b or ""), tostring(n or "") }, prefix)
+  end
+
+  -- the raw lock document
+  local function doc(name)
+    local r = assert(client:command(helpers.database, { find = coll },
+      { filter = { _id = name } }))
+    return r.cursor.firstBatch[1]
+  end
+
+  it("gives N permits, each its own owner, token and lease; the N+1st is busy", function()
+    local name = helpers.unique("n")
+    local hs, owners = {}, {}
+    local last = 0
+    for i = 1, 3 do
+      hs[i] = assert(sems:try(name))
+      assert.equal("permit", hs[i].kind)
+      assert.is_nil(owners[hs[i].owner])
+      owners[hs[i].owner] = true
+      assert.is_true(hs[i].token > last)
+      last = hs[i].token
+    end
+    local h, err, info = sems:try(name)
+    assert.is_nil(h)
+    assert.equal("busy", err)
+    assert.equal(3, info.holders)
+    assert.equal(3, info.permits)
+    local st = assert(sems:status(name))
+    assert.equal(3, st.in_use)
+    assert.equal(3, st.permits)
+    assert.equal("permit", st.holders[1].mode)
+    assert.equal(core.getpid(), st.holders[1].holder.pid)
+    -- only its holder releases a permit; twice is "not held"
+    assert.is_true(hs[2]:release())
+    assert.same({ nil, "not held" }, { hs[2]:release() })
+    assert.is_true(hs[1]:extend(5))
+    local h4 = assert(sems:try(name))
+    assert.is_true(h4.token > last)
+    assert.equal(3, assert(sems:status(name)).in_use)
+    -- a permit force-released elsewhere is lost to its holder
+    assert.is_true(sems:force_release(name))
+    assert.equal(0, assert(sems:status(name)).in_use)
+    assert.same({ nil, "lost" }, { hs[1]:extend() })
+    assert.is_true(hs[1]:lost())
+    assert.same({ nil, "lost" }, { h4:release() })
+    hs[3]:close()
+  end)
+
+  it("refuses a caller that disagrees about N, writing nothing", function()
+    local name = helpers.unique("n-disagree")
+    local h = assert(sems:try(name))
+    local before = doc(name)
+    local other = client:semaphores({ database = helpers.database, collection = coll, permits = 5 })
+    local h2, err, info = other:try(name)
+    assert.is_nil(h2)
+    assert.equal('semaphore "' .. name .. '" has 3 permits, not 5', err)
+    assert.is_true(info.mismatch)
+    h2, err = other:acquire(name, { timeout = 1 })
+    assert.is_nil(h2)
+    assert.matches("has 3 permits, not 5", err, 1, true)
+    assert.same(before, doc(name))
+    -- a reader-writer lock of the same name is refused too
+    local rw = client:rwlocks({ database = helpers.database, collection = coll })
+    h2, err = rw:try_read(name)
+    assert.is_nil(h2)
+    assert.matches("is a semaphore of 3 permits", err, 1, true)
+    assert.same(before, doc(name))
+    assert.is_true(h:release())
+    -- N stays fixed after every permit is back
+    assert.matches("has 3 permits, not 5", select(2, other:try(name)), 1, true)
+  end)
+
+  it("refuses malformed input at the caller, writing nothing", function()
+    local name = helpers.unique("bad")
+    for _, n in ipairs({ 0, -1, 1.5, 1e7, 0 / 0, "3", true }) do
+      assert.has_error(function()
+        client:semaphores({ database = helpers.database, collection = coll, permits = n })
+      end)
+      assert.has_error(function() sems:try(name, { permits = n }) end)
+    end
+    assert.has_error(function()
+      client:semaphores({ database = helpers.database, collection = coll }):try(name)
+    end, "bad argument #2 to 'try' (permits expected (semaphores{permits = N} or {permits = N}))")
+    assert.has_error(function() sems:try(name, { bogus = 1 }) end,
+      "bad argument #2 to 'try' (unknown option bogus)")
+    assert.has_error(function() sems:acquire(name, { ttl = -1 }) end)
+    assert.has_error(function() sems:acquire(name, { wait = "sometimes" }) end)
+    assert.has_error(function() sems:try(42) end, "bad argument #1 to 'try' (string expected, got number)")
+    assert.has_error(function() sems:try("") end)
+    assert.has_error(function() sems:try("a\0b") end)
+    assert.has_error(function() sems:with(name, {}, "not a function") end)
+    assert.is_nil(doc(name))
+  end)
+
+  it("with holds a permit while fn runs and always gives it back", function()
+    local name = helpers.unique("with")
+    local seen
+    assert.equal(7, sems:with(name, function(h, x)
+      seen = assert(sems:status(name)).in_use
+      assert.is_true(h:held())
+      return x
+    end, 7))
+    assert.equal(1, seen)
+    assert.has_error(function() sems:with(name, function() error("boom", 0) end) end, "boom")
+    assert.equal(0, assert(sems:status(name)).in_use)
+  end)
+
+  if _VERSION == "Lua 5.4" then
+    it("gives a permit back on scope exit with <close>, error or not", function()
+      local name = helpers.unique("close")
+      local chunk = assert(load([[
+        local sems, name, fail = ...
+        local h <close> = assert(sems:try(name))
+        if fail then error("inside", 0) end
+        return (assert(sems:status(name)).in_use)
+      ]]))
+      assert.equal(1, chunk(sems, name, false))
+      assert.equal(0, assert(sems:status(name)).in_use)
+      assert.is_false(pcall(chunk, sems, name, true))
+      assert.equal(0, assert(sems:status(name)).in_use)
+    end)
+  end
+
+  it("a permit handle collected while held is released", function()
+    local name = helpers.unique("gc")
+    do local _ = assert(sems:try(name)) end
+    collectgarbage()
+    collectgarbage()
+    assert.truthy(helpers.eventually(function()
+      return assert(sems:status(name)).in_use == 0
+    end, 5))
+  end)
+
+  it("three processes never hold more than N permits; tokens increase", function()
+    local name = helpers.unique("contend")
+    local log = os.tmpname()
+    local n, loops = 2, 20
+    local ps = {}
+    for i = 1, 3 do ps[i] = spawn("loop", "permit", name, loops, log, n) end
+    for _, p in ipairs(ps) do
+      local st, out = p:wait(90)
+      assert.equal(0, st, out)
+      p:cleanup()
+    end
+    -- a logged section lies inside its permit's lease, so the overlap the
+    -- log shows is at most the real one; tokens never repeat, and each
+    -- process sees its own increase
+    local inside, most, count, seen, last = 0, 0, 0, {}, {}
+    for l in io.lines(log) do
+      local pid, tok = l:match("^B permit (%d+) (%d+)$")
+      if tok then
+        inside = inside + 1
+        count = count + 1
+        most = math.max(most, inside)
+        tok = tonumber(tok)
+        assert.is_nil(seen[tok], l)
+        seen[tok] = true
+        assert.is_true(tok > (last[pid] or 0), l)
+        last[pid] = tok
+      else
+        assert.is_truthy(l:match("^E permit %d+$"), l)
+        inside = inside - 1
+      end
+    end
+    os.remove(log)
+    assert.equal(3 * loops, count)
+    assert.is_true(most <= n, most .. " permits held at once")
+    assert.equal(n, most)             -- they did overlap
+  end)
+
+  it("a holder killed with SIGKILL frees its permit when its lease ends", function()
+    local name = helpers.unique("killed")
+    local p = spawn("hold", "permit", name, 1, nil, 1)
+    local pid = tonumber((assert(p:wait_for("held (%d+) %d+"))))
+    local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    local _, err, info = one:try(name)
+    assert.equal("busy", err)
+    assert.is_true(info.remaining > 0 and info.remaining <= 1)
+    local st = assert(one:status(name))
+    assert.equal(pid, st.holders[1].holder.pid)
+    p:kill("KILL", pid)
+    assert.is_truthy(p:wait(10))
+    p:cleanup()
+    local started = core.monotonic()
+    local h = assert(one:acquire(name, { timeout = 6 }))
+    assert.is_true(core.monotonic() - started < 4)
+    assert.is_true(h.token > st.holders[1].token)
+    assert.is_true(h:release())
+  end)
+
+  it("a release wakes as many waiters as permits it freed (change stream)", function()
+    local name = helpers.unique("wake")
+    local two = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
+    local a = assert(two:try(name, { ttl = 60 }))
+    local b = assert(two:try(name, { ttl = 60 }))
+    -- waiters of other processes: queue_ttl 30 and leases of 60 s, so only
+    -- an event can give them a permit within their 8 s
+    local w1 = spawn("wait", "permit", name, 8, nil, 2)
+    local w2 = spawn("wait", "permit", name, 8, nil, 2)
+    assert.truthy(helpers.eventually(function()
+      return (assert(two:status(name)).waiting or 0) == 2
+    end, 10))
+    assert.is_true(a:release())
+    assert.is_true(b:release())
+    for _, p in ipairs({ w1, w2 }) do
+      assert.is_truthy(p:wait_for("held %d+ %d+", 8), p:output())
+      local st, out = p:wait(10)
+      assert.equal(0, st, out)
+      p:cleanup()
+    end
+  end)
+
+  it("force release hands the freed permits to the waiters", function()
+    local name = helpers.unique("wake-force")
+    local two = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
+    local a = assert(two:try(name, { ttl = 60 }))
+    local b = assert(two:try(name, { ttl = 60 }))
+    local w1 = spawn("wait", "permit", name, 8, nil, 2)
+    local w2 = spawn("wait", "permit", name, 8, nil, 2)
+    assert.truthy(helpers.eventually(function()
+      return (assert(two:status(name)).waiting or 0) == 2
+    end, 10))
+    assert.is_true(two:force_release(name))
+    for _, p in ipairs({ w1, w2 }) do
+      assert.is_truthy(p:wait_for("held %d+ %d+", 8), p:output())
+      local st, out = p:wait(10)
+      assert.equal(0, st, out)
+      p:cleanup()
+    end
+    assert.same({ nil, "lost" }, { a:release() })
+    assert.same({ nil, "lost" }, { b:release() })
+  end)
+
+  describe("with clocks an hour off (faketime)", function()
+    it("a skewed holder's permit lasts its ttl on the server's clock", function()
+      for _, skew in ipairs({ "+1h", "-1h" }) do
+        local name = helpers.unique("skew")
+        local p = spawn("hold", "permit", name, 1.5, nil, 1, ("faketime -f '%s' "):format(skew))
+        local pid = tonumber((assert(p:wait_for("held (%d+) %d+"))))
+        local one = client:semaphores({ database = helpers.database, collection = coll,
+          permits = 1 })
+        local _, err, info = one:try(name)
+        assert.equal("busy", err, skew)
+        assert.is_true(info.remaining > 0 and info.remaining <= 1.5, tostring(info.remaining))
+        p:kill("KILL", pid)
+        p:wait(10)
+        p:cleanup()
+        local started = core.monotonic()
+        local h = assert(one:acquire(name, { timeout = 6 }))
+        assert.is_true(core.monotonic() - started < 4, skew)
+        assert.is_true(h:release())
+      end
+    end)
+  end)
+
+  it("tokens increase across kinds and survive deletion of the document", function()
+    local name = helpers.unique("fence")
+    local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    local locks = client:locks({ database = helpers.database, collection = coll })
+    local p = assert(one:try(name))
+    local t1 = p.token
+    assert.is_true(p:release())
+    local x = assert(locks:try(name))
+    assert.is_true(x.token > t1)
+    assert.is_true(x:release())
+    assert(client:command(helpers.database, { delete = coll },
+      { deletes = { { q = { _id = name }, limit = 1 } } }))
+    assert.is_nil(doc(name))
+    core.sleep(0.002)
+    local p2 = assert(one:try(name))
+    assert.is_true(p2.token > x.token)
+    assert.is_true(p2:release())
+  end)
+end)
+
+describe("#integration semaphore round trips", function()
+  local client, sems, overhead
+
+  local function commands(fn)
+    local a = helpers.opcounters(client)
+    fn()
+    local b = helpers.opcounters(client)
+    return b.total - a.total - overhead
+  end
+
+  setup(function()
+    client = helpers.connect({ appname = "sem-rt" },
+      helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
+    helpers.opcounters(client)
+    local a = helpers.opcounters(client)
+    local b = helpers.opcounters(client)
+    overhead = b.total - a.total
+    sems = client:semaphores({ database = helpers.database, collection = helpers.unique("semrt"),
+      permits = 2 })
+    assert(sems:try("warm")):release()
+  end)
+  teardown(function() client:close() end)
+
+  it("an uncontended permit acquire, a try, each release and extend: one command each", function()
+    local h, h2
+    assert.equal(1, commands(function() h = assert(sems:acquire("x")) end))
+    assert.equal(1, commands(function() h2 = assert(sems:try("x")) end))
+    assert.equal(1, commands(function() assert.equal("busy", select(2, sems:try("x"))) end))
+    assert.equal(1, commands(function() assert(h:extend(10)) end))
+    assert.equal(1, commands(function() assert(sems:status("x")) end))
+    assert.equal(1, commands(function() assert(h:release()) end))
+    assert.equal(1, commands(function() assert(h2:release()) end))
+    assert.equal(0, commands(function() assert.is_nil(h:release()) end))
+  end)
+end)
