@@ -54,6 +54,7 @@ build = {
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
     ["mongolock.documents"] = "lua/mongolock/documents.lua",
+    ["mongolock.shared"] = "lua/mongolock/shared.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
     ["mongolock.ngx"] = "lua/mongolock/ngx.lua",
     ["mongolock.ngx.locks"] = "lua/mongolock/ngx/locks.lua",
@@ -66,6 +67,7 @@ build = {
         "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c",
+        "csrc/protocol_shared.c", "csrc/shared.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },

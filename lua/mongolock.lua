@@ -115,6 +115,10 @@ end
 function client_mt:semaphores(opts)
   return require("mongolock.shared").semaphores(self, opts)
 end
+-- set = client:acquire_all(entries, opts): several locks, all or none
+function client_mt.acquire_all(_, entries, opts)
+  return require("mongolock.shared").acquire_all(entries, opts)
+end
 
 -- documents = client:documents(db, coll, opts): locks on the
 -- application's own documents (mongolock.documents)

@@ -8,6 +8,9 @@
 --   wait KIND NAME TIMEOUT N    take waiting up to TIMEOUT (woken by the
 --                               change stream: queue_ttl 30), print "held
 --                               PID TOKEN" and release after a moment
+--   multi set X,Y COUNT ORDER   COUNT times: the exclusive lock X and a
+--                               permit of Y as one set (acquire_all), listed
+--                               in ORDER ("fwd" or "rev")
 --   readers read NAME SECONDS   overlapping readers for SECONDS: a new share
 --                               is taken before the previous one is released;
 --                               stops at the first share refused
@@ -48,6 +51,20 @@ elseif mode == "wait" then
   say("held", core.getpid(), h:token_string())
   core.sleep(0.2)
   assert(h:release())
+elseif mode == "multi" then
+  -- multi set NAMES COUNT ORDER: COUNT times take the exclusive lock of the
+  -- first name and a permit (N = 1) of the second, listed in ORDER ("fwd"
+  -- or "rev"), as one set
+  local locks = c:locks({ database = db, collection = coll })
+  local x, y = name:match("^([^,]+),([^,]+)$")
+  for _ = 1, tonumber(a) do
+    local entries = { { locks, x }, { sem, y } }
+    if b == "rev" then entries = { entries[2], entries[1] } end
+    local set = assert(c:acquire_all(entries, { timeout = 20 }))
+    core.sleep(0.005)
+    assert(set:release())
+  end
+  say("done")
 elseif mode == "readers" then
   local stop = core.monotonic() + tonumber(a)
   local prev = assert(rw:read(name, { ttl = 5, timeout = 5 }))

@@ -27,6 +27,7 @@ local ipairs = ipairs
 local math_max = math.max
 local tostring = tostring
 local setmetatable = setmetatable
+local getmetatable = getmetatable
 local string_format = string.format
 local math_ceil = math.ceil
 local math_floor = math.floor
@@ -296,6 +297,135 @@ end
 
 function sem.with(self, name, opts, fn, ...)
   return with(self, "permit", "with", name, opts, fn, ...)
+end
+
+-- ---- several locks at once --------------------------------------------------
+
+_M.SET_MAX = 64
+
+local set_methods = {}
+local set_mt = { __index = set_methods, __name = "mongolock.LockSet" }
+
+-- set:release() -> true | nil, err of the first handle that failed (every
+-- handle is released anyway); afterwards nil, "not held"
+function set_methods.release(self)
+  local hs = self.handles
+  if not hs then return nil, "not held" end
+  self.handles = nil
+  local ok, first = true, nil
+  for i = #hs, 1, -1 do
+    local r, err = hs[i]:release()
+    if not r and ok then ok, first = false, err end
+  end
+  if ok then return true end
+  return nil, first
+end
+
+-- set:close() -> true: releases what is held; errors are swallowed
+function set_methods.close(self)
+  local hs = self.handles
+  self.handles = nil
+  if hs then for i = #hs, 1, -1 do pcall(hs[i].close, hs[i]) end end
+  return true
+end
+
+-- set:check() -> true | nil, err of the first handle no longer held
+function set_methods.check(self)
+  if not self.handles then return nil, "not held" end
+  for _, h in ipairs(self.handles) do
+    local ok, err = h:check()
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+set_mt.__close = set_methods.close
+set_mt.__gc = set_methods.close
+
+-- the kind of a set entry's object, and the mode it asks
+local function entry_kind(e, i)
+  if type(e) ~= "table" then
+    argerror(1, "acquire_all", string_format("entry %d: table expected, got %s", i, type(e)), 4)
+  end
+  local obj, name, mode = e[1], e[2], e[3]
+  if type(obj) ~= "table" or type(obj.database) ~= "string" or type(obj.collection) ~= "string" then
+    argerror(1, "acquire_all", string_format("entry %d: a locks, rwlocks or semaphores object "
+      .. "expected", i), 4)
+  end
+  check_name(name, "acquire_all", 4)
+  local kind = getmetatable(obj) == mt and "rw" or getmetatable(obj) == sem_mt and "semaphore"
+    or "locks"
+  if kind == "rw" then
+    if mode ~= "read" and mode ~= "write" then
+      argerror(1, "acquire_all", string_format('entry %d: mode must be "read" or "write"', i), 4)
+    end
+  elseif mode ~= nil then
+    argerror(1, "acquire_all", string_format("entry %d: no mode for this kind", i), 4)
+  end
+  return obj, name, kind, mode
+end
+
+-- set, err = acquire_all(entries, opts): every entry or none, within one
+-- timeout.  entries: { {locks, name}, {rwlocks, name, "read" | "write"},
+-- {semaphores, name}, ... }, at most SET_MAX, no name twice in one
+-- collection.  They are taken one after the other in one canonical order
+-- (database, collection, name), so that callers asking for overlapping
+-- sets in any order never wait for each other in a cycle; on a failure
+-- (timeout, error) those taken are released.  opts: timeout (seconds,
+-- default 10), ttl, renew (applied to every entry).
+function _M.acquire_all(entries, opts)
+  if type(entries) ~= "table" then
+    argerror(1, "acquire_all", "table expected, got " .. type(entries), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    argerror(2, "acquire_all", "table expected, got " .. type(opts), 2)
+  end
+  opts = opts or {}
+  for k in pairs(opts) do
+    if k ~= "timeout" and k ~= "ttl" and k ~= "renew" then
+      argerror(2, "acquire_all", "unknown option " .. tostring(k), 2)
+    end
+  end
+  local timeout = opts.timeout == nil and 10 or opts.timeout
+  if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
+    argerror(2, "acquire_all", "timeout must be a number of seconds >= 0", 2)
+  end
+  local n = #entries
+  if n == 0 then argerror(1, "acquire_all", "no entries", 2) end
+  if n > _M.SET_MAX then
+    argerror(1, "acquire_all", "more than " .. _M.SET_MAX .. " entries", 2)
+  end
+  local list, seen = {}, {}
+  for i = 1, n do
+    local obj, name, kind, mode = entry_kind(entries[i], i)
+    local key = obj.database .. "\0" .. obj.collection .. "\0" .. name
+    if seen[key] then
+      argerror(1, "acquire_all", string_format("entry %d: %q is in the set twice", i, name), 2)
+    end
+    seen[key] = true
+    list[i] = { obj = obj, name = name, kind = kind, mode = mode, key = key }
+  end
+  table.sort(list, function(x, y) return x.key < y.key end)
+  local deadline = monotonic() + timeout
+  local held = {}
+  for _, e in ipairs(list) do
+    -- at least one attempt each: a timeout must be positive
+    local o = { timeout = math.max(deadline - monotonic(), 0.001), ttl = opts.ttl,
+      renew = opts.renew }
+    local h, err, info
+    if e.kind == "rw" then
+      if e.mode == "read" then h, err, info = e.obj:read(e.name, o)
+      else h, err, info = e.obj:write(e.name, o) end
+    else
+      h, err, info = e.obj:acquire(e.name, o)
+    end
+    if not h then
+      for i = #held, 1, -1 do pcall(held[i].close, held[i]) end
+      return nil, err, info
+    end
+    held[#held + 1] = h
+  end
+  return setmetatable({ handles = held }, set_mt)
 end
 
 function _M.rwlocks(client, opts)

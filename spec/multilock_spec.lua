@@ -1,0 +1,116 @@
+-- #integration: several locks at once (client:acquire_all): all or none
+-- within one timeout, any mix of kinds, one canonical order so that
+-- overlapping sets asked in opposite orders never deadlock.
+local helpers = require "helpers"
+
+local CHILD = helpers.root .. "/spec/kinds_child.lua"
+
+describe("#integration several locks at once", function()
+  local client, coll, locks, rw, sems
+  setup(function()
+    client = helpers.connect({ appname = "multi-parent" })
+    coll = helpers.unique("multi")
+    local o = { database = helpers.database, collection = coll }
+    locks = client:locks(o)
+    rw = client:rwlocks(o)
+    sems = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+  end)
+  teardown(function() client:close() end)
+
+  local function doc(name)
+    local r = assert(client:command(helpers.database, { find = coll },
+      { filter = { _id = name } }))
+    return r.cursor.firstBatch[1]
+  end
+
+  it("takes a mix of kinds as one set and releases them all", function()
+    local a, b, c = helpers.unique("a"), helpers.unique("b"), helpers.unique("c")
+    local set = assert(client:acquire_all({ { locks, a }, { rw, b, "read" }, { sems, c } }))
+    assert.is_true(set:check())
+    assert.is_true(assert(locks:status(a)).held)
+    assert.equal(1, assert(rw:status(b)).in_use)
+    assert.equal(1, assert(sems:status(c)).in_use)
+    -- a reader can join b, nobody else gets a or c
+    assert.is_true(assert(rw:try_read(b)):release())
+    assert.is_nil((locks:try(a)))
+    assert.is_nil((sems:try(c)))
+    assert.is_true(set:release())
+    assert.same({ nil, "not held" }, { set:release() })
+    assert.is_false(assert(locks:status(a)).held)
+    assert.equal(0, assert(rw:status(b)).in_use)
+    assert.equal(0, assert(sems:status(c)).in_use)
+  end)
+
+  it("takes all or none within one timeout", function()
+    local a, b, c = helpers.unique("a"), helpers.unique("b"), helpers.unique("c")
+    local hb = assert(locks:try(b, { ttl = 30 }))
+    local set, err = client:acquire_all({ { locks, c }, { locks, a }, { locks, b } },
+      { timeout = 0.5 })
+    assert.is_nil(set)
+    assert.equal("timeout", err)
+    -- what it had taken before b was given back
+    assert.is_false(assert(locks:status(a)).held)
+    assert.is_nil(locks:status(c))         -- after b in the order: never asked
+    assert.is_true(hb:release())
+    set = assert(client:acquire_all({ { locks, c }, { locks, a }, { locks, b } }, { timeout = 2 }))
+    assert.is_true(set:close())
+    assert.is_false(assert(locks:status(b)).held)
+  end)
+
+  it("two processes taking overlapping sets in opposite orders never deadlock", function()
+    local names = helpers.unique("x") .. "," .. helpers.unique("y")
+    local n = 30
+    local p1 = helpers.spawn(CHILD, { helpers.database, coll, "multi", "set", names,
+      tostring(n), "fwd", "1" })
+    local p2 = helpers.spawn(CHILD, { helpers.database, coll, "multi", "set", names,
+      tostring(n), "rev", "1" })
+    for _, p in ipairs({ p1, p2 }) do
+      local st, out = p:wait(120)
+      assert.equal(0, st, out)
+      assert.matches("done", out)
+      p:cleanup()
+    end
+  end)
+
+  it("refuses malformed sets at the caller, writing nothing", function()
+    local a = helpers.unique("bad")
+    assert.has_error(function() client:acquire_all("a") end,
+      "bad argument #1 to 'acquire_all' (table expected, got string)")
+    assert.has_error(function() client:acquire_all({}) end,
+      "bad argument #1 to 'acquire_all' (no entries)")
+    assert.has_error(function() client:acquire_all({ { locks, a }, { locks, a } }) end,
+      "bad argument #1 to 'acquire_all' (entry 2: \"" .. a .. "\" is in the set twice)")
+    -- the same name as two kinds is the same document: refused as well
+    assert.has_error(function() client:acquire_all({ { locks, a }, { sems, a } }) end)
+    local many = {}
+    for i = 1, 65 do many[i] = { locks, a .. i } end
+    assert.has_error(function() client:acquire_all(many) end,
+      "bad argument #1 to 'acquire_all' (more than 64 entries)")
+    assert.has_error(function() client:acquire_all({ { rw, a } }) end)
+    assert.has_error(function() client:acquire_all({ { rw, a, "share" } }) end)
+    assert.has_error(function() client:acquire_all({ { sems, a, "read" } }) end)
+    assert.has_error(function() client:acquire_all({ { {}, a } }) end)
+    assert.has_error(function() client:acquire_all({ { locks, 7 } }) end)
+    assert.has_error(function() client:acquire_all({ { locks, a } }, { timeout = -1 }) end)
+    assert.has_error(function() client:acquire_all({ { locks, a } }, { bogus = true }) end)
+    assert.is_nil(doc(a))
+    assert.is_nil(doc(a .. "1"))
+  end)
+
+  if _VERSION == "Lua 5.4" then
+    it("<close> releases the whole set", function()
+      local a, b = helpers.unique("a"), helpers.unique("b")
+      local chunk = assert(load([[
+        local client, locks, sems, a, b, fail = ...
+        local set <close> = assert(client:acquire_all({ { locks, a }, { sems, b } }))
+        if fail then error("inside", 0) end
+        return true
+      ]]))
+      assert.is_true(chunk(client, locks, sems, a, b, false))
+      assert.is_false(assert(locks:status(a)).held)
+      assert.equal(0, assert(sems:status(b)).in_use)
+      assert.is_false(pcall(chunk, client, locks, sems, a, b, true))
+      assert.is_false(assert(locks:status(a)).held)
+    end)
+  end
+end)
