@@ -81,6 +81,9 @@ typedef struct ml_stream {
   unsigned long long seq;       /* events recorded so far */
   uint32_t drop_t, drop_i;      /* newest time pushed out of ring */
   int waiters;                  /* blocked in watch_wait now */
+  int64_t await_ms;             /* getMore's maxAwaitTimeMS: AWAIT_MS, or half
+                                   the client's socketTimeoutMS when that is
+                                   shorter, so a getMore never outlasts it */
   double polled_until;          /* a non-blocking waiter (timeout 0) looked
                                    recently: keep reading until then */
   double idle_since;
@@ -168,7 +171,7 @@ static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_s
 
   ml_build_watch_pipeline(&pipeline, s->field, s->tag);
   bson_init(&opts);
-  BSON_APPEND_INT64(&opts, "maxAwaitTimeMS", AWAIT_MS);
+  BSON_APPEND_INT64(&opts, "maxAwaitTimeMS", s->await_ms);
   ml_build_watch_start(&opts, s->start_t, s->start_i, resume_token);
   cs = mongoc_collection_watch(coll, &pipeline, &opts);
   bson_destroy(&pipeline);
@@ -356,6 +359,10 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
   s->pid = pid;
   s->start_t = t;
   s->start_i = i;
+  {
+    int32_t sock = mongoc_uri_get_option_as_int32(c->uri, MONGOC_URI_SOCKETTIMEOUTMS, 0);
+    s->await_ms = (sock > 0 && sock / 2 < AWAIT_MS) ? sock / 2 : AWAIT_MS;
+  }
   s->state = ST_STARTING;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
