@@ -119,6 +119,27 @@ describe("#integration timeout = 0 and math.huge", function()
   end)
 end)
 
+describe("#integration a short server_timeout", function()
+  -- the stream's getMore waits at most half the socket timeout on the
+  -- server, so a socket timeout under a second does not cut every getMore
+  it("keeps the change stream reading", function()
+    local holder = helpers.connect()
+    local waiter = helpers.connect({ server_timeout = 0.5 })
+    local hl = helpers.locks(holder)
+    local wl = waiter:locks({ database = hl.database, collection = hl.collection })
+    local h = assert(hl:acquire("x"))
+    local got, err = wl:acquire("x", { timeout = 1.5, wait = "watch" })
+    assert.is_nil(got)
+    assert.equal("timeout", err)
+    local st = testing.watch_stats(waiter._core)
+    assert.is_true(st.getmores >= 2, "getMores: " .. tostring(st.getmores))
+    assert.equal(0, st.failed)
+    assert.is_true(h:release())
+    holder:close()
+    waiter:close()
+  end)
+end)
+
 describe("#integration a server that dies or hangs", function()
   -- auto: the change stream's failed getMore tells the driver first, and
   -- no attempt starts once no server is known.  poll: the next attempt finds
