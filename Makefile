@@ -183,9 +183,13 @@ build/bench/raw: $(RAW_SRC) csrc/protocol.h csrc/transport.h | deps-apt
 bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES)
 	@bench/run
 
-# TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js)
+# TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js); one
+# run per kind (exclusive locks, semaphores, reader-writer locks)
 torture: deps-torture build
-	@tools/with-standin node tools/torture/run.js $(TORTURE_ARGS)
+	@for k in exclusive semaphore rw; do \
+	  tools/with-standin node tools/torture/run.js --kind $$k --log build/torture/$$k.log \
+	    $(TORTURE_ARGS) || exit 1; \
+	done
 
 # The C core under AddressSanitizer + UBSan in its own tree (build/asan),
 # the Lua 5.4 specs run with libasan preloaded into the interpreter.  The

@@ -9,6 +9,7 @@ local function run(lines, opts)
   local out = {}
   opts = opts or {}
   local v = check.run(lines, { ttl = opts.ttl or 2, retry = opts.retry or 1,
+                               kind = opts.kind, permits = opts.permits,
                                print = function(s) out[#out + 1] = s end })
   return v, table.concat(out, "\n")
 end
@@ -128,5 +129,60 @@ describe("#unit torture checker", function()
     assert.is_true(v > 0)
     assert.truthy(tap:find("7 lines did not", 1, true), tap)
     assert.truthy(tap:find("not ok 2 - critical sections were logged (0)", 1, true), tap)
+  end)
+
+  describe("for the shared kinds", function()
+    -- three permits: three sections at once are fine, a fourth is not
+    local function permits(extra)
+      local l = {
+        "M 1 p", "A 1 10.0 1", "S 1 10.0 10.5 1 1",
+        "M 2 p", "A 2 10.1 2", "S 2 10.1 10.5 2 1",
+        "M 3 p", "A 3 10.2 3", "S 3 10.2 10.5 3 1",
+        "M 4 p", "A 4 10.5 4", "S 4 10.5 10.9 4 1",
+      }
+      for _, x in ipairs(extra or {}) do l[#l + 1] = x end
+      return l
+    end
+
+    it("a semaphore: never more than N valid sections; no token twice", function()
+      local v, tap = run(permits(), { kind = "semaphore", permits = 3 })
+      assert.equal(0, v, tap)
+      assert.truthy(tap:find("at most 3 at once", 1, true), tap)
+      v, tap = run(permits({ "M 5 p", "A 5 10.3 5", "S 5 10.3 10.4 5 1" }),
+        { kind = "semaphore", permits = 3 })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("4 valid sections at 10.300000", 1, true), tap)
+      -- a section whose lease ran out does not count
+      v, tap = run(permits({ "M 5 p", "A 5 10.3 5", "S 5 10.3 10.4 5 0" }),
+        { kind = "semaphore", permits = 3 })
+      assert.equal(0, v, tap)
+      v, tap = run(permits({ "A 4 10.6 6" }), { kind = "semaphore", permits = 3 })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("token 4 granted twice", 1, true), tap)
+    end)
+
+    it("a reader-writer lock: readers overlap, a writer overlaps nobody", function()
+      local base = {
+        "M 1 s", "A 1 10.0 1", "S 1 10.0 10.5 1 1",
+        "M 2 s", "A 2 10.1 2", "S 2 10.1 10.6 2 1",
+        "M 3 w", "A 3 10.7 3", "S 3 10.7 10.8 3 1",
+        "M 4 s", "A 4 10.9 4", "S 4 10.9 11.0 4 1",
+      }
+      local v, tap = run(base, { kind = "rw" })
+      assert.equal(0, v, tap)
+      local l = {}
+      for i, x in ipairs(base) do l[i] = x end
+      l[#l + 1] = "M 5 s"
+      l[#l + 1] = "A 5 10.75 5"
+      l[#l + 1] = "S 5 10.75 10.76 5 1"
+      v, tap = run(l, { kind = "rw" })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("writer token 3", 1, true), tap)
+      -- a token smaller than a writer's, after the writer's section
+      v, tap = run({ "M 9 w", "A 9 10.0 1", "S 9 10.0 10.1 1 1",
+                     "M 8 s", "A 8 10.2 2", "S 8 10.2 10.3 2 1" }, { kind = "rw" })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("after writer token 9", 1, true), tap)
+    end)
   end)
 end)

@@ -3,10 +3,12 @@
 -- lock kept its promises.  Prints TAP (one "ok"/"not ok" line per property,
 -- then the counts) and exits 1 on any violation.
 --
---   lua check.lua --ttl S [--retry S] LOG
+--   lua check.lua --ttl S [--retry S] [--kind K [--permits N]] LOG
 --   local check = dofile("tools/torture/check.lua"); check.run(lines, opts)
 --
 -- Log lines (times are CLOCK_MONOTONIC seconds, comparable across processes):
+--   M token mode                       what token was: x exclusive, w a
+--                                      writer, s a reader's share, p a permit
 --   A token start pid                  acquired
 --   S token start end pid valid        a critical section; valid = 1 when the
 --                                      holder's lease still ran after `end`
@@ -21,6 +23,13 @@
 --   1. no two valid critical sections overlap (mutual exclusion);
 --   2. among valid sections, tokens strictly increase in the order the
 --      sections started, and no token was granted twice;
+--   Their forms for the shared kinds (--kind):
+--   1s. semaphore: never more than N valid sections at once;
+--   2s. semaphore: no token granted twice (permits overlap: no start order);
+--   1r. rw: no valid writer's section overlaps any other valid section;
+--   2r. rw: a valid section that started after a valid writer's section
+--       ended has a larger token, one that ended before it began a
+--       smaller one; no token granted twice.
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet, of the kill), unless the run ended before that.
@@ -32,6 +41,7 @@ local tonumber, ipairs, sort, format = tonumber, ipairs, table.sort, string.form
 -- line kinds: field names after the kind letter; "#" marks a number, "*"
 -- the rest of the line
 local SHAPES = {
+  M = { list = "modes", "#token", "mode" },
   A = { list = "acquired", "#token", "#start", "#pid" },
   S = { list = "sections", "#token", "#start", "#stop", "#pid", "valid" },
   R = { list = "releases", "#token", "#pid", "result" },
@@ -68,7 +78,7 @@ end
 
 -- parses lines (an iterator or a table of strings) into a log table
 function M.parse(lines)
-  local log = { acquired = {}, sections = {}, releases = {}, errors = {}, kills = {},
+  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, errors = {}, kills = {},
                 faults = {}, bounds = {}, bad = {} }
   local function one(line)
     if line:match("^%s*$") then return end
@@ -122,6 +132,93 @@ function M.token_order(log)
     if v[i].token <= v[i - 1].token then
       out[#out + 1] = format("token %s (pid %d, start %.6f) follows token %s (pid %d, start %.6f)",
         tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
+    end
+  end
+  local seen = {}
+  for _, a in ipairs(log.acquired) do
+    local p = seen[a.token]
+    if p then
+      out[#out + 1] = format("token %s granted twice (pids %d and %d)", tostring(a.token), p, a.pid)
+    end
+    seen[a.token] = a.pid
+  end
+  return out
+end
+
+-- the mode of every token, and the valid sections sorted by start
+local function valid_sections(log)
+  local mode = {}
+  for _, m in ipairs(log.modes) do mode[m.token] = m.mode end
+  local v = {}
+  for _, s in ipairs(log.sections) do
+    if s.valid then
+      s.mode = mode[s.token]
+      v[#v + 1] = s
+    end
+  end
+  sort(v, function(a, b) return a.start < b.start end)
+  return v
+end
+
+-- property 1s: at most n valid sections at once
+function M.over_permits(log, n)
+  local v = valid_sections(log)
+  local ev = {}
+  for _, s in ipairs(v) do
+    ev[#ev + 1] = { t = s.start, d = 1, s = s }
+    ev[#ev + 1] = { t = s.stop, d = -1, s = s }
+  end
+  -- at equal times an end comes first: touching sections do not overlap
+  sort(ev, function(a, b) if a.t ~= b.t then return a.t < b.t end return a.d < b.d end)
+  local out, inside, most = {}, 0, 0
+  for _, e in ipairs(ev) do
+    inside = inside + e.d
+    if inside > most then most = inside end
+    if inside > n then
+      out[#out + 1] = format("%d valid sections at %.6f (token %s, pid %d, entering) with %d permits",
+        inside, e.t, tostring(e.s.token), e.s.pid, n)
+    end
+  end
+  return out, #v, most
+end
+
+-- property 1r: a valid writer's section overlapping any other valid one
+function M.writer_overlaps(log)
+  local v = valid_sections(log)
+  local out = {}
+  for i, w in ipairs(v) do
+    if w.mode == "w" then
+      for j = 1, #v do
+        local s = v[j]
+        if j ~= i and s.start < w.stop and w.start < s.stop then
+          out[#out + 1] = format("writer token %s (pid %d, %.6f..%.6f) overlaps %s token %s (pid %d, %.6f..%.6f)",
+            tostring(w.token), w.pid, w.start, w.stop, s.mode == "w" and "writer" or "reader",
+            tostring(s.token), s.pid, s.start, s.stop)
+        end
+      end
+    end
+  end
+  return out, #v
+end
+
+-- property 2r (writers against every other section) and 2s (no token
+-- granted twice): token order wherever the kind orders sections
+function M.shared_token_order(log, writers)
+  local out = {}
+  if writers then
+    local v = valid_sections(log)
+    for _, w in ipairs(v) do
+      if w.mode == "w" then
+        for _, s in ipairs(v) do
+          if s.start >= w.stop and s.token <= w.token then
+            out[#out + 1] = format("token %s (pid %d, start %.6f) after writer token %s (pid %d, end %.6f)",
+              tostring(s.token), s.pid, s.start, tostring(w.token), w.pid, w.stop)
+          elseif s.stop <= w.start and s.token >= w.token then
+            out[#out + 1] = format("token %s (pid %d, end %.6f) before writer token %s (pid %d, start %.6f)",
+              tostring(s.token), s.pid, s.stop, tostring(w.token), w.pid, w.start)
+          end
+        end
+      end
     end
   end
   local seen = {}
@@ -196,10 +293,30 @@ function M.run(lines, opts)
   print("TAP version 13")
   report(#log.bad == 0, format("every log line parses (%d lines did not)", #log.bad), log.bad)
   report(#log.sections > 0, format("critical sections were logged (%d)", #log.sections))
-  local ov, nvalid = M.overlaps(log)
-  report(#ov == 0, format("no two valid critical sections overlap (%d valid of %d)", nvalid, #log.sections), ov)
-  local to = M.token_order(log)
-  report(#to == 0, "fencing tokens increase in the order sections started; none granted twice", to)
+  local kind = opts.kind or "exclusive"
+  local ov, nvalid, to
+  if kind == "semaphore" then
+    local permits = assert(opts.permits, "permits")
+    local most
+    ov, nvalid, most = M.over_permits(log, permits)
+    report(#ov == 0, format("never more than %d valid sections at once (%d valid of %d, at most %d "
+      .. "at once)", permits, nvalid, #log.sections, most), ov)
+    to = M.shared_token_order(log, false)
+    report(#to == 0, "no fencing token granted twice", to)
+  elseif kind == "rw" then
+    ov, nvalid = M.writer_overlaps(log)
+    local w = 0
+    for _, m in ipairs(log.modes) do if m.mode == "w" then w = w + 1 end end
+    report(#ov == 0, format("no valid writer's section overlaps another valid section (%d valid of %d, "
+      .. "%d writers)", nvalid, #log.sections, w), ov)
+    to = M.shared_token_order(log, true)
+    report(#to == 0, "fencing tokens increase across every writer's section; none granted twice", to)
+  else
+    ov, nvalid = M.overlaps(log)
+    report(#ov == 0, format("no two valid critical sections overlap (%d valid of %d)", nvalid, #log.sections), ov)
+    to = M.token_order(log)
+    report(#to == 0, "fencing tokens increase in the order sections started; none granted twice", to)
+  end
   local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
   report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "
     .. "(%d checked, slowest %.3f s, %d too near the end to judge)", ttl + retry, checked, worst, unjudged), rc)
@@ -220,10 +337,12 @@ local function main(argv)
     local a = argv[i]
     if a == "--ttl" then opts.ttl = tonumber(argv[i + 1]); i = i + 2
     elseif a == "--retry" then opts.retry = tonumber(argv[i + 1]); i = i + 2
+    elseif a == "--kind" then opts.kind = argv[i + 1]; i = i + 2
+    elseif a == "--permits" then opts.permits = tonumber(argv[i + 1]); i = i + 2
     else path = a; i = i + 1 end
   end
   if not path or not opts.ttl then
-    io.stderr:write("usage: check.lua --ttl S [--retry S] LOG\n")
+    io.stderr:write("usage: check.lua --ttl S [--retry S] [--kind K [--permits N]] LOG\n")
     os.exit(2)
   end
   local f = assert(io.open(path, "r"))

@@ -24,6 +24,10 @@
 //   --kill-every S    mean seconds between kills of the holder (default 4)
 //   --fault-every S   mean seconds between armed faults (default 1)
 //   --log PATH        the log (default build/torture/torture.log)
+//   --kind K          exclusive (default), semaphore or rw: what the workers
+//                     take (rw: one writer in four); the checker's first
+//                     two properties are the kind's
+//   --permits N       a semaphore's permits (default 3)
 //   --lie             negative control: workers claim every lease valid and
 //                     one section in five outlives its ttl; the checker must
 //                     then report overlaps (the run fails)
@@ -42,9 +46,10 @@ const { MongoClient } = require(require.resolve('mongodb', {
 
 function parseArgs(argv) {
   const o = { workers: 16, seconds: 60, ttl: 2, holdMs: 30, retry: 2, skewed: 2, lua: 'both',
-    killEvery: 4, faultEvery: 1, log: path.join(root, 'build', 'torture', 'torture.log') };
+    killEvery: 4, faultEvery: 1, kind: 'exclusive', permits: 3, log: path.join(root, 'build', 'torture', 'torture.log') };
   const num = { '--workers': 'workers', '--seconds': 'seconds', '--ttl': 'ttl', '--hold-ms': 'holdMs',
-    '--retry': 'retry', '--skewed': 'skewed', '--kill-every': 'killEvery', '--fault-every': 'faultEvery' };
+    '--retry': 'retry', '--skewed': 'skewed', '--kill-every': 'killEvery', '--fault-every': 'faultEvery',
+    '--permits': 'permits' };
   for (let i = 0; i < argv.length; i += 2) {
     const k = argv[i];
     if (k === '--lie') { o.lie = true; i -= 1; continue; }
@@ -57,6 +62,9 @@ function parseArgs(argv) {
     } else if (k === '--lua') {
       if (!['lua5.4', 'luajit', 'both'].includes(v)) usage(`bad --lua: ${v}`);
       o.lua = v;
+    } else if (k === '--kind') {
+      if (!['exclusive', 'semaphore', 'rw'].includes(v)) usage(`bad --kind: ${v}`);
+      o.kind = v;
     } else if (k === '--log') {
       o.log = path.resolve(v);
     } else usage(`unknown option ${k}`);
@@ -126,6 +134,8 @@ async function main() {
     const args = [path.join(__dirname, 'worker.lua'), o.log, name, String(o.ttl), String(o.holdMs), stopfile,
       o.lie ? '200' : '10'];
     if (o.lie) env.TORTURE_LIE = '1';
+    env.TORTURE_KIND = o.kind;
+    env.TORTURE_PERMITS = String(o.permits);
     let proc;
     if (skew) {
       // the monotonic clock stays real so that log times compare
@@ -159,8 +169,20 @@ async function main() {
       await sleep(rand(0.5, 1.5) * o.killEvery);
       if (mono() >= deadline) break;
       const doc = await coll.findOne({ _id: name }).catch(() => null);
-      if (!doc || doc.owner == null || !doc.holder) continue;
-      const victim = [...workers.values()].find((w) => w.pid === Number(doc.holder.pid));
+      if (!doc) continue;
+      // the exclusive holder, else one of the shares or permits
+      let hpid = null;
+      let token = null;
+      if (doc.owner != null && doc.holder) {
+        hpid = doc.holder.pid;
+        token = doc.token;
+      } else if (Array.isArray(doc.holders) && doc.holders.length) {
+        const e = pick(doc.holders);
+        hpid = e.h && e.h.pid;
+        token = e.tk;
+      }
+      if (hpid == null) continue;
+      const victim = [...workers.values()].find((w) => w.pid === Number(hpid));
       if (!victim) continue;
       const t = mono();
       try {
@@ -169,7 +191,7 @@ async function main() {
         continue;
       }
       stats.kills += 1;
-      emit(`K ${victim.pid} ${String(doc.token)} ${t.toFixed(6)}`);
+      emit(`K ${victim.pid} ${String(token)} ${t.toFixed(6)}`);
     }
   }
 
@@ -213,8 +235,8 @@ async function main() {
   fs.rmSync(stopfile, { force: true });
 
   const r = spawnSync('lua5.4', [path.join(__dirname, 'check.lua'), '--ttl', String(o.ttl),
-    '--retry', String(o.retry), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
-  process.stdout.write(`# workers ${o.workers} (${o.skewed} under faketime +/-1h, lua ${o.lua}), `
+    '--retry', String(o.retry), '--kind', o.kind, '--permits', String(o.permits), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
+  process.stdout.write(`# kind ${o.kind}${o.kind === 'semaphore' ? ` (${o.permits} permits)` : ''}, workers ${o.workers} (${o.skewed} under faketime +/-1h, lua ${o.lua}), `
     + `processes started ${started}, killed ${stats.kills}, faults armed ${stats.faults}, `
     + `${o.seconds} s, ttl ${o.ttl} s, log ${path.relative(root, o.log)}\n`);
   process.exit(r.status === null ? 1 : r.status);

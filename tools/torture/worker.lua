@@ -5,6 +5,9 @@
 --
 -- Appends to LOG (O_APPEND, one write(2) per line, so lines from many
 -- processes never interleave):
+--   M token mode                          the kind of what was acquired: x an
+--                                         exclusive lock, w a writer, s a
+--                                         reader's share, p a permit
 --   A token start pid                     acquired (start: CLOCK_MONOTONIC, s)
 --   S token start end pid valid           the critical section ended; valid
 --                                         is 1 when h:remaining() > 0 after
@@ -25,6 +28,10 @@ assert(logpath and name and ttl and hold_ms and stopfile,
   "usage: worker.lua LOG NAME TTL HOLD_MS STOPFILE [LONG_PERMILLE]")
 local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI is not set")
 local LIE = os.getenv("TORTURE_LIE") == "1"
+-- TORTURE_KIND: exclusive (default), semaphore (TORTURE_PERMITS permits)
+-- or rw (one writer in four)
+local KIND = os.getenv("TORTURE_KIND") or "exclusive"
+local PERMITS = tonumber(os.getenv("TORTURE_PERMITS") or "3")
 
 local monotonic, sleep, random = core.monotonic, core.sleep, math.random
 local pid = core.getpid()
@@ -49,14 +56,28 @@ local client = assert(mongolock.connect(uri, { appname = "torture" }))
 -- stays inside the takeover slack the checker allows (--retry)
 local locks = client:locks { database = "mongolock_torture", collection = "locks", ttl = ttl,
                              timeout = 10 * ttl, queue_ttl = ttl / 2 }
+local kopts = { database = "mongolock_torture", collection = "locks", ttl = ttl,
+                timeout = 10 * ttl, queue_ttl = ttl / 2, permits = PERMITS }
+local rw = KIND == "rw" and client:rwlocks { database = kopts.database,
+  collection = kopts.collection, ttl = ttl, timeout = 10 * ttl, queue_ttl = ttl / 2 }
+local sems = KIND == "semaphore" and client:semaphores(kopts)
+local function take()
+  if sems then return "p", sems:acquire(name) end
+  if rw then
+    if random(4) == 1 then return "w", rw:write(name) end
+    return "s", rw:read(name)
+  end
+  return "x", locks:acquire(name)
+end
 io.stdout:write("ready ", pid, "\n")
 io.stdout:flush()
 
 while not exists(stopfile) do
-  local h, err = locks:acquire(name)
+  local mode, h, err = take()
   if h then
     local token = h.token
     local start = monotonic()
+    emit("M %d %s\n", token, mode)
     emit("A %d %.6f %d\n", token, start, pid)
     local hold = random() * hold_ms / 1000
     if random(1000) <= long_pm then hold = ttl + 0.2 + random() * 0.3 end
