@@ -5,8 +5,9 @@
 --   loop KIND NAME COUNT FILE N COUNT times: take, append "B kind pid token"
 --                               and "E kind pid" to FILE around a short
 --                               section, release
---   wait KIND NAME TIMEOUT N    take waiting up to TIMEOUT (woken by the
---                               change stream: queue_ttl 30), print "held
+--   wait KIND NAME TIMEOUT N    print "waiting PID", take waiting up to
+--                               TIMEOUT (woken by the change stream;
+--                               queue_ttl $QUEUE_TTL, else 30), print "held
 --                               PID TOKEN" and release after a moment
 --   multi set X,Y COUNT ORDER   COUNT times: the exclusive lock X and a
 --                               permit of Y as one set (acquire_all), listed
@@ -47,7 +48,9 @@ elseif mode == "loop" then
   f:close()
   say("done")
 elseif mode == "wait" then
-  local h = assert(take({ timeout = tonumber(a), queue_ttl = 30, wait = "watch" }))
+  say("waiting", core.getpid())
+  local h = assert(take({ timeout = tonumber(a), queue_ttl = tonumber(os.getenv("QUEUE_TTL")) or 30,
+    wait = "watch" }))
   say("held", core.getpid(), h:token_string())
   core.sleep(0.2)
   assert(h:release())

@@ -229,6 +229,34 @@ describe("#integration semaphores", function()
     end
   end)
 
+  it("a waiter killed with SIGKILL holds the queue up for at most its queue_ttl", function()
+    local name = helpers.unique("dead-waiter")
+    local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    local h = assert(one:try(name, { ttl = 60 }))
+    -- A queues first, then B; both keep their places for 2 s per attempt
+    local a = spawn("wait", "permit", name, 30, nil, 1, "QUEUE_TTL=2 ")
+    local apid = tonumber((assert(a:wait_for("waiting (%d+)"))))
+    assert.truthy(helpers.eventually(function()
+      return (assert(one:status(name)).waiting or 0) == 1
+    end, 10))
+    local b = spawn("wait", "permit", name, 30, nil, 1, "QUEUE_TTL=2 ")
+    assert.truthy(helpers.eventually(function()
+      return (assert(one:status(name)).waiting or 0) == 2
+    end, 10))
+    a:kill("KILL", apid)
+    a:wait(10)
+    a:cleanup()
+    -- the release names A, who is dead: B takes the permit once A's place
+    -- lapsed (2 s) at B's next return (every 1 s), not at its timeout
+    local released = core.monotonic()
+    assert.is_true(h:release())
+    assert.is_truthy(b:wait_for("held %d+ %d+", 20), b:output())
+    assert.is_true(core.monotonic() - released < 6, "taken after " .. (core.monotonic() - released))
+    local st, out = b:wait(10)
+    assert.equal(0, st, out)
+    b:cleanup()
+  end)
+
   it("force release hands the freed permits to the waiters", function()
     local name = helpers.unique("wake-force")
     local two = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
