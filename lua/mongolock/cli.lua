@@ -156,6 +156,17 @@ exit 69 if the command exited 0).]])
   )
   e:option("--ttl", "Lease length in seconds (at most a year); renewed every ttl/3.", "30")
     :convert(at_most(seconds, YEAR, "a year"))
+  e:mutex(
+    e:flag("--shared", "Take a reader's share of NAME as a reader-writer lock (writers: without it)."),
+    e:option("--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
+      :convert(function(v)
+        local n = tonumber(v)
+        if not n or n < 1 or n > 1000000 or n % 1 ~= 0 then
+          return nil, "permits must be an integer from 1 to 1000000"
+        end
+        return n
+      end)
+  )
   e:option("-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
     :convert(exit_code)
   e:option("--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
@@ -660,7 +671,19 @@ end
 -- after a wait answers within a second, and a dead server's within the
 -- server timeout).
 local function cmd_exec(args)
-  local _, locks = open_locks(args)
+  local client, locks = open_locks(args)
+  if args.shared or args.permits then
+    -- a reader's share or a permit: the same handles, taken by mongolock.shared
+    local o = { database = locks.database, collection = locks.collection }
+    if args.permits then
+      o.permits = args.permits
+      locks = client:semaphores(o)
+    else
+      local rw = client:rwlocks(o)
+      locks = { try = function(_, ...) return rw:try_read(...) end,
+                acquire = function(_, ...) return rw:read(...) end }
+    end
+  end
   load_proc().trap()
   local h, status = exec_acquire(args, locks)
   if not h then return status, true end

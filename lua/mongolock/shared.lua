@@ -18,6 +18,7 @@
 
 local core = require "mongolock.core"
 local wait = require "mongolock.wait"
+local locks_mod = require "mongolock.locks"
 
 local type = type
 local pcall = pcall
@@ -212,7 +213,8 @@ local function wait_for(self, mode, name, o)
     state.attempt = state.attempt + 1
     state.info = info
     state.refresh_at = info.position and started + o.queue_ttl / 2 or nil
-    local ok, serr, scode = wait.sleep_until_retry(state)
+    -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
+    local ok, serr, scode = locks_mod.get_wait().sleep_until_retry(state)
     if ok == nil and serr ~= nil then return give_up(serr, scode) end
   end
 end

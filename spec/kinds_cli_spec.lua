@@ -1,0 +1,82 @@
+-- #integration: mongolock exec --shared NAME and --permits N NAME (a
+-- reader's share, a semaphore's permit), run as a separate OS process.
+local helpers = require "helpers"
+
+local format = string.format
+local q = helpers.shell_quote
+local BIN = helpers.root .. "/bin/mongolock"
+
+-- runs the command to completion: exit status, stdout, stderr
+local function mongolock(args)
+  local words = { helpers.lua, q(BIN) }
+  for _, a in ipairs(args) do words[#words + 1] = q(a) end
+  local out, err = os.tmpname(), os.tmpname()
+  local p = assert(io.popen(format("%s </dev/null >%s 2>%s; echo $?", table.concat(words, " "),
+    q(out), q(err)), "r"))
+  local code = tonumber(p:read("*l"))
+  p:close()
+  local o, e = helpers.read_file(out) or "", helpers.read_file(err) or ""
+  os.remove(out)
+  os.remove(err)
+  return code, o, e
+end
+
+describe("#integration mongolock exec --shared / --permits", function()
+  local client, coll, rw, sems, base
+  setup(function()
+    client = helpers.connect({ appname = "kinds-cli" })
+    coll = helpers.unique("cli")
+    rw = client:rwlocks({ database = helpers.database, collection = coll })
+    sems = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
+    base = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll, "exec" }
+  end)
+  teardown(function() client:close() end)
+
+  local function exec(...)
+    local args = {}
+    for _, a in ipairs(base) do args[#args + 1] = a end
+    for _, a in ipairs({ ... }) do args[#args + 1] = a end
+    return mongolock(args)
+  end
+
+  it("--shared runs the command beside other readers, not beside a writer", function()
+    local name = helpers.unique("shared")
+    local r = assert(rw:try_read(name))
+    -- the command itself sees two readers
+    local code, out, err = exec("--shared", name, "--", "env",
+      "LUA_PATH=" .. helpers.root .. "/lua/?.lua;;",
+      "LUA_CPATH=" .. (os.getenv("LUA_CPATH") or helpers.root .. "/build/" .. helpers.lua .. "/?.so;;"),
+      helpers.lua, "-e", format([[
+      local m = require "mongolock"
+      local c = assert(m.connect(%q))
+      print(assert(c:rwlocks{ database = %q, collection = %q }:status(%q)).in_use)]],
+      helpers.uri(), helpers.database, coll, name))
+    assert.equal(0, code, err)
+    assert.equal("2", out:match("%d+"))
+    assert.is_true(r:release())
+    local w = assert(rw:try_write(name))
+    code = exec("-n", "--shared", name, "--", "true")
+    assert.equal(1, code)
+    assert.is_true(w:release())
+    assert.equal(0, (exec("-n", "--shared", name, "--", "true")))
+    assert.equal(0, assert(rw:status(name)).in_use)
+  end)
+
+  it("--permits N takes one of N permits and refuses another N", function()
+    local name = helpers.unique("permits")
+    local a = assert(sems:try(name))
+    assert.equal(0, (exec("-n", "--permits", "2", name, "--", "true")))
+    local b = assert(sems:try(name))
+    assert.equal(1, (exec("-n", "--permits", "2", name, "--", "true")))
+    assert.is_true(a:release())
+    assert.is_true(b:release())
+    local code, _, err = exec("-n", "--permits", "3", name, "--", "true")
+    assert.equal(69, code)
+    assert.matches("has 2 permits, not 3", err, 1, true)
+    code, _, err = exec("--permits", "0", name, "--", "true")
+    assert.equal(64, code)
+    assert.matches("permits must be an integer", err, 1, true)
+    code = exec("--shared", "--permits", "2", name, "--", "true")
+    assert.equal(64, code)
+  end)
+end)
