@@ -321,11 +321,19 @@ void ml_build_share_force_release(ml_op *op, const char *db, const char *coll, c
   bson_destroy(&u);
 }
 
+/* name NULL: every document a share, permit or sharer's wait ever wrote
+ * to, sorted by name */
 void ml_build_share_status(ml_op *op, const char *db, const char *coll, const char *name) {
+  bson_t match = BSON_INITIALIZER;
+  if (name) BCON_APPEND(&match, "_id", BCON_UTF8(name));
+  else BCON_APPEND(&match, "$or", "[", "{", ML_F_HOLDERS, "{", "$exists", BCON_BOOL(true), "}", "}",
+                                       "{", ML_F_PERMITS, "{", "$exists", BCON_BOOL(true), "}", "}",
+                                       "{", ML_F_SQUEUE, "{", "$exists", BCON_BOOL(true), "}", "}", "]");
   op_start(op, ML_RUN_CURSOR, db, coll);
   BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
-    "pipeline", "[", "{", "$match", "{", "_id", BCON_UTF8(name), "}", "}",
-      "{", "$project", "{", "_id", BCON_INT32(0), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
+    "pipeline", "[", "{", "$match", BCON_DOCUMENT(&match), "}",
+      "{", "$sort", "{", "_id", BCON_INT32(1), "}", "}",
+      "{", "$project", "{", "_id", BCON_INT32(1), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
         "exclusive", OWNER_LIVE,
         "holders", "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "{",
           "owner", "$$this.o", "mode", "$$this.m", "token", "$$this.tk", "holder", "$$this.h",
@@ -333,6 +341,7 @@ void ml_build_share_status(ml_op *op, const char *db, const char *coll, const ch
         "waiting", "{", "$size", LIVE(ML_F_SQUEUE), "}",
         "writers", "{", "$size", LIVE(ML_F_QUEUE), "}", "}", "}", "]",
     "cursor", "{", "}");
+  bson_destroy(&match);
 }
 
 /* ---- replies ----------------------------------------------------------- */

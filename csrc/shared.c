@@ -214,9 +214,11 @@ int ml_m_share_force_release(lua_State *L) {
   return 1;
 }
 
-/* client:share_status(db, coll, name) -> {permits, token, exclusive,
+/* client:share_status(db, coll, name) -> {_id, permits, token, exclusive,
  * holders = {{owner, mode, token, holder, remainingMs}}, waiting, writers}
- * | nil (no such lock) | nil, msg, code.  One aggregate. */
+ * | nil (no such lock) | nil, msg, code.  name nil: the array of every
+ * such document with shares, permits or sharers waiting, sorted by name.
+ * One aggregate (while the result fits the first batch). */
 int ml_m_share_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
@@ -227,13 +229,30 @@ int ml_m_share_status(lua_State *L) {
   ml_op op;
   int ok;
   ml_arg_ns(L, 2, &db, &coll);
-  name = arg_lockname(L, 4, &namelen);
+  name = lua_isnoneornil(L, 4) ? NULL : arg_lockname(L, 4, &namelen);
   ml_build_share_status(&op, db, coll, name);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   ml_op_destroy(&op);
   if (!ok) {
     bson_destroy(&reply);
     return ml_pusherror(L, &err);
+  }
+  if (!name) {
+    lua_Integer n = 0;
+    lua_newtable(L);
+    if (ml_reply_batch(&reply, &docs, NULL))
+      while (bson_iter_next(&docs)) {
+        const uint8_t *data;
+        uint32_t len;
+        bson_t doc;
+        if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
+        bson_iter_document(&docs, &len, &data);
+        if (!bson_init_static(&doc, data, len)) continue;
+        ml_pushbson(L, &doc);
+        lua_rawseti(L, -2, ++n);
+      }
+    bson_destroy(&reply);
+    return 1;
   }
   lua_pushnil(L);
   if (ml_reply_batch(&reply, &docs, NULL) && bson_iter_next(&docs) &&

@@ -49,6 +49,20 @@ describe("#integration semaphores", function()
     assert.equal(3, st.permits)
     assert.equal("permit", st.holders[1].mode)
     assert.equal(core.getpid(), st.holders[1].holder.pid)
+    assert.equal(name, st.name)
+    -- list: every name with permits, sorted, the same tables
+    local other = helpers.unique("m")
+    assert(sems:try(other)):close()
+    local found = {}
+    local prev = ""
+    for _, e in ipairs(assert(sems:list())) do
+      assert.is_true(e.name > prev)
+      prev = e.name
+      found[e.name] = e
+    end
+    assert.equal(3, found[name].in_use)
+    assert.equal(0, found[other].in_use)
+    assert.equal(3, found[other].permits)
     -- only its holder releases a permit; twice is "not held"
     assert.is_true(hs[2]:release())
     assert.same({ nil, "not held" }, { hs[2]:release() })
@@ -350,6 +364,7 @@ describe("#integration semaphore round trips", function()
     assert.equal(1, commands(function() assert.equal("busy", select(2, sems:try("x"))) end))
     assert.equal(1, commands(function() assert(h:extend(10)) end))
     assert.equal(1, commands(function() assert(sems:status("x")) end))
+    assert.equal(1, commands(function() assert(sems:list()) end))
     assert.equal(1, commands(function() assert(h:release()) end))
     assert.equal(1, commands(function() assert(h2:release()) end))
     assert.equal(0, commands(function() assert.is_nil(h:release()) end))

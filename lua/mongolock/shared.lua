@@ -236,7 +236,9 @@ local function with(self, mode, fname, name, opts, fn, ...)
   return finish(h, pcall(fn, h, ...))
 end
 
--- status(name) -> {permits, token, exclusive, holders = {{owner, mode,
+local status_of
+
+-- status(name) -> {name, permits, token, exclusive, holders = {{owner, mode,
 -- token, remaining, holder}}, in_use, waiting, writers} | nil (no such
 -- lock) | nil, err, code.  One aggregate.
 function _M.status(self, name)
@@ -244,13 +246,28 @@ function _M.status(self, name)
   if self.core:closed() then return nil, "closed" end
   local st, err, code = self.core:share_status(self.database, self.collection, name)
   if st == nil then return nil, err, code end
+  return status_of(st)
+end
+
+-- list() -> { status, ... } of every name with shares, permits or waiting
+-- sharers (each with .name), sorted by name.  One aggregate.
+function _M.list(self)
+  if self.core:closed() then return nil, "closed" end
+  local all, err, code = self.core:share_status(self.database, self.collection)
+  if all == nil then return nil, err, code end
+  local out = {}
+  for i, st in ipairs(all) do out[i] = status_of(st) end
+  return out
+end
+
+function status_of(st)
   local holders = {}
   for i, e in ipairs(st.holders or {}) do
     holders[i] = { owner = e.owner, mode = e.mode == "p" and "permit" or "shared",
       token = e.token, holder = e.holder,
       remaining = type(e.remainingMs) == "number" and math_max(e.remainingMs, 0) / 1000 or nil }
   end
-  return { permits = st.permits, token = st.token, exclusive = st.exclusive,
+  return { name = st._id, permits = st.permits, token = st.token, exclusive = st.exclusive,
     holders = holders, in_use = #holders, waiting = st.waiting, writers = st.writers }
 end
 
