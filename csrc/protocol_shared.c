@@ -140,8 +140,10 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
     BCON_APPEND(&chain, "v", "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}",
                 BCON_NULL, "$" ML_F_NEXT, "]", "}");
   }
+  /* taken, or held already (a retry of an applied attempt): out of the
+   * queue; else its place kept or taken */
   if (a->waiter)
-    BCON_APPEND(&queue, "v", "{", "$cond", "[", "$_mlt",
+    BCON_APPEND(&queue, "v", "{", "$cond", "[", "{", "$or", "[", "$_mlt", "$_mlm", "]", "}",
       "{", "$filter", "{", "input", "$_mlq",
                            "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
       "{", "$cond", "[", "$_mlk",

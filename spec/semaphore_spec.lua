@@ -292,6 +292,55 @@ describe("#integration semaphores", function()
     assert.same({ nil, "lost" }, { b:release() })
   end)
 
+  it("an attempt repeated with the same owner id finds itself holding and queues nothing", function()
+    -- what the core's resend after a network error meets when the first
+    -- attempt was applied and the server keeps no record of it
+    local name = helpers.unique("again")
+    local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    assert(one:try(name)):release()
+    local w = assert(core.waiter_id())
+    local c = client._core
+    local h1 = assert(c:share_acquire(helpers.database, coll, name, "permit", 1, 5000, nil, false, w, 3000))
+    local h2 = assert(c:share_acquire(helpers.database, coll, name, "permit", 1, 5000, nil, false, w, 3000))
+    assert.equal(h1.owner, h2.owner)
+    assert.equal(h1.token, h2.token)
+    local st = assert(one:status(name))
+    assert.equal(1, st.in_use)
+    assert.equal(0, st.waiting)
+    assert.is_true(h2:release())
+    assert.same({ nil, "lost" }, { h1:release() })
+    assert.equal(0, assert(one:status(name)).in_use)
+  end)
+
+  it("a permit acquire, extend and release whose replies are lost", function()
+    local observer = helpers.connect()
+    local function set(mode)
+      local r = assert(observer._core:command("admin",
+        { configureFailPoint = "onPrimaryTransactionalWrite" }, { mode = mode }))
+      return r.count
+    end
+    local function lost(fn)
+      local before = set({ times = 1 })
+      local a, b, c = fn()
+      local after = set("off")
+      assert.equal(1, after - before, "the fail point fired once")
+      return a, b, c
+    end
+    local name = helpers.unique("lost")
+    local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    assert(one:try(name)):release()
+    local h = lost(function() return one:acquire(name, { timeout = 5 }) end)
+    assert.is_truthy(h, "acquired")
+    local st = assert(one:status(name))
+    assert.equal(1, st.in_use)
+    assert.equal(h.owner, st.holders[1].owner)
+    assert.equal(h.token, st.holders[1].token)
+    assert.is_true(lost(function() return h:extend(10) end))
+    assert.is_true(lost(function() return h:release() end))
+    assert.equal(0, assert(one:status(name)).in_use)
+    observer:close()
+  end)
+
   describe("with clocks an hour off (faketime)", function()
     it("a skewed holder's permit lasts its ttl on the server's clock", function()
       for _, skew in ipairs({ "+1h", "-1h" }) do
