@@ -73,6 +73,26 @@ describe("#integration mongolock exec --shared / --permits", function()
     local code, _, err = exec("-n", "--permits", "3", name, "--", "true")
     assert.equal(69, code)
     assert.matches("has 2 permits, not 3", err, 1, true)
+    -- status shows the permits in use and their holders
+    local h = assert(sems:try(name))
+    local args = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll,
+      "status", name }
+    local out
+    code, out, err = mongolock(args)
+    assert.equal(0, code, err)
+    assert.matches("permits   1 of 2 in use", out, 1, true)
+    assert.matches("permit  ", out, 1, true)
+    args[#args + 1] = "--json"
+    code, out = mongolock(args)
+    assert.equal(0, code)
+    local j = require("cjson").decode(out)
+    assert.equal(1, j.shares.in_use)
+    assert.equal(h.owner, j.shares.holders[1].owner)
+    assert.equal(h:token_string(), j.shares.holders[1].token)
+    assert.is_true(h:release())
+    code, out = mongolock({ "--uri", helpers.uri(), "--database", helpers.database,
+      "--collection", coll, "status", name })
+    assert.equal(1, code, out)          -- free
     code, _, err = exec("--permits", "0", name, "--", "true")
     assert.equal(64, code)
     assert.matches("permits must be an integer", err, 1, true)

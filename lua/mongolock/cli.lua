@@ -368,14 +368,25 @@ local function until_text(rec)
   return rem and ("in " .. rem) or nil
 end
 
+-- the shares and permits of a name (mongolock.shared), nil when it has none
+local function shares_of(client, locks, name)
+  local st = client:rwlocks({ database = locks.database, collection = locks.collection }):status(name)
+  if not st or (st.in_use == 0 and not st.permits and (st.waiting or 0) == 0) then return nil end
+  for _, h in ipairs(st.holders) do h.token = token_text(h.token) end
+  return st
+end
+
 local function cmd_status(args)
   local client, locks = open_locks(args)
   local st, err = call(locks, "status", args.name)
   if st == nil and err ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(err)) end
   local rec = status_record(args.name, st)
+  local shares = shares_of(client, locks, args.name)
   client:close()
   if args.json then
-    json_out(json_record(rec))
+    local j = json_record(rec)
+    j.shares = shares
+    json_out(j)
   else
     local out = { format("lock      %s", rec.name), format("state     %s", rec.state) }
     if rec.state ~= "free" then
@@ -388,8 +399,18 @@ local function cmd_status(args)
     if rec.token then out[#out + 1] = format("token     %s", token_text(rec.token)) end
     if rec.acquired_at then out[#out + 1] = format("acquired  %s", iso(rec.acquired_at)) end
     if (tonumber(rec.waiting) or 0) > 0 then out[#out + 1] = format("waiting   %d", rec.waiting) end
+    if shares then
+      out[#out + 1] = shares.permits and format("permits   %d of %d in use", shares.in_use, shares.permits)
+        or format("readers   %d", shares.in_use)
+      for _, h in ipairs(shares.holders) do
+        out[#out + 1] = format("  %-7s %s token %s, %s", h.mode, holder_text(h.holder), h.token,
+          h.remaining and format("%.1f s left", h.remaining) or "-")
+      end
+      if shares.waiting > 0 then out[#out + 1] = format("waiting   %d (shares, permits)", shares.waiting) end
+    end
     io.stdout:write(concat(out, "\n"), "\n")
   end
+  if shares and shares.in_use > 0 then return EXIT.ok end
   return rec.state == "held" and EXIT.ok or EXIT.free
 end
 
