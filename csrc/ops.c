@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "mongolock.h"
+#include "protocol_shared.h"
 
 static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
 
@@ -490,6 +491,105 @@ static int l_parse_acquire(lua_State *L) {
   return 1;
 }
 
+/* ---- the shared kinds (protocol_shared.h) ------------------------------ */
+
+/* mode ("shared" | "permit") and permits of a share op's table */
+static int check_mode(lua_State *L, int64_t *permits) {
+  size_t len;
+  const char *m = opt_str(L, "mode", 1, &len);
+  if (!strcmp(m, "shared")) return ML_MODE_SHARED;
+  if (strcmp(m, "permit")) bad(L, "mode", "\"shared\" or \"permit\" expected");
+  *permits = (int64_t)opt_num(L, "permits", 1, 0);
+  if (!(*permits >= 1 && *permits <= ML_PERMITS_MAX)) bad(L, "permits", "1 to 1000000 expected");
+  return ML_MODE_PERMIT;
+}
+
+/* core.op_share_acquire{db, coll, name, mode, permits, owner, ttl_ms, host,
+ * pid, app, waiter, tag, queue_ms, polling} */
+static int l_op_share_acquire(lua_State *L) {
+  ml_share_args a;
+  ml_op op;
+  size_t len;
+  memset(&a, 0, sizeof a);
+  a.name = check_lock(L, &a.db, &a.coll, 1);
+  a.mode = check_mode(L, &a.permits);
+  a.owner = check_hex(L, "owner", 32, 1);
+  a.ttl_ms = check_ms(L, "ttl_ms");
+  a.host = opt_str(L, "host", 0, &len);
+  if (!a.host) a.host = "";
+  else if (!bson_utf8_validate(a.host, len, false)) bad(L, "host", "not valid UTF-8");
+  a.pid = (int64_t)opt_num(L, "pid", 0, 0);
+  a.app = opt_str(L, "app", 0, &len);
+  if (a.app && !bson_utf8_validate(a.app, len, false)) bad(L, "app", "not valid UTF-8");
+  a.waiter = check_hex(L, "waiter", 32, 0);
+  if (a.waiter) {
+    a.tag = check_hex(L, "tag", 16, 1);
+    a.queue_ms = check_ms(L, "queue_ms");
+    lua_getfield(L, 1, "polling");
+    a.polling = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  ml_build_share_acquire(&op, &a);
+  return push_op(L, &op);
+}
+
+/* core.op_share_release{db, coll, name, owner}; with ttl_ms: the extend */
+static int share_end_or_extend(lua_State *L, int extend) {
+  const char *db, *coll, *name, *owner;
+  bson_t id;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  owner = check_hex(L, "owner", 32, 1);
+  bson_init(&id);
+  BCON_APPEND(&id, "_id", BCON_UTF8(name));
+  if (extend) ml_build_share_extend(&op, db, coll, &id, owner, check_ms(L, "ttl_ms"));
+  else ml_build_share_release(&op, db, coll, &id, owner);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+static int l_op_share_release(lua_State *L) { return share_end_or_extend(L, 0); }
+static int l_op_share_extend(lua_State *L) { return share_end_or_extend(L, 1); }
+
+static int l_op_share_leave(lua_State *L) {
+  const char *db, *coll, *name, *waiter, *tag;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  waiter = check_hex(L, "waiter", 32, 1);
+  tag = check_hex(L, "tag", 16, 1);
+  ml_build_share_leave(&op, db, coll, name, waiter, tag);
+  return push_op(L, &op);
+}
+
+/* core.parse_share_acquire(reply, owner, mode, permits) -> {won, mismatch,
+ * token, value = the projected document} | nil, message */
+static int l_parse_share_acquire(lua_State *L) {
+  bson_t reply;
+  size_t len;
+  const char *owner, *m;
+  ml_share_reply r;
+  int mode;
+  arg_bson(L, 1, &reply);
+  owner = luaL_checklstring(L, 2, &len);
+  luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
+  m = luaL_checkstring(L, 3);
+  mode = !strcmp(m, "permit") ? ML_MODE_PERMIT : ML_MODE_SHARED;
+  if (ml_parse_share_acquire(&reply, owner, mode, (int64_t)luaL_optinteger(L, 4, 0), &r) <= 0)
+    return ml_pushfail(L, "findAndModify returned no document", 0);
+  lua_createtable(L, 0, 4);
+  lua_pushboolean(L, r.won);
+  lua_setfield(L, -2, "won");
+  lua_pushboolean(L, r.mismatch);
+  lua_setfield(L, -2, "mismatch");
+  if (r.won) {
+    ml_pushint64(L, r.token);
+    lua_setfield(L, -2, "token");
+  }
+  ml_pushbson(L, &r.value);
+  lua_setfield(L, -2, "value");
+  ml_set_operation_time(L, &reply);
+  return 1;
+}
+
 /* core.parse_update(reply) -> documents matched | nil, message */
 static int l_parse_update(lua_State *L) {
   bson_t reply;
@@ -578,6 +678,11 @@ static const luaL_Reg ops_funcs[] = {
   {"op_watch", l_op_watch},
   {"op_getmore", l_op_getmore},
   {"op_killcursors", l_op_killcursors},
+  {"op_share_acquire", l_op_share_acquire},
+  {"op_share_release", l_op_share_release},
+  {"op_share_extend", l_op_share_extend},
+  {"op_share_leave", l_op_share_leave},
+  {"parse_share_acquire", l_parse_share_acquire},
   {"parse_acquire", l_parse_acquire},
   {"parse_update", l_parse_update},
   {"parse_status", l_parse_status},

@@ -383,6 +383,50 @@ describe("#integration semaphores", function()
   end)
 end)
 
+describe("#integration the shared kinds' ops (core.op_share_*)", function()
+  it("build, run and parse a permit's acquire, extend and release as the handles do", function()
+    local client = helpers.connect({})
+    local coll = helpers.unique("ops")
+    local sems = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    local name = helpers.unique("op")
+    local c = client._core
+    local owner = assert(core.random_owner())
+    local op = core.op_share_acquire({ db = helpers.database, coll = coll, name = name,
+      mode = "permit", permits = 1, owner = owner, ttl_ms = 5000, host = "h", pid = 7 })
+    local r = assert(core.parse_share_acquire(assert(c:run(op)), owner, "permit", 1))
+    assert.is_true(r.won)
+    assert.is_true(r.token > 0)
+    local st = assert(sems:status(name))
+    assert.equal(owner, st.holders[1].owner)
+    assert.equal(7, st.holders[1].holder.pid)
+    -- another owner is busy; another N is a mismatch
+    local other = assert(core.random_owner())
+    op = core.op_share_acquire({ db = helpers.database, coll = coll, name = name,
+      mode = "permit", permits = 1, owner = other, ttl_ms = 5000 })
+    r = assert(core.parse_share_acquire(assert(c:run(op)), other, "permit", 1))
+    assert.is_false(r.won)
+    assert.is_false(r.mismatch)
+    assert.equal(1, r.value.holders)
+    op = core.op_share_acquire({ db = helpers.database, coll = coll, name = name,
+      mode = "permit", permits = 2, owner = other, ttl_ms = 5000 })
+    assert.is_true(assert(core.parse_share_acquire(assert(c:run(op)), other, "permit", 2)).mismatch)
+    local args = { db = helpers.database, coll = coll, name = name, owner = owner, ttl_ms = 9000 }
+    assert.equal(1, core.parse_update(assert(c:run(core.op_share_extend(args)))))
+    assert.equal(1, core.parse_update(assert(c:run(core.op_share_release(args)))))
+    assert.equal(0, core.parse_update(assert(c:run(core.op_share_release(args)))))
+    assert.equal(0, assert(sems:status(name)).in_use)
+    assert.has_error(function()
+      core.op_share_acquire({ db = helpers.database, coll = coll, name = name, mode = "permit",
+        permits = 0, owner = owner, ttl_ms = 5000 })
+    end)
+    assert.has_error(function()
+      core.op_share_acquire({ db = helpers.database, coll = coll, name = name, mode = "x",
+        owner = owner, ttl_ms = 5000 })
+    end)
+    client:close()
+  end)
+end)
+
 describe("#integration semaphore round trips", function()
   local client, sems, overhead
 
