@@ -265,6 +265,20 @@ extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
  * with error set */
 int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op, bson_error_t *error);
 
+/* named.c: the arguments of the lock commands.  A lock name at i (1..1024
+ * bytes of UTF-8, no NUL; a number is no name); a waiter id at i (32
+ * lowercase hex digits); a ttl in milliseconds at i (positive, at most a
+ * year, rounded up).  Each raises at the caller. */
+const char *ml_arg_name(lua_State *L, int i, size_t *len);
+/* the lock of arguments 2 .. 4: database, collection, name */
+const char *ml_arg_lock(lua_State *L, const char **db, const char **coll);
+const char *ml_arg_waiter(lua_State *L, int i);
+int64_t ml_arg_ttl_ms(lua_State *L, int i);
+
+/* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
+ * none when it matched nothing (none not NULL), or nil, message, code */
+int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none);
+
 /* Client methods on locks, implemented next to what they make and
  * registered with the others in client.c: named.c (named locks) ... */
 int ml_m_acquire(lua_State *L);

@@ -19,7 +19,7 @@ static const char *arg_string(lua_State *L, int i, size_t *len) {
   return lua_tolstring(L, i, len);
 }
 
-static const char *arg_name(lua_State *L, int i, size_t *len) {
+const char *ml_arg_name(lua_State *L, int i, size_t *len) {
   const char *s = arg_string(L, i, len);
   const char *msg = ml_check_name(s, *len);
   if (msg) luaL_argerror(L, i, msg);
@@ -28,14 +28,14 @@ static const char *arg_name(lua_State *L, int i, size_t *len) {
 
 
 /* the lock of arguments 2 .. 4: database, collection, name */
-static const char *arg_lock(lua_State *L, const char **db, const char **coll) {
+const char *ml_arg_lock(lua_State *L, const char **db, const char **coll) {
   size_t len;
   ml_arg_ns(L, 2, db, coll);
-  return arg_name(L, 4, &len);
+  return ml_arg_name(L, 4, &len);
 }
 
 /* a waiter id (core.waiter_id()): 32 lowercase hex digits */
-static const char *arg_waiter(lua_State *L, int i) {
+const char *ml_arg_waiter(lua_State *L, int i) {
   size_t len;
   const char *w = luaL_checklstring(L, i, &len);
   luaL_argcheck(L, ml_is_hex(w, len, 32), i, "waiter id must be 32 lowercase hex digits");
@@ -43,10 +43,19 @@ static const char *arg_waiter(lua_State *L, int i) {
 }
 
 /* ttl in milliseconds: a positive number up to a year, rounded up */
-static int64_t arg_ttl_ms(lua_State *L, int i) {
+int64_t ml_arg_ttl_ms(lua_State *L, int i) {
   int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
   luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
   return ms;
+}
+
+int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
+  bson_error_t err;
+  int64_t n = ml_run_update(ml_client_get(L, c), c, op, &err);
+  if (n < 0) return ml_pusherror(L, &err);
+  if (n == 0 && none) return ml_pushfail(L, none, 0);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* ---- the commands ------------------------------------------------------ */
@@ -84,12 +93,12 @@ int ml_m_acquire(lua_State *L) {
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
-  a.name = arg_name(L, 4, &namelen);
-  a.ttl_ms = arg_ttl_ms(L, 5);
+  a.name = ml_arg_name(L, 4, &namelen);
+  a.ttl_ms = ml_arg_ttl_ms(L, 5);
   a.app = luaL_optstring(L, 6, NULL);
   if (!lua_isnoneornil(L, 8)) {
-    a.waiter = arg_waiter(L, 8);
-    a.queue_ms = arg_ttl_ms(L, 9);
+    a.waiter = ml_arg_waiter(L, 8);
+    a.queue_ms = ml_arg_ttl_ms(L, 9);
     a.polling = lua_toboolean(L, 10);
     memcpy(owner, a.waiter, 33);
     if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
@@ -188,7 +197,7 @@ int ml_m_status(lua_State *L) {
   const char *db, *coll, *name;
   ml_op op;
   int r;
-  name = arg_lock(L, &db, &coll);
+  name = ml_arg_lock(L, &db, &coll);
   ml_build_status(&op, db, coll, name);
   r = run_status(L, c, &op);
   if (r != 1) return r;
@@ -212,16 +221,10 @@ int ml_m_list(lua_State *L) {
 int ml_m_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
-  bson_error_t err;
   ml_op op;
-  int64_t n;
-  name = arg_lock(L, &db, &coll);
+  name = ml_arg_lock(L, &db, &coll);
   ml_build_force_release(&op, db, coll, name);
-  n = ml_run_update(ml_client_get(L, c), c, &op, &err);
-  if (n < 0) return ml_pusherror(L, &err);
-  if (n == 0) return ml_pushfail(L, "not held", 0);
-  lua_pushboolean(L, 1);
-  return 1;
+  return ml_push_update(L, c, &op, "not held");
 }
 
 /*
@@ -233,17 +236,12 @@ int ml_m_force_release(lua_State *L) {
  */
 int ml_m_leave(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
-  const char *db, *coll, *name, *w;
-  bson_error_t err;
+  const char *db, *coll, *name = ml_arg_lock(L, &db, &coll), *w = ml_arg_waiter(L, 5);
   char tag[17];
   ml_op op;
-  name = arg_lock(L, &db, &coll);
-  w = arg_waiter(L, 5);
   if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
   ml_build_leave(&op, db, coll, name, w, tag);
-  if (ml_run_update(ml_client_get(L, c), c, &op, &err) < 0) return ml_pusherror(L, &err);
-  lua_pushboolean(L, 1);
-  return 1;
+  return ml_push_update(L, c, &op, NULL);
 }
 
 /* client:ensure_index(db, coll, expire_after_seconds) -> true |

@@ -19,27 +19,11 @@
 
 /* ---- fragments --------------------------------------------------------- */
 
-/* the queue as an array (a missing or malformed queue is empty) */
-#define QUEUE_ARRAY \
-  "{", "$cond", "[", "{", "$isArray", "$" ML_F_QUEUE, "}", "$" ML_F_QUEUE, "[", "]", "]", "}"
-
-/* the queue's live entries: those whose until is still ahead of the
- * server's now (every attempt of a waiter refreshes its until) */
-#define LIVE_QUEUE                                                      \
-  "{", "$filter", "{", "input", QUEUE_ARRAY,                            \
-                       "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}"
-
-/* the first live watching waiter (p: false; a polling waiter cannot be
- * woken) as its process's tag and its id, 48 hex digits; null when none */
-#define QUEUE_HEAD                                                                 \
-  "{", "$ifNull", "[",                                                             \
-    "{", "$arrayElemAt", "[",                                                      \
-      "{", "$map", "{",                                                            \
-        "input", "{", "$filter", "{", "input", LIVE_QUEUE,                         \
-                   "cond", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}", \
-        "in", "{", "$concat", "[", "$$this.t", "$$this.w", "]", "}", "}", "}",     \
-      BCON_INT32(0), "]", "}",                                                     \
-    BCON_NULL, "]", "}"
+/* the queue as an array, its live entries, and its first live watching
+ * waiter (tag and id) */
+#define QUEUE_ARRAY ML_ARR(ML_F_QUEUE)
+#define LIVE_QUEUE ML_LIVE(ML_F_QUEUE)
+#define QUEUE_HEAD ML_HEAD_TW(LIVE_QUEUE)
 
 /* the lock is free: no owner, or the lease ended by the server's clock
  * (END: the tokens of the lease end) */
@@ -56,18 +40,9 @@
     "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",     \
     BCON_INT32(0), "]", "}"
 
-/* {$cond: ["$_mlt", <taken...>, OLD]}: a field of the acquire's $set, the
- * old value written back when the attempt does not take the lock */
-#define IF_TAKEN(OLD, ...) "{", "$cond", "[", "$_mlt", __VA_ARGS__, OLD, "]", "}"
-
-/* a waiter's queue entry */
-#define ENTRY(W, T, Q, P)                                                         \
-  "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                       \
-       "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), "}"
-
 /* ---- operations -------------------------------------------------------- */
 
-static void op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
+void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
   op->kind = kind;
   op->retry = 0;
   op->db = db;
@@ -79,11 +54,9 @@ void ml_op_destroy(ml_op *op) {
   bson_destroy(&op->cmd);
 }
 
-/* {update: coll, updates: [{q, u}]}: u an update pipeline (array) or an
- * update of operators */
-static void update_op(ml_op *op, const char *db, const char *coll, const bson_t *q,
-                      const bson_t *u, int pipeline) {
-  op_init(op, ML_RUN_UPDATE, db, coll);
+void ml_op_update(ml_op *op, const char *db, const char *coll, const bson_t *q, const bson_t *u,
+                  int pipeline) {
+  ml_op_init(op, ML_RUN_UPDATE, db, coll);
   if (pipeline)
     BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll),
                 "updates", "[", "{", "q", BCON_DOCUMENT(q), "u", BCON_ARRAY(u), "}", "]");
@@ -179,16 +152,11 @@ static void k_init(void) {
   K.stage0 = BCON_NEW("$set", "{", "_mlq", LIVE_QUEUE, "}");
   K.takes_try = BCON_NEW(STAGE_TAKES(""));
   K.set = BCON_NEW(
-    ML_F_TOKEN, IF_TAKEN("$" ML_F_TOKEN,
-      "{", "$max", "[",
-        "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}",
-                          BCON_INT64(1), "]", "}",
-        "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}",
-      "]", "}"),
-    ML_F_ACQUIRED, IF_TAKEN("$" ML_F_ACQUIRED, "$$NOW"),
+    ML_F_TOKEN, ML_IF_TAKEN("$" ML_F_TOKEN, ML_NEXT_TOKEN),
+    ML_F_ACQUIRED, ML_IF_TAKEN("$" ML_F_ACQUIRED, "$$NOW"),
     /* a try leaves a queue it did not take from as it was */
-    ML_F_QUEUE, IF_TAKEN("$" ML_F_QUEUE, "$_mlq"),
-    ML_F_NEXT, IF_TAKEN("$" ML_F_NEXT, BCON_NULL));
+    ML_F_QUEUE, ML_IF_TAKEN("$" ML_F_QUEUE, "$_mlq"),
+    ML_F_NEXT, ML_IF_TAKEN("$" ML_F_NEXT, BCON_NULL));
   K.stage3 = BCON_NEW("$unset", "[", "_mlq", "_mlt", "]");
   K.fields_try = BCON_NEW(FIELDS(""));
   K.release_named = BCON_NEW("0", "{", "$set", "{", ML_F_OWNER, BCON_NULL, ML_F_EXPIRES, "$$NOW",
@@ -223,9 +191,9 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
           "{", "$map", "{", "input", "$_mlq",
                "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                 ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
+                 ML_ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
           "{", "$concatArrays", "[", "$_mlq",
-                 "[", ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}",
+                 "[", ML_ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}",
         "]", "}", "]", "}");
     takes = &takes_w;
     fields = &fields_w;
@@ -239,7 +207,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   k_field(K.set, ML_F_ACQUIRED, &acquired);
   k_field(queue, ML_F_QUEUE, &q);
   k_field(K.set, ML_F_NEXT, &next);
-  op_init(op, ML_RUN_WRITE, a->db, a->coll);
+  ml_op_init(op, ML_RUN_WRITE, a->db, a->coll);
   op->retry = 1;
   BCON_APPEND(&op->cmd,
     "findAndModify", BCON_UTF8(a->coll),
@@ -250,12 +218,12 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
       BCON_DOCUMENT(takes),                /* _mlt: this attempt takes it */
       /* every field from _mlt: written back unchanged when it is false */
       "{", "$set", "{",
-        ML_F_OWNER, IF_TAKEN("$" ML_F_OWNER, BCON_UTF8(a->owner)),
+        ML_F_OWNER, ML_IF_TAKEN("$" ML_F_OWNER, BCON_UTF8(a->owner)),
         ML_F_TOKEN, BCON_ITER(&token),
         ML_F_ACQUIRED, BCON_ITER(&acquired),
-        ML_F_EXPIRES, IF_TAKEN("$" ML_F_EXPIRES,
+        ML_F_EXPIRES, ML_IF_TAKEN("$" ML_F_EXPIRES,
                                "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}"),
-        ML_F_HOLDER, IF_TAKEN("$" ML_F_HOLDER, "{", "$literal", BCON_DOCUMENT(&holder), "}"),
+        ML_F_HOLDER, ML_IF_TAKEN("$" ML_F_HOLDER, "{", "$literal", BCON_DOCUMENT(&holder), "}"),
         ML_F_QUEUE, BCON_ITER(&q),
         ML_F_NEXT, BCON_ITER(&next),
       "}", "}",
@@ -321,7 +289,7 @@ void ml_build_doc_acquire(ml_op *op, const ml_lockref *r, const char *owner, int
       r->owner_field, "{", "$cond", "[", BCON_ITER(&free_), BCON_ITER(&own), BCON_UTF8(oref), "]", "}",
       r->time_field, "{", "$cond", "[", BCON_ITER(&free_), BCON_ITER(&time_), BCON_UTF8(tref), "]", "}",
     "}", "}");
-  op_init(op, ML_RUN_WRITE, r->db, r->coll);
+  ml_op_init(op, ML_RUN_WRITE, r->db, r->coll);
   op->retry = 1;
   BCON_APPEND(&op->cmd,
     "findAndModify", BCON_UTF8(r->coll),
@@ -392,7 +360,7 @@ void ml_build_release(ml_op *op, const ml_lockref *r, const char *owner, const b
   owner_filter(&q, r, owner);
   if (extra) release_operators(&u, r, extra);
   else release_pipeline(&u, r);
-  update_op(op, r->db, r->coll, &q, &u, extra == NULL);
+  ml_op_update(op, r->db, r->coll, &q, &u, extra == NULL);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -405,7 +373,7 @@ void ml_build_extend(ml_op *op, const ml_lockref *r, const char *owner, int64_t 
                 r->time_field, "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "}", "}");
   else
     BCON_APPEND(&u, "0", "{", "$set", "{", r->time_field, "$$NOW", "}", "}");
-  update_op(op, r->db, r->coll, &q, &u, 1);
+  ml_op_update(op, r->db, r->coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -418,7 +386,7 @@ void ml_build_force_release(ml_op *op, const char *db, const char *coll, const c
   ml_named_ref(&r, db, coll, &id);
   BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_OWNER, "{", "$ne", BCON_NULL, "}");
   release_pipeline(&u, &r);
-  update_op(op, db, coll, &q, &u, 1);
+  ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
   bson_destroy(&id);
@@ -433,12 +401,11 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
   bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
   BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_QUEUE ".w", BCON_UTF8(waiter));
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", ML_F_QUEUE, "{", "$filter", "{", "input", LIVE_QUEUE,
-           "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(waiter), "]", "}", "}", "}", "}", "}",
+    "0", ML_LEAVE_STAGE(ML_F_QUEUE, waiter),
     "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
            "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", QUEUE_HEAD, "$" ML_F_NEXT,
            "]", "}", "}", "}");
-  update_op(op, db, coll, &q, &u, 1);
+  ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -456,7 +423,7 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
     "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "}", "}"
 
 void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name) {
-  op_init(op, ML_RUN_CURSOR, db, coll);
+  ml_op_init(op, ML_RUN_CURSOR, db, coll);
   if (name)
     BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
                 "pipeline", "[", "{", "$match", "{", "_id", BCON_UTF8(name), "}", "}",
@@ -475,7 +442,7 @@ void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms) {
   id_iter(r, &id);
   field_ref(oref, sizeof oref, r->owner_field);
   field_ref(tref, sizeof tref, r->time_field);
-  op_init(op, ML_RUN_CURSOR, r->db, r->coll);
+  ml_op_init(op, ML_RUN_CURSOR, r->db, r->coll);
   if (r->time_mode == ML_TIME_EXPIRES_AT)
     BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(r->coll),
                 "pipeline", "[", "{", "$match", "{", "_id", BCON_ITER(&id), "}", "}",
@@ -495,7 +462,7 @@ void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms) {
 }
 
 void ml_build_ensure_index(ml_op *op, const char *db, const char *coll, int32_t expire_after) {
-  op_init(op, ML_RUN_WRITE, db, coll);
+  ml_op_init(op, ML_RUN_WRITE, db, coll);
   BCON_APPEND(&op->cmd, "createIndexes", BCON_UTF8(coll),
               "indexes", "[", "{", "key", "{", ML_F_EXPIRES, BCON_INT32(1), "}",
                                    "name", ML_TTL_INDEX,
@@ -503,7 +470,7 @@ void ml_build_ensure_index(ml_op *op, const char *db, const char *coll, int32_t 
 }
 
 void ml_build_command(ml_op *op, const char *db, const bson_t *cmd, const bson_t *opts) {
-  op_init(op, ML_RUN_COMMAND, db, NULL);
+  ml_op_init(op, ML_RUN_COMMAND, db, NULL);
   bson_concat(&op->cmd, cmd);
   if (opts) bson_concat(&op->cmd, opts);
 }
@@ -571,7 +538,7 @@ void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *fie
   bson_iter_init(&it, &p);
   bson_iter_find_descendant(&it, "pipeline.0", &match);
   ml_build_watch_start(&start, t, i, resume_token);
-  op_init(op, ML_RUN_COMMAND, db, coll);
+  ml_op_init(op, ML_RUN_COMMAND, db, coll);
   BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
               "pipeline", "[", "{", "$changeStream", BCON_DOCUMENT(&start), "}",
                                BCON_ITER(&match), "]",
@@ -582,13 +549,13 @@ void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *fie
 
 void ml_build_getmore(ml_op *op, const char *db, const char *coll, int64_t cursor_id,
                       int64_t await_ms) {
-  op_init(op, ML_RUN_COMMAND, db, coll);
+  ml_op_init(op, ML_RUN_COMMAND, db, coll);
   BCON_APPEND(&op->cmd, "getMore", BCON_INT64(cursor_id), "collection", BCON_UTF8(coll),
               "maxTimeMS", BCON_INT64(await_ms));
 }
 
 void ml_build_killcursors(ml_op *op, const char *db, const char *coll, int64_t cursor_id) {
-  op_init(op, ML_RUN_COMMAND, db, coll);
+  ml_op_init(op, ML_RUN_COMMAND, db, coll);
   BCON_APPEND(&op->cmd, "killCursors", BCON_UTF8(coll), "cursors", "[", BCON_INT64(cursor_id), "]");
 }
 

@@ -243,4 +243,68 @@ int ml_owner_is(const bson_iter_t *it, const char *owner, ml_owner_form form);
 /* integer value of a numeric or date field, else dflt */
 int64_t ml_iter_int64(const bson_iter_t *it, int64_t dflt);
 
+/* ---- for the builders only (protocol.c, protocol_shared.c) ------------- */
+
+/* an op of kind for db.coll with an empty command */
+void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll);
+
+/* {update: coll, updates: [{q, u}]}: u an update pipeline (pipeline != 0,
+ * a document with keys "0", "1", ...) or an update of operators */
+void ml_op_update(ml_op *op, const char *db, const char *coll, const bson_t *q, const bson_t *u,
+                  int pipeline);
+
+/*
+ * BCON fragments shared by the builders: "{" "}" "[" "]" open and close, a
+ * bare string in a value's place is a UTF-8 string.  F is a field name
+ * literal (ML_F_QUEUE, ...).
+ */
+
+/* the array field F, [] when missing or malformed */
+#define ML_ARR(F) "{", "$cond", "[", "{", "$isArray", "$" F, "}", "$" F, "[", "]", "]", "}"
+
+/* entries of the array field F whose until is ahead of the server's now
+ * (every attempt of a waiter refreshes its until) */
+#define ML_LIVE(F)                                                                 \
+  "{", "$filter", "{", "input", ML_ARR(F),                                         \
+                       "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}"
+
+/* the waiters of the array expression that can be woken (p: false; a
+ * polling waiter cannot be) */
+#define ML_WATCHING(...)                                                           \
+  "{", "$filter", "{", "input", __VA_ARGS__,                                       \
+    "cond", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}"
+
+/* the first watching waiter of the array expression as its process's tag
+ * and its id, 48 hex digits; null when there is none */
+#define ML_HEAD_TW(...)                                                            \
+  "{", "$ifNull", "[",                                                             \
+    "{", "$arrayElemAt", "[",                                                      \
+      "{", "$map", "{", "input", ML_WATCHING(__VA_ARGS__),                         \
+                 "in", "{", "$concat", "[", "$$this.t", "$$this.w", "]", "}", "}", "}", \
+      BCON_INT32(0), "]", "}",                                                     \
+    BCON_NULL, "]", "}"
+
+/* the stage that takes the waiter W out of the live entries of the queue
+ * field F */
+#define ML_LEAVE_STAGE(F, W)                                                       \
+  "{", "$set", "{", F, "{", "$filter", "{", "input", ML_LIVE(F),                   \
+         "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(W), "]", "}", "}", "}", "}", "}"
+
+/* max(previous + 1, server-ms * 1024): the token rule of every kind */
+#define ML_NEXT_TOKEN                                                              \
+  "{", "$max", "[",                                                                \
+    "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}", \
+                      BCON_INT64(1), "]", "}",                                     \
+    "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}", "]", "}"
+
+/* {$cond: ["$_mlt", <taken...>, OLD]}: a field of an acquire's $set, the
+ * old value written back when the attempt does not take the lock */
+#define ML_IF_TAKEN(OLD, ...) "{", "$cond", "[", "$_mlt", __VA_ARGS__, OLD, "]", "}"
+
+/* a waiter's queue entry: its id, its process's tag, until when its place
+ * is kept, whether it polls */
+#define ML_ENTRY(W, T, Q, P)                                                       \
+  "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                       \
+       "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), "}"
+
 #endif

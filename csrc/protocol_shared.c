@@ -13,27 +13,8 @@
 
 /* ---- fragments --------------------------------------------------------- */
 
-/* the array field F, [] when missing or malformed */
-#define ARR(F) "{", "$cond", "[", "{", "$isArray", "$" F, "}", "$" F, "[", "]", "]", "}"
-
-/* entries of the array field F whose until is ahead of the server's now */
-#define LIVE(F)                                                              \
-  "{", "$filter", "{", "input", ARR(F),                                      \
-                       "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}"
-
-/* waiters of INPUT that can be woken (not polling) */
-#define WATCHING(...)                                                        \
-  "{", "$filter", "{", "input", __VA_ARGS__,                                 \
-    "cond", "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "}", "}"
-
-/* the first watching waiter of INPUT as tag + id (48 hex), null if none */
-#define HEAD_TW(...)                                                         \
-  "{", "$ifNull", "[",                                                       \
-    "{", "$arrayElemAt", "[",                                                \
-      "{", "$map", "{", "input", WATCHING(__VA_ARGS__),                      \
-                 "in", "{", "$concat", "[", "$$this.t", "$$this.w", "]", "}", "}", "}", \
-      BCON_INT32(0), "]", "}",                                               \
-    BCON_NULL, "]", "}"
+/* ML_ARR, ML_LIVE, ML_WATCHING, ML_HEAD_TW, ML_NEXT_TOKEN, ML_IF_TAKEN and
+ * ML_ENTRY are protocol.h's, shared with the exclusive kind's builders */
 
 /* the exclusive holder's lease runs */
 #define OWNER_LIVE                                                           \
@@ -41,44 +22,15 @@
     "{", "$ne", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
     "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}"
 
-/* max(previous + 1, server-ms * 1024): the rule of every kind */
-#define NEXT_TOKEN                                                           \
-  "{", "$max", "[",                                                          \
-    "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}", \
-                      BCON_INT64(1), "]", "}",                               \
-    "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}", "]", "}"
-
-#define IF_T(OLD, ...) "{", "$cond", "[", "$_mlt", __VA_ARGS__, OLD, "]", "}"
-
-/* a waiter's squeue entry */
-#define SENTRY(W, T, Q, P)                                                   \
-  "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                 \
-       "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), "}"
-
 /* the live holders' owner ids contain O (a filter's $expr) */
 #define HOLDS(O)                                                             \
   "{", "$in", "[", BCON_UTF8(O),                                             \
-    "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "$$this.o", "}", "}", "]", "}"
-
-static void op_start(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
-  op->kind = kind;
-  op->retry = 0;
-  op->db = db;
-  op->coll = coll;
-  bson_init(&op->cmd);
-}
-
-static void update_pipeline(ml_op *op, const char *db, const char *coll, const bson_t *q,
-                            const bson_t *u) {
-  op_start(op, ML_RUN_UPDATE, db, coll);
-  BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll),
-              "updates", "[", "{", "q", BCON_DOCUMENT(q), "u", BCON_ARRAY(u), "}", "]");
-}
+    "{", "$map", "{", "input", ML_LIVE(ML_F_HOLDERS), "in", "$$this.o", "}", "}", "]", "}"
 
 /* ---- acquire ----------------------------------------------------------- */
 
 /*
- * [ {$set: {_mlq: LIVE(squeue), _mlh: LIVE(holders), _mlw: WATCHING(LIVE(queue))}},
+ * [ {$set: {_mlq: ML_LIVE(squeue), _mlh: ML_LIVE(holders), _mlw: ML_WATCHING(ML_LIVE(queue))}},
  *   {$set: {_mlk: KIND_OK, _mlm: O in _mlh.o}},
  *   {$set: {_mlt: _mlk && !_mlm && FREE(owner) && _mlw == [] && ROOM && TURN}},
  *   {$set: {permits, token, owner, expiresAt, holders, squeue, next}},
@@ -121,7 +73,7 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
       "}", "}");
     /* taken with a permit left: the next waiter is woken too */
     BCON_APPEND(&chain, "v", "{", "$let", "{",
-      "vars", "{", "h", HEAD_TW("{", "$filter", "{", "input", "$_mlq",
+      "vars", "{", "h", ML_HEAD_TW("{", "$filter", "{", "input", "$_mlq",
                        "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}"), "}",
       "in", "{", "$cond", "[",
         "{", "$and", "[", "{", "$ne", "[", "$$h", BCON_NULL, "]", "}",
@@ -150,13 +102,13 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
         "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
           "{", "$map", "{", "input", "$_mlq",
                "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                 SENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
+                 ML_ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
           "{", "$concatArrays", "[", "$_mlq",
-                 "[", SENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}", "]", "}",
+                 "[", ML_ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}", "]", "}",
         "$" ML_F_SQUEUE, "]", "}",
       "]", "}");
   else
-    BCON_APPEND(&queue, "v", IF_T("$" ML_F_SQUEUE, "$_mlq"));
+    BCON_APPEND(&queue, "v", ML_IF_TAKEN("$" ML_F_SQUEUE, "$_mlq"));
   /* N is written by the first permit asked of the name, kept after */
   if (p) BCON_APPEND(&perm, "v", "{", "$cond", "[", "$_mlk", BCON_INT64(a->permits),
                                   "$" ML_F_PERMITS, "]", "}");
@@ -168,15 +120,15 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
   bson_iter_init_find(&ic, &chain, "v");
   bson_iter_init_find(&iq, &queue, "v");
 
-  op_start(op, ML_RUN_WRITE, a->db, a->coll);
+  ml_op_init(op, ML_RUN_WRITE, a->db, a->coll);
   op->retry = 1;
   BCON_APPEND(&op->cmd,
     "findAndModify", BCON_UTF8(a->coll),
     "query", "{", "_id", BCON_UTF8(a->name), "}",
     "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
     "update", "[",
-      "{", "$set", "{", "_mlq", LIVE(ML_F_SQUEUE), "_mlh", LIVE(ML_F_HOLDERS),
-                        "_mlw", WATCHING(LIVE(ML_F_QUEUE)), "}", "}",
+      "{", "$set", "{", "_mlq", ML_LIVE(ML_F_SQUEUE), "_mlh", ML_LIVE(ML_F_HOLDERS),
+                        "_mlw", ML_WATCHING(ML_LIVE(ML_F_QUEUE)), "}", "}",
       "{", "$set", "{", "_mlk", BCON_ITER(&ik),
                         "_mlm", "{", "$in", "[", BCON_UTF8(a->owner), "$_mlh.o", "]", "}", "}", "}",
       "{", "$set", "{", "_mlt", "{", "$and", "[", "$_mlk", "{", "$not", "[", "$_mlm", "]", "}",
@@ -185,17 +137,17 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
         BCON_ITER(&ir), BCON_ITER(&it), "]", "}", "}", "}",
       "{", "$set", "{",
         ML_F_PERMITS, BCON_ITER(&ip),
-        ML_F_TOKEN, IF_T("$" ML_F_TOKEN, NEXT_TOKEN),
+        ML_F_TOKEN, ML_IF_TAKEN("$" ML_F_TOKEN, ML_NEXT_TOKEN),
         /* an owner whose lease ended is cleared: its extend must not bring
          * it back while shares are held */
-        ML_F_OWNER, IF_T("$" ML_F_OWNER, BCON_NULL),
+        ML_F_OWNER, ML_IF_TAKEN("$" ML_F_OWNER, BCON_NULL),
         /* the lease end the TTL index reads covers every share */
-        ML_F_EXPIRES, IF_T("$" ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
+        ML_F_EXPIRES, ML_IF_TAKEN("$" ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
                              "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}", "]", "}"),
-        ML_F_HOLDERS, IF_T("$" ML_F_HOLDERS, "{", "$concatArrays", "[", "$_mlh", "[",
+        ML_F_HOLDERS, ML_IF_TAKEN("$" ML_F_HOLDERS, "{", "$concatArrays", "[", "$_mlh", "[",
           "{", "o", BCON_UTF8(a->owner), "m", BCON_UTF8(p ? "p" : "s"),
                "until", "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}",
-               "tk", NEXT_TOKEN, "at", "$$NOW",
+               "tk", ML_NEXT_TOKEN, "at", "$$NOW",
                "h", "{", "$literal", BCON_DOCUMENT(&holder), "}", "}", "]", "]", "}"),
         ML_F_SQUEUE, BCON_ITER(&iq),
         ML_F_NEXT, "{", "$cond", "[", "$_mlt", BCON_ITER(&ic),
@@ -207,23 +159,23 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
     "fields", "{",
       "_id", BCON_INT32(0), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
       ML_F_OWNER, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1),
-      "me", "{", "$arrayElemAt", "[", "{", "$filter", "{", "input", LIVE(ML_F_HOLDERS),
+      "me", "{", "$arrayElemAt", "[", "{", "$filter", "{", "input", ML_LIVE(ML_F_HOLDERS),
                "cond", "{", "$eq", "[", "$$this.o", BCON_UTF8(a->owner), "]", "}", "}", "}",
                BCON_INT32(0), "]", "}",
-      "holders", "{", "$size", LIVE(ML_F_HOLDERS), "}",
-      "readers", "{", "$size", "{", "$filter", "{", "input", LIVE(ML_F_HOLDERS),
+      "holders", "{", "$size", ML_LIVE(ML_F_HOLDERS), "}",
+      "readers", "{", "$size", "{", "$filter", "{", "input", ML_LIVE(ML_F_HOLDERS),
                    "cond", "{", "$eq", "[", "$$this.m", "s", "]", "}", "}", "}", "}",
       "exclusive", OWNER_LIVE,
       /* until the exclusive lease ends, else the first share's */
       "remainingMs", "{", "$subtract", "[",
         "{", "$cond", "[", OWNER_LIVE, "$" ML_F_EXPIRES,
-          "{", "$min", "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "$$this.until", "}", "}", "}",
+          "{", "$min", "{", "$map", "{", "input", ML_LIVE(ML_F_HOLDERS), "in", "$$this.until", "}", "}", "}",
         "]", "}", "$$NOW", "]", "}",
-      "queued", "{", "$size", ARR(ML_F_SQUEUE), "}",
+      "queued", "{", "$size", ML_ARR(ML_F_SQUEUE), "}",
       "position", "{", "$indexOfArray", "[",
         "{", "$cond", "[", "{", "$isArray", "$" ML_F_SQUEUE, "}", "$" ML_F_SQUEUE ".w", "[", "]", "]", "}",
         BCON_UTF8(w), "]", "}",
-      "writers", "{", "$size", WATCHING(LIVE(ML_F_QUEUE)), "}",
+      "writers", "{", "$size", ML_WATCHING(ML_LIVE(ML_F_QUEUE)), "}",
     "}");
   bson_destroy(&holder);
   bson_destroy(&kind);
@@ -243,7 +195,7 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
  */
 #define NEXT_AFTER(...)                                                      \
   "{", "$let", "{",                                                          \
-    "vars", "{", "wh", HEAD_TW(LIVE(ML_F_QUEUE)), "sh", HEAD_TW(LIVE(ML_F_SQUEUE)), "}", \
+    "vars", "{", "wh", ML_HEAD_TW(ML_LIVE(ML_F_QUEUE)), "sh", ML_HEAD_TW(ML_LIVE(ML_F_SQUEUE)), "}", \
     "in", "{", "$cond", "[", "{", "$ne", "[", "$$wh", BCON_NULL, "]", "}",    \
       "{", "$cond", "[", "{", "$eq", "[", "{", "$size", __VA_ARGS__, "}", BCON_INT32(0), "]", "}", \
                          "$$wh", "$" ML_F_NEXT, "]", "}",                    \
@@ -261,11 +213,11 @@ void ml_build_share_release(ml_op *op, const char *db, const char *coll, const b
   bson_iter_init_find(&i, id, "_id");
   BCON_APPEND(&q, "_id", BCON_ITER(&i), "$expr", HOLDS(owner));
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", LIVE(ML_F_HOLDERS),
+    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", ML_LIVE(ML_F_HOLDERS),
            "cond", "{", "$ne", "[", "$$this.o", BCON_UTF8(owner), "]", "}", "}", "}", "}", "}",
     "1", "{", "$set", "{", ML_F_HOLDERS, "$_mlh", ML_F_NEXT, NEXT_AFTER("$_mlh"), "}", "}",
     "2", "{", "$unset", "[", "_mlh", "]", "}");
-  update_pipeline(op, db, coll, &q, &u);
+  ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -278,7 +230,7 @@ void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bs
   BCON_APPEND(&q, "_id", BCON_ITER(&i), "$expr", HOLDS(owner));
   BCON_APPEND(&u,
     "0", "{", "$set", "{",
-      ML_F_HOLDERS, "{", "$map", "{", "input", ARR(ML_F_HOLDERS),
+      ML_F_HOLDERS, "{", "$map", "{", "input", ML_ARR(ML_F_HOLDERS),
         "in", "{", "$cond", "[",
           "{", "$and", "[", "{", "$eq", "[", "$$this.o", BCON_UTF8(owner), "]", "}",
                            "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "]", "}",
@@ -288,7 +240,7 @@ void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bs
       ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
                       "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "]", "}",
     "}", "}");
-  update_pipeline(op, db, coll, &q, &u);
+  ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -300,13 +252,12 @@ void ml_build_share_leave(ml_op *op, const char *db, const char *coll, const cha
   bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
   BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_SQUEUE ".w", BCON_UTF8(waiter));
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", ML_F_SQUEUE, "{", "$filter", "{", "input", LIVE(ML_F_SQUEUE),
-           "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(waiter), "]", "}", "}", "}", "}", "}",
+    "0", ML_LEAVE_STAGE(ML_F_SQUEUE, waiter),
     /* a wake-up handed to the leaver goes on */
     "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
            "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}",
-           NEXT_AFTER(LIVE(ML_F_HOLDERS)), "$" ML_F_NEXT, "]", "}", "}", "}");
-  update_pipeline(op, db, coll, &q, &u);
+           NEXT_AFTER(ML_LIVE(ML_F_HOLDERS)), "$" ML_F_NEXT, "]", "}", "}", "}");
+  ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -314,11 +265,11 @@ void ml_build_share_leave(ml_op *op, const char *db, const char *coll, const cha
 void ml_build_share_force_release(ml_op *op, const char *db, const char *coll, const char *name) {
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name),
-              "$expr", "{", "$gt", "[", "{", "$size", LIVE(ML_F_HOLDERS), "}", BCON_INT32(0), "]", "}");
+              "$expr", "{", "$gt", "[", "{", "$size", ML_LIVE(ML_F_HOLDERS), "}", BCON_INT32(0), "]", "}");
   BCON_APPEND(&u,
     "0", "{", "$set", "{", ML_F_HOLDERS, "[", "]", "}", "}",
     "1", "{", "$set", "{", ML_F_NEXT, NEXT_AFTER("{", "$literal", "[", "]", "}"), "}", "}");
-  update_pipeline(op, db, coll, &q, &u);
+  ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -331,17 +282,17 @@ void ml_build_share_status(ml_op *op, const char *db, const char *coll, const ch
   else BCON_APPEND(&match, "$or", "[", "{", ML_F_HOLDERS, "{", "$exists", BCON_BOOL(true), "}", "}",
                                        "{", ML_F_PERMITS, "{", "$exists", BCON_BOOL(true), "}", "}",
                                        "{", ML_F_SQUEUE, "{", "$exists", BCON_BOOL(true), "}", "}", "]");
-  op_start(op, ML_RUN_CURSOR, db, coll);
+  ml_op_init(op, ML_RUN_CURSOR, db, coll);
   BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
     "pipeline", "[", "{", "$match", BCON_DOCUMENT(&match), "}",
       "{", "$sort", "{", "_id", BCON_INT32(1), "}", "}",
       "{", "$project", "{", "_id", BCON_INT32(1), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
         "exclusive", OWNER_LIVE,
-        "holders", "{", "$map", "{", "input", LIVE(ML_F_HOLDERS), "in", "{",
+        "holders", "{", "$map", "{", "input", ML_LIVE(ML_F_HOLDERS), "in", "{",
           "owner", "$$this.o", "mode", "$$this.m", "token", "$$this.tk", "holder", "$$this.h",
           "remainingMs", "{", "$subtract", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",
-        "waiting", "{", "$size", LIVE(ML_F_SQUEUE), "}",
-        "writers", "{", "$size", LIVE(ML_F_QUEUE), "}", "}", "}", "]",
+        "waiting", "{", "$size", ML_LIVE(ML_F_SQUEUE), "}",
+        "writers", "{", "$size", ML_LIVE(ML_F_QUEUE), "}", "}", "}", "]",
     "cursor", "{", "}");
   bson_destroy(&match);
 }

@@ -12,51 +12,10 @@
 #include "mongolock.h"
 #include "protocol_shared.h"
 
-static const char *arg_str(lua_State *L, int i, size_t *len) {
-  if (lua_type(L, i) != LUA_TSTRING)
-    luaL_argerror(L, i, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, i)));
-  return lua_tolstring(L, i, len);
-}
-
-static const char *arg_lockname(lua_State *L, int i, size_t *len) {
-  const char *s = arg_str(L, i, len);
-  const char *msg = ml_check_name(s, *len);
-  if (msg) luaL_argerror(L, i, msg);
-  return s;
-}
-
-static const char *arg_hex32(lua_State *L, int i) {
-  size_t len;
-  const char *w = luaL_checklstring(L, i, &len);
-  luaL_argcheck(L, ml_is_hex(w, len, 32), i, "waiter id must be 32 lowercase hex digits");
-  return w;
-}
-
-static int64_t arg_ms(lua_State *L, int i) {
-  int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
-  luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
-  return ms;
-}
-
 /* [-0, +1] the reply's projected document, with operation_time */
 static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
   ml_pushbson(L, value);
   ml_set_operation_time(L, reply);
-}
-
-/* runs an update: documents matched, or -1 with err set */
-static int64_t run_update(lua_State *L, ml_client *c, ml_op *op, bson_error_t *err) {
-  bson_t reply;
-  int64_t n = -1;
-  if (ml_run(ml_client_get(L, c), c->wc, op, &reply, err)) {
-    n = ml_parse_matched(&reply);
-    if (n < 0)
-      bson_set_error(err, MONGOC_ERROR_PROTOCOL, MONGOC_ERROR_PROTOCOL_INVALID_REPLY,
-                     "update reply without matchedCount");
-  }
-  bson_destroy(&reply);
-  ml_op_destroy(op);
-  return n;
 }
 
 /*
@@ -92,7 +51,7 @@ int ml_m_share_acquire(lua_State *L) {
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
-  a.name = arg_lockname(L, 4, &namelen);
+  a.name = ml_arg_name(L, 4, &namelen);
   mode = luaL_checkstring(L, 5);
   if (!strcmp(mode, "shared")) a.mode = ML_MODE_SHARED;
   else if (!strcmp(mode, "permit")) a.mode = ML_MODE_PERMIT;
@@ -102,11 +61,11 @@ int ml_m_share_acquire(lua_State *L) {
     luaL_argcheck(L, n >= 1 && n <= ML_PERMITS_MAX, 6, "permits must be an integer from 1 to 1000000");
     a.permits = n;
   }
-  a.ttl_ms = arg_ms(L, 7);
+  a.ttl_ms = ml_arg_ttl_ms(L, 7);
   a.app = luaL_optstring(L, 8, NULL);
   if (!lua_isnoneornil(L, 10)) {
-    a.waiter = arg_hex32(L, 10);
-    a.queue_ms = arg_ms(L, 11);
+    a.waiter = ml_arg_waiter(L, 10);
+    a.queue_ms = ml_arg_ttl_ms(L, 11);
     a.polling = lua_toboolean(L, 12);
     memcpy(owner, a.waiter, 33);
     if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
@@ -148,7 +107,7 @@ int ml_m_share_acquire(lua_State *L) {
       bson_error_t err2;
       ml_op rel;
       ml_build_share_release(&rel, a.db, a.coll, &id, owner);
-      (void)run_update(L, c, &rel, &err2);
+      (void)ml_run_update(ml_client_get(L, c), c, &rel, &err2);
     }
     bson_destroy(&id);
     bson_destroy(&reply);
@@ -180,38 +139,22 @@ int ml_m_share_acquire(lua_State *L) {
 /* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
 int ml_m_share_leave(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
-  const char *db, *coll, *name, *w;
-  size_t namelen;
-  bson_error_t err;
+  const char *db, *coll, *name = ml_arg_lock(L, &db, &coll), *w = ml_arg_waiter(L, 5);
   char tag[17];
   ml_op op;
-  ml_arg_ns(L, 2, &db, &coll);
-  name = arg_lockname(L, 4, &namelen);
-  w = arg_hex32(L, 5);
   if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
   ml_build_share_leave(&op, db, coll, name, w, tag);
-  if (run_update(L, c, &op, &err) < 0) return ml_pusherror(L, &err);
-  lua_pushboolean(L, 1);
-  return 1;
+  return ml_push_update(L, c, &op, NULL);
 }
 
 /* client:share_force_release(db, coll, name) -> true | nil, "not held" |
  * nil, msg, code: ends every share and permit of the name */
 int ml_m_share_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
-  const char *db, *coll, *name;
-  size_t namelen;
-  bson_error_t err;
+  const char *db, *coll, *name = ml_arg_lock(L, &db, &coll);
   ml_op op;
-  int64_t n;
-  ml_arg_ns(L, 2, &db, &coll);
-  name = arg_lockname(L, 4, &namelen);
   ml_build_share_force_release(&op, db, coll, name);
-  n = run_update(L, c, &op, &err);
-  if (n < 0) return ml_pusherror(L, &err);
-  if (n == 0) return ml_pushfail(L, "not held", 0);
-  lua_pushboolean(L, 1);
-  return 1;
+  return ml_push_update(L, c, &op, "not held");
 }
 
 /* client:share_status(db, coll, name) -> {_id, permits, token, exclusive,
@@ -229,7 +172,7 @@ int ml_m_share_status(lua_State *L) {
   ml_op op;
   int ok;
   ml_arg_ns(L, 2, &db, &coll);
-  name = lua_isnoneornil(L, 4) ? NULL : arg_lockname(L, 4, &namelen);
+  name = lua_isnoneornil(L, 4) ? NULL : ml_arg_name(L, 4, &namelen);
   ml_build_share_status(&op, db, coll, name);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   ml_op_destroy(&op);
