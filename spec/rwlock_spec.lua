@@ -85,6 +85,27 @@ describe("#integration reader-writer locks", function()
     assert.is_true(assert(rw:read(name, { timeout = 5 })):release())
   end)
 
+  it("a waiting writer killed with SIGKILL holds readers up for at most its queue_ttl", function()
+    local name = helpers.unique("dead-writer")
+    local r1 = assert(rw:try_read(name, { ttl = 60 }))
+    local wp = spawn("wait", "write", name, 30, nil, "QUEUE_TTL=2 ")
+    local wpid = tonumber((assert(wp:wait_for("waiting (%d+)"))))
+    assert.truthy(helpers.eventually(function()
+      return (assert(rw:status(name)).writers or 0) == 1
+    end, 10))
+    assert.equal("busy", select(2, rw:try_read(name)))
+    wp:kill("KILL", wpid)
+    wp:wait(10)
+    wp:cleanup()
+    -- its place lapses 2 s after its latest attempt; then readers share again
+    local killed = core.monotonic()
+    local r2 = helpers.eventually(function() return (rw:try_read(name)) end, 10)
+    assert.is_truthy(r2)
+    assert.is_true(core.monotonic() - killed < 4)
+    assert.is_true(r2:release())
+    assert.is_true(r1:release())
+  end)
+
   it("a writer is not starved while readers keep arriving", function()
     local name = helpers.unique("starve")
     -- readers in another process for up to 20 s, each share taken before
