@@ -298,28 +298,35 @@ static void arg_op(lua_State *L, int i, ml_op *op) {
 
 /* ---- builders ---------------------------------------------------------- */
 
+/* the fields every acquire's attempt writes (any kind): owner, ttl_ms,
+ * host, pid, app, and with waiter its tag, queue_ms and polling; the name
+ * and namespace are read before */
+static void check_attempt(lua_State *L, ml_acquire_args *a) {
+  size_t len;
+  a->owner = check_hex(L, "owner", 32, 1);
+  a->ttl_ms = check_ms(L, "ttl_ms");
+  a->host = opt_str(L, "host", 0, &len);
+  if (!a->host) a->host = "";
+  else if (!bson_utf8_validate(a->host, len, false)) bad(L, "host", "not valid UTF-8");
+  a->pid = (int64_t)opt_num(L, "pid", 0, 0);
+  a->app = opt_str(L, "app", 0, &len);
+  if (a->app && !bson_utf8_validate(a->app, len, false)) bad(L, "app", "not valid UTF-8");
+  a->waiter = check_hex(L, "waiter", 32, 0);
+  if (a->waiter) {
+    a->tag = check_hex(L, "tag", 16, 1);
+    a->queue_ms = check_ms(L, "queue_ms");
+    lua_getfield(L, 1, "polling");
+    a->polling = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+}
+
 static int l_op_acquire(lua_State *L) {
   ml_acquire_args a;
   ml_op op;
-  size_t len;
   memset(&a, 0, sizeof a);
   a.name = check_lock(L, &a.db, &a.coll, 1);
-  a.owner = check_hex(L, "owner", 32, 1);
-  a.ttl_ms = check_ms(L, "ttl_ms");
-  a.host = opt_str(L, "host", 0, &len);
-  if (!a.host) a.host = "";
-  else if (!bson_utf8_validate(a.host, len, false)) bad(L, "host", "not valid UTF-8");
-  a.pid = (int64_t)opt_num(L, "pid", 0, 0);
-  a.app = opt_str(L, "app", 0, &len);
-  if (a.app && !bson_utf8_validate(a.app, len, false)) bad(L, "app", "not valid UTF-8");
-  a.waiter = check_hex(L, "waiter", 32, 0);
-  if (a.waiter) {
-    a.tag = check_hex(L, "tag", 16, 1);
-    a.queue_ms = check_ms(L, "queue_ms");
-    lua_getfield(L, 1, "polling");
-    a.polling = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-  }
+  check_attempt(L, &a);
   ml_build_acquire(&op, &a);
   return push_op(L, &op);
 }
@@ -508,27 +515,22 @@ static int check_mode(lua_State *L, int64_t *permits) {
  * pid, app, waiter, tag, queue_ms, polling} */
 static int l_op_share_acquire(lua_State *L) {
   ml_share_args a;
+  ml_acquire_args at;
   ml_op op;
-  size_t len;
   memset(&a, 0, sizeof a);
+  memset(&at, 0, sizeof at);
   a.name = check_lock(L, &a.db, &a.coll, 1);
   a.mode = check_mode(L, &a.permits);
-  a.owner = check_hex(L, "owner", 32, 1);
-  a.ttl_ms = check_ms(L, "ttl_ms");
-  a.host = opt_str(L, "host", 0, &len);
-  if (!a.host) a.host = "";
-  else if (!bson_utf8_validate(a.host, len, false)) bad(L, "host", "not valid UTF-8");
-  a.pid = (int64_t)opt_num(L, "pid", 0, 0);
-  a.app = opt_str(L, "app", 0, &len);
-  if (a.app && !bson_utf8_validate(a.app, len, false)) bad(L, "app", "not valid UTF-8");
-  a.waiter = check_hex(L, "waiter", 32, 0);
-  if (a.waiter) {
-    a.tag = check_hex(L, "tag", 16, 1);
-    a.queue_ms = check_ms(L, "queue_ms");
-    lua_getfield(L, 1, "polling");
-    a.polling = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-  }
+  check_attempt(L, &at);
+  a.owner = at.owner;
+  a.ttl_ms = at.ttl_ms;
+  a.host = at.host;
+  a.pid = at.pid;
+  a.app = at.app;
+  a.waiter = at.waiter;
+  a.tag = at.tag;
+  a.queue_ms = at.queue_ms;
+  a.polling = at.polling;
   ml_build_share_acquire(&op, &a);
   return push_op(L, &op);
 }
