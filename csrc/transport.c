@@ -137,7 +137,12 @@ int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bso
     mongoc_write_concern_append(wc, &opts);
     for (attempt = 0;; attempt++) {
       ok = mongoc_client_write_command_with_opts(mc, op->db, &op->cmd, &opts, reply, error);
-      if (ok || !op->retry || error->domain != MONGOC_ERROR_STREAM || attempt == 1) break;
+      /* with retryWrites (the default) the driver has already sent it once
+       * more in the same transaction: a resend would wait for a server a
+       * second time */
+      if (ok || !op->retry || error->domain != MONGOC_ERROR_STREAM || attempt == 1 ||
+          mongoc_uri_get_option_as_bool(mongoc_client_get_uri(mc), MONGOC_URI_RETRYWRITES, true))
+        break;
       bson_destroy(reply);
     }
     bson_destroy(&opts);
