@@ -373,6 +373,7 @@ static const luaL_Reg client_methods[] = {
   {"list", ml_m_list},
   {"force_release", ml_m_force_release},
   {"leave", ml_m_leave},
+  {"granted", ml_m_granted},
   {"ensure_index", ml_m_ensure_index},
   /* document locks (documents.c) */
   {"doc_acquire", ml_m_doc_acquire},

@@ -59,7 +59,8 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   l->token = s->token;
   l->pid = getpid();
   l->ttl_ms = s->ttl_ms;
-  l->deadline = s->started + (double)s->ttl_ms / 1000.0;
+  l->deadline = s->started + (double)(s->grant_ms > 0 && s->grant_ms < s->ttl_ms
+                                      ? s->grant_ms : s->ttl_ms) / 1000.0;
   l->held = 1;
   l->renew = s->renew;
   l->refs = 1;
@@ -139,6 +140,7 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
      * the lease length does not change */
     if (l->time_mode == ML_TIME_EXPIRES_AT) l->ttl_ms = ttl_ms;
     l->deadline = started + (double)l->ttl_ms / 1000.0;
+    l->topup_at = 0;
   } else if (n == 0 && l->held && !l->ending) {
     /* a release under way or done is not a loss: it cleared the owner */
     l->held = 0;
@@ -170,6 +172,18 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   h->lease = lease_new(spec);
   h->keep = h->lease;
   h->keep->refs++;              /* not yet visible to any other thread */
+  /* a grant's lease shorter than two thirds of the ttl (what renewal
+   * keeps) is extended to the ttl once, in the background, shortly before
+   * it ends: a lock released by then costs no command */
+  if (spec->grant_ms > 0 && spec->grant_ms < spec->ttl_ms) {
+    double left = h->lease->deadline - ml_monotonic();
+    if (left < (double)spec->ttl_ms / 1500.0) {
+      double before = left / 2 < 1.0 ? left / 2 : 1.0;
+      h->lease->topup_at = h->lease->deadline - (before > 0 ? before : 0);
+      if (!spec->renew)
+        (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
+    }
+  }
   /* background renewal (renew.c) takes its own reference */
   if (spec->renew)
     (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);

@@ -164,6 +164,9 @@ typedef struct ml_lease_spec {
                                    acquire command was sent */
   int renew;                    /* ask background renewal for this lease */
   ml_kind kind;
+  int64_t grant_ms;             /* 0, or a grant's lease (ms from started)
+                                   when shorter than ttl_ms: the lease is
+                                   topped up to ttl_ms in the background */
 } ml_lease_spec;
 
 /*
@@ -208,6 +211,9 @@ typedef struct ml_lease {
   int refs;                     /* (mu) 1 for the Lua handle, +1 for each
                                    thread holding it; freed at 0 */
   ml_kind kind;
+  double topup_at;              /* (mu) a grant's short lease: renew.c
+                                   extends it to ttl_ms at this monotonic
+                                   time, once; 0 when not needed */
 } ml_lease;
 
 /* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
@@ -286,6 +292,7 @@ int ml_m_status(lua_State *L);
 int ml_m_list(lua_State *L);
 int ml_m_force_release(lua_State *L);
 int ml_m_leave(lua_State *L);
+int ml_m_granted(lua_State *L);
 int ml_m_ensure_index(lua_State *L);
 /* ... documents.c (document locks) ... */
 int ml_m_doc_acquire(lua_State *L);

@@ -5,6 +5,7 @@
  * built by protocol.c and run by transport.c, one round trip each; a won
  * acquire becomes a mongolock.Lock of kind ML_KIND_NAMED (lock.c).
  */
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -157,6 +158,8 @@ int ml_m_acquire(lua_State *L) {
     s.owner_form = ML_OWNER_HEX;
     s.token = r.token;
     s.started = started;
+    /* won by a grant this attempt found: the lease the server has left */
+    if (r.has_remaining && r.remaining_ms < a.ttl_ms) s.grant_ms = r.remaining_ms;
     s.renew = lua_toboolean(L, 7);
     ml_lock_new(L, 1, &s);
     bson_destroy(&id);
@@ -228,11 +231,68 @@ int ml_m_force_release(lua_State *L) {
 }
 
 /*
+ * client:granted(db, coll, name, waiter, ttl_ms, queue_ms, token, started,
+ *                grant_ms [, renew]) -> handle
+ * The lock a release granted to waiter (core.watch_wait answered
+ * "granted"), made without a command.  The release took place after the
+ * waiter's latest attempt, which began at the local monotonic time
+ * started and set its entry's until to the server's now + queue_ms; the
+ * grant's lease ends at min(release + ttl, until), so started +
+ * min(ttl_ms, queue_ms, grant_ms) is never later than the server's lease
+ * end.  grant_ms: the event's expiresAt - acquiredAt, or nil.
+ */
+static int64_t arg_token(lua_State *L, int i) {
+  lua_Number n = luaL_checknumber(L, i);
+  luaL_argcheck(L, n > 0 && n < 9007199254740992.0 && n == floor(n), i, "bad token");
+  return (int64_t)n;
+}
+
+int ml_m_granted(lua_State *L) {
+  size_t namelen;
+  const char *db, *coll, *name, *w;
+  int64_t ttl_ms, queue_ms, grant;
+  ml_lease_spec s;
+  bson_t id;
+  (void)ml_checkclient(L, 1);
+  ml_arg_ns(L, 2, &db, &coll);
+  name = ml_arg_name(L, 4, &namelen);
+  w = ml_arg_waiter(L, 5);
+  ttl_ms = ml_arg_ttl_ms(L, 6);
+  queue_ms = ml_arg_ttl_ms(L, 7);
+  grant = queue_ms < ttl_ms ? queue_ms : ttl_ms;
+  if (!lua_isnoneornil(L, 10)) {
+    lua_Integer g = luaL_checkinteger(L, 10);
+    luaL_argcheck(L, g > 0, 10, "grant must be a positive number of milliseconds");
+    if (g < grant) grant = g;
+  }
+  memset(&s, 0, sizeof s);
+  bson_init(&id);
+  bson_append_utf8(&id, "_id", 3, name, (int)namelen);
+  s.db = db;
+  s.coll = coll;
+  s.id = &id;
+  s.owner = w;
+  s.owner_field = ML_F_OWNER;
+  s.time_field = ML_F_EXPIRES;
+  s.time_mode = ML_TIME_EXPIRES_AT;
+  s.owner_form = ML_OWNER_HEX;
+  s.kind = ML_KIND_NAMED;
+  s.token = arg_token(L, 8);
+  s.started = luaL_checknumber(L, 9);
+  s.ttl_ms = ttl_ms;
+  s.grant_ms = grant;
+  s.renew = lua_toboolean(L, 11);
+  ml_lock_new(L, 1, &s);
+  bson_destroy(&id);
+  return 1;
+}
+
+/*
  * client:leave(db, coll, name, waiter) -> true | nil, msg, code.  An
  * acquire that gives up (timeout, error) takes its place out of the queue;
- * when a release had already been handed to it, the next live waiter gets
- * it instead (an update of next, which wakes that waiter).  One update;
- * nothing changes when waiter is not queued.
+ * when a release had already granted it the lock (or been handed to it),
+ * the next live waiter gets it instead (a grant, which wakes that waiter).
+ * One update; nothing changes when waiter is neither queued nor the owner.
  */
 int ml_m_leave(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);

@@ -646,6 +646,17 @@ static int l_parse_events(lua_State *L) {
       }
       lua_pushstring(L, ev.next);
       lua_setfield(L, -2, "next");
+      if (ev.owner[0]) {
+        /* the release granted the lock to the waiter next names */
+        lua_pushstring(L, ev.owner);
+        lua_setfield(L, -2, "owner");
+        ml_pushint64(L, ev.token);
+        lua_setfield(L, -2, "token");
+        if (ev.grant_ms >= 0) {
+          lua_pushinteger(L, (lua_Integer)ev.grant_ms);
+          lua_setfield(L, -2, "grant_ms");
+        }
+      }
       lua_pushnumber(L, (lua_Number)ev.t);
       lua_setfield(L, -2, "t");
       lua_pushnumber(L, (lua_Number)ev.i);

@@ -40,6 +40,19 @@
     "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",     \
     BCON_INT32(0), "]", "}"
 
+/* an exclusive waiter's queue entry: ML_ENTRY with the lease it asks for
+ * (l, ms) and its holder document (h), which a release that grants it the
+ * lock writes */
+#define GRANTABLE_ENTRY(W, T, Q, P, L, H)                                         \
+  "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                       \
+       "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), \
+       "l", BCON_INT64(L), "h", "{", "$literal", BCON_DOCUMENT(H), "}", "}"
+
+/* the first live watching entry of the queue (an object), null when none */
+#define HEAD_ENTRY                                                                 \
+  "{", "$ifNull", "[", "{", "$arrayElemAt", "[", ML_WATCHING(LIVE_QUEUE), BCON_INT32(0), "]", "}", \
+    BCON_NULL, "]", "}"
+
 /* ---- operations -------------------------------------------------------- */
 
 void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
@@ -129,6 +142,48 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
     BCON_UTF8(W), "]", "}"
 
 /*
+ * The hand-over of a named lock, stages k, k+1, k+2 of an update pipeline
+ * (keys "k"...), applied when rel's "r" (an expression) is true: the lock
+ * goes to the first live watching waiter of the queue in the same write
+ * (its id the owner, a new token, a lease of its own l ms bounded by its
+ * entry's until, its holder), out of the queue, and next names it (which
+ * routes the event to its process, csrc/watch.c), unless a share or
+ * permit is live; with nobody to hand it to, the lock is freed (owner null, expiresAt $$NOW, next null).  When
+ * rel is false nothing changes.  The caller unsets _mlr and _mlh.
+ */
+static void grant_stages(bson_t *u, int k, const bson_t *rel) {
+  char k0[12], k1[12], k2[12];
+  bson_iter_t r;
+  bson_iter_init_find(&r, rel, "r");
+  bson_snprintf(k0, sizeof k0, "%d", k);
+  bson_snprintf(k1, sizeof k1, "%d", k + 1);
+  bson_snprintf(k2, sizeof k2, "%d", k + 2);
+  BCON_APPEND(u,
+    k0, "{", "$set", "{", "_mlr", BCON_ITER(&r), "}", "}",
+    /* nobody is granted the lock while a share or permit is live */
+    k1, "{", "$set", "{", "_mlh", "{", "$cond", "[", "{", "$and", "[", "$_mlr", NO_LIVE_HOLDERS, "]", "}",
+                                   HEAD_ENTRY, BCON_NULL, "]", "}", "}", "}",
+    k2, "{", "$set", "{",
+      ML_F_OWNER, "{", "$cond", "[", "$_mlh", "$_mlh.w",
+                    "{", "$cond", "[", "$_mlr", BCON_NULL, "$" ML_F_OWNER, "]", "}", "]", "}",
+      ML_F_TOKEN, "{", "$cond", "[", "$_mlh", ML_NEXT_TOKEN, "$" ML_F_TOKEN, "]", "}",
+      ML_F_ACQUIRED, "{", "$cond", "[", "$_mlh", "$$NOW", "$" ML_F_ACQUIRED, "]", "}",
+      ML_F_EXPIRES, "{", "$cond", "[", "$_mlh",
+                      "{", "$min", "[", "{", "$add", "[", "$$NOW", "$_mlh.l", "]", "}",
+                                        "$_mlh.until", "]", "}",
+                      "{", "$cond", "[", "$_mlr", "$$NOW", "$" ML_F_EXPIRES, "]", "}", "]", "}",
+      ML_F_HOLDER, "{", "$cond", "[", "$_mlh", "{", "$ifNull", "[", "$_mlh.h", BCON_NULL, "]", "}",
+                      "$" ML_F_HOLDER, "]", "}",
+      ML_F_QUEUE, "{", "$cond", "[", "$_mlh",
+                    "{", "$filter", "{", "input", LIVE_QUEUE,
+                      "cond", "{", "$ne", "[", "$$this.w", "$_mlh.w", "]", "}", "}", "}",
+                    "$" ML_F_QUEUE, "]", "}",
+      ML_F_NEXT, "{", "$cond", "[", "$_mlh", "{", "$concat", "[", "$_mlh.t", "$_mlh.w", "]", "}",
+                   "{", "$cond", "[", "$_mlr", BCON_NULL, "$" ML_F_NEXT, "]", "}", "]", "}",
+    "}", "}");
+}
+
+/*
  * The parts of an acquire that no attempt changes, built once (a try's
  * decision and projection have W = ""): the hot path then appends them as
  * they are.  Never freed: a thread may still build a command at exit.
@@ -136,31 +191,36 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
 static struct {
   bson_t *stage0;               /* {$set: {_mlq: LIVE}} */
   bson_t *takes_try;            /* STAGE_TAKES("") */
+  bson_t *owned_try;            /* {$set: {_mlo: false}}: a try was granted
+                                   nothing */
   bson_t *set;                  /* fields of the $set that are the same for
                                    every attempt: token, acquiredAt, next,
                                    and a try's queue */
-  bson_t *stage3;               /* {$unset: [_mlq, _mlt]} */
+  bson_t *stage3;               /* {$unset: [_mlq, _mlt, _mlo]} */
   bson_t *fields_try;           /* FIELDS("") */
-  bson_t *release_named;        /* a named lock's release pipeline: next is
-                                   the queue's first live watching waiter,
-                                   whose process the release event wakes
-                                   (csrc/watch.c) */
+  bson_t *release_named;        /* a named lock's release pipeline: it
+                                   grants the lock to the queue's first live
+                                   watching waiter (grant_stages) */
 } K;
 static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
 static void k_init(void) {
+  bson_t *k_true = BCON_NEW("r", BCON_BOOL(true));
   K.stage0 = BCON_NEW("$set", "{", "_mlq", LIVE_QUEUE, "}");
   K.takes_try = BCON_NEW(STAGE_TAKES(""));
+  K.owned_try = BCON_NEW("$set", "{", "_mlo", BCON_BOOL(false), "}");
   K.set = BCON_NEW(
     ML_F_TOKEN, ML_IF_TAKEN("$" ML_F_TOKEN, ML_NEXT_TOKEN),
     ML_F_ACQUIRED, ML_IF_TAKEN("$" ML_F_ACQUIRED, "$$NOW"),
     /* a try leaves a queue it did not take from as it was */
     ML_F_QUEUE, ML_IF_TAKEN("$" ML_F_QUEUE, "$_mlq"),
     ML_F_NEXT, ML_IF_TAKEN("$" ML_F_NEXT, BCON_NULL));
-  K.stage3 = BCON_NEW("$unset", "[", "_mlq", "_mlt", "]");
+  K.stage3 = BCON_NEW("$unset", "[", "_mlq", "_mlt", "_mlo", "]");
   K.fields_try = BCON_NEW(FIELDS(""));
-  K.release_named = BCON_NEW("0", "{", "$set", "{", ML_F_OWNER, BCON_NULL, ML_F_EXPIRES, "$$NOW",
-                                                  ML_F_NEXT, QUEUE_HEAD, "}", "}");
+  K.release_named = bson_new();
+  grant_stages(K.release_named, 0, k_true);
+  BCON_APPEND(K.release_named, "3", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
+  bson_destroy(k_true);
 }
 
 /* the field key of a constant part */
@@ -169,8 +229,8 @@ static void k_field(const bson_t *part, const char *key, bson_iter_t *it) {
 }
 
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
-  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w;
-  const bson_t *takes, *fields, *queue;
+  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w;
+  const bson_t *takes, *fields, *queue, *owned;
   bson_iter_t token, acquired, q, next;
   pthread_once(&k_once, k_init);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
@@ -180,28 +240,37 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
     bson_init(&takes_w);
     bson_init(&fields_w);
     bson_init(&queue_w);
+    bson_init(&owned_w);
     BCON_APPEND(&takes_w, STAGE_TAKES(w));
     BCON_APPEND(&fields_w, FIELDS(w));
-    /* taken: the live queue without w; else w's place kept (until
-     * refreshed) or taken at the end */
+    /* _mlo: a release already granted the lock to w (its lease still
+     * runs): nothing changes but w's place, which the grant took.
+     * Taken or granted: the live queue without w; else w's place kept
+     * (until refreshed) or taken at the end */
+    BCON_APPEND(&owned_w,
+      "$set", "{", "_mlo", "{", "$and", "[",
+        "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(w), "]", "}",
+        "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}", "}");
     BCON_APPEND(&queue_w,
-      ML_F_QUEUE, "{", "$cond", "[", "$_mlt",
+      ML_F_QUEUE, "{", "$cond", "[", "{", "$or", "[", "$_mlt", "$_mlo", "]", "}",
         "{", "$filter", "{", "input", "$_mlq",
                              "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
         "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
           "{", "$map", "{", "input", "$_mlq",
                "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                 ML_ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "$$this", "]", "}", "}", "}",
+                 GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder), "$$this", "]", "}", "}", "}",
           "{", "$concatArrays", "[", "$_mlq",
-                 "[", ML_ENTRY(w, a->tag, a->queue_ms, a->polling != 0), "]", "]", "}",
+                 "[", GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder), "]", "]", "}",
         "]", "}", "]", "}");
     takes = &takes_w;
     fields = &fields_w;
     queue = &queue_w;
+    owned = &owned_w;
   } else {
     takes = K.takes_try;
     fields = K.fields_try;
     queue = K.set;
+    owned = K.owned_try;
   }
   k_field(K.set, ML_F_TOKEN, &token);
   k_field(K.set, ML_F_ACQUIRED, &acquired);
@@ -216,6 +285,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
     "update", "[",
       BCON_DOCUMENT(K.stage0),             /* _mlq: the live queue */
       BCON_DOCUMENT(takes),                /* _mlt: this attempt takes it */
+      BCON_DOCUMENT(owned),                /* _mlo: granted to it before */
       /* every field from _mlt: written back unchanged when it is false */
       "{", "$set", "{",
         ML_F_OWNER, ML_IF_TAKEN("$" ML_F_OWNER, BCON_UTF8(a->owner)),
@@ -235,6 +305,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
     bson_destroy(&takes_w);
     bson_destroy(&fields_w);
     bson_destroy(&queue_w);
+    bson_destroy(&owned_w);
   }
 }
 
@@ -306,8 +377,8 @@ void ml_build_doc_acquire(ml_op *op, const ml_lockref *r, const char *owner, int
 
 /* ---- release, extend, force release, leave ----------------------------- */
 
-/* [{$set: {O: null, T: "$$NOW" | null, next: QUEUE_HEAD (queued)}}] as a
- * document with key "0" */
+/* a named lock's: grant_stages; else [{$set: {O: null, T: "$$NOW" | null}}]
+ * (as a document with keys "0", ...) */
 static void release_pipeline(bson_t *u, const ml_lockref *r) {
   pthread_once(&k_once, k_init);
   if (r->queued) bson_concat(u, K.release_named);   /* a named lock's */
@@ -392,20 +463,28 @@ void ml_build_force_release(ml_op *op, const char *db, const char *coll, const c
   bson_destroy(&id);
 }
 
-/* out of the queue; a release already handed to the waiter (next names
- * it) goes to the next live waiter */
+/* out of the queue; a lock already granted to the waiter (owner), or a
+ * release handed to it (next names it), goes to the next live waiter */
 void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *name,
                     const char *waiter, const char *tag) {
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   char tw[64];
   bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
-  BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_QUEUE ".w", BCON_UTF8(waiter));
+  bson_t rel = BSON_INITIALIZER;
+  BCON_APPEND(&q, "_id", BCON_UTF8(name),
+              "$or", "[", "{", ML_F_QUEUE ".w", BCON_UTF8(waiter), "}",
+                          "{", ML_F_OWNER, BCON_UTF8(waiter), "}", "]");
   BCON_APPEND(&u,
     "0", ML_LEAVE_STAGE(ML_F_QUEUE, waiter),
     "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
            "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", QUEUE_HEAD, "$" ML_F_NEXT,
            "]", "}", "}", "}");
+  /* a lock already granted to the waiter goes on to the next one */
+  BCON_APPEND(&rel, "r", "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(waiter), "]", "}");
+  grant_stages(&u, 2, &rel);
+  BCON_APPEND(&u, "5", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
   ml_op_update(op, db, coll, &q, &u, 1);
+  bson_destroy(&rel);
   bson_destroy(&q);
   bson_destroy(&u);
 }
@@ -485,9 +564,11 @@ void ml_build_command(ml_op *op, const char *db, const bson_t *cmd, const bson_t
  * replace):
  *   owner null and next null: a release handed to nobody, for every waiter;
  *   next starting with this process's tag: for one waiter of this process
- *   (in an update, next alone may change: a waiter that gave up hands on).
- * An update's owner must be among the updated fields (set to null); a
- * replace's new document must have it null or missing.
+ *   (in an update, next alone may change: a waiter that gave up hands on),
+ *   whether the write freed the lock or granted it to that waiter (owner
+ *   its id).
+ * For every waiter, an update's owner must be among the updated fields
+ * (set to null); a replace's new document must have it null or missing.
  */
 static void release_clauses(bson_t *or_, int *n, const char *field, const char *tag,
                             const char *optype, const char *prefix) {
@@ -504,7 +585,7 @@ static void release_clauses(bson_t *or_, int *n, const char *field, const char *
   else
     BCON_APPEND(or_,
       k0, "{", "operationType", optype, owner, BCON_NULL, next, BCON_NULL, "}",
-      k1, "{", "operationType", optype, owner, BCON_NULL, next, BCON_REGEX(re, ""), "}");
+      k1, "{", "operationType", optype, next, BCON_REGEX(re, ""), "}");
 }
 
 void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag) {
@@ -644,6 +725,9 @@ int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_f
     out->has_owner = bson_iter_init_find(&out->owner, &out->value, owner_field);
   }
   out->won = out->has_owner && ml_owner_is(&out->owner, owner, form);
+  /* a named lock granted to this waiter whose lease has run out is not
+   * won (the attempt queued it again) */
+  if (!doc && out->won && out->has_remaining && out->remaining_ms <= 0) out->won = 0;
   return 1;
 }
 
@@ -696,9 +780,21 @@ int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id) {
   return 0;
 }
 
+/* the new value of field in an event: updatedFields (an update) or
+ * fullDocument (a replace) */
+static int event_field(const bson_t *doc, const char *field, bson_iter_t *k) {
+  bson_iter_t it;
+  char path[64];
+  bson_snprintf(path, sizeof path, "updateDescription.updatedFields.%s", field);
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, k)) return 1;
+  bson_snprintf(path, sizeof path, "fullDocument.%s", field);
+  return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, k);
+}
+
 void ml_parse_event(const bson_t *doc, const char *tag, ml_event *out) {
   bson_iter_t it, k;
   memset(out, 0, sizeof *out);
+  out->grant_ms = -1;
   out->t = UINT32_MAX;             /* no clusterTime: after everything */
   out->i = UINT32_MAX;
   if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it))
@@ -711,6 +807,22 @@ void ml_parse_event(const bson_t *doc, const char *tag, ml_event *out) {
     uint32_t len;
     const char *w = bson_iter_utf8(&k, &len);
     if (len == 48 && memcmp(w, tag, 16) == 0) memcpy(out->next, w, 49);
+  }
+  /* a release that granted the lock to that waiter: owner, token and the
+   * lease (expiresAt - acquiredAt, when both are in the event) */
+  if (out->next[0] && event_field(doc, ML_F_OWNER, &k) && BSON_ITER_HOLDS_UTF8(&k)) {
+    uint32_t len;
+    const char *o = bson_iter_utf8(&k, &len);
+    bson_iter_t tk, ex, ac;
+    if (len == 32 && memcmp(o, out->next + 16, 32) == 0 && event_field(doc, ML_F_TOKEN, &tk) &&
+        (BSON_ITER_HOLDS_INT64(&tk) || BSON_ITER_HOLDS_INT32(&tk))) {
+      memcpy(out->owner, o, 32);
+      out->owner[32] = '\0';
+      out->token = ml_iter_int64(&tk, 0);
+      if (event_field(doc, ML_F_EXPIRES, &ex) && BSON_ITER_HOLDS_DATE_TIME(&ex) &&
+          event_field(doc, ML_F_ACQUIRED, &ac) && BSON_ITER_HOLDS_DATE_TIME(&ac))
+        out->grant_ms = bson_iter_date_time(&ex) - bson_iter_date_time(&ac);
+    }
   }
   if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "documentKey._id", &out->key))
     out->has_key = 1;

@@ -214,6 +214,12 @@ typedef struct ml_event {
   char next[49];                    /* the waiter a release was handed to,
                                        when in this process (tag); "" = every
                                        waiter */
+  char owner[33];                   /* with next: the lock was granted to
+                                       that waiter (owner = its id) in the
+                                       same write; "" otherwise */
+  int64_t token;                    /* with owner: the granted token */
+  int64_t grant_ms;                 /* with owner: expiresAt - acquiredAt,
+                                       -1 when the event lacks either */
   uint32_t t, i;                    /* clusterTime (UINT32_MAX: none) */
 } ml_event;
 

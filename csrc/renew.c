@@ -137,7 +137,7 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
     nx = it->next;
     if (it->release) return it;
     pthread_mutex_lock(&l->mu);
-    if (!l->held || !l->renew || st->stop) {
+    if (!l->held || (!l->renew && !l->topup_at) || st->stop) {
       drop = 1;
     } else if (l->ending) {
       /* the Lua side is releasing it: no renewal, no verdict */
@@ -148,6 +148,8 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
       drop = 1;
     } else {
       double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
+      /* a grant's short lease is extended to the ttl once (ml_lock_new) */
+      if (!l->renew || (l->topup_at && l->topup_at < at)) at = l->topup_at;
       if (at < it->retry_at) at = it->retry_at;
       if (at <= now) {
         if (!due) due = it;

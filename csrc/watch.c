@@ -14,7 +14,10 @@
  * the document's next to that waiter's process tag (16 hex digits) and id
  * (32): the stream's $match passes such an event only in the process with
  * that tag, and there it wakes only the waiter named (a
- * waiter that gives up hands on the same way).  A release with nobody
+ * waiter that gives up hands on the same way).  Such a release grants the
+ * lock to that waiter in the same write: the event's owner (the waiter's
+ * id), token, acquiredAt and expiresAt are kept with it, and the waiter
+ * is answered "granted" with them, so it holds the lock without a command.  A release with nobody
  * queued (owner set to null or removed, next not changed), a delete of the
  * document, or an event that ends the stream (drop, rename, invalidate)
  * wakes every waiter of the document.  A replace is read from its new
@@ -58,6 +61,8 @@ typedef struct watch_event {
   char next[49];                /* the waiter a release was handed to (the
                                    document's next: process tag and waiter
                                    id), "" = every waiter */
+  char owner[33];               /* with next: granted to that waiter */
+  int64_t token, grant_ms;      /* with owner: the grant (ml_event) */
   uint32_t t, i;                /* clusterTime */
 } watch_event;
 
@@ -119,8 +124,8 @@ static void install_atfork(void) {
 
 /* watch_mu held: appends an event (key may be NULL: wakes everyone; next
  * NULL or "": wakes every waiter of key) */
-static void record(ml_stream *s, const uint8_t *key, size_t keylen, const char *next,
-                   uint32_t t, uint32_t i) {
+static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_event *ev) {
+  const char *next = ev->next;
   watch_event *e = &s->ring[s->seq % RING];
   if (s->seq >= RING) {
     if (ts_after(e->t, e->i, s->drop_t, s->drop_i)) {
@@ -132,7 +137,13 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const char *
   e->key = NULL;
   e->keylen = 0;
   e->next[0] = '\0';
-  if (next && strlen(next) == 48) memcpy(e->next, next, 49);
+  e->owner[0] = '\0';
+  if (next && strlen(next) == 48) {
+    memcpy(e->next, next, 49);
+    memcpy(e->owner, ev->owner, 33);
+    e->token = ev->token;
+    e->grant_ms = ev->grant_ms;
+  }
   if (key) {
     e->key = (uint8_t *)malloc(keylen);
     if (e->key) {
@@ -141,8 +152,8 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const char *
     }
     /* out of memory: recorded as "any", which wakes too many, never too few */
   }
-  e->t = t;
-  e->i = i;
+  e->t = ev->t;
+  e->i = ev->i;
   s->seq++;
   s->events++;
   pthread_cond_broadcast(&s->cv);
@@ -156,10 +167,10 @@ static void event_from(ml_stream *s, const bson_t *doc) {
   if (ev.has_key) {
     bson_init(&key);
     bson_append_iter(&key, "k", 1, &ev.key);
-    record(s, bson_get_data(&key), key.len, ev.next, ev.t, ev.i);
+    record(s, bson_get_data(&key), key.len, &ev);
     bson_destroy(&key);
   } else {
-    record(s, NULL, 0, ev.next, ev.t, ev.i);
+    record(s, NULL, 0, &ev);
   }
 }
 
@@ -422,9 +433,10 @@ static int key_equal(const uint8_t *data, size_t len, const bson_t *key) {
 }
 
 /* watch_mu held: has a release of key after (t, i) been seen, for every
- * waiter or for this one (waiter NULL: any release)? */
+ * waiter or for this one (waiter NULL: any release)?  0 no, 1 yes, 2 it
+ * granted the lock to waiter (*grant: that event) */
 static int seen(const ml_stream *s, const bson_t *key, const char *waiter, uint32_t t,
-                uint32_t i) {
+                uint32_t i, const watch_event **grant) {
   unsigned long long n = s->seq < RING ? s->seq : RING, k;
   if (ts_after(s->drop_t, s->drop_i, t, i)) return 1;
   for (k = 0; k < n; k++) {
@@ -433,7 +445,13 @@ static int seen(const ml_stream *s, const bson_t *key, const char *waiter, uint3
     if (e->next[0] && waiter &&
         (memcmp(e->next, s->tag, 16) != 0 || strcmp(e->next + 16, waiter) != 0))
       continue;
-    if (!e->key || key_equal(e->key, e->keylen, key)) return 1;
+    if (!e->key || key_equal(e->key, e->keylen, key)) {
+      if (waiter && e->owner[0] && e->key && strcmp(e->owner, waiter) == 0) {
+        *grant = e;
+        return 2;
+      }
+      return 1;
+    }
   }
   return 0;
 }
@@ -447,13 +465,18 @@ static uint32_t check_u32(lua_State *L, int idx) {
 
 /*
  * core.watch_wait(client, db, coll, field, id, t, i, timeout [, waiter])
- *   -> "event" | "timeout" | "retry" | nil, message, code
+ *   -> "event" | "granted", token, grant_ms | "timeout" | "retry" |
+ *      nil, message, code
  *
  * Waits up to timeout seconds (0: just looks) for a release of the lock
  * document whose _id is id (a named lock's string, or a document's _id of
  * any BSON type), made after the operation time
  * (t, i) of the caller's failed attempt.  With waiter (a queued acquire's
- * id) a release handed to another waiter does not wake it.  "retry": the shared stream began
+ * id) a release handed to another waiter does not wake it, and a release
+ * that granted the lock to waiter answers "granted" with the token and the
+ * lease the release gave it (expiresAt - acquiredAt in ms, nil when the
+ * event did not carry both): the waiter owns the lock, no attempt needed.
+ * "retry": the shared stream began
  * after (t, i) and cannot vouch for that interval; attempt again at once.
  * nil, message: the stream failed (standalone server, no change streams,
  * an error it could not resume from); the caller falls back to polling.
@@ -473,6 +496,8 @@ static int l_watch_wait(lua_State *L) {
   bson_t key;
   double deadline;
   const char *res;
+  const watch_event *grant = NULL;
+  int64_t token = 0, grant_ms = -1;
 
   luaL_argcheck(L, timeout == timeout, 8, "not a number");
   luaL_argcheck(L, strlen(field) > 0 && strlen(field) < 200, 4, "bad field name");
@@ -523,7 +548,14 @@ static int l_watch_wait(lua_State *L) {
     if (s->state == ST_DONE) { res = "retry"; break; }
     if (s->state == ST_RUNNING) {
       if (ts_after(s->start_t, s->start_i, t, i)) { res = "retry"; break; }
-      if (seen(s, &key, waiter, t, i)) { res = "event"; break; }
+      int r = seen(s, &key, waiter, t, i, &grant);
+      if (r == 2) {
+        res = "granted";
+        token = grant->token;
+        grant_ms = grant->grant_ms;
+        break;
+      }
+      if (r) { res = "event"; break; }
     }
     if (ml_monotonic() >= deadline) { res = "timeout"; break; }
     cv_wait_until(&s->cv, deadline);
@@ -533,7 +565,11 @@ static int l_watch_wait(lua_State *L) {
   pthread_mutex_unlock(&watch_mu);
   bson_destroy(&key);
   lua_pushstring(L, res);
-  return 1;
+  if (res[0] != 'g') return 1;
+  ml_pushint64(L, token);
+  if (grant_ms >= 0) lua_pushinteger(L, (lua_Integer)grant_ms);
+  else lua_pushnil(L);
+  return 3;
 }
 
 void ml_watch_stats(ml_client *c, ml_watch_counts *out) {

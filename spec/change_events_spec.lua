@@ -139,48 +139,69 @@ describe("#integration change events of the lock writes", function()
     woken({})
   end)
 
-  it("release with waiters: owner null, expiresAt, next = the first waiter; wakes that waiter alone", function()
+  it("release with waiters: granted to the first (owner, token, lease, queue, next); wakes it alone", function()
     assert.equal(1, core.parse_update(run(core.op_release({ db = DB, coll = coll, name = name, owner = WA }))))
     local ev = event()
     assert.equal("update", ev.operationType)
     local u = ev.updateDescription.updatedFields
-    assert.same({ "expiresAt", "next", "owner" }, keys(u))
-    assert.equal(null, u.owner)
+    -- the holder document is B's entry's, equal to A's here: not reported;
+    -- [B, C] to [C]: element 0 takes C's differing fields and the array is
+    -- cut (smaller than the whole array of these larger entries)
+    assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue.0.t", "queue.0.until", "queue.0.w",
+      "token" }, keys(u))
+    assert.same({ { field = "queue", newSize = 1 } }, ev.updateDescription.truncatedArrays)
+    assert.equal(WB, u.owner)
     assert.equal(TB .. WB, u.next)
+    assert.equal(WC, u["queue.0.w"])
+    -- the lease: B's l from the release's now, bounded by B's until
+    assert.is_true(u.expiresAt > u.acquiredAt)
     woken({ [TB] = TB .. WB })
   end)
 
-  it("leave of the waiter the release was handed to: the queue without it, next = the next waiter", function()
+  it("the library's parser reads the grant from the event alone", function()
+    local e = { clusterTime = core.Timestamp(1, 1), documentKey = { _id = name },
+      operationType = "update",
+      updateDescription = { updatedFields = { owner = WB, next = TB .. WB, token = core.Int64(41),
+        acquiredAt = core.Date(1000), expiresAt = core.Date(3500) },
+        removedFields = {}, truncatedArrays = {} } }
+    local reply = core.bson_encode({ cursor = { id = core.Int64(0), nextBatch = { e } }, ok = 1 })
+    local evs = core.parse_events(reply, TB).events
+    assert.equal(TB .. WB, evs[1].next)
+    assert.equal(WB, evs[1].owner)
+    assert.equal(41, evs[1].token)
+    assert.equal(2500, evs[1].grant_ms)
+    -- in another process, nothing of it
+    evs = core.parse_events(reply, TA).events
+    assert.equal("", evs[1].next)
+    assert.is_nil(evs[1].owner)
+  end)
+
+  it("leave of the waiter the lock was granted to: granted on to the next waiter", function()
     assert.equal(1, core.parse_update(run(core.op_leave({ db = DB, coll = coll, name = name, waiter = WB, tag = TB }))))
     local ev = event()
     local u = ev.updateDescription.updatedFields
-    -- [B, C] to [C]: element 0 rewritten whole and the array cut, larger
-    -- than the new array itself, so the whole array
-    assert.same({ "next", "queue" }, keys(u))
+    -- [C] to []: the whole (empty) array
+    assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue", "token" }, keys(u))
+    assert.equal(WC, u.owner)
     assert.equal(TA .. WC, u.next)
-    assert.equal(1, #u.queue)
-    assert.equal(WC, u.queue[1].w)
+    assert.equal(0, #u.queue)
     woken({ [TA] = TA .. WC })
   end)
 
-  it("acquire by the waiter named: owner and lease set, the queue without it, next null; wakes nobody", function()
-    assert.is_true(attempt(WC, TA).won)
-    local ev = event()
-    assert.equal("update", ev.operationType)
-    local u = ev.updateDescription.updatedFields
-    assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue", "token" }, keys(u))
-    assert.equal(WC, u.owner)
-    assert.equal(null, u.next)
-    assert.equal(0, #u.queue)
+  it("an attempt of the waiter the lock was granted to: won, nothing written", function()
+    local r = attempt(WC, TA)
+    assert.is_true(r.won)
     woken({})
   end)
 
-  it("force release with nobody queued: owner null and expiresAt, next unchanged; wakes every waiter", function()
+  it("force release with nobody queued: owner null, expiresAt, next null; wakes every waiter", function()
     assert.equal(1, core.parse_update(run(core.op_force_release({ db = DB, coll = coll, name = name }))))
+    -- the attempt before wrote nothing: this is the next event
     local ev = event()
     local u = ev.updateDescription.updatedFields
-    assert.same({ "expiresAt", "owner" }, keys(u))
+    assert.same({ "expiresAt", "next", "owner" }, keys(u))
     assert.equal(null, u.owner)
+    assert.equal(null, u.next)
     woken({ [TA] = "", [TB] = "" })
   end)
 

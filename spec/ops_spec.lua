@@ -23,7 +23,7 @@ describe("#unit ops (builders, no server)", function()
     assert.equal("n", e.cmd.query._id)
     assert.is_true(e.cmd.upsert)
     -- a try takes nothing from the queue and never queues
-    local set = e.cmd.update[3]["$set"]
+    local set = e.cmd.update[4]["$set"]
     assert.same({ "$_mlt", "$_mlq", "$queue" }, set.queue["$cond"])
     assert.equal(OWNER, set.owner["$cond"][2])
     assert.same({ host = "h", pid = 7 }, set.holder["$cond"][2]["$literal"])
@@ -32,11 +32,16 @@ describe("#unit ops (builders, no server)", function()
   it("writes a waiter's entry with its process tag, 48 hex digits in next", function()
     local w = OWNER2
     local e = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = w, ttl_ms = 5000,
+                                      host = "h", pid = 7,
                                       waiter = w, tag = TAG, queue_ms = 3000, polling = true })
-    local entry = e.cmd.update[3]["$set"].queue["$cond"][3]["$cond"][3]["$concatArrays"][2][1]
+    local entry = e.cmd.update[4]["$set"].queue["$cond"][3]["$cond"][3]["$concatArrays"][2][1]
     assert.equal(w, entry.w)
     assert.equal(TAG, entry.t)
     assert.is_true(entry.p)
+    -- the lease it asks for and its holder, which a release granting it
+    -- the lock writes
+    assert.equal(5000, entry.l)
+    assert.same({ host = "h", pid = 7 }, entry.h["$literal"])
     local leave = decode(core.op_leave{ db = "d", coll = "c", name = "n", waiter = w, tag = TAG })
     assert.equal("update", leave.kind)
     local cond = leave.cmd.updates[1].u[2]["$set"].next["$cond"][1]["$eq"]
@@ -48,7 +53,12 @@ describe("#unit ops (builders, no server)", function()
     local r = decode(core.op_release{ db = "d", coll = "c", name = "n", owner = OWNER })
     assert.equal("update", r.kind)
     assert.same({ _id = "n", owner = OWNER }, r.cmd.updates[1].q)
-    assert.equal("$$NOW", r.cmd.updates[1].u[1]["$set"].expiresAt)
+    -- a named lock's release grants it to the first live watching waiter
+    -- (_mlh), else frees it
+    local set = r.cmd.updates[1].u[3]["$set"]
+    assert.same({ "$_mlh", "$_mlh.w", { ["$cond"] = { "$_mlr", core.null, "$owner" } } }, set.owner["$cond"])
+    assert.same({ "$_mlr", "$$NOW", "$expiresAt" }, set.expiresAt["$cond"][3]["$cond"])
+    assert.same({ { ["$add"] = { "$$NOW", "$_mlh.l" } }, "$_mlh.until" }, set.expiresAt["$cond"][2]["$min"])
     local x = decode(core.op_extend{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 1500 })
     assert.same({ "$$NOW", 1500 }, x.cmd.updates[1].u[1]["$set"].expiresAt["$add"])
     local f = decode(core.op_force_release{ db = "d", coll = "c", name = "n" })

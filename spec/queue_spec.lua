@@ -103,32 +103,41 @@ describe("#integration waiter queue", function()
     assert.is_true(h:release())
   end)
 
-  it("a release goes to the first waiter: others and try find it busy", function()
+  it("a release grants the lock to the first waiter: others and try find it busy", function()
     local name = helpers.unique("q")
     local h = assert(locks:try(name))
     local w1, w2 = core.waiter_id(), core.waiter_id()
     assert.equal("busy", select(2, attempt(name, w1)))
     assert.equal("busy", select(2, attempt(name, w2)))
     assert.is_true(h:release())
-    assert.equal(handed(w1), doc(name).next)
+    -- the release itself made w1 the owner, with a new token, and took it
+    -- out of the queue
+    local d = doc(name)
+    assert.equal(handed(w1), d.next)
+    assert.equal(w1, d.owner)
+    assert.is_true(d.token > h.token)
+    assert.same({ w2 }, queue_ids(name))
     local _, err = locks:try(name)
     assert.equal("busy", err)
-    assert.is_false(locks:status(name).held)
+    assert.is_true(locks:status(name).held)
     local info
     _, err, info = attempt(name, w2)
     assert.equal("busy", err)
-    assert.equal(2, info.position)
+    assert.equal(1, info.position)
+    -- an attempt of w1 (one that missed the event) finds the grant: won,
+    -- with the granted token, and nothing is queued again
     local h1 = assert(attempt(name, w1))
     assert.equal(w1, h1.owner)
-    assert.is_true(h1.token > h.token)
-    -- taken: its place is gone and nothing is handed on
+    assert.equal(d.token, h1.token)
     assert.same({ w2 }, queue_ids(name))
-    assert.equal(require("mongolock").null, doc(name).next)
     assert.is_true(h1:release())
     assert.equal(handed(w2), doc(name).next)
+    assert.equal(w2, doc(name).owner)
     local h2 = assert(attempt(name, w2))
+    assert.is_true(h2.token > h1.token)
     assert.is_true(h2:release())
-    -- an empty queue: the next try takes it
+    -- an empty queue: the release frees it and the next try takes it
+    assert.equal(require("mongolock").null, doc(name).owner)
     local h3 = assert(locks:try(name))
     assert.is_true(h3:release())
   end)
@@ -141,39 +150,48 @@ describe("#integration waiter queue", function()
     attempt(name, watcher)
     attempt(name, late, nil, nil, true)
     assert.is_true(h:release())
-    -- the release is handed to the first watching waiter (a poller cannot
-    -- be woken), and the poller that asked before it may take it too
+    -- the release is granted to the first watching waiter (a poller cannot
+    -- be woken), ahead of the poller that asked before it
     assert.equal(handed(watcher), doc(name).next)
+    assert.equal(watcher, doc(name).owner)
+    assert.same({ poller, late }, queue_ids(name))
     local _, err, info = attempt(name, late, nil, nil, true)
     assert.equal("busy", err)
-    assert.equal(3, info.position)
-    local hp = assert(attempt(name, poller, nil, nil, true))
-    assert.is_true(hp:release())
-    -- now the watcher is first; the poller behind it waits
-    assert.equal("busy", select(2, attempt(name, late, nil, nil, true)))
-    assert.truthy(attempt(name, watcher)):release()
-    -- only pollers are left: they race, and a try does too
+    assert.equal(2, info.position)
+    assert.equal("busy", select(2, attempt(name, poller, nil, nil, true)))
+    local hw = assert(attempt(name, watcher))
+    assert.is_true(hw:release())
+    -- only pollers are left: nothing is granted, they race, and a try does too
     assert.equal(require("mongolock").null, doc(name).next)
+    assert.equal(require("mongolock").null, doc(name).owner)
     local ht = assert(locks:try(name))
     assert.is_true(ht:release())
     assert.truthy(attempt(name, late, nil, nil, true)):release()
   end)
 
-  it("a waiter that gives up hands the release on to the next", function()
+  it("a waiter that gives up passes a lock granted to it on to the next", function()
     local name = helpers.unique("q")
     local h = assert(locks:try(name))
     local w1, w2 = core.waiter_id(), core.waiter_id()
     attempt(name, w1)
     attempt(name, w2)
     assert.is_true(h:release())
+    local t1 = doc(name).token
     assert.equal(handed(w1), doc(name).next)
+    assert.equal(w1, doc(name).owner)
     assert.is_true(client._core:leave(DB, locks.collection, name, w1))
     assert.equal(handed(w2), doc(name).next)
-    assert.same({ w2 }, queue_ids(name))
+    assert.equal(w2, doc(name).owner)
+    assert.is_true(doc(name).token > t1)
+    assert.same({}, queue_ids(name))
     -- leaving twice changes nothing
     assert.is_true(client._core:leave(DB, locks.collection, name, w1))
-    assert.same({ w2 }, queue_ids(name))
-    assert.truthy(attempt(name, w2)):release()
+    assert.equal(w2, doc(name).owner)
+    -- the last one leaves: the lock is free, nothing is handed on
+    assert.is_true(client._core:leave(DB, locks.collection, name, w2))
+    assert.equal(require("mongolock").null, doc(name).owner)
+    assert.equal(require("mongolock").null, doc(name).next)
+    assert.truthy(locks:try(name)):release()
   end)
 
   it("a place lapses when its waiter stops coming back", function()
@@ -226,7 +244,10 @@ describe("#integration waiter queue", function()
     -- start the process's stream (at the older time) before the release
     assert.equal("timeout", watch(name, i1, 0.05, w1))
     assert.is_true(h:release())
-    assert.equal("event", watch(name, i1, 5, w1))
+    -- the release granted it to w1: the event says so, with the token
+    local res, token = watch(name, i1, 5, w1)
+    assert.equal("granted", res)
+    assert.equal(doc(name).token, token)
     assert.equal("timeout", watch(name, i2, 0.3, w2))
     -- a waiter that does not say who it is hears every release
     assert.equal("event", watch(name, i2, 5))

@@ -203,6 +203,11 @@ local function wait_for(self, name, ttl_ms, o)
       if err == "busy" then queued = queued or info.position ~= nil end
       return h, err, info
     end,
+    -- a lock a release granted to this waiter (no command)
+    granted = function(g, started)
+      return self.core:granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
+        g.token, started, g.ms, o.renew)
+    end,
     new_state = function(deadline)
       return { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
                waiter = waiter,

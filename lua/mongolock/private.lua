@@ -315,6 +315,10 @@ function _M.acquire_loop(run)
     state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
     -- nil, err only when wait = "watch" finds no change stream
     local ok, serr, scode = run.wait.sleep_until_retry(state)
+    -- a release granted the lock to this waiter (state.granted, from the
+    -- change event): the handle is made from it, measured from just before
+    -- the latest attempt, which the release followed
+    if state.granted and run.granted then return run.granted(state.granted, started) end
     if ok == nil and serr ~= nil then return give_up(serr, scode) end
   end
 end

@@ -25,7 +25,9 @@
 -- so it wakes one waiter in one process, not all of them.  A waiter comes
 -- back at state.refresh_at, before its place lapses (queue_ttl); one that
 -- stops coming back (a crashed process) loses its place after queue_ttl.
--- Only the first in line wakes at the holder's lease end.
+-- Only the first in line wakes at the holder's lease end.  A release to a
+-- watching waiter grants it the lock in the same write: the wait step then
+-- sets state.granted = {token, ms} and the loop makes the handle from it.
 --
 -- Inside OpenResty (a phase where ngx.sleep yields) the stream is looked at
 -- without blocking, between cooperative ngx.sleep steps of 1 to 20 ms;
@@ -121,7 +123,11 @@ function _M.sleep_until_retry(state)
     return true
   end
   state.polling = false
-  if res == "retry" then
+  if res == "granted" then
+    -- the release granted the lock to this waiter in the same write: its
+    -- token and lease (ms) came with the event, no attempt is needed
+    state.granted = { token = err, ms = code }
+  elseif res == "retry" then
     state.retries = (state.retries or 0) + 1
     if state.retries > _M.max_retries then
       state.retries = 0

@@ -244,8 +244,16 @@ function _M.acquire(ctx, name, opts)
     local info, perr = core.parse_acquire(reply, owner)
     if not info then return give_up(perr) end
     if info.won then
-      return { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl, ctx = ctx,
-               waited = attempts > 1 }
+      local lease = { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl,
+                      ctx = ctx, waited = attempts > 1 }
+      local remaining = info.remaining
+      if type(remaining) == "number" and remaining < ttl then
+        -- a lock a release granted to this waiter: its lease is bounded by
+        -- the waiter's place in the queue; extended to ttl at once
+        lease.deadline = started + remaining
+        if remaining < ttl * 2 / 3 then _M.extend(lease, ttl) end
+      end
+      return lease
     end
     if not waiter then return nil, "busy", info end
     queued = queued or info.position ~= nil
