@@ -820,13 +820,16 @@ describe("#integration mongolock command", function()
       assert.not_matches("waiting", out)
       assert.equal(0, st.waiting)
       -- a queued waiter shows
+      local w = core.waiter_id()
       local _, berr = client._core:acquire(locks.database, locks.collection, name, 1000, nil, false,
-        core.waiter_id(), 30000)
+        w, 30000)
       assert.equal("busy", berr)
       code, out = mongolock(a("status", name))
       assert.equal(0, code)
       assert.matches("waiting +1", out)
       assert.equal("held", st.state)
+      -- it leaves (a release would grant it the lock)
+      assert(client._core:leave(locks.database, locks.collection, name, w))
       assert.is_true(h:release())
       code, out = mongolock(a("status", "--json", name))
       assert.equal(1, code)     -- free
