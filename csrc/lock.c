@@ -178,7 +178,8 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   if (spec->grant_ms > 0 && spec->grant_ms < spec->ttl_ms) {
     double left = h->lease->deadline - ml_monotonic();
     if (left < (double)spec->ttl_ms / 1500.0) {
-      double before = left / 2 < 1.0 ? left / 2 : 1.0;
+      /* a second before the end, or at a quarter of what is left */
+      double before = left * 0.75 < 1.0 ? left * 0.75 : 1.0;
       h->lease->topup_at = h->lease->deadline - (before > 0 ? before : 0);
       if (!spec->renew)
         (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
