@@ -185,6 +185,10 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
         (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
     }
   }
+  /* the lease lives outside Lua's heap, where the collector cannot see it:
+   * a step of collector work for it (about its size, in KiB) keeps handles
+   * that are garbage from piling up in C memory between cycles */
+  lua_gc(L, LUA_GCSTEP, 1);
   /* background renewal (renew.c) takes its own reference */
   if (spec->renew)
     (void)ml_renew_add(L, (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
