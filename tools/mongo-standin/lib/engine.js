@@ -103,6 +103,25 @@ function retryableWrite(name, cmd) {
 
 let cursorSeq = BigInt(Date.now()) * 1000n;
 
+// A logical session id as mongod prints it (LogicalSessionId's operator<<:
+// id, uid, and the two empty internal-transaction fields). Without
+// authentication mongod's uid is the SHA-256 of the empty user name.
+const NO_USER_UID = require('crypto').createHash('sha256').update('').digest('base64');
+function sessionText(lsid) {
+  const hex = Buffer.from(lsid.id.buffer).toString('hex');
+  const id = hex.length === 32
+    ? `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`
+    : hex;
+  const uid = lsid.uid instanceof Binary ? Buffer.from(lsid.uid.buffer).toString('base64') : NO_USER_UID;
+  return `${id} - ${uid} -  - `;
+}
+
+// the session key of a command (its lsid.id as hex), or null
+function sessionKey(cmd) {
+  const id = cmd.lsid && cmd.lsid.id;
+  return id instanceof Binary ? Buffer.from(id.buffer).toString('hex') : null;
+}
+
 class Engine {
   constructor(opts = {}) {
     this.opts = opts;
@@ -210,6 +229,7 @@ class Engine {
         this.txn = { rec, rw, base: cmd.stmtId === undefined ? 0 : intOf(cmd.stmtId, 0),
           ids: Array.isArray(cmd.stmtIds) ? cmd.stmtIds : null, close: false };
       }
+      this.lsid = sessionKey(cmd) === null ? null : cmd.lsid;
       const r = fn.call(this, cmd, conn, name);
       if (r && typeof r.then === 'function') this.txn = null;
       if (r && typeof r.then === 'function') return r.then((b) => (b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
@@ -372,7 +392,10 @@ class Engine {
     return v;
   }
 
+  // A cursor belongs to the session of the command that created it (none
+  // when that command had no lsid): getMore checks it (validateLSID).
   newCursor(c) {
+    c.lsid = this.lsid || null;
     cursorSeq += 1n;
     c.id = Long.fromBigInt(cursorSeq);
     this.cursors.set(c.id.toString(), c);
@@ -815,6 +838,7 @@ COMMANDS.getMore = function (cmd) {
   if (cursor.ns.split('.').slice(1).join('.') !== cmd.collection && cursor.ns !== `${cmd.$db}.${cmd.collection}`) {
     fail(13, `Requested getMore on namespace '${cmd.$db}.${cmd.collection}', but cursor belongs to a different namespace ${cursor.ns}`);
   }
+  validateLsid(idv, cmd, cursor);
   const batchSize = intOf(cmd.batchSize, undefined);
   if (cursor.kind === 'changeStream') return this.changeStreamGetMore(cursor, cmd, batchSize);
   const batch = this.batchFrom(cursor, batchSize === 0 ? undefined : batchSize);
@@ -822,6 +846,24 @@ COMMANDS.getMore = function (cmd) {
   if (cursor.pos >= cursor.docs.length) { this.cursors.delete(idv.toString()); id = Long.fromNumber(0); }
   return { cursor: { nextBatch: batch, id, ns: cursor.ns }, ok: 1 };
 };
+
+// mongod's validateLSID (src/mongo/db/commands/getmore_cmd.cpp): a getMore
+// runs in the session its cursor was created in, or in none when the cursor
+// was created outside a session. killCursors checks no session (mongod's
+// CursorManager::killCursor): any session, or none, may kill a cursor.
+function validateLsid(idv, cmd, cursor) {
+  const mine = sessionKey(cmd);
+  const its = cursor.lsid ? sessionKey(cursor) : null;
+  if (mine !== null && its === null) {
+    fail(50736, `Cannot run getMore on cursor ${idv}, which was not created in a session, in session ${sessionText(cmd.lsid)}`);
+  }
+  if (mine === null && its !== null) {
+    fail(50737, `Cannot run getMore on cursor ${idv}, which was created in session ${sessionText(cursor.lsid)}, without an lsid`);
+  }
+  if (mine !== its) {
+    fail(50738, `Cannot run getMore on cursor ${idv}, which was created in session ${sessionText(cursor.lsid)}, in session ${sessionText(cmd.lsid)}`);
+  }
+}
 
 COMMANDS.killCursors = function (cmd) {
   collName(cmd, 'killCursors');
