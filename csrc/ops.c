@@ -13,16 +13,24 @@
  *   op = core.op_status{db=, coll=, name=}       (name nil: the list)
  *   op = core.op_ensure_index{db=, coll=, expire_after=}
  *   op = core.op_command(db, cmd, opts)          (what client:command sends)
- *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=}
- *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=}
- *   op = core.op_killcursors{db=, coll=, cursor_id=}
+ *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=, session=}
+ *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=, session=}
+ *   op = core.op_killcursors{db=, coll=, cursor_id=, session=}
  *   reply, err, code = client:run(op)            (BSON strings)
  *   r = core.parse_acquire(reply, owner)
  *   n = core.parse_update(reply)
  *   list = core.parse_status(reply)
  *   b = core.parse_events(reply, tag)
  *
- * An op is one BSON document, the envelope {kind, retry, db, coll, cmd}:
+ * session (32 hex digits, optional): the key of the logical session a
+ * cursor's commands run in.  mongod binds a cursor to the session that
+ * created it (a getMore in another session, or without one, fails), and
+ * libmongoc gives every command an implicit session of the calling pool: a
+ * watch op given a session key opens that session, its getMores and its
+ * killCursors (which closes it) run in it, from any client of the process
+ * (transport.h).
+ *
+ * An op is one BSON document, the envelope {kind, retry, db, coll, session, cmd}:
  * kind is "write", "update", "cursor" or "command" (how transport.c runs
  * it), cmd the command as the server receives it.  The C methods
  * (client:acquire, h:release, ...) run the same builders and parsers
@@ -255,6 +263,7 @@ static int push_op(lua_State *L, ml_op *op) {
   BCON_APPEND(&env, "kind", BCON_UTF8(kinds[op->kind]), "retry", BCON_BOOL(op->retry != 0),
               "db", BCON_UTF8(op->db));
   if (op->coll) BCON_APPEND(&env, "coll", BCON_UTF8(op->coll));
+  if (op->session) BCON_APPEND(&env, "session", BCON_UTF8(op->session));
   BCON_APPEND(&env, "cmd", BCON_DOCUMENT(&op->cmd));
   ml_op_destroy(op);
   lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
@@ -289,6 +298,8 @@ static void arg_op(lua_State *L, int i, ml_op *op) {
     op->db = bson_iter_utf8(&it, NULL);
   if (bson_iter_init_find(&it, &env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
     op->coll = bson_iter_utf8(&it, NULL);
+  if (bson_iter_init_find(&it, &env, "session") && BSON_ITER_HOLDS_UTF8(&it))
+    op->session = bson_iter_utf8(&it, NULL);
   if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, &env, "cmd") ||
       !BSON_ITER_HOLDS_DOCUMENT(&it))
     luaL_argerror(L, i, "not an op (core.op_*)");
@@ -429,6 +440,7 @@ static int l_op_watch(lua_State *L) {
     arg_bson(L, lua_gettop(L), &token);
   }
   ml_build_watch(&op, db, coll, field, tag, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
+  op.session = check_hex(L, "session", 32, 0);
   return push_op(L, &op);
 }
 
@@ -441,6 +453,7 @@ static int l_op_getmore(lua_State *L) {
   await = (int64_t)opt_num(L, "await_ms", 0, 1000);
   if (await < 0) bad(L, "await_ms", "must not be negative");
   ml_build_getmore(&op, db, coll, id, await);
+  op.session = check_hex(L, "session", 32, 0);
   return push_op(L, &op);
 }
 
@@ -449,6 +462,7 @@ static int l_op_killcursors(lua_State *L) {
   ml_op op;
   check_ns(L, &db, &coll);
   ml_build_killcursors(&op, db, coll, check_cursor_id(L));
+  op.session = check_hex(L, "session", 32, 0);
   return push_op(L, &op);
 }
 

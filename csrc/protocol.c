@@ -60,6 +60,7 @@ void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
   op->retry = 0;
   op->db = db;
   op->coll = coll;
+  op->session = NULL;
   bson_init(&op->cmd);
 }
 

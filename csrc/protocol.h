@@ -91,6 +91,10 @@ typedef struct ml_op {
                                error (the command is idempotent for its
                                owner id) */
   const char *db, *coll;
+  const char *session;      /* ML_RUN_COMMAND, a cursor's commands (the
+                               aggregate, its getMores, killCursors): the
+                               key of the session they all run in
+                               (transport.h), or NULL */
   bson_t cmd;
 } ml_op;
 

@@ -1,7 +1,9 @@
 /*
  * The libmongoc transport (transport.h).
  */
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "transport.h"
 
@@ -128,6 +130,104 @@ static int run_command(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml
   return ok && !reply_write_error(reply, error);
 }
 
+/* ---- a cursor's session (transport.h) --------------------------------- */
+
+/* An open session: its own connection (a single-threaded client on the
+ * URI of the client that opened it) and the explicit session on it (NULL
+ * when the server has no sessions: then no command carries an lsid).  In
+ * the list while idle; taken out while a command runs in it, so that
+ * nobody else uses the connection meanwhile. */
+typedef struct cursor_session {
+  char key[33];
+  pid_t pid;
+  mongoc_client_t *mc;
+  mongoc_client_session_t *cs;
+  struct cursor_session *next;
+} cursor_session;
+
+static pthread_mutex_t sessions_mu = PTHREAD_MUTEX_INITIALIZER;
+static cursor_session *sessions;
+
+/* takes key's session out of the list (NULL: none); sessions of another
+ * process (before fork) are dropped, never destroyed (their sockets are
+ * the parent's) */
+static cursor_session *session_take(const char *key) {
+  cursor_session **p, *s, *found = NULL;
+  pid_t pid = getpid();
+  pthread_mutex_lock(&sessions_mu);
+  for (p = &sessions; (s = *p);) {
+    if (s->pid != pid || (!found && !strcmp(s->key, key))) {
+      *p = s->next;
+      if (s->pid == pid) found = s;
+    } else {
+      p = &s->next;
+    }
+  }
+  pthread_mutex_unlock(&sessions_mu);
+  return found;
+}
+
+static void session_put(cursor_session *s) {
+  pthread_mutex_lock(&sessions_mu);
+  s->next = sessions;
+  sessions = s;
+  pthread_mutex_unlock(&sessions_mu);
+}
+
+static void session_end(cursor_session *s) {
+  if (!s) return;
+  if (s->cs) mongoc_client_session_destroy(s->cs);
+  mongoc_client_destroy(s->mc);   /* sends endSessions */
+  bson_free(s);
+}
+
+static cursor_session *session_open(mongoc_client_t *from, const char *key, bson_error_t *error) {
+  cursor_session *s;
+  mongoc_client_t *mc = mongoc_client_new_from_uri(mongoc_client_get_uri(from));
+  bson_error_t ignored;
+  if (!mc) {
+    bson_set_error(error, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_NOT_READY,
+                   "cannot make a connection for the cursor's session");
+    return NULL;
+  }
+  mongoc_client_set_error_api(mc, MONGOC_ERROR_API_VERSION_2);
+  s = bson_malloc0(sizeof *s);
+  bson_strncpy(s->key, key, sizeof s->key);
+  s->pid = getpid();
+  s->mc = mc;
+  s->cs = mongoc_client_start_session(mc, NULL, &ignored);  /* NULL: no sessions */
+  return s;
+}
+
+static const char *command_name(const bson_t *cmd) {
+  bson_iter_t it;
+  return bson_iter_init(&it, cmd) && bson_iter_next(&it) ? bson_iter_key(&it) : "";
+}
+
+static int run_in_session(mongoc_client_t *mc, const ml_op *op, bson_t *reply, bson_error_t *error) {
+  const char *name = command_name(&op->cmd);
+  int opening = !strcmp(name, "aggregate"), closing = !strcmp(name, "killCursors"), ok;
+  cursor_session *s = session_take(op->session);
+  bson_t opts = BSON_INITIALIZER;
+  if (opening) {
+    session_end(s);
+    s = session_open(mc, op->session, error);
+    if (!s) {
+      bson_init(reply);
+      return 0;
+    }
+  } else if (!s) {
+    return bad_op(reply, error, "the cursor's session is not open in this process");
+  }
+  ok = !s->cs || mongoc_client_session_append(s->cs, &opts, error);
+  if (ok) ok = mongoc_client_command_with_opts(s->mc, op->db, &op->cmd, NULL, &opts, reply, error);
+  else bson_init(reply);
+  bson_destroy(&opts);
+  if (closing || (opening && !ok)) session_end(s);
+  else session_put(s);
+  return ok;
+}
+
 int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
            bson_error_t *error) {
   switch (op->kind) {
@@ -150,7 +250,9 @@ int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bso
   }
   case ML_RUN_UPDATE: return run_update(mc, wc, op, reply, error);
   case ML_RUN_CURSOR: return run_cursor(mc, op, reply, error);
-  case ML_RUN_COMMAND: return run_command(mc, wc, op, reply, error);
+  case ML_RUN_COMMAND:
+    if (op->session) return run_in_session(mc, op, reply, error);
+    return run_command(mc, wc, op, reply, error);
   }
   return bad_op(reply, error, "unknown op kind");
 }

@@ -27,6 +27,16 @@
  *                   {cursor: {firstBatch: [every document], id: 0}, ok: 1}
  *   ML_RUN_COMMAND  one command; a reply with ok: 1 and writeErrors or a
  *                   writeConcernError is an error too
+ *
+ * An ML_RUN_COMMAND op with a session key (op->session) is one of a
+ * cursor's commands.  mongod continues a cursor only in the logical session
+ * that created it, and each libmongoc pool gives each command an implicit
+ * session of its own choosing; so these run in an explicit session, kept
+ * per process under its key on a connection of its own: an aggregate opens
+ * it (replacing one of the same key), getMores use it, killCursors or a
+ * failed aggregate ends it.  A key that is not open (ended, or opened
+ * before fork) fails with an error.  Its commands may come from any thread
+ * and any client of the process, one at a time.
  */
 int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
            bson_error_t *error);

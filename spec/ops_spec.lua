@@ -88,6 +88,12 @@ describe("#unit ops (builders, no server)", function()
     assert.equal("c", g.cmd.collection)
     assert.equal("9007199254740993", tostring(g.cmd.getMore):match("%d+"))
     local k = decode(core.op_killcursors{ db = "d", coll = "c", cursor_id = "12" })
+    assert.is_nil(k.session)
+    local key = ("ab"):rep(16)
+    assert.equal(key, decode(core.op_watch{ db = "d", coll = "c", tag = TAG, session = key }).session)
+    assert.equal(key, decode(core.op_getmore{ db = "d", coll = "c", cursor_id = "1", session = key }).session)
+    assert.equal(key, decode(core.op_killcursors{ db = "d", coll = "c", cursor_id = "1", session = key }).session)
+    assert.has_error(function() core.op_getmore{ db = "d", coll = "c", cursor_id = "1", session = "x" } end)
     assert.equal("c", k.cmd.killCursors)
   end)
 
@@ -236,5 +242,46 @@ describe("#integration ops (client:run)", function()
     run(core.op_killcursors{ db = DB, coll = locks.collection, cursor_id = first.cursor_id })
     assert.is_table(seen)
     assert.equal("", seen.next)   -- nobody queued: every waiter wakes
+  end)
+  -- mongod continues a cursor only in the session that created it (50737
+  -- without an lsid, 50738 in another session): each client's pool would
+  -- give each command its own implicit session, so a cursor's commands name
+  -- a session key, and any client of the process runs them in it
+  it("runs a cursor's aggregate, getMores and killCursors in one session, from any client", function()
+    local name = helpers.unique("ops-s")
+    local tag = core.process_tag()
+    local key = ("5e55"):rep(8)
+    local other = helpers.connect({ appname = "ops-other" })
+    local oc = other._core
+    local b = core.parse_acquire(run(core.op_acquire(args(name, OWNER))), OWNER)
+    assert.is_true(b.won)
+    local busy = core.parse_acquire(run(core.op_acquire(args(name, OWNER2))), OWNER2)
+    local ot = busy.operation_time
+    if not ot and not helpers.standin then other:close() return end
+    local first = core.parse_events(run(core.op_watch{ db = DB, coll = locks.collection, tag = tag,
+      t = ot.t, i = ot.i, session = key }), tag)
+    assert.equal(1, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    local seen
+    for _ = 1, 5 do
+      -- on the other client, while this one runs commands of its own
+      local reply, err, code = oc:run(core.op_getmore{ db = DB, coll = locks.collection,
+        cursor_id = first.cursor_id, await_ms = 500, session = key })
+      assert(reply, tostring(err) .. " " .. tostring(code))
+      for _, e in ipairs(core.parse_events(reply, tag).events) do
+        if e.id == name then seen = e end
+      end
+      core.parse_status(run(core.op_status{ db = DB, coll = locks.collection, name = name }))
+      if seen then break end
+    end
+    assert.is_table(seen)
+    local killed = core.bson_decode(run(core.op_killcursors{ db = DB, coll = locks.collection,
+      cursor_id = first.cursor_id, session = key }))
+    assert.equal(1, #killed.cursorsKilled)
+    -- killCursors ended the session
+    local reply, err = oc:run(core.op_getmore{ db = DB, coll = locks.collection,
+      cursor_id = first.cursor_id, session = key })
+    assert.is_nil(reply)
+    assert.matches("session is not open", err)
+    other:close()
   end)
 end)

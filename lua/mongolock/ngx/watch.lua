@@ -14,7 +14,9 @@
 -- - One stream per worker, client spec and collection, opened at the
 --   operation time of the first waiter's failed attempt, with the core's
 --   filter for this process's tag (core.op_watch): only releases handed to
---   a waiter of this process, or handed to nobody, arrive.
+--   a waiter of this process, or handed to nobody, arrive.  Its aggregate,
+--   getMores and killCursors run in one session (the op's session key),
+--   whichever thread runs them.
 -- - A waiter whose attempt is older than the stream's start is told to
 --   attempt again at once (its next attempt is newer); events are kept in
 --   a ring, so an event that arrived between the attempt and the wait is
@@ -138,21 +140,34 @@ local function fail(s, err)
   wake_all(s, nil)
 end
 
-local function open(s)
-  local reply, err = transport.run(s.spec, core.op_watch{ db = s.db, coll = s.coll, tag = s.tag,
-    t = s.start_t, i = s.start_i, resume_token = s.resume_token })
-  if not reply then return nil, err end
-  local ok, batch = pcall(core.parse_events, reply, s.tag)
-  if not ok then return nil, batch end
-  deliver(s, batch)
-  return true
+-- killCursors also ends the stream's session (sent for a cursor the server
+-- closed, id 0, too)
+local function kill(s)
+  if s.session then
+    pcall(transport.run, s.spec, core.op_killcursors{ db = s.db, coll = s.coll,
+      cursor_id = s.cursor_id or "0", session = s.session })
+  end
+  s.cursor_id, s.session = nil, nil
 end
 
-local function kill(s)
-  if s.cursor_id and s.cursor_id ~= "0" then
-    pcall(transport.run, s.spec, core.op_killcursors{ db = s.db, coll = s.coll, cursor_id = s.cursor_id })
+-- each opening of a stream runs in a session of its own (mongod continues
+-- a cursor only in the session that created it, and the jobs run on any
+-- thread): the process tag and a count make its key
+local opened = 0
+
+local function open(s)
+  opened = opened + 1
+  s.session = ("%s%016x"):format(s.tag, opened)
+  local reply, err = transport.run(s.spec, core.op_watch{ db = s.db, coll = s.coll, tag = s.tag,
+    t = s.start_t, i = s.start_i, resume_token = s.resume_token, session = s.session })
+  if not reply then return nil, err end
+  local ok, batch = pcall(core.parse_events, reply, s.tag)
+  if not ok then
+    kill(s)
+    return nil, batch
   end
-  s.cursor_id = nil
+  deliver(s, batch)
+  return true
 end
 
 -- the stream's light thread (a timer)
@@ -173,7 +188,7 @@ local function loop(premature, s)
     else
       idle_since = nil
       local reply, gerr = transport.run(s.spec, core.op_getmore{ db = s.db, coll = s.coll,
-        cursor_id = s.cursor_id, await_ms = _M.AWAIT_MS })
+        cursor_id = s.cursor_id, await_ms = _M.AWAIT_MS, session = s.session })
       local batch
       if reply then
         ok, batch = pcall(core.parse_events, reply, s.tag)
@@ -188,7 +203,10 @@ local function loop(premature, s)
         -- resume after the last event seen (the driver's own resume has no
         -- cursor object to act on here)
         reopens = reopens + 1
-        if reopens > _M.REOPENS then return fail(s, gerr) end
+        if reopens > _M.REOPENS then
+          kill(s)
+          return fail(s, gerr)
+        end
         kill(s)
         ok, err = open(s)
         if not ok then return fail(s, err) end
