@@ -122,6 +122,18 @@ function M.overlaps(log)
   return out, #v
 end
 
+-- appends to out a message for every token granted to two acquisitions
+local function granted_twice(log, out)
+  local seen = {}
+  for _, a in ipairs(log.acquired) do
+    local p = seen[a.token]
+    if p then
+      out[#out + 1] = format("token %s granted twice (pids %d and %d)", tostring(a.token), p, a.pid)
+    end
+    seen[a.token] = a.pid
+  end
+end
+
 -- property 2: tokens against start order; duplicate grants
 function M.token_order(log)
   local out = {}
@@ -134,14 +146,7 @@ function M.token_order(log)
         tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
     end
   end
-  local seen = {}
-  for _, a in ipairs(log.acquired) do
-    local p = seen[a.token]
-    if p then
-      out[#out + 1] = format("token %s granted twice (pids %d and %d)", tostring(a.token), p, a.pid)
-    end
-    seen[a.token] = a.pid
-  end
+  granted_twice(log, out)
   return out
 end
 
@@ -221,14 +226,7 @@ function M.shared_token_order(log, writers)
       end
     end
   end
-  local seen = {}
-  for _, a in ipairs(log.acquired) do
-    local p = seen[a.token]
-    if p then
-      out[#out + 1] = format("token %s granted twice (pids %d and %d)", tostring(a.token), p, a.pid)
-    end
-    seen[a.token] = a.pid
-  end
+  granted_twice(log, out)
   return out
 end
 
