@@ -52,24 +52,48 @@ static const char *arg_field(lua_State *L, int i) {
 }
 
 
-/* the _id at idx as {_id: value} in *out (initialised here; destroy it);
- * raises on a value that cannot be an _id */
-static void arg_id(lua_State *L, int idx, bson_t *out) {
-  char err[512];
+/* the _id at idx as {_id: value} in *out (always initialised; destroy it);
+ * NULL, or why the value cannot be an _id (written to err) */
+const char *ml_doc_id(lua_State *L, int idx, bson_t *out, char *err, size_t errlen) {
   bson_t holder;
   bson_value_t v;
-  if (lua_isnoneornil(L, idx)) luaL_argerror(L, idx, "_id expected, got nil");
-  if (!tovalue(L, idx, &holder, &v, err, sizeof err)) {
+  bson_init(out);
+  if (lua_isnoneornil(L, idx)) return "_id expected, got nil";
+  if (!tovalue(L, idx, &holder, &v, err, errlen)) {
     bson_destroy(&holder);
-    luaL_argerror(L, idx, err);
+    return err;
   }
   if (v.value_type == BSON_TYPE_ARRAY) {
     bson_destroy(&holder);
-    luaL_argerror(L, idx, "an array cannot be an _id");
+    return "an array cannot be an _id";
   }
-  bson_init(out);
   BSON_APPEND_VALUE(out, "_id", &v);
   bson_destroy(&holder);
+  return NULL;
+}
+
+/* the _id at idx as {_id: value} in *out (destroy it); raises on a value
+ * that cannot be an _id */
+static void arg_id(lua_State *L, int idx, bson_t *out) {
+  char err[512];
+  const char *msg = ml_doc_id(L, idx, out, err, sizeof err);
+  if (msg) {
+    bson_destroy(out);
+    luaL_argerror(L, idx, msg);
+  }
+}
+
+/* the insert document (the table at idx) in *ins (initialised by the
+ * caller); NULL, or why it cannot be one (written to err) */
+const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const char *time_field,
+                          bson_t *ins, char *err, size_t errlen) {
+  bson_iter_t ii;
+  if (!ml_tobson(L, idx, ins, err, errlen)) return err;
+  if (bson_iter_init(&ii, ins))
+    while (bson_iter_next(&ii))
+      if (!strcmp(bson_iter_key(&ii), owner_field) || !strcmp(bson_iter_key(&ii), time_field))
+        return "the insert document must not set the lock fields";
+  return NULL;
 }
 
 /* the document lock of arguments 2 .. 9: db, coll, id (checked, not
@@ -99,6 +123,50 @@ static int64_t arg_lockref(lua_State *L, ml_lockref *r) {
   return ttl_ms;
 }
 
+/* [-0, +1] what a busy attempt tells: {owner = <value>, remaining = s,
+ * doc = <current>, operation_time = {t, i}} */
+void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,
+                      const char *owner_field) {
+  lua_createtable(L, 0, 4);
+  ml_pushbson(L, &ar->value);
+  lua_getfield(L, -1, owner_field);
+  lua_setfield(L, -3, "owner");
+  lua_setfield(L, -2, "doc");
+  lua_pushnumber(L, (lua_Number)(ar->remaining_ms > 0 ? ar->remaining_ms : 0) / 1000.0);
+  lua_setfield(L, -2, "remaining");
+  ml_set_operation_time(L, reply);
+}
+
+/* a status aggregate's reply (ml_build_doc_status): pushes {held, state,
+ * owner, remaining}, or nil, "not found"; returns the values pushed */
+int ml_push_doc_status(lua_State *L, const bson_t *reply) {
+  bson_iter_t docs, f;
+  int64_t rem = 0;
+  int held, has_owner;
+  if (!ml_reply_batch(reply, &docs, NULL) || !bson_iter_next(&docs) ||
+      !BSON_ITER_HOLDS_DOCUMENT(&docs))
+    return ml_pushfail(L, "not found", 0);
+  bson_iter_recurse(&docs, &f);
+  has_owner = bson_iter_find(&f, "owner") && !BSON_ITER_HOLDS_NULL(&f);
+  bson_iter_recurse(&docs, &f);
+  if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
+  held = has_owner && rem > 0;
+  lua_createtable(L, 0, 4);
+  lua_pushboolean(L, held);
+  lua_setfield(L, -2, "held");
+  lua_pushstring(L, held ? "held" : has_owner ? "expired" : "free");
+  lua_setfield(L, -2, "state");
+  if (held) {
+    bson_iter_recurse(&docs, &f);
+    bson_iter_find(&f, "owner");
+    ml_pushbsonvalue(L, &f);
+    lua_setfield(L, -2, "owner");
+  }
+  lua_pushnumber(L, held ? (lua_Number)rem / 1000.0 : 0);
+  lua_setfield(L, -2, "remaining");
+  return 1;
+}
+
 /*
  * client:doc_acquire(db, coll, id, ttl_ms, owner_field, time_field,
  *                    "expires" | "locked", "hex" | "uuid", insert | nil,
@@ -126,13 +194,7 @@ int ml_m_doc_acquire(lua_State *L) {
   if (have_insert) luaL_checktype(L, 10, LUA_TTABLE);
   renew = lua_toboolean(L, 11);
   if (have_insert) {
-    bson_iter_t ii;
-    const char *bad = NULL;
-    if (!ml_tobson(L, 10, &ins, err, sizeof err)) bad = err;
-    else if (bson_iter_init(&ii, &ins))
-      while (!bad && bson_iter_next(&ii))
-        if (!strcmp(bson_iter_key(&ii), r.owner_field) || !strcmp(bson_iter_key(&ii), r.time_field))
-          bad = "the insert document must not set the lock fields";
+    const char *bad = ml_doc_insert(L, 10, r.owner_field, r.time_field, &ins, err, sizeof err);
     if (bad) {
       bson_destroy(&ins);
       return luaL_argerror(L, 10, bad);
@@ -184,14 +246,7 @@ int ml_m_doc_acquire(lua_State *L) {
   }
   lua_pushnil(L);
   lua_pushliteral(L, "busy");
-  lua_createtable(L, 0, 3);
-  ml_pushbson(L, &ar.value);
-  lua_getfield(L, -1, r.owner_field);
-  lua_setfield(L, -3, "owner");
-  lua_setfield(L, -2, "doc");
-  lua_pushnumber(L, (lua_Number)(ar.remaining_ms > 0 ? ar.remaining_ms : 0) / 1000.0);
-  lua_setfield(L, -2, "remaining");
-  ml_set_operation_time(L, &reply);
+  ml_push_doc_info(L, &ar, &reply, r.owner_field);
   bson_destroy(&id);
   bson_destroy(&reply);
   return 3;
@@ -210,7 +265,6 @@ int ml_m_doc_status(lua_State *L) {
   int64_t ttl_ms;
   bson_t id, reply;
   bson_error_t e;
-  bson_iter_t docs, f;
   ml_op op;
   int ok;
   ttl_ms = arg_lockref(L, &r);
@@ -224,41 +278,20 @@ int ml_m_doc_status(lua_State *L) {
     bson_destroy(&reply);
     return ml_pusherror(L, &e);
   }
-  if (!ml_reply_batch(&reply, &docs, NULL) || !bson_iter_next(&docs) ||
-      !BSON_ITER_HOLDS_DOCUMENT(&docs)) {
-    bson_destroy(&reply);
-    return ml_pushfail(L, "not found", 0);
-  }
-  {
-    int64_t rem = 0;
-    int held, has_owner;
-    bson_iter_recurse(&docs, &f);
-    has_owner = bson_iter_find(&f, "owner") && !BSON_ITER_HOLDS_NULL(&f);
-    bson_iter_recurse(&docs, &f);
-    if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
-    held = has_owner && rem > 0;
-    lua_createtable(L, 0, 4);
-    lua_pushboolean(L, held);
-    lua_setfield(L, -2, "held");
-    lua_pushstring(L, held ? "held" : has_owner ? "expired" : "free");
-    lua_setfield(L, -2, "state");
-    if (held) {
-      bson_iter_recurse(&docs, &f);
-      bson_iter_find(&f, "owner");
-      ml_pushbsonvalue(L, &f);
-      lua_setfield(L, -2, "owner");
-    }
-    lua_pushnumber(L, held ? (lua_Number)rem / 1000.0 : 0);
-    lua_setfield(L, -2, "remaining");
-  }
+  ok = ml_push_doc_status(L, &reply);
   bson_destroy(&reply);
-  return 1;
+  return ok;
 }
 
 /* ---- release with changes ---------------------------------------------- */
 
+/* the lock's two fields, which changes must not touch */
+typedef struct {
+  const char *owner_field, *time_field;
+} lock_fields;
+
 /* does key (a field path) start with one of the lock's fields or _id? */
-static int touches(const char *key, const ml_lease *l) {
+static int touches(const char *key, const lock_fields *l) {
   size_t n = strcspn(key, ".");
   return (n == strlen(l->owner_field) && !strncmp(key, l->owner_field, n)) ||
          (n == strlen(l->time_field) && !strncmp(key, l->time_field, n)) ||
@@ -271,8 +304,14 @@ static int touches(const char *key, const ml_lease *l) {
  * is the $set of its fields.  0 with err when malformed or when it touches
  * the lock fields or _id.
  */
-int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
+int ml_doc_changes(lua_State *L, int idx, const ml_lease *lease, bson_t *out, char *err,
                    size_t errlen) {
+  return ml_doc_changes_of(L, idx, lease->owner_field, lease->time_field, out, err, errlen);
+}
+
+int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
+                      bson_t *out, char *err, size_t errlen) {
+  lock_fields fields = {owner_field, time_field}, *l = &fields;
   bson_t tmp = BSON_INITIALIZER;
   bson_iter_t it, sub;
   int ops = 0, plain = 0;

@@ -311,6 +311,23 @@ int ml_m_run(lua_State *L);
  * the lock fields or _id */
 int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
                    size_t errlen);
+/* the same for the lock fields owner_field and time_field */
+int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
+                      bson_t *out, char *err, size_t errlen);
+/* the _id at idx as {_id: value} in *out (always initialised: destroy it);
+ * NULL, or why the value cannot be an _id */
+const char *ml_doc_id(lua_State *L, int idx, bson_t *out, char *err, size_t errlen);
+/* the insert document at idx in *ins (initialised by the caller); NULL, or
+ * why it cannot be one (malformed, or it sets a lock field) */
+const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const char *time_field,
+                          bson_t *ins, char *err, size_t errlen);
+/* [-0, +1] a busy document attempt's info {owner, remaining, doc,
+ * operation_time} */
+void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,
+                      const char *owner_field);
+/* a document status reply: pushes {held, state, owner, remaining} or nil,
+ * "not found"; returns the values pushed */
+int ml_push_doc_status(lua_State *L, const bson_t *reply);
 
 /* ---- ops.c ------------------------------------------------------------- */
 

@@ -13,6 +13,11 @@
  *   op = core.op_status{db=, coll=, name=}       (name nil: the list)
  *   op = core.op_ensure_index{db=, coll=, expire_after=}
  *   op = core.op_command(db, cmd, opts)          (what client:command sends)
+ *   op = core.op_doc_acquire{db=, coll=, id=, owner_field=, time_field=,
+ *                            time=, owner_type=, owner=, ttl_ms=, insert=}
+ *   op = core.op_doc_release{<the same lock>, owner=, changes=}
+ *   op = core.op_doc_extend{<the same lock>, owner=, ttl_ms=}
+ *   op = core.op_doc_status{<the same lock>, ttl_ms=}
  *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=, session=}
  *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=, session=}
  *   op = core.op_killcursors{db=, coll=, cursor_id=, session=}
@@ -21,6 +26,8 @@
  *   n = core.parse_update(reply)
  *   list = core.parse_status(reply)
  *   b = core.parse_events(reply, tag)
+ *   r = core.parse_doc_acquire(reply, owner, owner_field, owner_type)
+ *   st = core.parse_doc_status(reply)
  *
  * session (32 hex digits, optional): the key of the logical session a
  * cursor's commands run in.  mongod binds a cursor to the session that
@@ -466,6 +473,136 @@ static int l_op_killcursors(lua_State *L) {
   return push_op(L, &op);
 }
 
+/* ---- document locks (documents.c) -------------------------------------- */
+
+/* the document lock of an op's table: db, coll, id (into *id, initialised
+ * here: destroy it), owner_field, time_field, time ("expires" | "locked"),
+ * owner_type ("hex" | "uuid"); raises on a bad field */
+static void check_docref(lua_State *L, ml_lockref *r, bson_t *id) {
+  size_t len;
+  const char *msg, *s;
+  char err[512];
+  memset(r, 0, sizeof *r);
+  check_ns(L, &r->db, &r->coll);
+  r->owner_field = opt_str(L, "owner_field", 1, &len);
+  if ((msg = ml_check_field(r->owner_field, len)) != NULL) bad(L, "owner_field", msg);
+  r->time_field = opt_str(L, "time_field", 1, &len);
+  if ((msg = ml_check_field(r->time_field, len)) != NULL) bad(L, "time_field", msg);
+  if (!strcmp(r->owner_field, r->time_field)) bad(L, "time_field", "must differ from owner_field");
+  s = opt_str(L, "time", 0, NULL);
+  if (!s || !strcmp(s, "expires")) r->time_mode = ML_TIME_EXPIRES_AT;
+  else if (!strcmp(s, "locked")) r->time_mode = ML_TIME_LOCKED_AT;
+  else bad(L, "time", "\"expires\" or \"locked\" expected");
+  s = opt_str(L, "owner_type", 0, NULL);
+  if (!s || !strcmp(s, "hex")) r->owner_form = ML_OWNER_HEX;
+  else if (!strcmp(s, "uuid")) r->owner_form = ML_OWNER_UUID;
+  else bad(L, "owner_type", "\"hex\" or \"uuid\" expected");
+  lua_getfield(L, 1, "id");
+  msg = ml_doc_id(L, -1, id, err, sizeof err);
+  lua_pop(L, 1);
+  if (msg) {
+    bson_destroy(id);
+    bad(L, "id", msg);
+  }
+  r->id = id;
+}
+
+/* is field key of the table at 1 a table (0: nil)?  Raises otherwise */
+static int opt_table(lua_State *L, const char *key) {
+  int t;
+  lua_getfield(L, 1, key);
+  t = lua_type(L, -1);
+  if (t != LUA_TNIL && t != LUA_TTABLE)
+    luaL_argerror(L, 1, lua_pushfstring(L, "%s: table expected, got %s", key, luaL_typename(L, -1)));
+  lua_pop(L, 1);
+  return t == LUA_TTABLE;
+}
+
+/* core.op_doc_acquire{db, coll, id, owner_field, time_field, time,
+ * owner_type, owner, ttl_ms, insert}: what client:doc_acquire sends */
+static int l_op_doc_acquire(lua_State *L) {
+  ml_lockref r;
+  bson_t id, ins = BSON_INITIALIZER;
+  const char *owner, *msg = NULL;
+  int64_t ttl_ms;
+  int have_insert;
+  char err[512];
+  ml_op op;
+  owner = check_hex(L, "owner", 32, 1);
+  ttl_ms = check_ms(L, "ttl_ms");
+  have_insert = opt_table(L, "insert");
+  check_docref(L, &r, &id);     /* last check: id may allocate */
+  if (have_insert) {
+    lua_getfield(L, 1, "insert");
+    msg = ml_doc_insert(L, lua_gettop(L), r.owner_field, r.time_field, &ins, err, sizeof err);
+    lua_pop(L, 1);
+  }
+  if (msg) {
+    bson_destroy(&ins);
+    bson_destroy(&id);
+    bad(L, "insert", msg);
+  }
+  ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
+  bson_destroy(&ins);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+
+/* core.op_doc_release{db, coll, id, owner_field, time_field, time,
+ * owner_type, owner, changes}: h:release(changes) of a document lock */
+static int l_op_doc_release(lua_State *L) {
+  ml_lockref r;
+  bson_t id, extra = BSON_INITIALIZER;
+  const char *owner;
+  int has, ok = 1;
+  char err[512];
+  ml_op op;
+  owner = check_hex(L, "owner", 32, 1);
+  has = opt_table(L, "changes");
+  check_docref(L, &r, &id);     /* last check: id may allocate */
+  if (has) {
+    lua_getfield(L, 1, "changes");
+    ok = ml_doc_changes_of(L, lua_gettop(L), r.owner_field, r.time_field, &extra, err, sizeof err);
+    lua_pop(L, 1);
+  }
+  if (!ok) {
+    bson_destroy(&extra);
+    bson_destroy(&id);
+    bad(L, "changes", err);
+  }
+  ml_build_release(&op, &r, owner, has ? &extra : NULL);
+  bson_destroy(&extra);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+
+/* core.op_doc_extend{db, coll, id, owner_field, time_field, time,
+ * owner_type, owner, ttl_ms} */
+static int l_op_doc_extend(lua_State *L) {
+  ml_lockref r;
+  bson_t id;
+  const char *owner = check_hex(L, "owner", 32, 1);
+  int64_t ttl_ms = check_ms(L, "ttl_ms");
+  ml_op op;
+  check_docref(L, &r, &id);
+  ml_build_extend(&op, &r, owner, ttl_ms);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+
+/* core.op_doc_status{db, coll, id, owner_field, time_field, time,
+ * owner_type, ttl_ms} */
+static int l_op_doc_status(lua_State *L) {
+  ml_lockref r;
+  bson_t id;
+  int64_t ttl_ms = check_ms(L, "ttl_ms");
+  ml_op op;
+  check_docref(L, &r, &id);
+  ml_build_doc_status(&op, &r, ttl_ms);
+  bson_destroy(&id);
+  return push_op(L, &op);
+}
+
 /* ---- the transport ----------------------------------------------------- */
 
 int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
@@ -510,6 +647,44 @@ static int l_parse_acquire(lua_State *L) {
   lua_pushboolean(L, r.won);
   lua_setfield(L, -2, "won");
   return 1;
+}
+
+/* core.parse_doc_acquire(reply, owner, owner_field, owner_type) ->
+ * {won = true, doc} | {won = false, owner, remaining, doc, operation_time}
+ * | nil, "not found" (no document, none inserted) | nil, message */
+static int l_parse_doc_acquire(lua_State *L) {
+  bson_t reply;
+  size_t len;
+  const char *owner, *field, *msg;
+  ml_acquire_reply r;
+  int ok;
+  arg_bson(L, 1, &reply);
+  owner = luaL_checklstring(L, 2, &len);
+  luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
+  field = luaL_checklstring(L, 3, &len);
+  if ((msg = ml_check_field(field, len)) != NULL) luaL_argerror(L, 3, msg);
+  ok = ml_parse_acquire(&reply, owner, field,
+                        !strcmp(luaL_optstring(L, 4, "hex"), "uuid") ? ML_OWNER_UUID : ML_OWNER_HEX,
+                        1, &r);
+  if (ok <= 0) return ml_pushfail(L, ok == 0 ? "not found" : "findAndModify returned no document", 0);
+  if (!r.won) {
+    ml_push_doc_info(L, &r, &reply, field);
+  } else {
+    lua_createtable(L, 0, 2);
+    ml_pushbson(L, &r.value);
+    lua_setfield(L, -2, "doc");
+  }
+  lua_pushboolean(L, r.won);
+  lua_setfield(L, -2, "won");
+  return 1;
+}
+
+/* core.parse_doc_status(reply) -> {held, state, owner, remaining} |
+ * nil, "not found" */
+static int l_parse_doc_status(lua_State *L) {
+  bson_t reply;
+  arg_bson(L, 1, &reply);
+  return ml_push_doc_status(L, &reply);
 }
 
 /* ---- the shared kinds (protocol_shared.h) ------------------------------ */
@@ -705,6 +880,12 @@ static const luaL_Reg ops_funcs[] = {
   {"op_watch", l_op_watch},
   {"op_getmore", l_op_getmore},
   {"op_killcursors", l_op_killcursors},
+  {"op_doc_acquire", l_op_doc_acquire},
+  {"op_doc_release", l_op_doc_release},
+  {"op_doc_extend", l_op_doc_extend},
+  {"op_doc_status", l_op_doc_status},
+  {"parse_doc_acquire", l_parse_doc_acquire},
+  {"parse_doc_status", l_parse_doc_status},
   {"op_share_acquire", l_op_share_acquire},
   {"op_share_release", l_op_share_release},
   {"op_share_extend", l_op_share_extend},

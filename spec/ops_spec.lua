@@ -285,3 +285,125 @@ describe("#integration ops (client:run)", function()
     other:close()
   end)
 end)
+
+describe("#unit ops of document locks (builders, no server)", function()
+  local ref = { db = "d", coll = "c", id = 7, owner_field = "lockId", time_field = "lockExpires" }
+  local function with(extra)
+    local t = {}
+    for k, v in pairs(ref) do t[k] = v end
+    for k, v in pairs(extra) do t[k] = v end
+    return t
+  end
+
+  it("builds acquire, release with changes, extend and status on {_id} of the document", function()
+    local a = decode(core.op_doc_acquire(with{ owner = OWNER, ttl_ms = 5000, insert = { status = "new" } }))
+    assert.equal("write", a.kind)
+    assert.equal("c", a.cmd.findAndModify)
+    assert.same({ _id = 7 }, a.cmd.query)
+    assert.is_true(a.cmd.upsert)              -- insert given: a missing document is created
+    assert.falsy(decode(core.op_doc_acquire(with{ owner = OWNER, ttl_ms = 5000 })).cmd.upsert)
+    local r = decode(core.op_doc_release(with{ owner = OWNER, changes = { status = "paid" } }))
+    assert.equal("update", r.kind)
+    assert.same({ _id = 7, lockId = OWNER }, r.cmd.updates[1].q)
+    -- the caller's changes and the cleared lock in the same update
+    local u = core.bson_encode({ u = r.cmd.updates[1].u })
+    assert.truthy(u:find("paid", 1, true))
+    local plain = decode(core.op_doc_release(with{ owner = OWNER }))
+    assert.falsy(core.bson_encode({ u = plain.cmd.updates[1].u }):find("paid", 1, true))
+    local e = decode(core.op_doc_extend(with{ owner = OWNER, ttl_ms = 3000 }))
+    assert.same({ _id = 7, lockId = OWNER }, e.cmd.updates[1].q)
+    local s = decode(core.op_doc_status(with{ ttl_ms = 3000 }))
+    assert.equal("cursor", s.kind)
+    assert.equal("c", s.cmd.aggregate)
+    -- the .NET form: the owner as a UUID
+    local g = decode(core.op_doc_release(with{ owner = OWNER, owner_type = "uuid" }))
+    assert.is_not.equal(OWNER, g.cmd.updates[1].q.lockId)
+  end)
+
+  it("raises on a bad field, an insert or changes that touch the lock fields", function()
+    local good = { owner = OWNER, ttl_ms = 1000 }
+    local function w(k, v)
+      local t = with(good)
+      t[k] = v
+      return t
+    end
+    assert.has_error(function() core.op_doc_acquire(w("id", nil)) end, "bad argument #1 to 'op_doc_acquire' (id: _id expected, got nil)")
+    assert.has_error(function() core.op_doc_acquire(w("id", core.array({ 1 }))) end)
+    assert.has_error(function() core.op_doc_acquire(w("owner_field", "a.b")) end)
+    assert.has_error(function() core.op_doc_acquire(w("time_field", "lockId")) end)
+    assert.has_error(function() core.op_doc_acquire(w("time", "now")) end)
+    assert.has_error(function() core.op_doc_acquire(w("owner_type", "guid")) end)
+    assert.has_error(function() core.op_doc_acquire(w("insert", "x")) end)
+    assert.has_error(function() core.op_doc_acquire(w("insert", { lockId = "x" })) end)
+    assert.has_error(function() core.op_doc_release(w("changes", { lockExpires = 1 })) end)
+    assert.has_error(function() core.op_doc_release(w("changes", { ["$set"] = { _id = 1 } })) end)
+    assert.has_error(function() core.op_doc_release(w("changes", { a = 1, ["$set"] = { b = 1 } })) end)
+    assert.has_error(function() core.op_doc_extend(w("ttl_ms", 0)) end)
+    assert.has_error(function() core.parse_doc_acquire("nope", OWNER, "lockId") end)
+    assert.has_error(function() core.parse_doc_acquire(core.bson_encode({ ok = 1 }), OWNER, "a.b") end)
+  end)
+end)
+
+describe("#integration ops of document locks (client:run)", function()
+  local helpers = require "helpers"
+  local client, c, docs, DB, COLL
+  setup(function()
+    client = helpers.connect({ appname = "ops-docs" })
+    c = client._core
+    DB = client:default_database()
+    COLL = helpers.unique("opsdocs")
+    docs = client:documents(DB, COLL, { ttl = 20 })
+  end)
+  teardown(function()
+    client:command(DB, { drop = COLL })
+    client:close()
+  end)
+
+  local function run(op)
+    local reply, err, code = c:run(op)
+    assert(reply, tostring(err) .. " " .. tostring(code))
+    return reply
+  end
+  local function lock(id, extra)
+    local t = { db = DB, coll = COLL, id = id, owner_field = "lockId", time_field = "lockExpires" }
+    for k, v in pairs(extra or {}) do t[k] = v end
+    return t
+  end
+
+  it("acquires, tells busy, extends, releases with changes as docs:try and h:release do", function()
+    local id = helpers.unique("d")
+    assert.same({ nil, "not found" },
+      { core.parse_doc_acquire(run(core.op_doc_acquire(lock(id, { owner = OWNER, ttl_ms = 20000 }))),
+        OWNER, "lockId") })
+    local r = core.parse_doc_acquire(run(core.op_doc_acquire(lock(id, { owner = OWNER, ttl_ms = 20000,
+      insert = { status = "new" } }))), OWNER, "lockId")
+    assert.is_true(r.won)
+    assert.equal("new", r.doc.status)
+    assert.equal(OWNER, r.doc.lockId)
+    -- what docs:try says about it, and through the seam
+    local _, err, info = docs:try(id)
+    assert.equal("busy", err)
+    local b = core.parse_doc_acquire(run(core.op_doc_acquire(lock(id, { owner = OWNER2, ttl_ms = 20000 }))),
+      OWNER2, "lockId")
+    assert.is_false(b.won)
+    assert.equal(OWNER, b.owner)
+    assert.equal(info.owner, b.owner)
+    assert.equal("new", b.doc.status)
+    assert.is_true(b.remaining > 15 and b.remaining <= 20)
+    local st = core.parse_doc_status(run(core.op_doc_status(lock(id, { ttl_ms = 20000 }))))
+    local want = assert(docs:status(id))
+    assert.equal(want.owner, st.owner)
+    assert.is_true(st.held)
+    assert.equal("held", st.state)
+    assert.equal(1, core.parse_update(run(core.op_doc_extend(lock(id, { owner = OWNER, ttl_ms = 5000 })))))
+    assert.equal(0, core.parse_update(run(core.op_doc_extend(lock(id, { owner = OWNER2, ttl_ms = 5000 })))))
+    assert.equal(1, core.parse_update(run(core.op_doc_release(lock(id, { owner = OWNER,
+      changes = { status = "paid" } })))))
+    assert.equal(0, core.parse_update(run(core.op_doc_release(lock(id, { owner = OWNER })))))
+    local doc, h = assert(docs:try(id))
+    assert.equal("paid", doc.status)
+    h:release()
+    assert.same({ nil, "not found" }, { core.parse_doc_status(run(core.op_doc_status(lock("none", { ttl_ms = 1000 })))) })
+    assert.equal("free", core.parse_doc_status(run(core.op_doc_status(lock(id, { ttl_ms = 1000 })))).state)
+  end)
+end)

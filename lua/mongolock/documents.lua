@@ -28,6 +28,7 @@ local error = error
 local select = select
 local tostring = tostring
 local setmetatable = setmetatable
+local rawget = rawget
 local string_format = string.format
 local math_ceil = math.ceil
 local table_unpack = table.unpack or rawget(_G, "unpack")
@@ -163,8 +164,21 @@ local function check_id(id, fname)
   return id
 end
 
--- one attempt: doc, h | nil, "busy", info | nil, "not found" | nil, err, code
-local function attempt(self, id, o)
+-- inside nginx, where the request can yield: mongolock.ngx.documents,
+-- every round trip in a worker thread (nil elsewhere)
+local function ngx_docs(self)
+  if not rawget(_G, "ngx") then return nil end
+  local nd = require "mongolock.ngx.documents"
+  if nd.active(self) then return nd end
+  return nil
+end
+
+-- one attempt: doc, h | nil, "busy", info | nil, "not found" | nil, err,
+-- code.  deadline (monotonic, nil: none): inside nginx the caller stops
+-- waiting for the reply then
+local function attempt(self, id, o, deadline, fname)
+  local nd = ngx_docs(self)
+  if nd then return nd.attempt(self, id, o, deadline, fname) end
   if self.core:closed() then return nil, "closed" end
   local h, doc, info = self.core:doc_acquire(self.db, self.coll, id, math_ceil(o.ttl * 1000),
     self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex",
@@ -179,14 +193,16 @@ end
 function _M.try(self, id, opts)
   check_id(id, "try")
   local o = call_opts(self, opts, "try")
-  return attempt(self, id, o)
+  return attempt(self, id, o, nil, "try")
 end
 
 -- the wait loop, once the arguments are checked
-local function wait_for(self, id, o)
+local function wait_for(self, id, o, fname)
+  -- a try (timeout 0) waits for its one attempt's reply
+  local deadline = o.timeout > 0 and core.monotonic() + o.timeout or nil
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod,
-    attempt = function() return attempt(self, id, o) end,
+    attempt = function() return attempt(self, id, o, deadline, fname) end,
     new_state = function(deadline)
       return { locks = { core = self.core, database = self.db, collection = self.coll },
                name = id, field = self.owner_field, step = o.step, deadline = deadline,
@@ -203,7 +219,7 @@ end
 function _M.lock(self, id, opts)
   check_id(id, "lock")
   local o = call_opts(self, opts, "lock")
-  return wait_for(self, id, o)
+  return wait_for(self, id, o, "lock")
 end
 
 -- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err, code:
@@ -218,7 +234,7 @@ function _M.with(self, id, opts, fn, ...)
   check_id(id, "with")
   local o = call_opts(self, opts, "with")
   check_type(fn, "function", 3, "with")
-  local doc, h, info = wait_for(self, id, o)
+  local doc, h, info = wait_for(self, id, o, "with")
   if not doc then return nil, h, info end
   local res = pack(pcall(fn, doc, h, ...))
   if not res[1] then
@@ -240,6 +256,8 @@ end
 -- (one aggregate; remaining by the server's clock)
 function _M.status(self, id)
   check_id(id, "status")
+  local nd = ngx_docs(self)
+  if nd then return nd.status(self, id) end
   if self.core:closed() then return nil, "closed" end
   return self.core:doc_status(self.db, self.coll, id, math_ceil(self.ttl * 1000),
     self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex")

@@ -61,12 +61,9 @@ local config = {
   enabled = true,            -- false: round trips stay on the event loop (blocking)
 }
 
--- Phases where a request can yield (ngx.sleep, ngx.semaphore).
-local yieldable = {
-  rewrite = true, access = true, content = true, timer = true,
-  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
-  server_rewrite = true, preread = true,
-}
+-- Phases where a request can yield (ngx.sleep, ngx.semaphore): the
+-- library's one table of them
+local yieldable = require("mongolock.private").yieldable
 
 local semaphore
 local function ngx_api()

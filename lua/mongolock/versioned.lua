@@ -98,6 +98,14 @@ end
 
 -- ---- helpers --------------------------------------------------------------
 
+-- one command: inside nginx, where the request can yield, through
+-- client:command, which runs its round trip in a worker thread
+-- (mongolock.ngx); elsewhere on the core
+local function command(self, ...)
+  if rawget(_G, "ngx") and require("mongolock.ngx").active() then return self.client:command(...) end
+  return self.core:command(...)
+end
+
 local function is_null(v) return v == nil or v == null end
 
 -- the _id and version of doc, or raises at the caller of fname
@@ -292,7 +300,7 @@ end
 
 -- one findAndModify: true | nil, "conflict", current | nil, "not found"
 function _M._write_one(self, id, v, change)
-  local r, err, code = self.core:command(self.db, { findAndModify = self.coll }, {
+  local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
     query = { _id = id }, update = pipeline(self, v, change, "single"),
     new = false, upsert = false,
   })
@@ -314,7 +322,7 @@ function _M.insert(self, doc)
   if doc._id == nil then doc._id = core.ObjectId() end
   local old = doc[self.field]
   doc[self.field] = 1
-  local r, err, code = self.core:command(self.db, { insert = self.coll }, { documents = { doc } })
+  local r, err, code = command(self, self.db, { insert = self.coll }, { documents = { doc } })
   if not r then
     doc[self.field] = old
     return nil, err, code
@@ -354,7 +362,7 @@ end
 function _M.delete(self, doc)
   local id, v = check_doc(self, doc, 1, "delete")
   if self.core:closed() then return nil, "closed" end
-  local r, err, code = self.core:command(self.db, { findAndModify = self.coll }, {
+  local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
     query = { _id = id, ["$expr"] = { ["$cond"] = { match(self, v), true, raise_expr("conflict") } } },
     remove = true,
   })
@@ -373,7 +381,7 @@ end
 function _M.get(self, id)
   if id == nil then argerror(1, "get", "_id expected, got nil") end
   if self.core:closed() then return nil, "closed" end
-  local r, err, code = self.core:command(self.db, { find = self.coll },
+  local r, err, code = command(self, self.db, { find = self.coll },
     { filter = { _id = id }, limit = 1, singleBatch = true })
   if not r then return nil, err, code end
   local doc = r.cursor and r.cursor.firstBatch and r.cursor.firstBatch[1]
@@ -434,7 +442,7 @@ function _M.insert_many(self, docs)
     olds[i] = d[self.field]
     d[self.field] = 1
   end
-  local r, err, code, reply = self.core:command(self.db, { insert = self.coll },
+  local r, err, code, reply = command(self, self.db, { insert = self.coll },
     { documents = docs, ordered = false })
   local results = {}
   for i = 1, #docs do results[i] = true end
@@ -467,7 +475,7 @@ local function write_many(self, docs, changes)
     updates[i] = { q = { _id = ids[i] }, u = pipeline(self, vs[i], changes[i], "bulk"),
       upsert = true, multi = false }
   end
-  local r, err, code, reply = self.core:command(self.db, { update = self.coll },
+  local r, err, code, reply = command(self, self.db, { update = self.coll },
     { updates = updates, ordered = false })
   reply = r or reply
   if not r and not (reply and reply.writeErrors) then return nil, err, code end
@@ -490,7 +498,7 @@ local function write_many(self, docs, changes)
     if results[i] == true then docs[i][self.field] = vs[i] + 1 end
   end
   if #conflicted > 0 then
-    local fr = self.core:command(self.db, { find = self.coll },
+    local fr = command(self, self.db, { find = self.coll },
       { filter = { _id = { ["$in"] = conflicted } } })
     local byid = {}
     if fr and fr.cursor then
@@ -569,7 +577,7 @@ function _M.delete_many(self, docs)
     deletes[i] = { q = { _id = d._id, ["$expr"] = { ["$cond"] = {
       match(self, d[self.field]), true, raise_expr("conflict") } } }, limit = 1 }
   end
-  local r, err, code, reply = self.core:command(self.db, { delete = self.coll },
+  local r, err, code, reply = command(self, self.db, { delete = self.coll },
     { deletes = deletes, ordered = false })
   reply = r or reply
   if not r and not (reply and reply.writeErrors) then return nil, err, code end

@@ -17,6 +17,11 @@
 -- locks:status, locks:list and locks:force_release go through the same
 -- jobs (one each).
 --
+-- The handles of document locks (mongolock.ngx.documents) are the same,
+-- with lease.kind = "document" and lease.impl = {release(lease, changes),
+-- extend(lease, ttl), release_op(lease)}: h:release(changes) writes the
+-- caller's changes in the releasing command, as csrc/lock.c does.
+--
 -- renew: while held, a timer extends the lease every third of its ttl (an
 -- extend that finds it gone makes it lost).
 
@@ -46,7 +51,8 @@ mt.__index = function(h, k)
   if k == "database" then return lease.ctx.db end
   if k == "collection" then return lease.ctx.coll end
   if k == "renew" then return rawget(h, "_renew") end
-  if k == "kind" then return "named" end
+  if k == "kind" then return lease.kind or "named" end
+  if k == "token" then return lease.token or 0 end
   return lease[k]
 end
 
@@ -58,6 +64,17 @@ local function state(h)
   return lease.state
 end
 
+-- how a lease is released and extended: named locks' (mongolock.ngx.locks)
+-- unless the lease brings its own (lease.impl)
+local named = {
+  release = function(lease) return nlocks.release(lease) end,
+  extend = function(lease, ttl) return nlocks.extend(lease, ttl) end,
+  release_op = function(lease)
+    return core.op_release{ db = lease.ctx.db, coll = lease.ctx.coll, name = lease.name, owner = lease.owner }
+  end,
+}
+local function impl(lease) return lease.impl or named end
+
 local function check_self(h, fname)
   if getmetatable(h) ~= mt then
     error("bad argument #1 to '" .. fname .. "' (mongolock.Lock expected, got " .. type(h) .. ")", 3)
@@ -66,11 +83,18 @@ end
 
 function methods.release(h, changes)
   check_self(h, "release")
-  if changes ~= nil then error("bad argument #1 to 'release' (a named lock's release takes no changes)", 2) end
+  local lease = rawget(h, "_lease")
+  if changes ~= nil then
+    if lease.kind ~= "document" then
+      error("bad argument #1 to 'release' (a named lock's release takes no changes)", 2)
+    end
+    if type(changes) ~= "table" then
+      error("bad argument #1 to 'release' (table expected, got " .. type(changes) .. ")", 2)
+    end
+  end
   local st = state(h)
   if st ~= "held" then return nil, st end
-  local lease = rawget(h, "_lease")
-  local ok, err, code = nlocks.release(lease)
+  local ok, err, code = impl(lease).release(lease, changes)
   if ok then
     lease.state = "not held"
     return true
@@ -93,7 +117,7 @@ function methods.extend(h, ttl)
   local st = state(h)
   if st ~= "held" then return nil, st end
   local lease = rawget(h, "_lease")
-  local ok, err, code = nlocks.extend(lease, ttl or lease.ttl)
+  local ok, err, code = impl(lease).extend(lease, ttl or lease.ttl)
   if ok then return true end
   if err == "lost" then
     lease.state = "lost"
@@ -130,7 +154,7 @@ end
 
 function methods.token_string(h)
   check_self(h, "token_string")
-  return string_format("%.0f", rawget(h, "_lease").token)
+  return string_format("%.0f", rawget(h, "_lease").token or 0)
 end
 
 -- releases if held; afterwards every method answers nil, "closed"
@@ -157,8 +181,7 @@ local function on_collect(h, lease)
   local function release()
     if lease.state == "held" and not lease.closed then
       lease.state = "not held"
-      transport.release_later(lease.ctx.spec, core.op_release{ db = lease.ctx.db, coll = lease.ctx.coll,
-        name = lease.name, owner = lease.owner })
+      transport.release_later(lease.ctx.spec, impl(lease).release_op(lease))
     end
   end
   if newproxy then
@@ -179,7 +202,7 @@ local function start_renewal(lease)
       lease.state = "lost"
       return
     end
-    local ok, err = nlocks.extend(lease, lease.ttl)
+    local ok, err = impl(lease).extend(lease, lease.ttl)
     if not ok and err == "lost" then
       lease.state = "lost"
       return
@@ -190,6 +213,8 @@ local function start_renewal(lease)
   ngx.timer.at(lease.ttl / 3, tick)
 end
 
+-- h = handle.new(owner, lease, renew): the handle of a lease won by owner
+-- (a locks or documents object: owner.core is its client's core)
 local function handle(locks, lease, renew)
   lease.state = "held"
   local h = setmetatable({ _lease = lease, _locks = locks, _renew = renew and true or false }, mt)
@@ -197,6 +222,8 @@ local function handle(locks, lease, renew)
   if renew then start_renewal(lease) end
   return h
 end
+
+_M.new = handle
 
 -- the mongolock.ngx.locks context of a locks object
 local function context(locks)
