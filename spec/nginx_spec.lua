@@ -21,6 +21,10 @@ local SPEC_LOCATIONS = [[
             content_by_lua_file api_spec.lua;
         }
 
+        location = /doc-api-spec {
+            content_by_lua_file doc_api_spec.lua;
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
@@ -123,6 +127,24 @@ local SPEC_LOCATIONS = [[
             }
         }
 
+        # ?coll=: a document lock taken with a 1 s timeout and released
+        location = /doc-short {
+            content_by_lua_block {
+                local c = package.loaded.doc_spec_client
+                if not c then
+                    c = assert(require("mongolock").connect(os.getenv("MONGODB_URI"), { appname = "doc-spec" }))
+                    package.loaded.doc_spec_client = c
+                end
+                local docs = c:documents("mongolock_example", ngx.var.arg_coll, { ttl = 10, timeout = 1 })
+                local doc, h = docs:lock("counter", { insert = { n = 0 } })
+                if doc then h:release() end
+                local body = doc and "locked" or tostring(h)
+                ngx.status = doc and 200 or 503
+                ngx.header.content_length = #body + 1
+                ngx.say(body)
+            }
+        }
+
         location = /mongolock-stats {
             content_by_lua_block {
                 local out = {}
@@ -189,6 +211,56 @@ local st = assert(locks:status(key))
 say("status", tostring(st.held), tostring(st.token == h4.token), tostring(#assert(locks:list()) >= 1))
 say("forced", tostring(locks:force_release(key)), tostring(select(2, h4:release())),
   tostring(select(2, locks:force_release(key))))
+ngx.header.content_length = #table.concat(out, "\n") + 1
+ngx.say(table.concat(out, "\n"))
+]==]
+
+local DOC_API_HANDLER = [==[
+local mongolock = require "mongolock"
+local transport = require "mongolock.ngx"
+package.loaded.api_spec_client = package.loaded.api_spec_client
+  or assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "api-spec" }))
+local docs = package.loaded.api_spec_client:documents("mongolock_example", "nginx_doc_api_spec", { ttl = 5 })
+local key = ngx.var.arg_key
+local out = {}
+local function say(...) out[#out + 1] = table.concat({ ... }, " ") end
+local jobs0 = transport.stats().jobs
+
+say("missing", tostring(select(2, docs:try(key))))
+local doc, h = assert(docs:try(key, { insert = { n = 1 } }))
+say("try", tostring(h:held()), h.kind, tostring(h.id == key), tostring(doc.n))
+local _, berr, info = docs:try(key)
+say("busy", tostring(berr), tostring(info.owner == h.owner), tostring(info.doc.n),
+  tostring(select(2, docs:lock(key, { timeout = 0.3 }))))
+local st = assert(docs:status(key))
+say("status", tostring(st.held), tostring(st.owner == h.owner))
+assert(h:extend(10))
+say("extended", tostring(h:remaining() > 5))
+say("bad changes", tostring(not pcall(h.release, h, { lockId = "x" })), tostring(h:held()))
+say("released", tostring(h:release({ n = 2 })), tostring(h:held()), tostring(select(2, h:release())))
+
+-- a waiter gets the document when its holder releases it
+local d2, h2 = assert(docs:lock(key, { timeout = 5 }))
+local t = ngx.thread.spawn(function() ngx.sleep(0.3); return h2:release({ n = d2.n + 1 }) end)
+local d3, h3 = docs:lock(key, { timeout = 5 })
+say("handed", tostring(d3 and d3.n), tostring(h3 and h3:held()), tostring(select(2, ngx.thread.wait(t))))
+h3:close()
+say("closed", tostring(select(2, h3:release())))
+local w = docs:with(key, function(d) return { n = d.n + 1 } end)
+local d5, h5 = assert(docs:try(key))
+say("with", tostring(w and w.n), tostring(d5.n))
+h5:release()
+
+-- a handle collected while it holds is released from a timer
+do
+  local _, hg = assert(docs:try(key, { ttl = 30 }))
+end
+collectgarbage()
+collectgarbage()
+local dg, hg2 = docs:lock(key, { timeout = 5 })
+say("collected", tostring(dg ~= nil))
+if hg2 then hg2:release() end
+say("jobs", tostring(transport.stats().jobs - jobs0 >= 15))
 ngx.header.content_length = #table.concat(out, "\n") + 1
 ngx.say(table.concat(out, "\n"))
 ]==]
@@ -306,7 +378,8 @@ describe("#integration nginx with resty.mongolock", function()
     -- a new user's database: no counter document yet
     assert(observer:command(EXAMPLE_DB, { dropDatabase = 1 }))
     nginx = start_nginx({ locations = SPEC_LOCATIONS, files = { ["gate_spec.lua"] = GATE_HANDLER,
-      ["saturate_spec.lua"] = SATURATE_HANDLER, ["api_spec.lua"] = API_HANDLER } })
+      ["saturate_spec.lua"] = SATURATE_HANDLER, ["api_spec.lua"] = API_HANDLER,
+      ["doc_api_spec.lua"] = DOC_API_HANDLER } })
   end)
 
   teardown(function()
@@ -533,6 +606,36 @@ describe("#integration nginx with resty.mongolock", function()
     assert.equal(200, code, body)
   end)
 
+  it("answers a document lock's timeout while the server does not answer, and releases at once the "
+     .. "document an attempt locked after its caller gave up", function()
+    local coll = helpers.unique("docshort")
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 4000 })
+    local blocked_at = socket.gettime()
+    local ok, responses, pings = pcall(load, nginx.port, "/doc-short?coll=" .. coll, 2, pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print("# nginx, server not answering, document locks: /ping meanwhile: " .. summary(pings))
+    for _, r in ipairs(responses) do
+      assert.equal(503, r.code, r.body)
+      assert.equal("timeout\n", r.body)
+      assert.is_true(r.took < 2, format("/doc-short answered after %.2f s (timeout 1 s)", r.took))
+    end
+    table.sort(pings)
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+    -- the attempts end after the block: the one that locked the document
+    -- (created by its insert) for a caller gone releases it at once (its
+    -- lease, 10 s, would free it only later)
+    local docs = observer:documents(EXAMPLE_DB, coll)
+    local free = poll(function()
+      local st = docs:status("counter")
+      return st and not st.held and socket.gettime()
+    end, 9, "the document to be unlocked")
+    assert.is_true(free - blocked_at < 9, "the document stayed locked until its lease ended")
+    local code, body = get(nginx.port, "/doc-short?coll=" .. coll)
+    assert.equal(200, code, body)
+  end)
+
   it("releases at once a lock won for a request whose client went away meanwhile", function()
     local locks = counter_lock()
     local st0 = locks:status("counter")
@@ -604,6 +707,33 @@ describe("#integration nginx with resty.mongolock", function()
       "with inside",
       "status true true true",
       "forced true lost not held",
+    }, "\n") .. "\n", responses[1].body)
+    table.sort(pings)
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+  end)
+
+  it("runs client:documents() (try, lock, with, status, the handle) off the event loop", function()
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 200 })
+    local ok, responses, pings = pcall(load, nginx.port, "/doc-api-spec?key=" .. helpers.unique("doc"), 1,
+      pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print("# nginx, client:documents() with every command delayed 200 ms: /ping meanwhile: " .. summary(pings))
+    assert.equal(200, responses[1].code, responses[1].body .. (helpers.read_file(nginx.log) or ""))
+    assert.equal(table.concat({
+      "missing not found",
+      "try true document true 1",
+      "busy busy true 1 timeout",
+      "status true true",
+      "extended true",
+      "bad changes true true",
+      "released true false not held",
+      "handed 3 true true",
+      "closed closed",
+      "with 4 4",
+      "collected true",
+      "jobs true",
     }, "\n") .. "\n", responses[1].body)
     table.sort(pings)
     assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
