@@ -9,6 +9,11 @@
 --                               TIMEOUT (woken by the change stream;
 --                               queue_ttl $QUEUE_TTL, else 30), print "held
 --                               PID TOKEN" and release after a moment
+--   count KIND NAME TIMEOUT N   as wait, but counts its early wake-ups (a
+--                               wait step that ends more than a second
+--                               before its deadline) and keeps what it
+--                               takes: prints "held PID TOKEN WAKES" and
+--                               sleeps until killed, or "timeout WAKES"
 --   multi set X,Y COUNT ORDER   COUNT times: the exclusive lock X and a
 --                               permit of Y as one set (acquire_all), listed
 --                               in ORDER ("fwd" or "rev")
@@ -54,6 +59,23 @@ elseif mode == "wait" then
   say("held", core.getpid(), h:token_string())
   core.sleep(0.2)
   assert(h:release())
+elseif mode == "count" then
+  local locks_mod = require "mongolock.locks"
+  local real = locks_mod.get_wait()
+  local wakes = 0
+  locks_mod.set_wait({ sleep_until_retry = function(state)
+    local r1, r2, r3 = real.sleep_until_retry(state)
+    if core.monotonic() < state.deadline - 1 then wakes = wakes + 1 end
+    return r1, r2, r3
+  end })
+  say("waiting", core.getpid())
+  local h, err = take({ timeout = tonumber(a), queue_ttl = 60, wait = "watch" })
+  if not h then
+    say(tostring(err), wakes)
+  else
+    say("held", core.getpid(), h:token_string(), wakes)
+    core.sleep(120)
+  end
 elseif mode == "multi" then
   -- multi set NAMES COUNT ORDER: COUNT times take the exclusive lock of the
   -- first name and a permit (N = 1) of the second, listed in ORDER ("fwd"

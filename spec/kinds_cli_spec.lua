@@ -99,4 +99,70 @@ describe("#integration mongolock exec --shared / --permits", function()
     code = exec("--shared", "--permits", "2", name, "--", "true")
     assert.equal(64, code)
   end)
+  it("status and list show shares and permits in use, their holders and waiters", function()
+    local cli = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll }
+    local function run(...)
+      local args = {}
+      for _, a in ipairs(cli) do args[#args + 1] = a end
+      for _, a in ipairs({ ... }) do args[#args + 1] = a end
+      return mongolock(args)
+    end
+    local pid = tostring(require("mongolock.core").getpid())
+    -- a reader-writer lock held by two readers, nobody writing
+    local rname = helpers.unique("readers")
+    local r1, r2 = assert(rw:try_read(rname)), assert(rw:try_read(rname))
+    local code, out, err = run("status", rname)
+    assert.equal(0, code, err)
+    assert.matches("state     shared\n", out, 1, true)
+    assert.matches("readers   2\n", out, 1, true)
+    local _, lines = out:gsub("\n  shared +[^\n]*pid " .. pid .. " kinds%-cli token %d+", "")
+    assert.equal(2, lines, out)
+    -- a semaphore of one permit, held, with a waiter in another process
+    local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
+    local sname = helpers.unique("permit")
+    local p1 = assert(one:try(sname, { ttl = 60 }))
+    local w = helpers.spawn(helpers.root .. "/spec/kinds_child.lua", { helpers.database, coll,
+      "wait", "permit", sname, "20", "", "1" })
+    assert.truthy(helpers.eventually(function()
+      return (assert(one:status(sname)).waiting or 0) == 1
+    end, 10))
+    code, out, err = run("status", sname)
+    assert.equal(0, code, err)
+    assert.matches("state     permits\n", out, 1, true)
+    assert.matches("permits   1 of 1 in use\n", out, 1, true)
+    assert.matches("waiting   1 for permits\n", out, 1, true)
+    assert.matches("\n  permit +[^\n]*pid " .. pid, out)
+    -- list: one row per name, the shares and waiters in HOLDER
+    code, out, err = run("list")
+    assert.equal(0, code, err)
+    local rrow = out:match("\n(" .. rname:gsub("%p", "%%%0") .. " [^\n]*)")
+    local srow = out:match("\n(" .. sname:gsub("%p", "%%%0") .. " [^\n]*)")
+    assert.truthy(rrow, out)
+    assert.truthy(srow, out)
+    assert.matches("^%S+ +shared +%d+ +2 readers: [^,]*pid " .. pid .. "[^,]*, [^,]*pid " .. pid,
+      rrow)
+    assert.matches("^%S+ +permits +%d+ +1 of 1 permits: [^;]*pid " .. pid .. "[^;]*; 1 waiting",
+      srow)
+    code, out = run("list", "--json")
+    assert.equal(0, code)
+    local byname = {}
+    for _, rec in ipairs(require("cjson").decode(out)) do byname[rec.name] = rec end
+    assert.equal("shared", byname[rname].state)
+    assert.equal(2, byname[rname].shares.in_use)
+    assert.equal(r1.owner, byname[rname].shares.holders[1].owner)
+    assert.equal(1, byname[sname].shares.waiting)
+    assert.equal(p1:token_string(), byname[sname].shares.holders[1].token)
+    -- the permit goes to the waiter; then the row shows its holder
+    assert.is_true(p1:release())
+    assert.truthy(w:wait_for("held (%d+)", 10), w:output())
+    local wpid = w:output():match("held (%d+)")
+    assert.equal(0, (w:wait(10)))
+    w:cleanup()
+    assert.is_true(r1:release())
+    assert.is_true(r2:release())
+    code, out = run("status", rname)
+    assert.equal(1, code, out)
+    assert.matches("state     free\n", out, 1, true)
+    assert.is_string(wpid)
+  end)
 end)

@@ -243,6 +243,59 @@ describe("#integration semaphores", function()
     end
   end)
 
+  it("a release of one permit wakes one of four waiters, not all of them", function()
+    -- 2 permits held for 60 s, 4 waiters in other processes with places
+    -- kept 60 s: nothing but a release's event can end their wait early.
+    -- Each child counts its early wake-ups (a wait step ending more than
+    -- a second before its 12 s deadline); a release that woke every
+    -- waiter would give the ones left waiting one each.
+    local name = helpers.unique("one-wake")
+    local two = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
+    local a = assert(two:try(name, { ttl = 60 }))
+    local b = assert(two:try(name, { ttl = 60 }))
+    local ws = {}
+    for i = 1, 4 do
+      ws[i] = spawn("count", "permit", name, 12, nil, 2)
+      assert.truthy(ws[i]:wait_for("waiting %d+", 10))
+    end
+    assert.truthy(helpers.eventually(function()
+      return (assert(two:status(name)).waiting or 0) == 4
+    end, 10))
+    local function holders()
+      local n = {}
+      for i, p in ipairs(ws) do
+        if p:output():match("held %d+ %d+ %d+") then n[#n + 1] = i end
+      end
+      return n
+    end
+    assert.is_true(a:release())
+    assert.truthy(helpers.eventually(function() return #holders() >= 1 end, 10))
+    local st = assert(two:status(name))
+    assert.equal(2, st.in_use)
+    assert.equal(3, st.waiting)
+    assert.is_true(b:release())
+    assert.truthy(helpers.eventually(function() return #holders() >= 2 end, 10))
+    -- the two left wait until their timeout, and say how often they woke
+    local won, left = 0, 0
+    for _, p in ipairs(ws) do
+      local out = p:output()
+      if out:match("held %d+ %d+ %d+") then
+        won = won + 1
+        assert.equal("1", out:match("held %d+ %d+ (%d+)"), out)   -- the one event
+        p:kill("KILL", tonumber(out:match("waiting (%d+)")))
+        p:wait(10)
+      else
+        local code, o = p:wait(20)
+        assert.equal(0, code, o)
+        assert.equal("0", o:match("timeout (%d+)"), o)
+        left = left + 1
+      end
+      p:cleanup()
+    end
+    assert.equal(2, won)
+    assert.equal(2, left)
+  end)
+
   it("a waiter killed with SIGKILL holds the queue up for at most its queue_ttl", function()
     local name = helpers.unique("dead-waiter")
     local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })

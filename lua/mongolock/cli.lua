@@ -368,12 +368,43 @@ local function until_text(rec)
   return rem and ("in " .. rem) or nil
 end
 
--- the shares and permits of a name (mongolock.shared), nil when it has none
-local function shares_of(client, locks, name)
-  local st = client:rwlocks({ database = locks.database, collection = locks.collection }):status(name)
+-- the shares and permits of a status of mongolock.shared, nil when it has
+-- none (no share or permit held, no semaphore, nobody waiting for one)
+local function shares_record(st)
   if not st or (st.in_use == 0 and not st.permits and (st.waiting or 0) == 0) then return nil end
   for _, h in ipairs(st.holders) do h.token = token_text(h.token) end
+  st.token = token_text(st.token)
   return st
+end
+
+local function rwlocks_of(client, locks)
+  return client:rwlocks({ database = locks.database, collection = locks.collection })
+end
+
+-- a name held by readers or permits only: "shared" or "permits"
+local function shared_state(rec, shares)
+  if rec.state == "held" or not shares or shares.in_use == 0 then return rec.state end
+  return shares.permits and "permits" or "shared"
+end
+
+-- "2 of 4 permits: host pid 1, host pid 2; 3 waiting"
+local function shares_text(shares)
+  local who = {}
+  for i, h in ipairs(shares.holders) do who[i] = holder_text(h.holder) end
+  local s = shares.permits and format("%d of %d permits", shares.in_use, shares.permits)
+    or format("%d reader%s", shares.in_use, shares.in_use == 1 and "" or "s")
+  if #who > 0 then s = s .. ": " .. concat(who, ", ") end
+  if (shares.waiting or 0) > 0 then s = s .. format("; %d waiting", shares.waiting) end
+  return s
+end
+
+-- the soonest end of a live share or permit, as "in 12.3 s"
+local function shares_until(shares)
+  local soonest
+  for _, h in ipairs(shares.holders) do
+    if h.remaining and (not soonest or h.remaining < soonest) then soonest = h.remaining end
+  end
+  return soonest and format("in %.1f s", soonest) or "-"
 end
 
 local function cmd_status(args)
@@ -381,7 +412,10 @@ local function cmd_status(args)
   local st, err = call(locks, "status", args.name)
   if st == nil and err ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(err)) end
   local rec = status_record(args.name, st)
-  local shares = shares_of(client, locks, args.name)
+  local sst, serr = call(rwlocks_of(client, locks), "status", args.name)
+  if sst == nil and serr ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(serr)) end
+  local shares = shares_record(sst)
+  rec.state = shared_state(rec, shares)
   client:close()
   if args.json then
     local j = json_record(rec)
@@ -389,7 +423,7 @@ local function cmd_status(args)
     json_out(j)
   else
     local out = { format("lock      %s", rec.name), format("state     %s", rec.state) }
-    if rec.state ~= "free" then
+    if rec.state == "held" or rec.state == "expired" then
       local when = until_text(rec)
       out[#out + 1] = format("holder    %s", holder_text(rec.holder))
       out[#out + 1] = format("owner     %s", tostring(rec.owner or "-"))
@@ -406,7 +440,10 @@ local function cmd_status(args)
         out[#out + 1] = format("  %-7s %s token %s, %s", h.mode, holder_text(h.holder), h.token,
           h.remaining and format("%.1f s left", h.remaining) or "-")
       end
-      if shares.waiting > 0 then out[#out + 1] = format("waiting   %d (shares, permits)", shares.waiting) end
+      if shares.waiting > 0 then
+        out[#out + 1] = format("waiting   %d for %s", shares.waiting,
+          shares.permits and "permits" or "shares")
+      end
     end
     io.stdout:write(concat(out, "\n"), "\n")
   end
@@ -419,10 +456,28 @@ local function cmd_list(args)
   if type(locks.list) ~= "function" then fail(EXIT.software, "this version of the library has no locks:list()") end
   local all, err = call(locks, "list")
   if not all then fail(EXIT.unavailable, "list: %s", tostring(err)) end
+  local sall, serr = call(rwlocks_of(client, locks), "list")
+  if not sall then fail(EXIT.unavailable, "list: %s", tostring(serr)) end
   client:close()
-  local recs = {}
+  local recs, byname = {}, {}
   for _, st in ipairs(all) do
-    recs[#recs + 1] = status_record(st.name or st._id or st.id, st)
+    local rec = status_record(st.name or st._id or st.id, st)
+    recs[#recs + 1] = rec
+    byname[rec.name] = rec
+  end
+  -- the shares, permits and their waiters of each name that has some
+  for _, sst in ipairs(sall) do
+    local shares = shares_record(sst)
+    if shares then
+      local rec = byname[sst.name]
+      if not rec then
+        rec = status_record(sst.name, nil)
+        recs[#recs + 1] = rec
+        byname[sst.name] = rec
+      end
+      rec.shares = shares
+      rec.state = shared_state(rec, shares)
+    end
   end
   sort(recs, function(a, b) return tostring(a.name) < tostring(b.name) end)
   if args.json then
@@ -436,12 +491,17 @@ local function cmd_list(args)
     -- EXPIRES: time left on a held lease, or when an expired one ended
     local rows = { { "NAME", "STATE", "TOKEN", "HOLDER", "EXPIRES" } }
     for _, r in ipairs(recs) do
-      local shown = r.state ~= "free"
+      local shown = r.state == "held" or r.state == "expired"
+      local holder = shown and holder_text(r.holder) or "-"
+      local expires = shown and (until_text(r) or iso(r.expires_at)) or "-"
+      if r.shares then
+        holder = shown and (holder .. "; " .. shares_text(r.shares)) or shares_text(r.shares)
+        if not shown then expires = shares_until(r.shares) end
+      end
       rows[#rows + 1] = {
-        tostring(r.name), r.state,
-        token_text(r.token),
-        shown and holder_text(r.holder) or "-",
-        shown and (until_text(r) or iso(r.expires_at)) or "-",
+        tostring(r.name), r.state, r.token and token_text(r.token) or (r.shares and r.shares.token or "-"),
+        holder,
+        expires,
       }
     end
     local width = {}
