@@ -65,7 +65,8 @@ local defaults = {
 _M.defaults = defaults
 
 local VALID = private.set({ "uri", "client", "database", "collection", "appname", "exptime",
-  "timeout", "step", "ratio", "max_step", "server_selection_timeout", "server_timeout" })
+  "timeout", "step", "ratio", "max_step", "server_selection_timeout", "server_timeout", "mode",
+  "permits" })
 
 -- per process: uri -> client, uri|db|collection -> locks, and the gates
 -- (locks -> key -> gate)
@@ -119,7 +120,11 @@ end
 --         obj, err = mongolock:new(dict_name, opts)   (lua-resty-lock's form)
 -- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
 -- timeout, step, ratio, max_step, appname, server_selection_timeout,
--- server_timeout.  dict_name, lua-resty-lock's shared dictionary, names the
+-- server_timeout, mode, permits.  mode = "read" takes a reader's share of
+-- the key as a reader-writer lock (readers hold it together; "write", the
+-- default, is the exclusive lock writers take); permits = N takes one of
+-- N permits of the key as a counting semaphore (every caller gives the same
+-- N).  dict_name, lua-resty-lock's shared dictionary, names the
 -- collection here (unless opts.collection does): keys of different
 -- dictionaries stay apart, as they do in lua-resty-lock.
 function _M.new(_, dict_name, opts)
@@ -160,10 +165,29 @@ function _M.new(_, dict_name, opts)
     if o[k] ~= nil then o[k] = private.seconds(o[k], n, "new", k, 2) end
   end
 
+  if o.mode ~= nil and o.mode ~= "read" and o.mode ~= "write" then
+    private.argerror(n, "new", 'mode must be "read" or "write", got ' .. private.shown(o.mode), 2)
+  end
+  if o.permits ~= nil and o.mode ~= nil then
+    private.argerror(n, "new", "mode and permits exclude each other (permits: a semaphore)", 2)
+  end
+
   local locks, err = locks_for(o)
   if not locks then return nil, err end
+  -- a reader's share or a permit (mongolock.shared); a bad N raises here
+  local shared
+  if o.mode == "read" then
+    shared = locks.client:rwlocks({ database = locks.database, collection = locks.collection })
+  elseif o.permits ~= nil then
+    local ok, sem = pcall(locks.client.semaphores, locks.client, { database = locks.database,
+      collection = locks.collection, permits = o.permits })
+    if not ok then
+      private.argerror(n, "new", tostring(sem):match("%((permits[^)]*)%)") or tostring(sem), 2)
+    end
+    shared = sem
+  end
   return setmetatable({
-    locks = locks, handle = nil, exptime = o.exptime, timeout = o.timeout,
+    locks = locks, shared = shared, handle = nil, exptime = o.exptime, timeout = o.timeout,
     step = o.step, ratio = o.ratio, max_step = o.max_step,
   }, mt)
 end
@@ -301,10 +325,37 @@ end
 -- elapsed: seconds waited before the lock was won (0 at once).
 -- err: "timeout" (still held by another after opts.timeout), "locked"
 -- (this object already holds a lock), or the library's error.
+-- a reader's share or a permit: one try, then the library's wait for the
+-- time left (queued in the document, woken by the change stream).  No
+-- gate: readers and permit holders of one worker hold the key together.
+local function lock_shared(self, key)
+  local shared = self.shared
+  local permit = shared.kind == "semaphore"
+  local start = monotonic()
+  local o = { ttl = self.exptime }
+  local h, err, code
+  if permit then h, err, code = shared:try(key, o) else h, err, code = shared:try_read(key, o) end
+  local waited = false
+  if not h and err == "busy" and self.timeout > 0 then
+    waited = true
+    o = { ttl = self.exptime, timeout = self.timeout, step = self.step, ratio = self.ratio,
+      max_step = self.max_step }
+    if permit then h, err, code = shared:acquire(key, o) else h, err, code = shared:read(key, o) end
+  end
+  if not h then
+    if err == "busy" or err == "timeout" then return nil, "timeout" end
+    -- another kind or another N: the library's message
+    return nil, err, code
+  end
+  self.handle = h
+  return waited and (monotonic() - start) or 0
+end
+
 function _M.lock(self, key)
   -- a bad key raises here, before this object enters the gate
   check_name(key, "lock")
   if self.handle or self.lease then return nil, "locked" end
+  if self.shared then return lock_shared(self, key) end
   local locks, topts = self.locks, { ttl = self.exptime }
   local start = monotonic()
   local deadline = start + self.timeout
