@@ -206,7 +206,7 @@ describe("#integration reader-writer locks", function()
   it("refuses malformed input at the caller, writing nothing", function()
     local name = helpers.unique("bad")
     assert.has_error(function() rw:read(name, { permits = 2 }) end,
-      "bad argument #2 to 'read' (unknown option permits)")
+      "bad argument #2 to 'read' (unknown option 'permits')")
     assert.has_error(function() rw:try_read(name, { ttl = 0 }) end)
     assert.has_error(function() rw:try_read(name, { ttl = 1e10 }) end)
     assert.has_error(function() rw:try_read(name, "fast") end)
@@ -214,6 +214,19 @@ describe("#integration reader-writer locks", function()
     assert.has_error(function() rw:try_read(("x"):rep(1025)) end)
     assert.has_error(function() client:rwlocks("x") end)
     assert.has_error(function() client:rwlocks({ permits = 2 }) end)
+    -- the library's option checks: a slip is named with the nearest option,
+    -- and the error points at the caller
+    for _, f in ipairs({
+      function() local h = rw:read(name, { tll = 1 }); return h end,
+      function() local h = rw:try_read(name, { renew = "yes" }); return h end,
+      function() local r = client:rwlocks({ colection = "x" }); return r end,
+      function() local s = client:acquire_all({ { rw, name, "read" } }, { tmeout = 1 }); return s end,
+    }) do
+      local ok, msg = pcall(f)
+      assert.is_false(ok)
+      assert.matches("^[^\n]*rwlock_spec%.lua:%d+: bad argument #%d to '[%w_]+' %(", msg)
+    end
+    assert.matches("did you mean 'ttl'", select(2, pcall(rw.read, rw, name, { tll = 1 })), 1, true)
     assert.has_error(function()
       client._core:share_acquire(helpers.database, coll, name, "both", nil, 1000)
     end, "bad argument #4 to 'share_acquire' (mode must be \"shared\" or \"permit\")")

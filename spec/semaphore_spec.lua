@@ -115,7 +115,7 @@ describe("#integration semaphores", function()
       client:semaphores({ database = helpers.database, collection = coll }):try(name)
     end, "bad argument #2 to 'try' (permits expected (semaphores{permits = N} or {permits = N}))")
     assert.has_error(function() sems:try(name, { bogus = 1 }) end,
-      "bad argument #2 to 'try' (unknown option bogus)")
+      "bad argument #2 to 'try' (unknown option 'bogus')")
     assert.has_error(function() sems:acquire(name, { ttl = -1 }) end)
     assert.has_error(function() sems:acquire(name, { wait = "sometimes" }) end)
     assert.has_error(function() sems:try(42) end, "bad argument #1 to 'try' (string expected, got number)")

@@ -17,98 +17,90 @@
 -- queue behind it (writers first).
 
 local core = require "mongolock.core"
+local private = require "mongolock.private"
 local wait = require "mongolock.wait"
 local locks_mod = require "mongolock.locks"
 
 local type = type
 local pcall = pcall
 local pairs = pairs
-local error = error
 local ipairs = ipairs
 local math_max = math.max
-local tostring = tostring
 local setmetatable = setmetatable
 local getmetatable = getmetatable
 local string_format = string.format
 local math_ceil = math.ceil
 local math_floor = math.floor
-local math_huge = math.huge
 local monotonic = core.monotonic
 local getpid = core.getpid
+local argerror = private.argerror
+local check_name = private.check_name
 
 local _M = { _VERSION = "0.1.0", PERMITS_MAX = 1000000 }
 
-local function argerror(n, fname, msg, level)
-  error(string_format("bad argument #%d to '%s' (%s)", n, fname, msg), level + 1)
-end
-
 local function check_permits(v, n, fname, level)
   if type(v) ~= "number" or v ~= v or v < 1 or v > _M.PERMITS_MAX or math_floor(v) ~= v then
-    argerror(n, fname, "permits must be an integer from 1 to 1000000, got " ..
-      (type(v) == "number" and tostring(v) or type(v)), level + 1)
+    argerror(n, fname, "permits must be an integer from 1 to 1000000, got " .. private.shown(v),
+      level + 1)
   end
   return v
 end
 
--- the per-call options and their checks
-local SECONDS = { ttl = true, timeout = true, step = true, ratio = true, max_step = true,
-  queue_ttl = true }
+-- the options of a call and their checks, as mongolock.locks checks them
+local CHECKS = {
+  ttl = private.ttl, timeout = private.timeout, step = private.seconds,
+  max_step = private.seconds, queue_ttl = private.ttl,
+  ratio = function(v, n, fname, what, level)
+    private.seconds(v, n, fname, what, level + 1)
+    if v < 1 then argerror(n, fname, "ratio must be >= 1 (got " .. private.shown(v) .. ")", level + 1) end
+    return v
+  end,
+  renew = function(v, n, fname, what, level)
+    if type(v) ~= "boolean" then
+      argerror(n, fname, what .. ": boolean expected, got " .. type(v), level + 1)
+    end
+    return v
+  end,
+  wait = function(v, n, fname, _, level)
+    wait.check_mode(v, n, fname, level + 1)
+    return v
+  end,
+  permits = function(v, n, fname, _, level)
+    check_permits(v, n, fname, level + 1)
+    return v
+  end,
+}
+local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait" }
+local VALID_CALL = { rw = private.set(CALL_OPTS), semaphore = private.set(CALL_OPTS, { "permits" }) }
 
 local function check_call(self, opts, n, fname, level)
   level = level + 1
   if opts == nil then opts = {} end
-  if type(opts) ~= "table" then argerror(n, fname, "table expected, got " .. type(opts), level) end
+  private.check_type(opts, "table", n, fname, false, level)
+  private.check_keys(opts, VALID_CALL[self.kind], n, fname, level)
   local o = setmetatable({}, { __index = self.o })
-  for k, v in pairs(opts) do
-    if SECONDS[k] then
-      if type(v) ~= "number" or v ~= v or v < 0 or (v == math_huge and k ~= "timeout")
-        or (v == 0 and k ~= "timeout") then
-        argerror(n, fname, k .. " must be a positive number of seconds", level)
-      end
-      o[k] = v
-    elseif k == "renew" then
-      o.renew = v and true or false
-    elseif k == "wait" then
-      if type(v) ~= "string" or not wait.modes[v] then
-        argerror(n, fname, 'wait must be "auto", "watch" or "poll"', level)
-      end
-      o.wait = v
-    elseif k == "permits" and self.kind == "semaphore" then
-      o.permits = check_permits(v, n, fname, level)
-    else
-      argerror(n, fname, "unknown option " .. tostring(k), level)
-    end
-  end
-  if o.ratio < 1 then argerror(n, fname, "ratio must be >= 1", level) end
-  if o.ttl > 365 * 86400 then argerror(n, fname, "ttl must be at most a year", level) end
+  for k, v in pairs(opts) do o[k] = CHECKS[k](v, n, fname, k, level) end
   if self.kind == "semaphore" and o.permits == nil then
     argerror(n, fname, "permits expected (semaphores{permits = N} or {permits = N})", level)
   end
   return o
 end
 
-local function check_name(name, fname, level)
-  if type(name) ~= "string" then
-    argerror(1, fname, "string expected, got " .. type(name), level + 1)
-  end
-  if #name == 0 then argerror(1, fname, "name must not be empty", level + 1) end
-  if #name > 1024 then argerror(1, fname, "name longer than 1024 bytes", level + 1) end
-  if name:find("\0", 1, true) then argerror(1, fname, "name contains a NUL byte", level + 1) end
-  if not core.utf8_valid(name) then argerror(1, fname, "name is not valid UTF-8", level + 1) end
-  return name
-end
-
 local mt = { __index = _M }
 
 -- kind: "rw" | "semaphore"; opts: those of client:locks, and permits
+-- the options of client:locks (its defaults' names), and permits
+local VALID_NEW = { rw = { database = true }, semaphore = { database = true, permits = true } }
+for k in pairs(locks_mod.defaults) do
+  VALID_NEW.rw[k], VALID_NEW.semaphore[k] = true, true
+end
+
 function _M.new(client, kind, opts, fname)
-  if opts ~= nil and type(opts) ~= "table" then
-    argerror(1, fname, "table expected, got " .. type(opts), 3)
-  end
+  private.check_type(opts, "table", 1, fname, true, 3)
+  private.check_keys(opts or {}, VALID_NEW[kind], 1, fname, 3)
   local lopts, permits = {}, nil
   for k, v in pairs(opts or {}) do
     if k == "permits" then
-      if kind ~= "semaphore" then argerror(1, fname, "unknown option permits", 3) end
       permits = check_permits(v, 1, fname, 3)
     else
       lopts[k] = v
@@ -123,7 +115,7 @@ function _M.new(client, kind, opts, fname)
   }
   return setmetatable({
     kind = kind, locks = locks, client = client, core = client._core,
-    database = locks.database, collection = locks.collection,
+    database = locks.database, collection = locks.collection, bound = locks.bound,
     expire_after = locks.expire_after or 86400, app = client.appname, o = o,
   }, mt)
 end
@@ -182,41 +174,36 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling)
   return nil, e, v
 end
 
--- the wait loop: queued in the document's squeue, woken by the change
--- stream (mongolock.wait) or by backoff polling
+-- the wait loop (mongolock.private's, as named locks'): queued in the
+-- document's squeue, woken by the change stream (mongolock.wait) or by
+-- backoff polling
 local function wait_for(self, mode, name, o)
-  local deadline = monotonic() + o.timeout
+  if o.timeout == 0 then return attempt(self, mode, name, o) end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
-  local state, queued
-  local function give_up(...)
-    if queued and not self.core:closed() then
-      pcall(self.core.share_leave, self.core, self.database, self.collection, name, waiter)
-    end
-    return nil, ...
-  end
-  if o.timeout == 0 then return attempt(self, mode, name, o) end
-  while true do
-    local started = monotonic()
-    local polling = o.wait == "poll" or (state ~= nil and state.polling)
-    local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling)
-    if h then return h end
-    if err ~= "busy" then return give_up(err, info) end
-    queued = queued or info.position ~= nil
-    if monotonic() >= deadline then return give_up("timeout", info) end
-    if not state then
-      state = { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
-                waiter = waiter,
-                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
-    end
-    state.attempt = state.attempt + 1
-    state.info = info
-    state.refresh_at = info.position and started + o.queue_ttl / 2 or nil
+  local queued = false
+  return private.acquire_loop({
+    core = self.core, bound = self.bound, timeout = o.timeout,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
-    local ok, serr, scode = locks_mod.get_wait().sleep_until_retry(state)
-    if ok == nil and serr ~= nil then return give_up(serr, scode) end
-  end
+    wait = locks_mod.get_wait(), poll = o.wait == "poll", refresh = o.queue_ttl / 2,
+    attempt = function(polling)
+      local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling)
+      if err == "busy" then queued = queued or info.position ~= nil end
+      return h, err, info
+    end,
+    new_state = function(deadline)
+      return { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
+               waiter = waiter,
+               opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
+    end,
+    give_up = function(...)
+      if queued and not self.core:closed() then
+        pcall(self.core.share_leave, self.core, self.database, self.collection, name, waiter)
+      end
+      return nil, ...
+    end,
+  })
 end
 
 local function finish(h, ok, ...)
@@ -321,6 +308,7 @@ end
 -- ---- several locks at once --------------------------------------------------
 
 _M.SET_MAX = 64
+local SET_OPTS = private.set({ "timeout", "ttl", "renew" })
 
 local set_methods = {}
 local set_mt = { __index = set_methods, __name = "mongolock.LockSet" }
@@ -400,15 +388,9 @@ function _M.acquire_all(entries, opts)
     argerror(2, "acquire_all", "table expected, got " .. type(opts), 2)
   end
   opts = opts or {}
-  for k in pairs(opts) do
-    if k ~= "timeout" and k ~= "ttl" and k ~= "renew" then
-      argerror(2, "acquire_all", "unknown option " .. tostring(k), 2)
-    end
-  end
+  private.check_keys(opts, SET_OPTS, 2, "acquire_all", 2)
+  for k, v in pairs(opts) do CHECKS[k](v, 2, "acquire_all", k, 2) end
   local timeout = opts.timeout == nil and 10 or opts.timeout
-  if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
-    argerror(2, "acquire_all", "timeout must be a number of seconds >= 0", 2)
-  end
   local n = #entries
   if n == 0 then argerror(1, "acquire_all", "no entries", 2) end
   if n > _M.SET_MAX then
@@ -448,7 +430,8 @@ function _M.acquire_all(entries, opts)
 end
 
 function _M.rwlocks(client, opts)
-  return _M.new(client, "rw", opts, "rwlocks")
+  local rw = _M.new(client, "rw", opts, "rwlocks")   -- no tail call: errors name the caller
+  return rw
 end
 
 function _M.semaphores(client, opts)
