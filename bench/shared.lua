@@ -18,8 +18,10 @@
 -- system-wide CLOCK_MONOTONIC), hold --hold ms (50), note the time,
 -- release, and asks again at once (it queues behind those already
 -- waiting).  A sample is the time from a release's start to the return of
--- an acquire that had waited (one wake-up, one findAndModify), releases and
--- such acquires paired in time order, the oldest unpaired release first.
+-- an acquire that had waited (one wake-up, one findAndModify): releases and
+-- acquisitions are paired in time order, each acquisition with the oldest
+-- release not yet paired (a permit taken again without waiting uses one
+-- too, and gives no sample).
 -- Samples, one per line in ms: DIR/shared-handoff-<permits>-<P>.txt.
 
 local mongolock = require "mongolock"
@@ -246,8 +248,11 @@ for p in tostring(opts.processes):gmatch("%d+") do
           pending[#pending + 1] = e.t
         else
           acqs = acqs + 1
-          if e.w > 0 and pending[head] then
-            samples[#samples + 1] = (e.t - pending[head]) * 1000
+          -- every acquisition after the first permits were taken uses a
+          -- permit freed by the oldest release not yet paired; only one
+          -- that had waited is a hand-off
+          if pending[head] then
+            if e.w > 0 then samples[#samples + 1] = (e.t - pending[head]) * 1000 end
             head = head + 1
           end
         end
