@@ -18,6 +18,9 @@
  *   op = core.op_doc_release{<the same lock>, owner=, changes=}
  *   op = core.op_doc_extend{<the same lock>, owner=, ttl_ms=}
  *   op = core.op_doc_status{<the same lock>, ttl_ms=}
+ *   op = core.op_share_acquire{...}, op_share_release, op_share_extend,
+ *        op_share_leave, op_share_force_release{db=, coll=, name=},
+ *        op_share_status{db=, coll=, name=}   (the shared kinds, below)
  *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=, session=}
  *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=, session=}
  *   op = core.op_killcursors{db=, coll=, cursor_id=, session=}
@@ -751,6 +754,23 @@ static int l_op_share_leave(lua_State *L) {
   return push_op(L, &op);
 }
 
+/* core.op_share_force_release{db, coll, name}: ends every share and
+ * permit of the name */
+static int l_op_share_force_release(lua_State *L) {
+  const char *db, *coll, *name = check_lock(L, &db, &coll, 1);
+  ml_op op;
+  ml_build_share_force_release(&op, db, coll, name);
+  return push_op(L, &op);
+}
+
+/* core.op_share_status{db, coll, name} (name nil: every such document) */
+static int l_op_share_status(lua_State *L) {
+  const char *db, *coll, *name = check_lock(L, &db, &coll, 0);
+  ml_op op;
+  ml_build_share_status(&op, db, coll, name);
+  return push_op(L, &op);
+}
+
 /* core.parse_share_acquire(reply, owner, mode, permits) -> {won, mismatch,
  * token, value = the projected document} | nil, message */
 static int l_parse_share_acquire(lua_State *L) {
@@ -890,6 +910,8 @@ static const luaL_Reg ops_funcs[] = {
   {"op_share_release", l_op_share_release},
   {"op_share_extend", l_op_share_extend},
   {"op_share_leave", l_op_share_leave},
+  {"op_share_force_release", l_op_share_force_release},
+  {"op_share_status", l_op_share_status},
   {"parse_share_acquire", l_parse_share_acquire},
   {"parse_acquire", l_parse_acquire},
   {"parse_update", l_parse_update},

@@ -25,6 +25,10 @@ local SPEC_LOCATIONS = [[
             content_by_lua_file doc_api_spec.lua;
         }
 
+        location = /share-api-spec {
+            content_by_lua_file share_api_spec.lua;
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
@@ -140,6 +144,64 @@ local SPEC_LOCATIONS = [[
                 if doc then h:release() end
                 local body = doc and "locked" or tostring(h)
                 ngx.status = doc and 200 or 503
+                ngx.header.content_length = #body + 1
+                ngx.say(body)
+            }
+        }
+
+        # ?coll=: a reader's share of the reader-writer lock "gate", then
+        # the one permit of the semaphore "counter", which guards a read,
+        # then a write of the counter document (client:command)
+        location = /share-incr {
+            content_by_lua_block {
+                local c = package.loaded.doc_spec_client
+                if not c then
+                    c = assert(require("mongolock").connect(os.getenv("MONGODB_URI"), { appname = "doc-spec" }))
+                    package.loaded.doc_spec_client = c
+                end
+                local coll = ngx.var.arg_coll
+                local rw = c:rwlocks({ collection = coll .. "_rw", ttl = 30, timeout = 60 })
+                local sems = c:semaphores({ collection = coll .. "_sem", permits = 1, ttl = 30, timeout = 60 })
+                local body
+                local share, serr = rw:read("gate")
+                local permit, perr = share and sems:acquire("counter")
+                if not share or not permit then
+                    body = "acquire: " .. tostring(serr or perr)
+                else
+                    local r = assert(c:command("mongolock_example", { find = coll }, { filter = { _id = "counter" } }))
+                    local cur = r.cursor.firstBatch[1]
+                    local n = (cur and cur.n or 0) + 1
+                    assert(c:command("mongolock_example", { update = coll }, { updates = { {
+                        q = { _id = "counter" }, u = { ["$set"] = { n = n } }, upsert = true } } }))
+                    local ok1, e1 = permit:release()
+                    local ok2, e2 = share:release()
+                    body = (ok1 and ok2) and tostring(n) or ("release: " .. tostring(e1) .. " " .. tostring(e2))
+                end
+                ngx.status = body:find("^%d") and 200 or 503
+                ngx.header.content_length = #body + 1
+                ngx.say(body)
+            }
+        }
+
+        # ?coll=&key=&wait=: a named lock and a document lock, each held
+        # by this request, then waited for (timeout 2 s) with wait
+        location = /wait-mode {
+            content_by_lua_block {
+                local c = package.loaded.doc_spec_client
+                if not c then
+                    c = assert(require("mongolock").connect(os.getenv("MONGODB_URI"), { appname = "doc-spec" }))
+                    package.loaded.doc_spec_client = c
+                end
+                local coll, key, wait = ngx.var.arg_coll, ngx.var.arg_key, ngx.var.arg_wait
+                local locks = c:locks({ collection = coll })
+                local held = assert(locks:try(key))
+                local h, err = locks:acquire(key, { timeout = 2, wait = wait })
+                held:release()
+                local docs = c:documents("mongolock_example", coll .. "_docs")
+                local _, dheld = assert(docs:try(key, { insert = {} }))
+                local d, derr = docs:lock(key, { timeout = 2, wait = wait })
+                dheld:release()
+                local body = tostring(h or err) .. "\n" .. tostring(d or derr)
                 ngx.header.content_length = #body + 1
                 ngx.say(body)
             }
@@ -265,6 +327,53 @@ ngx.header.content_length = #table.concat(out, "\n") + 1
 ngx.say(table.concat(out, "\n"))
 ]==]
 
+local SHARE_API_HANDLER = [==[
+local mongolock = require "mongolock"
+local transport = require "mongolock.ngx"
+package.loaded.api_spec_client = package.loaded.api_spec_client
+  or assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "api-spec" }))
+local c = package.loaded.api_spec_client
+local rw = c:rwlocks({ collection = "nginx_share_api_spec", ttl = 5 })
+local sems = c:semaphores({ collection = "nginx_share_api_spec_sem", permits = 2, ttl = 5 })
+local key = ngx.var.arg_key
+local out = {}
+local function say(...) out[#out + 1] = table.concat({ ... }, " ") end
+local jobs0 = transport.stats().jobs
+
+local r1 = assert(rw:try_read(key))
+local r2 = assert(rw:read(key, { timeout = 1 }))
+say("read", r1.kind, tostring(r1:held()), tostring(r2:held()), tostring(type(r1.token) == "number"))
+say("write", tostring(select(2, rw:try_write(key))))
+say("status", tostring(assert(rw:status(key)).in_use))
+assert(r1:extend(10))
+say("extended", tostring(r1:remaining() > 5))
+say("released", tostring(r1:release()), tostring(r1:held()), tostring(select(2, r1:release())))
+r2:release()
+
+local p1 = assert(sems:try(key))
+local p2 = assert(sems:acquire(key, { timeout = 1 }))
+say("permits", p1.kind, tostring(select(2, sems:try(key))))
+local t = ngx.thread.spawn(function() ngx.sleep(0.3); return p1:release() end)
+local p3, err = sems:acquire(key, { timeout = 5 })
+say("handed", tostring(p3 and p3:held()), tostring(err), tostring(select(2, ngx.thread.wait(t))))
+local _, merr = c:semaphores({ collection = "nginx_share_api_spec_sem", permits = 3 }):try(key)
+say("mismatch", tostring(type(merr) == "string" and merr:find("permits") ~= nil))
+say("list", tostring(#assert(sems:list()) >= 1))
+say("forced", tostring(sems:force_release(key)), tostring(select(2, p2:release())),
+  tostring(select(2, sems:force_release(key))))
+do
+  local g1, g2 = assert(sems:try(key, { ttl = 30 })), assert(sems:try(key, { ttl = 30 }))
+end
+collectgarbage()
+collectgarbage()
+local p4 = sems:acquire(key, { timeout = 5 })
+say("collected", tostring(p4 ~= nil))
+if p4 then p4:release() end
+say("jobs", tostring(transport.stats().jobs - jobs0 >= 15))
+ngx.header.content_length = #table.concat(out, "\n") + 1
+ngx.say(table.concat(out, "\n"))
+]==]
+
 local GATE_HANDLER = [==[
 local mongolock = require "resty.mongolock"
 local key = ngx.var.arg_key
@@ -379,7 +488,7 @@ describe("#integration nginx with resty.mongolock", function()
     assert(observer:command(EXAMPLE_DB, { dropDatabase = 1 }))
     nginx = start_nginx({ locations = SPEC_LOCATIONS, files = { ["gate_spec.lua"] = GATE_HANDLER,
       ["saturate_spec.lua"] = SATURATE_HANDLER, ["api_spec.lua"] = API_HANDLER,
-      ["doc_api_spec.lua"] = DOC_API_HANDLER } })
+      ["doc_api_spec.lua"] = DOC_API_HANDLER, ["share_api_spec.lua"] = SHARE_API_HANDLER } })
   end)
 
   teardown(function()
@@ -570,6 +679,36 @@ describe("#integration nginx with resty.mongolock", function()
     assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
   end)
 
+  -- issue 12, reader-writer locks and semaphores
+  it("keeps /ping answering while 16 concurrent requests take a reader's share and a semaphore's permit, "
+     .. "every command 200 ms", function()
+    local coll = helpers.unique("sharecounter")
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 200 })
+    local ok, responses, pings, wall = pcall(load, nginx.port, "/share-incr?coll=" .. coll, 16, pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print(format("# nginx, server delayed 200 ms: 16 concurrent /share-incr in %.2f s; /ping meanwhile: %s",
+      wall, summary(pings)))
+    local seen = {}
+    for _, r in ipairs(responses) do
+      assert.equal(200, r.code, r.body)
+      local n = tonumber(r.body:match("^(%d+)"))
+      assert.is_nil(seen[n], "two requests wrote " .. tostring(n))
+      seen[n] = true
+    end
+    for i = 1, 16 do assert.is_true(seen[i], "no request wrote " .. i) end
+    local r = assert(observer:command(EXAMPLE_DB, { find = coll }, { filter = { _id = "counter" } }))
+    assert.equal(16, r.cursor.firstBatch[1].n)
+    local rst = observer:rwlocks({ collection = coll .. "_rw" }):status("gate")
+    assert.equal(0, rst and rst.in_use or 0)
+    local sst = observer:semaphores({ collection = coll .. "_sem", permits = 1 }):status("counter")
+    assert.equal(0, sst and sst.in_use or 0)
+    table.sort(pings)
+    assert.is_true(#pings >= 20, "only " .. #pings .. " /ping answered during the load")
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+  end)
+
   it("answers /incr with an error within its lock timeout while the server does not answer; "
      .. "/ping unaffected; the lock free afterwards", function()
     -- every command blocked 4 s, longer than /incr-short's 1 s timeout
@@ -737,6 +876,54 @@ describe("#integration nginx with resty.mongolock", function()
     }, "\n") .. "\n", responses[1].body)
     table.sort(pings)
     assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+  end)
+
+  it("runs client:rwlocks() and client:semaphores() (shares, permits, status, list, force_release, the "
+     .. "handle) off the event loop", function()
+    local pingers = open_pingers(nginx.port, 2, 2)
+    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 200 })
+    local ok, responses, pings = pcall(load, nginx.port, "/share-api-spec?key=" .. helpers.unique("share"), 1,
+      pingers)
+    failpoint({ mode = "off" })
+    assert(ok, responses)
+    print("# nginx, rwlocks and semaphores with every command delayed 200 ms: /ping meanwhile: " .. summary(pings))
+    assert.equal(200, responses[1].code, responses[1].body .. (helpers.read_file(nginx.log) or ""))
+    assert.equal(table.concat({
+      "read shared true true true",
+      "write busy",
+      "status 2",
+      "extended true",
+      "released true false not held",
+      "permits permit busy",
+      "handed true nil true",
+      "mismatch true",
+      "list true",
+      "forced true lost not held",
+      "collected true",
+      "jobs true",
+    }, "\n") .. "\n", responses[1].body)
+    table.sort(pings)
+    assert.is_true(percentile(pings, 0.9) < 0.05, "/ping p90 " .. percentile(pings, 0.9) * 1000 .. " ms")
+  end)
+
+  it('wait = "watch" without a change stream answers an error for named and document locks, never polls',
+     function()
+    -- every change stream's aggregate fails: the worker's (named locks) and
+    -- the process's (document locks) cannot open
+    failpoint({ mode = "alwaysOn", commands = { "aggregate" }, error_code = 2 })
+    local ok, code, body = pcall(get, nginx.port, "/wait-mode?wait=watch&key=w&coll=" .. helpers.unique("wm"))
+    local ok2, code2, body2 = pcall(get, nginx.port, "/wait-mode?wait=auto&key=w&coll=" .. helpers.unique("wm"))
+    failpoint({ mode = "off" })
+    assert(ok, code)
+    assert(ok2, code2)
+    assert.equal(200, code, body)
+    local named, doc = body:match("^(.-)\n(.-)\n$")
+    assert.matches('wait = "watch"', named, 1, true)
+    assert.is_not.equal("timeout", doc)
+    assert.is_nil(doc:find("mongolock.Lock", 1, true), doc)
+    -- "auto" falls back to polling: both wait out their timeout
+    assert.equal(200, code2, body2)
+    assert.equal("timeout\ntimeout\n", body2)
   end)
 
   it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()

@@ -407,3 +407,44 @@ describe("#integration ops of document locks (client:run)", function()
     assert.equal("free", core.parse_doc_status(run(core.op_doc_status(lock(id, { ttl_ms = 1000 })))).state)
   end)
 end)
+
+describe("#integration ops of reader shares and permits (client:run)", function()
+  local helpers = require "helpers"
+  local client, c, sems, DB
+  setup(function()
+    client = helpers.connect({ appname = "ops-shares" })
+    c = client._core
+    sems = client:semaphores({ collection = helpers.unique("opssem"), permits = 2 })
+    DB = sems.database
+  end)
+  teardown(function() client:close() end)
+
+  local function run(op)
+    local reply, err, code = c:run(op)
+    assert(reply, tostring(err) .. " " .. tostring(code))
+    return reply
+  end
+
+  it("acquires a permit, reads the status and force-releases as the methods do", function()
+    local name = helpers.unique("sem")
+    local coll = sems.collection
+    local r = core.parse_share_acquire(run(core.op_share_acquire{ db = DB, coll = coll, name = name,
+      mode = "permit", permits = 2, owner = OWNER, ttl_ms = 20000, host = "h", pid = 1 }), OWNER, "permit", 2)
+    assert.is_true(r.won)
+    local h = assert(sems:try(name))
+    local st = core.bson_decode(run(core.op_share_status{ db = DB, coll = coll, name = name })).cursor.firstBatch
+    assert.equal(1, #st)
+    local want = assert(c:share_status(DB, coll, name))
+    assert.same(want.permits, st[1].permits)
+    assert.equal(2, #st[1].holders)
+    assert.equal(#want.holders, #st[1].holders)
+    local all = core.bson_decode(run(core.op_share_status{ db = DB, coll = coll })).cursor.firstBatch
+    assert.equal(1, #all)
+    assert.equal(name, all[1]._id)
+    assert.equal(1, core.parse_update(run(core.op_share_force_release{ db = DB, coll = coll, name = name })))
+    assert.equal(0, assert(sems:status(name)).in_use)
+    assert.same({ nil, "lost" }, { h:release() })
+    assert.has_error(function() core.op_share_status{ db = DB, coll = "a$b" } end)
+    assert.has_error(function() core.op_share_force_release{ db = DB, coll = coll } end)
+  end)
+end)

@@ -120,12 +120,21 @@ function _M.new(client, kind, opts, fname)
   }, mt)
 end
 
+-- the core, or inside nginx where the request can yield its stand-in
+-- (mongolock.ngx.shared: every round trip in a worker thread)
+local function core_of(self)
+  if rawget(_G, "ngx") and require("mongolock.ngx.shared").active(self) then
+    return require("mongolock.ngx.shared").core(self)
+  end
+  return self.core
+end
+
 -- the TTL index, once per collection and process
 local indexed = {}
 local function ensure_index(self)
   local key = self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
   if indexed[key] == getpid() then return true end
-  local ok, err, code = self.core:ensure_index(self.database, self.collection,
+  local ok, err, code = core_of(self):ensure_index(self.database, self.collection,
     math_ceil(self.expire_after))
   if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
   indexed[key] = getpid()
@@ -166,7 +175,7 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
-  local h, e, v = self.core:share_acquire(self.database, self.collection, name, mode,
+  local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
     o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling)
   if h then return h end
   if e == "busy" then return nil, "busy", to_info(v) end
@@ -199,7 +208,7 @@ local function wait_for(self, mode, name, o)
     end,
     give_up = function(...)
       if queued and not self.core:closed() then
-        pcall(self.core.share_leave, self.core, self.database, self.collection, name, waiter)
+        pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, waiter)
       end
       return nil, ...
     end,
@@ -231,7 +240,7 @@ local status_of
 function _M.status(self, name)
   check_name(name, "status", 2)
   if self.core:closed() then return nil, "closed" end
-  local st, err, code = self.core:share_status(self.database, self.collection, name)
+  local st, err, code = core_of(self):share_status(self.database, self.collection, name)
   if st == nil then return nil, err, code end
   return status_of(st)
 end
@@ -240,7 +249,7 @@ end
 -- sharers (each with .name), sorted by name.  One aggregate.
 function _M.list(self)
   if self.core:closed() then return nil, "closed" end
-  local all, err, code = self.core:share_status(self.database, self.collection)
+  local all, err, code = core_of(self):share_status(self.database, self.collection)
   if all == nil then return nil, err, code end
   local out = {}
   for i, st in ipairs(all) do out[i] = status_of(st) end
@@ -263,7 +272,7 @@ end
 function _M.force_release(self, name)
   check_name(name, "force_release", 2)
   if self.core:closed() then return nil, "closed" end
-  return self.core:share_force_release(self.database, self.collection, name)
+  return core_of(self):share_force_release(self.database, self.collection, name)
 end
 
 -- ---- reader-writer locks --------------------------------------------------

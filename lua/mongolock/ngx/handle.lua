@@ -255,7 +255,7 @@ function _M.acquire(locks, name, ttl_ms, o)
   local wait = o.wait
   local lease, err, info = nlocks.acquire(context(locks), name, {
     ttl = ttl_ms / 1000, timeout = o.timeout, step = o.step, ratio = o.ratio, max_step = o.max_step,
-    queue_ttl = o.queue_ttl, wake = wait ~= "poll" and nlocks.wake or nil })
+    queue_ttl = o.queue_ttl, wake = wait ~= "poll" and nlocks.wake or nil, watch_only = wait == "watch" })
   if not lease then
     if err == "busy" then err = "timeout" end
     return nil, err, info

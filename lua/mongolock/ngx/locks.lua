@@ -185,7 +185,7 @@ end
 -- max_step, queue_ttl; wake (optional, nlocks.wake): function(ctx, name,
 -- waiter, info, seconds) that waits up to seconds for a hand-off on the event loop and
 -- returns true when it waited (mongolock.ngx.watch), nil when it cannot
--- (then this polls with backoff)
+-- (then this polls with backoff, or with watch_only gives up: nil, message)
 function _M.acquire(ctx, name, opts)
   local ttl = opts.ttl
   local ttl_ms = math_ceil(ttl * 1000)
@@ -271,6 +271,12 @@ function _M.acquire(ctx, name, opts)
     if opts.wake and left > 0 then
       waited = opts.wake(ctx, name, waiter, info, left)
       polling = not waited
+      if not waited and opts.watch_only then
+        -- wait = "watch": never a silent fall back to polling
+        return give_up(info and info.operation_time
+          and "wait = \"watch\": the worker's change stream failed lately"
+          or "wait = \"watch\": change streams need a replica set (the server sent no operationTime)")
+      end
     end
     if not waited then
       local delay
