@@ -61,6 +61,8 @@ build = {
     ["mongolock.ngx.handle"] = "lua/mongolock/ngx/handle.lua",
     ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
     ["mongolock.ngx.watch"] = "lua/mongolock/ngx/watch.lua",
+    ["mongolock.ngx.documents"] = "lua/mongolock/ngx/documents.lua",
+    ["mongolock.ngx.shared"] = "lua/mongolock/ngx/shared.lua",
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
