@@ -327,7 +327,8 @@ describe("#unit ops of document locks (builders, no server)", function()
       t[k] = v
       return t
     end
-    assert.has_error(function() core.op_doc_acquire(w("id", nil)) end, "bad argument #1 to 'op_doc_acquire' (id: _id expected, got nil)")
+    assert.has_error(function() core.op_doc_acquire(w("id", nil)) end,
+      "bad argument #1 to 'op_doc_acquire' (id: _id expected, got nil)")
     assert.has_error(function() core.op_doc_acquire(w("id", core.array({ 1 }))) end)
     assert.has_error(function() core.op_doc_acquire(w("owner_field", "a.b")) end)
     assert.has_error(function() core.op_doc_acquire(w("time_field", "lockId")) end)
@@ -403,7 +404,8 @@ describe("#integration ops of document locks (client:run)", function()
     local doc, h = assert(docs:try(id))
     assert.equal("paid", doc.status)
     h:release()
-    assert.same({ nil, "not found" }, { core.parse_doc_status(run(core.op_doc_status(lock("none", { ttl_ms = 1000 })))) })
+    assert.same({ nil, "not found" },
+      { core.parse_doc_status(run(core.op_doc_status(lock("none", { ttl_ms = 1000 })))) })
     assert.equal("free", core.parse_doc_status(run(core.op_doc_status(lock(id, { ttl_ms = 1000 })))).state)
   end)
 end)

@@ -199,10 +199,10 @@ end
 -- the wait loop, once the arguments are checked
 local function wait_for(self, id, o, fname)
   -- a try (timeout 0) waits for its one attempt's reply
-  local deadline = o.timeout > 0 and core.monotonic() + o.timeout or nil
+  local until_ = o.timeout > 0 and core.monotonic() + o.timeout or nil
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod,
-    attempt = function() return attempt(self, id, o, deadline, fname) end,
+    attempt = function() return attempt(self, id, o, until_, fname) end,
     new_state = function(deadline)
       return { locks = { core = self.core, database = self.db, collection = self.coll },
                name = id, field = self.owner_field, step = o.step, deadline = deadline,
