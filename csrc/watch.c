@@ -30,14 +30,23 @@
  * - ring holds the last RING events; drop_t/drop_i is the newest cluster
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
- * - The thread owns its connection and change stream; it never touches a
- *   lua_State.  It sends getMore only while a waiter waits (or looked
- *   without blocking less than POLL_GRACE ago).  A stream is stopped (and
- *   the thread joined) by the client's close, or by the thread itself
- *   after IDLE seconds without a waiter.
+ * - The thread owns its connection (a client of its own, made from the
+ *   client's URI, not one of its pool) and change stream; it never touches
+ *   a lua_State.  It sends getMore only while a waiter waits (or looked
+ *   without blocking less than POLL_GRACE ago).  A getMore awaits up to
+ *   AWAIT_MS (at most half the socket timeout): longer than a waiter
+ *   usually waits, so that a wait costs one getMore, not one per AWAIT_MS.
+ * - A stream is stopped by the client's close, or by the thread itself
+ *   after IDLE seconds without a waiter.  Close does not wait for a
+ *   getMore in flight (in_call): it unlinks the stream and detaches the
+ *   thread, which frees the stream and its own client when the getMore
+ *   returns (an event, or AWAIT_MS); otherwise it joins the thread.  The
+ *   library stays loaded (pinned) while such a thread may still run.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
  *   streams without touching them (their threads do not exist there).
  */
+#define _GNU_SOURCE             /* dladdr */
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +56,7 @@
 #include "mongolock.h"
 
 #define RING 256
-#define AWAIT_MS 1000           /* getMore's maxAwaitTimeMS */
+#define AWAIT_MS 10000          /* getMore's maxAwaitTimeMS (see await_ms) */
 #define IDLE 10.0               /* seconds without a waiter before closing */
 #define FAILED_FOR 30.0         /* a failed stream is not retried for this long */
 #define REOPENS 3               /* reopen attempts after the driver's own resume */
@@ -69,12 +78,15 @@ typedef struct watch_event {
 typedef struct ml_stream {
   struct ml_stream *next;
   ml_client *c;
-  mongoc_client_pool_t *pool;
+  mongoc_client_pool_t *pool;   /* the client's: identifies it only */
+  mongoc_uri_t *uri;            /* the thread's own client is made from it */
   pid_t pid;
   char *db, *coll, *field;
   char tag[17];                 /* the process tag its $match routes on */
   pthread_t thread;
   int joinable;                 /* thread not joined yet */
+  int in_call;                  /* the thread is in a server call (watch_mu) */
+  int detached;                 /* closed during a call: the thread frees it */
   pthread_cond_t cv;            /* events, state changes */
   int state;
   int stop;
@@ -117,10 +129,17 @@ static void fork_child(void) {
 }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void install_atfork(void) {
+  Dl_info info;
   pthread_atfork(fork_prepare, fork_parent, fork_child);
+  /* a detached stream thread may outlive every client (and lua_close,
+   * which unloads this library): keep the library loaded */
+  if (dladdr((const void *)&streams, &info) && info.dli_fname)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NODELETE | RTLD_NOLOAD);
 }
 
 /* ---- the thread -------------------------------------------------------- */
+
+static void stream_free(ml_stream *s);
 
 /* watch_mu held: appends an event (key may be NULL: wakes everyone; next
  * NULL or "": wakes every waiter of key) */
@@ -210,20 +229,18 @@ static void *watch_main(void *arg) {
   int tries;
 
   memset(&err, 0, sizeof err);
-  for (tries = 0; !mc && tries < 50; tries++) {
-    mc = mongoc_client_pool_try_pop(s->pool);
-    if (!mc) ml_sleep(0.02);
-  }
+  mc = mongoc_client_new_from_uri(s->uri);
   if (!mc) {
     pthread_mutex_lock(&watch_mu);
-    bson_snprintf(err.message, sizeof err.message, "no free connection in the pool");
+    bson_snprintf(err.message, sizeof err.message, "cannot make a client");
     set_failed(s, &err);
-    pthread_mutex_unlock(&watch_mu);
-    return NULL;
+    goto done;
   }
+  mongoc_client_set_error_api(mc, MONGOC_ERROR_API_VERSION_2);
   coll = mongoc_client_get_collection(mc, s->db, s->coll);
   cs = stream_open(coll, s, NULL);
   pthread_mutex_lock(&watch_mu);
+  s->in_call = 0;
   if (mongoc_change_stream_error_document(cs, &err, &errdoc)) {
     set_failed(s, &err);
     goto done;
@@ -241,10 +258,13 @@ static void *watch_main(void *arg) {
       cv_wait_until(&s->cv, s->idle_since + IDLE + 0.01);
       continue;
     }
+    s->in_call = 1;
     pthread_mutex_unlock(&watch_mu);
     got = mongoc_change_stream_next(cs, &doc);
     pthread_mutex_lock(&watch_mu);
+    s->in_call = 0;
     s->getmores++;
+    if (s->stop) break;
     if (got) {
       event_from(s, doc);
       tries = 0;
@@ -265,10 +285,12 @@ static void *watch_main(void *arg) {
       bson_t *copy = tok ? bson_copy(tok) : NULL;
       mongoc_change_stream_t *next;
       s->reopens++;
+      s->in_call = 1;
       pthread_mutex_unlock(&watch_mu);
       ml_sleep(0.05 * tries);
       next = stream_open(coll, s, copy);
       pthread_mutex_lock(&watch_mu);
+      s->in_call = 0;
       if (copy) bson_destroy(copy);
       mongoc_change_stream_destroy(cs);
       cs = next;
@@ -282,11 +304,16 @@ static void *watch_main(void *arg) {
   }
 done:
   if (s->state != ST_FAILED) s->state = ST_DONE;
+  s->in_call = 0;
   pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&watch_mu);
-  mongoc_change_stream_destroy(cs);
-  mongoc_collection_destroy(coll);
-  mongoc_client_pool_push(s->pool, mc);
+  {
+    int detached = s->detached;
+    pthread_mutex_unlock(&watch_mu);
+    mongoc_change_stream_destroy(cs);
+    mongoc_collection_destroy(coll);
+    if (mc) mongoc_client_destroy(mc);
+    if (detached) stream_free(s);   /* unlinked by close: nobody else sees it */
+  }
   return NULL;
 }
 
@@ -296,6 +323,7 @@ static void stream_free(ml_stream *s) {
   int k;
   for (k = 0; k < RING; k++) free(s->ring[k].key);
   pthread_cond_destroy(&s->cv);
+  if (s->uri) mongoc_uri_destroy(s->uri);
   free(s->db);
   free(s->coll);
   free(s->field);
@@ -365,9 +393,21 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
     return NULL;
   }
   if (!ml_process_tag(s->tag)) memcpy(s->tag, "-no-randomness-", 16);
+  s->uri = mongoc_uri_copy(c->uri);
+  if (!s->uri) {
+    free(s->db);
+    free(s->coll);
+    free(s->field);
+    free(s);
+    return NULL;
+  }
+  /* like a pool's client, wait for a server (a failover) instead of
+   * failing at once */
+  mongoc_uri_set_option_as_bool(s->uri, MONGOC_URI_SERVERSELECTIONTRYONCE, false);
   s->c = c;
   s->pool = pool;
   s->pid = pid;
+  s->in_call = 1;               /* the thread opens the stream first */
   s->start_t = t;
   s->start_i = i;
   {
@@ -404,7 +444,17 @@ void ml_watch_stop(ml_client *c) {
       pthread_cond_broadcast(&s->cv);
     }
   for (s = streams; s;) {
-    if (s->c == c && s->pid == pid) {
+    if (s->c == c && s->pid == pid && s->in_call && s->joinable) {
+      /* in a getMore (or opening): do not wait for it, the thread frees
+       * the stream when the call returns */
+      ml_stream **p;
+      for (p = &streams; *p != s; p = &(*p)->next) {}
+      *p = s->next;
+      s->detached = 1;
+      s->joinable = 0;
+      pthread_detach(s->thread);
+      s = streams;
+    } else if (s->c == c && s->pid == pid) {
       stream_reap(s);
       s = streams;
     } else {

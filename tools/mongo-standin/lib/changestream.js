@@ -88,6 +88,9 @@ class ChangeStream {
       }
     }
     this.stages = rest.length ? pipeline.compileStages(rest) : null;
+    // $match alone leaves the event document as it is: every such stream
+    // can share one per event (built once, not once per stream)
+    this.shared = fd !== 'updateLookup' && rest.every((st) => Object.keys(st)[0] === '$match');
     this.invalidated = false;
     this.closed = false;
   }
@@ -140,7 +143,7 @@ class ChangeStream {
       const ev = log[i];
       this.after = ev.tsBig;
       if (!this.relevant(ev)) continue;
-      let evDoc = this.eventDoc(ev);
+      let evDoc = this.shared ? (ev.shared || (ev.shared = this.eventDoc(ev))) : this.eventDoc(ev);
       const invalidating = (this.coll !== null && (ev.op === 'drop' || ev.op === 'dropDatabase')) ||
         (this.coll === null && !this.allForCluster && ev.op === 'dropDatabase');
       if (ev.op === 'dropDatabase' && this.coll !== null) evDoc = null; // collection streams see the drop first

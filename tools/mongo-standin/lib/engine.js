@@ -1052,7 +1052,10 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
       cursor.wake = null;
     };
     const listener = (ev) => {
-      if (cs.relevant(ev) && !pending) { pending = true; setImmediate(() => done(false)); }
+      // read once the writing command is done (one batch for all of its
+      // events), before the event loop turns to other connections: mongod
+      // wakes an awaiting getMore as soon as the write commits
+      if (cs.relevant(ev) && !pending) { pending = true; queueMicrotask(() => done(false)); }
     };
     this.store.listeners.add(listener);
     cursor.wake = () => done(true);

@@ -146,9 +146,22 @@ function compareBytes(a, b) {
 }
 
 function compareStrings(a, b) {
-  // MongoDB compares strings by their UTF-8 bytes (simple binary collation).
+  // MongoDB compares strings by their UTF-8 bytes (simple binary collation),
+  // which is the order of their code points. UTF-16 code units are in that
+  // order too, except that a surrogate (U+10000 and up) sorts below
+  // U+E000..U+FFFF: the first differing unit decides, surrogates moved up.
   if (a === b) return 0;
-  return compareBytes(Buffer.from(a, 'utf8'), Buffer.from(b, 'utf8'));
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    let x = a.charCodeAt(i), y = b.charCodeAt(i);
+    if (x === y) continue;
+    if (x >= 0xD800 && y >= 0xD800) {
+      x = x >= 0xE000 ? x - 0x800 : x + 0x2000;
+      y = y >= 0xE000 ? y - 0x800 : y + 0x2000;
+    }
+    return x < y ? -1 : 1;
+  }
+  return cmpPrim(a.length, b.length);
 }
 
 // Total order over BSON values (missing sorts with null, before everything
