@@ -284,6 +284,10 @@ int64_t ml_arg_ttl_ms(lua_State *L, int i);
 /* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
  * none when it matched nothing (none not NULL), or nil, message, code */
 int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none);
+/* a leave of a queue: (L: client, db, coll, name, waiter) -> true | nil, msg, code */
+typedef void (*ml_leave_builder)(ml_op *op, const char *db, const char *coll, const char *name,
+                                 const char *waiter, const char *tag);
+int ml_push_leave(lua_State *L, ml_leave_builder build);
 
 /* Client methods on locks, implemented next to what they make and
  * registered with the others in client.c: named.c (named locks) ... */

@@ -293,15 +293,21 @@ int ml_m_granted(lua_State *L) {
  * when a release had already granted it the lock (or been handed to it),
  * the next live waiter gets it instead (a grant, which wakes that waiter).
  * One update; nothing changes when waiter is neither queued nor the owner.
+ * ml_push_leave: the same for any queue, built by `build` (client:share_leave
+ * leaves squeue with ml_build_share_leave).
  */
-int ml_m_leave(lua_State *L) {
+int ml_push_leave(lua_State *L, ml_leave_builder build) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name = ml_arg_lock(L, &db, &coll), *w = ml_arg_waiter(L, 5);
   char tag[17];
   ml_op op;
   if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
-  ml_build_leave(&op, db, coll, name, w, tag);
+  build(&op, db, coll, name, w, tag);
   return ml_push_update(L, c, &op, NULL);
+}
+
+int ml_m_leave(lua_State *L) {
+  return ml_push_leave(L, ml_build_leave);
 }
 
 /* client:ensure_index(db, coll, expire_after_seconds) -> true |

@@ -466,20 +466,36 @@ void ml_build_force_release(ml_op *op, const char *db, const char *coll, const c
 
 /* out of the queue; a lock already granted to the waiter (owner), or a
  * release handed to it (next names it), goes to the next live waiter */
+void ml_leave_stages(bson_t *u, const char *queue, const char *waiter, const char *tag,
+                     const bson_t *handed_on) {
+  char tw[64], path[32];
+  bson_iter_t on;
+  bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
+  bson_snprintf(path, sizeof path, "$%s", queue);
+  bson_iter_init_find(&on, handed_on, "on");
+  /* the waiter out of the live entries of the queue (ML_LIVE, with the
+   * field named at run time) */
+  BCON_APPEND(u,
+    "0", "{", "$set", "{", queue, "{", "$filter", "{",
+      "input", "{", "$filter", "{",
+        "input", "{", "$cond", "[", "{", "$isArray", path, "}", path, "[", "]", "]", "}",
+        "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}",
+      "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(waiter), "]", "}", "}", "}", "}", "}",
+    "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
+           "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_ITER(&on), "$" ML_F_NEXT,
+           "]", "}", "}", "}");
+}
+
 void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *name,
                     const char *waiter, const char *tag) {
-  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
-  char tw[64];
-  bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, on = BSON_INITIALIZER;
   bson_t rel = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name),
               "$or", "[", "{", ML_F_QUEUE ".w", BCON_UTF8(waiter), "}",
                           "{", ML_F_OWNER, BCON_UTF8(waiter), "}", "]");
-  BCON_APPEND(&u,
-    "0", ML_LEAVE_STAGE(ML_F_QUEUE, waiter),
-    "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
-           "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", QUEUE_HEAD, "$" ML_F_NEXT,
-           "]", "}", "}", "}");
+  BCON_APPEND(&on, "on", QUEUE_HEAD);
+  ml_leave_stages(&u, ML_F_QUEUE, waiter, tag, &on);
+  bson_destroy(&on);
   /* a lock already granted to the waiter goes on to the next one */
   BCON_APPEND(&rel, "r", "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(waiter), "]", "}");
   grant_stages(&u, 2, &rel);

@@ -129,6 +129,11 @@ void ml_build_extend(ml_op *op, const ml_lockref *r, const char *owner, int64_t 
 void ml_build_force_release(ml_op *op, const char *db, const char *coll, const char *name);
 void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *name,
                     const char *waiter, const char *tag);
+/* the first two stages of a leave from the queue field `queue` (queue or
+ * squeue): the waiter's entry out, and a wake-up handed to it (next: tag
+ * and waiter) passed on to the expression handed_on.on */
+void ml_leave_stages(bson_t *u, const char *queue, const char *waiter, const char *tag,
+                     const bson_t *handed_on);
 /* name NULL: every lock of the collection, sorted by name */
 void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name);
 /* a document lock's status: owner and remainingMs of r's document */
@@ -293,12 +298,6 @@ void ml_op_update(ml_op *op, const char *db, const char *coll, const bson_t *q, 
                  "in", "{", "$concat", "[", "$$this.t", "$$this.w", "]", "}", "}", "}", \
       BCON_INT32(0), "]", "}",                                                     \
     BCON_NULL, "]", "}"
-
-/* the stage that takes the waiter W out of the live entries of the queue
- * field F */
-#define ML_LEAVE_STAGE(F, W)                                                       \
-  "{", "$set", "{", F, "{", "$filter", "{", "input", ML_LIVE(F),                   \
-         "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(W), "]", "}", "}", "}", "}", "}"
 
 /* max(previous + 1, server-ms * 1024): the token rule of every kind */
 #define ML_NEXT_TOKEN                                                              \

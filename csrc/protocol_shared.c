@@ -247,17 +247,13 @@ void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bs
 
 void ml_build_share_leave(ml_op *op, const char *db, const char *coll, const char *name,
                           const char *waiter, const char *tag) {
-  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
-  char tw[64];
-  bson_snprintf(tw, sizeof tw, "%s%s", tag, waiter);
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, on = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_SQUEUE ".w", BCON_UTF8(waiter));
-  BCON_APPEND(&u,
-    "0", ML_LEAVE_STAGE(ML_F_SQUEUE, waiter),
-    /* a wake-up handed to the leaver goes on */
-    "1", "{", "$set", "{", ML_F_NEXT, "{", "$cond", "[",
-           "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}",
-           NEXT_AFTER(ML_LIVE(ML_F_HOLDERS)), "$" ML_F_NEXT, "]", "}", "}", "}");
+  /* a wake-up handed to the leaver goes on */
+  BCON_APPEND(&on, "on", NEXT_AFTER(ML_LIVE(ML_F_HOLDERS)));
+  ml_leave_stages(&u, ML_F_SQUEUE, waiter, tag, &on);
   ml_op_update(op, db, coll, &q, &u, 1);
+  bson_destroy(&on);
   bson_destroy(&q);
   bson_destroy(&u);
 }

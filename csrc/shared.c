@@ -138,13 +138,7 @@ int ml_m_share_acquire(lua_State *L) {
 
 /* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
 int ml_m_share_leave(lua_State *L) {
-  ml_client *c = ml_checkclient(L, 1);
-  const char *db, *coll, *name = ml_arg_lock(L, &db, &coll), *w = ml_arg_waiter(L, 5);
-  char tag[17];
-  ml_op op;
-  if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
-  ml_build_share_leave(&op, db, coll, name, w, tag);
-  return ml_push_update(L, c, &op, NULL);
+  return ml_push_leave(L, ml_build_share_leave);
 }
 
 /* client:share_force_release(db, coll, name) -> true | nil, "not held" |

@@ -94,13 +94,17 @@ local checks = {
     return v
   end,
   wait = function(v, n, fname, _, level)
-    return wait_mod.check_mode(v, n, fname, (level or 2) + 1)
+    wait_mod.check_mode(v, n, fname, (level or 2) + 1)   -- no tail call: it counts this level
+    return v
   end,
   database = private.check_db,
   collection = function(v, n, fname, what, level)
     return private.check_coll(v, nil, n, fname, what, (level or 2) + 1)
   end,
 }
+
+-- mongolock.shared checks the same options the same way
+_M.checks = checks
 
 -- copies the checked options of opts (argument n of fname) into into
 local function take(into, opts, valid, n, fname, level)

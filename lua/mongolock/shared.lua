@@ -18,7 +18,6 @@
 
 local core = require "mongolock.core"
 local private = require "mongolock.private"
-local wait = require "mongolock.wait"
 local locks_mod = require "mongolock.locks"
 
 local type = type
@@ -46,30 +45,13 @@ local function check_permits(v, n, fname, level)
   return v
 end
 
--- the options of a call and their checks, as mongolock.locks checks them
-local CHECKS = {
-  ttl = private.ttl, timeout = private.timeout, step = private.seconds,
-  max_step = private.seconds, queue_ttl = private.ttl,
-  ratio = function(v, n, fname, what, level)
-    private.seconds(v, n, fname, what, level + 1)
-    if v < 1 then argerror(n, fname, "ratio must be >= 1 (got " .. private.shown(v) .. ")", level + 1) end
-    return v
-  end,
-  renew = function(v, n, fname, what, level)
-    if type(v) ~= "boolean" then
-      argerror(n, fname, what .. ": boolean expected, got " .. type(v), level + 1)
-    end
-    return v
-  end,
-  wait = function(v, n, fname, _, level)
-    wait.check_mode(v, n, fname, level + 1)
-    return v
-  end,
+-- the options of a call and their checks: mongolock.locks's, and permits
+local CHECKS = setmetatable({
   permits = function(v, n, fname, _, level)
     check_permits(v, n, fname, level + 1)
     return v
   end,
-}
+}, { __index = locks_mod.checks })
 local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait" }
 local VALID_CALL = { rw = private.set(CALL_OPTS), semaphore = private.set(CALL_OPTS, { "permits" }) }
 
