@@ -233,6 +233,28 @@ function helpers.opcounters(client)
   return oc
 end
 
+-- fn's server commands: counter = helpers.command_counter(client) measures
+-- what a pair of serverStatus costs; counter(fn) -> commands fn sent (for a
+-- client with heartbeatFrequencyMS high enough that no check falls inside)
+function helpers.command_counter(client)
+  helpers.opcounters(client)
+  local a = helpers.opcounters(client)
+  local b = helpers.opcounters(client)
+  local overhead = b.total - a.total
+  return function(fn)
+    local x = helpers.opcounters(client)
+    fn()
+    local y = helpers.opcounters(client)
+    return y.total - x.total - overhead
+  end
+end
+
+-- the raw lock document of name in helpers.database.coll (nil: none)
+function helpers.lock_doc(client, coll, name)
+  local r = assert(client:command(helpers.database, { find = coll }, { filter = { _id = name } }))
+  return r.cursor.firstBatch[1]
+end
+
 -- polls fn (which asks the server, never a clock) until it returns a true
 -- value or timeout seconds pass; returns that value or nil
 function helpers.eventually(fn, timeout)
@@ -307,6 +329,13 @@ function helpers.spawn(path, args, prefix)
   local spid = tonumber(p:read("*l"))
   p:close()
   return setmetatable({ shell_pid = spid, out = out, done = done }, Proc)
+end
+
+-- spec/kinds_child.lua (the shared kinds' child process) in its MODE on
+-- helpers.database.coll; arguments after name as kinds_child.lua lists them
+function helpers.kinds_child(coll, mode, kind, name, a, b, n, prefix)
+  return helpers.spawn(helpers.root .. "/spec/kinds_child.lua", { helpers.database, coll, mode,
+    kind, name, tostring(a or ""), tostring(b or ""), tostring(n or "") }, prefix)
 end
 
 function Proc:output()

@@ -121,8 +121,7 @@ describe("#integration mongolock exec --shared / --permits", function()
     local one = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
     local sname = helpers.unique("permit")
     local p1 = assert(one:try(sname, { ttl = 60 }))
-    local w = helpers.spawn(helpers.root .. "/spec/kinds_child.lua", { helpers.database, coll,
-      "wait", "permit", sname, "20", "", "1" })
+    local w = helpers.kinds_child(coll, "wait", "permit", sname, 20, nil, 1)
     assert.truthy(helpers.eventually(function()
       return (assert(one:status(sname)).waiting or 0) == 1
     end, 10))

@@ -3,8 +3,6 @@
 -- overlapping sets asked in opposite orders never deadlock.
 local helpers = require "helpers"
 
-local CHILD = helpers.root .. "/spec/kinds_child.lua"
-
 describe("#integration several locks at once", function()
   local client, coll, locks, rw, sems
   setup(function()
@@ -17,11 +15,7 @@ describe("#integration several locks at once", function()
   end)
   teardown(function() client:close() end)
 
-  local function doc(name)
-    local r = assert(client:command(helpers.database, { find = coll },
-      { filter = { _id = name } }))
-    return r.cursor.firstBatch[1]
-  end
+  local function doc(name) return helpers.lock_doc(client, coll, name) end
 
   it("takes a mix of kinds as one set and releases them all", function()
     local a, b, c = helpers.unique("a"), helpers.unique("b"), helpers.unique("c")
@@ -60,10 +54,8 @@ describe("#integration several locks at once", function()
   it("two processes taking overlapping sets in opposite orders never deadlock", function()
     local names = helpers.unique("x") .. "," .. helpers.unique("y")
     local n = 30
-    local p1 = helpers.spawn(CHILD, { helpers.database, coll, "multi", "set", names,
-      tostring(n), "fwd", "1" })
-    local p2 = helpers.spawn(CHILD, { helpers.database, coll, "multi", "set", names,
-      tostring(n), "rev", "1" })
+    local p1 = helpers.kinds_child(coll, "multi", "set", names, n, "fwd", 1)
+    local p2 = helpers.kinds_child(coll, "multi", "set", names, n, "rev", 1)
     for _, p in ipairs({ p1, p2 }) do
       local st, out = p:wait(120)
       assert.equal(0, st, out)

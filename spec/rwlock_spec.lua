@@ -4,7 +4,6 @@
 local helpers = require "helpers"
 local core = require "mongolock.core"
 
-local CHILD = helpers.root .. "/spec/kinds_child.lua"
 
 describe("#integration reader-writer locks", function()
   local client, coll, rw
@@ -16,15 +15,10 @@ describe("#integration reader-writer locks", function()
   teardown(function() client:close() end)
 
   local function spawn(mode, kind, name, a, b, prefix)
-    return helpers.spawn(CHILD, { helpers.database, coll, mode, kind, name,
-      tostring(a or ""), tostring(b or ""), "" }, prefix)
+    return helpers.kinds_child(coll, mode, kind, name, a, b, nil, prefix)
   end
 
-  local function doc(name)
-    local r = assert(client:command(helpers.database, { find = coll },
-      { filter = { _id = name } }))
-    return r.cursor.firstBatch[1]
-  end
+  local function doc(name) return helpers.lock_doc(client, coll, name) end
 
   it("readers share, each with its own owner, token and lease; a writer is alone", function()
     local name = helpers.unique("share")
@@ -219,6 +213,7 @@ describe("#integration reader-writer locks", function()
     for _, f in ipairs({
       function() local h = rw:read(name, { tll = 1 }); return h end,
       function() local h = rw:try_read(name, { renew = "yes" }); return h end,
+      function() local h = rw:write(name, { wait = "sometimes" }); return h end,
       function() local r = client:rwlocks({ colection = "x" }); return r end,
       function() local s = client:acquire_all({ { rw, name, "read" } }, { tmeout = 1 }); return s end,
     }) do
@@ -247,22 +242,12 @@ describe("#integration reader-writer locks", function()
 end)
 
 describe("#integration reader-writer round trips", function()
-  local client, rw, overhead
-
-  local function commands(fn)
-    local a = helpers.opcounters(client)
-    fn()
-    local b = helpers.opcounters(client)
-    return b.total - a.total - overhead
-  end
+  local client, rw, commands
 
   setup(function()
     client = helpers.connect({ appname = "rw-rt" },
       helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
-    helpers.opcounters(client)
-    local a = helpers.opcounters(client)
-    local b = helpers.opcounters(client)
-    overhead = b.total - a.total
+    commands = helpers.command_counter(client)
     rw = client:rwlocks({ database = helpers.database, collection = helpers.unique("rwrt") })
     assert(rw:try_read("warm")):release()
     assert(rw:try_write("warm")):release()

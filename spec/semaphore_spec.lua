@@ -4,7 +4,6 @@
 local helpers = require "helpers"
 local core = require "mongolock.core"
 
-local CHILD = helpers.root .. "/spec/kinds_child.lua"
 
 describe("#integration semaphores", function()
   local client, coll, sems
@@ -16,16 +15,11 @@ describe("#integration semaphores", function()
   teardown(function() client:close() end)
 
   local function spawn(mode, kind, name, a, b, n, prefix)
-    return helpers.spawn(CHILD, { helpers.database, coll, mode, kind, name,
-      tostring(a or ""), tostring(b or ""), tostring(n or "") }, prefix)
+    return helpers.kinds_child(coll, mode, kind, name, a, b, n, prefix)
   end
 
   -- the raw lock document
-  local function doc(name)
-    local r = assert(client:command(helpers.database, { find = coll },
-      { filter = { _id = name } }))
-    return r.cursor.firstBatch[1]
-  end
+  local function doc(name) return helpers.lock_doc(client, coll, name) end
 
   it("gives N permits, each its own owner, token and lease; the N+1st is busy", function()
     local name = helpers.unique("n")
@@ -481,22 +475,12 @@ describe("#integration the shared kinds' ops (core.op_share_*)", function()
 end)
 
 describe("#integration semaphore round trips", function()
-  local client, sems, overhead
-
-  local function commands(fn)
-    local a = helpers.opcounters(client)
-    fn()
-    local b = helpers.opcounters(client)
-    return b.total - a.total - overhead
-  end
+  local client, sems, commands
 
   setup(function()
     client = helpers.connect({ appname = "sem-rt" },
       helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
-    helpers.opcounters(client)
-    local a = helpers.opcounters(client)
-    local b = helpers.opcounters(client)
-    overhead = b.total - a.total
+    commands = helpers.command_counter(client)
     sems = client:semaphores({ database = helpers.database, collection = helpers.unique("semrt"),
       permits = 2 })
     assert(sems:try("warm")):release()
