@@ -18,16 +18,17 @@
 -- system-wide CLOCK_MONOTONIC), hold --hold ms (50), note the time,
 -- release, and asks again at once (it queues behind those already
 -- waiting).  A sample is the time from a release's start to the return of
--- an acquire that had waited (one wake-up, one findAndModify): releases and
--- acquisitions are paired in time order, each acquisition with the oldest
--- release not yet paired (a permit taken again without waiting uses one
--- too, and gives no sample).
+-- an acquire that had waited (one wake-up, one findAndModify): in time
+-- order, each acquisition takes the permit freed first (the P free at the
+-- start, then those of the releases), and one that had waited and takes a
+-- released permit is a sample.
 -- Samples, one per line in ms: DIR/shared-handoff-<permits>-<P>.txt.
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
-local testing = require "mongolock.testing"
 local locks_mod = require "mongolock.locks"
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local util = require "util"
 
 local monotonic = core.monotonic
 local format = string.format
@@ -39,21 +40,7 @@ if not uri or uri == "" then
 end
 local DB = "mongolock_bench"
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function write_file(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function exists(path) return read_file(path) ~= nil end
+local read_file, write_file, exists = util.read_file, util.write_file, util.exists
 
 -- ---- workers ----------------------------------------------------------------
 
@@ -141,22 +128,11 @@ end
 
 local interp, script = arg[-1] or "lua5.4", arg[0]
 local impl = rawget(_G, "jit") and "LuaJIT" or "Lua 5.4"
-local function q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+local q = util.sh_quote
 
 local client = assert(mongolock.connect(uri, { appname = "shared-bench" }))
-local function opcount()
-  local oc = assert(testing.opcounters(client._core))
-  local t = 0
-  for _, k in ipairs({ "insert", "query", "update", "delete", "getmore", "command" }) do
-    t = t + (oc[k] or 0)
-  end
-  return t
-end
-
-local function percentile(sorted, p)
-  if #sorted == 0 then return 0 / 0 end
-  return sorted[math.max(1, math.ceil(p * #sorted))]
-end
+local function opcount() return util.opcount(client) end
+local percentile = util.percentile
 
 local runs = 0
 
@@ -242,19 +218,20 @@ for p in tostring(opts.processes):gmatch("%d+") do
         end
       end
       table.sort(ev, function(a, b) return a.t < b.t end)
+      -- the free permits in the order they were freed: the P free at the
+      -- start (false: no release to measure from), then each release's time
       local pending, head, samples, acqs = {}, 1, {}, 0
+      for i = 1, permits do pending[i] = false end
       for _, e in ipairs(ev) do
         if e.k == "R" then
           pending[#pending + 1] = e.t
         else
           acqs = acqs + 1
-          -- every acquisition after the first permits were taken uses a
-          -- permit freed by the oldest release not yet paired; only one
-          -- that had waited is a hand-off
-          if pending[head] then
-            if e.w > 0 then samples[#samples + 1] = (e.t - pending[head]) * 1000 end
-            head = head + 1
-          end
+          -- every acquisition takes the permit freed first; one that had
+          -- waited for a release is a hand-off
+          local freed = pending[head]
+          head = head + 1
+          if freed and e.w > 0 then samples[#samples + 1] = (e.t - freed) * 1000 end
         end
       end
       table.sort(samples)

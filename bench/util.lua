@@ -1,0 +1,42 @@
+-- What the benchmarks' coordinators and workers share: small files as
+-- signals between processes, the server's command count, percentiles.
+local testing = require "mongolock.testing"
+
+local _M = {}
+
+function _M.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+function _M.write_file(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+function _M.exists(path) return _M.read_file(path) ~= nil end
+
+function _M.sh_quote(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+
+-- every command the server counted (serverStatus opcounters), this one's
+-- own serverStatus included
+function _M.opcount(client)
+  local oc = assert(testing.opcounters(client._core))
+  local t = 0
+  for _, k in ipairs({ "insert", "query", "update", "delete", "getmore", "command" }) do
+    t = t + (oc[k] or 0)
+  end
+  return t
+end
+
+-- the p-th percentile (0..1) of a sorted list; NaN when it is empty
+function _M.percentile(sorted, p)
+  if #sorted == 0 then return 0 / 0 end
+  return sorted[math.max(1, math.ceil(p * #sorted))]
+end
+
+return _M
