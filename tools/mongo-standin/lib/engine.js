@@ -1028,13 +1028,14 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
   // Like mongod, an awaitData getMore returns when an event passes the
   // stream's pipeline or at maxTimeMS: events the pipeline filters out do
   // not end the wait (the stream still advances past them).
+  const idKey = cursor.id.toString();
   return new Promise((resolve, reject) => {
     let timer = null, pending = false;
     const done = (final) => {
       pending = false;
       if (timer === null && !final) return;   // already answered
       try {
-        if (!this.cursors.has(cursor.id.toString())) {
+        if (!this.cursors.has(idKey)) {
           stop();
           reject(new MongoError(43, `cursor id ${cursor.id} not found`));
           return;
