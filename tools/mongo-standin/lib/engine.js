@@ -1053,10 +1053,7 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
       cursor.wake = null;
     };
     const listener = (ev) => {
-      // read once the writing command is done (one batch for all of its
-      // events), before the event loop turns to other connections: mongod
-      // wakes an awaiting getMore as soon as the write commits
-      if (cs.relevant(ev) && !pending) { pending = true; queueMicrotask(() => done(false)); }
+      if (cs.relevant(ev) && !pending) { pending = true; setImmediate(() => done(false)); }
     };
     this.store.listeners.add(listener);
     cursor.wake = () => done(true);
