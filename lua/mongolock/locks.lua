@@ -212,11 +212,7 @@ local function wait_for(self, name, ttl_ms, o)
       return self.core:granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
         g.token, started, g.ms, o.renew)
     end,
-    new_state = function(deadline)
-      return { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
-               waiter = waiter,
-               opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
-    end,
+    new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     -- a waiter that gives up takes its place out of the queue (best effort,
     -- and only with a server to tell: the place lapses after queue_ttl)
     give_up = function(...)

@@ -323,6 +323,15 @@ function _M.acquire_loop(run)
   end
 end
 
+-- the wait state of acquire_loop's new_state (mongolock.backoff documents
+-- it): owner, the locks object the wait step watches (database,
+-- collection, core); o, the call's options
+function _M.wait_state(owner, name, waiter, o, deadline)
+  return { locks = owner, name = name, attempt = 0, step = o.step, deadline = deadline,
+           waiter = waiter,
+           opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
+end
+
 -- is t an empty table (no option given)?
 function _M.empty(t)
   return next(t) == nil

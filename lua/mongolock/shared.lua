@@ -183,13 +183,10 @@ local function wait_for(self, mode, name, o)
       if err == "busy" then queued = queued or info.position ~= nil end
       return h, err, info
     end,
-    new_state = function(deadline)
-      return { locks = self, name = name, attempt = 0, step = o.step, deadline = deadline,
-               waiter = waiter,
-               opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
-    end,
+    new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     give_up = function(...)
-      if queued and not self.core:closed() then
+      -- as named locks: only with a server to tell (the place lapses after queue_ttl)
+      if queued and not self.core:closed() and self.core:writable() then
         pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, waiter)
       end
       return nil, ...
