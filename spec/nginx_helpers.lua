@@ -107,7 +107,15 @@ function Nginx:stop()
     if line:find("%[alert%]") or line:find("%[crit%]") or line:find("%[emerg%]") then print("# " .. line) end
   end
   sh(format("kill -QUIT %d 2>/dev/null", self.pid))
-  poll(function() return not sh(format("kill -0 %d 2>/dev/null", self.pid)) end, 20, "nginx to exit")
+  local ok, err = pcall(poll, function() return not sh(format("kill -0 %d 2>/dev/null", self.pid)) end, 20,
+    "nginx to exit")
+  if not ok then
+    -- a worker that does not exit (it may spin): ended here, so that it
+    -- does not outlive the spec, then the failure is reported
+    sh(format("pkill -KILL -P %d 2>/dev/null; kill -KILL %d 2>/dev/null", self.pid, self.pid))
+    self.pid = nil
+    error(err, 0)
+  end
   self.pid = nil
   sh(format("rm -rf %s", q(self.prefix)))
 end

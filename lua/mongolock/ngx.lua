@@ -246,7 +246,9 @@ local function runner(premature, st)
     if job then
       local ok, err = pcall(execute, st, job)
       if ok and err == "refused" then
-        if st.runners > (st.cap or config.max_running) then break end
+        -- an exiting worker's sleeps return at once: no retrying there
+        -- (the job's caller gives it up, see run)
+        if st.runners > (st.cap or config.max_running) or ngx.worker.exiting() then break end
         -- every VM busy although this worker is at its cap: other code's
         -- calls hold them; look again soon
         ngx.sleep(0.001)
@@ -365,6 +367,7 @@ function _M.run(spec, op, deadline, on_orphan, arg)
     job.state = "abandoned"
     return nil, err
   end
+  local exiting_since
   while true do
     local wait = FOREVER
     if deadline then wait = math_max(0, math_min(FOREVER, deadline - monotonic())) end
@@ -373,6 +376,17 @@ function _M.run(spec, op, deadline, on_orphan, arg)
     if deadline and monotonic() >= deadline then
       job.state = "abandoned"
       return nil, "timeout"
+    end
+    -- a worker that is shutting down may end these waits at once: a job
+    -- not started by then may never run, and its caller must not spin on
+    -- it; one running is waited for up to `grace` seconds, then handed to
+    -- on_orphan like an abandoned one
+    if ngx.worker.exiting() then
+      exiting_since = exiting_since or monotonic()
+      if job.state == "queued" or monotonic() - exiting_since > config.grace then
+        job.state = "abandoned"
+        return nil, "nginx worker exiting"
+      end
     end
   end
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
