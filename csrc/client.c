@@ -96,7 +96,7 @@ static void client_close(ml_client *c) {
   if (c->pool && c->pid == getpid()) {
     if (c->on_close) c->on_close(c);
     if (c->client) mongoc_client_pool_push(c->pool, c->client);
-    mongoc_client_pool_destroy(c->pool);
+    if (!c->pool_adopted) mongoc_client_pool_destroy(c->pool);
   }
   c->pool = NULL;
   c->client = NULL;

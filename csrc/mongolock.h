@@ -99,6 +99,9 @@ typedef struct ml_client {
    */
   void (*on_close)(struct ml_client *c);
   void *renew_state;
+  int pool_adopted;             /* on_close handed the pool to change-stream
+                                   threads still in a getMore (watch.c): the
+                                   last of them destroys it, not close */
 } ml_client;
 
 /* raises unless idx is an open mongolock.Client */

@@ -30,18 +30,20 @@
  * - ring holds the last RING events; drop_t/drop_i is the newest cluster
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
- * - The thread owns its connection (a client of its own, made from the
- *   client's URI, not one of its pool) and change stream; it never touches
- *   a lua_State.  It sends getMore only while a waiter waits (or looked
+ * - The thread owns its connection (one of the client's pool, so that a
+ *   failed getMore tells the pool's topology, which acquire reads) and
+ *   change stream; it never touches a lua_State.  It sends getMore only while a waiter waits (or looked
  *   without blocking less than POLL_GRACE ago).  A getMore awaits up to
  *   AWAIT_MS (at most half the socket timeout): longer than a waiter
  *   usually waits, so that a wait costs one getMore, not one per AWAIT_MS.
  * - A stream is stopped by the client's close, or by the thread itself
  *   after IDLE seconds without a waiter.  Close does not wait for a
  *   getMore in flight (in_call): it unlinks the stream and detaches the
- *   thread, which frees the stream and its own client when the getMore
- *   returns (an event, or AWAIT_MS); otherwise it joins the thread.  The
- *   library stays loaded (pinned) while such a thread may still run.
+ *   thread, which frees the stream when the getMore returns (an event, or
+ *   AWAIT_MS); the pool is then handed to those threads (c->pool_adopted,
+ *   orphan_pool): the last one pushes its connection and destroys it.
+ *   Otherwise close joins the thread.  The library stays loaded (pinned)
+ *   while such a thread may still run.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
  *   streams without touching them (their threads do not exist there).
  */
@@ -78,8 +80,9 @@ typedef struct watch_event {
 typedef struct ml_stream {
   struct ml_stream *next;
   ml_client *c;
-  mongoc_client_pool_t *pool;   /* the client's: identifies it only */
-  mongoc_uri_t *uri;            /* the thread's own client is made from it */
+  mongoc_client_pool_t *pool;
+  struct orphan_pool *orphan;   /* detached: the pool it shares with the
+                                   other detached streams of its client */
   pid_t pid;
   char *db, *coll, *field;
   char tag[17];                 /* the process tag its $match routes on */
@@ -106,6 +109,12 @@ typedef struct ml_stream {
   double idle_since;
   long events, reopens, getmores;
 } ml_stream;
+
+/* a closed client's pool, destroyed by the last detached stream thread */
+typedef struct orphan_pool {
+  mongoc_client_pool_t *pool;
+  int refs;                     /* detached threads still running (watch_mu) */
+} orphan_pool;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static ml_stream *streams;      /* (watch_mu) */
@@ -229,14 +238,16 @@ static void *watch_main(void *arg) {
   int tries;
 
   memset(&err, 0, sizeof err);
-  mc = mongoc_client_new_from_uri(s->uri);
+  for (tries = 0; !mc && tries < 50; tries++) {
+    mc = mongoc_client_pool_try_pop(s->pool);
+    if (!mc) ml_sleep(0.02);
+  }
   if (!mc) {
     pthread_mutex_lock(&watch_mu);
-    bson_snprintf(err.message, sizeof err.message, "cannot make a client");
+    bson_snprintf(err.message, sizeof err.message, "no free connection in the pool");
     set_failed(s, &err);
     goto done;
   }
-  mongoc_client_set_error_api(mc, MONGOC_ERROR_API_VERSION_2);
   coll = mongoc_client_get_collection(mc, s->db, s->coll);
   cs = stream_open(coll, s, NULL);
   pthread_mutex_lock(&watch_mu);
@@ -308,11 +319,22 @@ done:
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
+    orphan_pool *o = s->orphan;
     pthread_mutex_unlock(&watch_mu);
     mongoc_change_stream_destroy(cs);
     mongoc_collection_destroy(coll);
-    if (mc) mongoc_client_destroy(mc);
-    if (detached) stream_free(s);   /* unlinked by close: nobody else sees it */
+    if (mc) mongoc_client_pool_push(s->pool, mc);
+    if (detached) {
+      int last;
+      stream_free(s);           /* unlinked by close: nobody else sees it */
+      pthread_mutex_lock(&watch_mu);
+      last = o && --o->refs == 0;
+      pthread_mutex_unlock(&watch_mu);
+      if (last) {
+        mongoc_client_pool_destroy(o->pool);
+        free(o);
+      }
+    }
   }
   return NULL;
 }
@@ -323,7 +345,6 @@ static void stream_free(ml_stream *s) {
   int k;
   for (k = 0; k < RING; k++) free(s->ring[k].key);
   pthread_cond_destroy(&s->cv);
-  if (s->uri) mongoc_uri_destroy(s->uri);
   free(s->db);
   free(s->coll);
   free(s->field);
@@ -393,17 +414,6 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
     return NULL;
   }
   if (!ml_process_tag(s->tag)) memcpy(s->tag, "-no-randomness-", 16);
-  s->uri = mongoc_uri_copy(c->uri);
-  if (!s->uri) {
-    free(s->db);
-    free(s->coll);
-    free(s->field);
-    free(s);
-    return NULL;
-  }
-  /* like a pool's client, wait for a server (a failover) instead of
-   * failing at once */
-  mongoc_uri_set_option_as_bool(s->uri, MONGOC_URI_SERVERSELECTIONTRYONCE, false);
   s->c = c;
   s->pool = pool;
   s->pid = pid;
@@ -437,6 +447,7 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
 void ml_watch_stop(ml_client *c) {
   ml_stream *s;
   pid_t pid = getpid();
+  orphan_pool *o = NULL;
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == pid) {
@@ -444,12 +455,17 @@ void ml_watch_stop(ml_client *c) {
       pthread_cond_broadcast(&s->cv);
     }
   for (s = streams; s;) {
-    if (s->c == c && s->pid == pid && s->in_call && s->joinable) {
+    if (s->c == c && s->pid == pid && s->in_call && s->joinable &&
+        (o || (o = (orphan_pool *)calloc(1, sizeof *o)) != NULL)) {
       /* in a getMore (or opening): do not wait for it, the thread frees
-       * the stream when the call returns */
+       * the stream when the call returns, the last one the pool */
       ml_stream **p;
       for (p = &streams; *p != s; p = &(*p)->next) {}
       *p = s->next;
+      o->pool = s->pool;
+      o->refs++;
+      s->orphan = o;
+      c->pool_adopted = 1;
       s->detached = 1;
       s->joinable = 0;
       pthread_detach(s->thread);
