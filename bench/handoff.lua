@@ -27,8 +27,9 @@
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
-local testing = require "mongolock.testing"
 local locks_mod = require "mongolock.locks"
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local util = require "util"
 
 local monotonic = core.monotonic
 local getenv = os.getenv
@@ -42,25 +43,7 @@ end
 
 local DB = "mongolock_bench"
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function write_file(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
+local read_file, write_file, exists = util.read_file, util.write_file, util.exists
 
 -- ---- a worker process -----------------------------------------------------
 
@@ -142,22 +125,7 @@ local interp = arg[-1] or "lua5.4"
 local script = arg[0]
 local impl = rawget(_G, "jit") and "luajit" or "lua5.4"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
-
-local function opcount(client)
-  local oc = assert(testing.opcounters(client._core))
-  local t = 0
-  for _, k in ipairs({ "insert", "query", "update", "delete", "getmore", "command" }) do
-    t = t + (oc[k] or 0)
-  end
-  return t
-end
-
-local function percentile(sorted, p)
-  if #sorted == 0 then return 0 / 0 end
-  local k = math.max(1, math.ceil(p * #sorted))
-  return sorted[k]
-end
+local sh_quote, opcount, percentile = util.sh_quote, util.opcount, util.percentile
 
 local function run(client, mode, n, handoffs)
   local dir = os.tmpname()
@@ -170,14 +138,7 @@ local function run(client, mode, n, handoffs)
       sh_quote(script), sh_quote(dir), sh_quote(coll), mode, handoffs, i, tostring(opts.hold))
   end
   local p = assert(io.popen("( " .. table.concat(cmds, " ") .. " wait ) 2>&1", "r"))
-  -- everyone connected and ready
-  local deadline = monotonic() + 120
-  repeat
-    local ready = 0
-    for i = 1, n do if exists(dir .. "/ready-" .. i) then ready = ready + 1 end end
-    if ready == n then break end
-    core.sleep(0.01)
-  until monotonic() > deadline
+  util.wait_ready(dir, n)   -- everyone connected and ready
   write_file(dir .. "/seq", "0")
   local o0 = opcount(client)
   write_file(dir .. "/go", "")

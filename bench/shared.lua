@@ -150,13 +150,7 @@ local function run(n, kind, names, arg1)
       q(coll), q(names(i)), q(arg1))
   end
   local p = assert(io.popen("( " .. table.concat(cmds, " ") .. " wait ) 2>&1", "r"))
-  local deadline = monotonic() + 120
-  repeat
-    local ready = 0
-    for i = 1, n do if exists(dir .. "/ready-" .. i) then ready = ready + 1 end end
-    if ready == n then break end
-    core.sleep(0.01)
-  until monotonic() > deadline
+  util.wait_ready(dir, n)
   local o0 = opcount()
   write_file(dir .. "/go", "")
   local log = p:read("*a")

@@ -1,5 +1,6 @@
 -- What the benchmarks' coordinators and workers share: small files as
 -- signals between processes, the server's command count, percentiles.
+local core = require "mongolock.core"
 local testing = require "mongolock.testing"
 
 local _M = {}
@@ -21,6 +22,17 @@ end
 function _M.exists(path) return _M.read_file(path) ~= nil end
 
 function _M.sh_quote(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+
+-- waits (at most 120 s) until workers 1..n have written DIR/ready-<i>
+function _M.wait_ready(dir, n)
+  local deadline = core.monotonic() + 120
+  repeat
+    local ready = 0
+    for i = 1, n do if _M.exists(dir .. "/ready-" .. i) then ready = ready + 1 end end
+    if ready == n then return end
+    core.sleep(0.01)
+  until core.monotonic() > deadline
+end
 
 -- every command the server counted (serverStatus opcounters), this one's
 -- own serverStatus included
