@@ -283,6 +283,18 @@ const char *ml_arg_name(lua_State *L, int i, size_t *len);
 const char *ml_arg_lock(lua_State *L, const char **db, const char **coll);
 const char *ml_arg_waiter(lua_State *L, int i);
 int64_t ml_arg_ttl_ms(lua_State *L, int i);
+/* what an attempt's strings point into */
+typedef struct ml_attempt {
+  char owner[33], tag[17], host[256];
+} ml_attempt;
+/* an acquire's attempt (ml_acquire_args) from arguments: the holder (this
+ * host and process, the app at app_i or else the URI's appname) and, with a
+ * waiter id at waiter_i, the waiter with queue_ms at waiter_i + 1 and
+ * polling at waiter_i + 2 (the waiter id is then the owner), else a new
+ * owner id; a's strings point into t.  Raises on a bad argument; returns
+ * 0 when getrandom failed. */
+int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
+                   ml_attempt *t);
 
 /* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
  * none when it matched nothing (none not NULL), or nil, message, code */

@@ -50,6 +50,30 @@ int64_t ml_arg_ttl_ms(lua_State *L, int i) {
   return ms;
 }
 
+int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
+                   ml_attempt *t) {
+  a->app = luaL_optstring(L, app_i, NULL);
+  t->tag[0] = '\0';
+  if (!lua_isnoneornil(L, waiter_i)) {
+    a->waiter = ml_arg_waiter(L, waiter_i);
+    a->queue_ms = ml_arg_ttl_ms(L, waiter_i + 1);
+    a->polling = lua_toboolean(L, waiter_i + 2);
+    memcpy(t->owner, a->waiter, 33);
+    if (!ml_process_tag(t->tag)) return 0;
+    a->tag = t->tag;
+  } else if (!ml_random_owner(t->owner)) {
+    return 0;
+  }
+  a->owner = t->owner;
+  if (!a->app) a->app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
+  if (gethostname(t->host, sizeof t->host) != 0) t->host[0] = '\0';
+  t->host[sizeof t->host - 1] = '\0';
+  if (!bson_utf8_validate(t->host, strlen(t->host), false)) t->host[0] = '\0';
+  a->host = t->host;
+  a->pid = (int64_t)getpid();
+  return 1;
+}
+
 int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
   bson_error_t err;
   int64_t n = ml_run_update(ml_client_get(L, c), c, op, &err);
@@ -82,7 +106,8 @@ int ml_m_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_acquire_args a;
   size_t namelen;
-  char tag[17] = "", owner[33], host[256];
+  ml_attempt t;
+  const char *owner = t.owner;
   mongoc_client_t *mc;
   bson_t reply, id;
   bson_error_t err;
@@ -96,24 +121,7 @@ int ml_m_acquire(lua_State *L) {
   ml_arg_ns(L, 2, &a.db, &a.coll);
   a.name = ml_arg_name(L, 4, &namelen);
   a.ttl_ms = ml_arg_ttl_ms(L, 5);
-  a.app = luaL_optstring(L, 6, NULL);
-  if (!lua_isnoneornil(L, 8)) {
-    a.waiter = ml_arg_waiter(L, 8);
-    a.queue_ms = ml_arg_ttl_ms(L, 9);
-    a.polling = lua_toboolean(L, 10);
-    memcpy(owner, a.waiter, 33);
-    if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
-    a.tag = tag;
-  } else if (!ml_random_owner(owner)) {
-    return ml_pushfail(L, "getrandom failed", 0);
-  }
-  a.owner = owner;
-  if (!a.app) a.app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
-  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
-  host[sizeof host - 1] = '\0';
-  if (!bson_utf8_validate(host, strlen(host), false)) host[0] = '\0';
-  a.host = host;
-  a.pid = (int64_t)getpid();
+  if (!ml_arg_attempt(L, c, 6, 8, &a, &t)) return ml_pushfail(L, "getrandom failed", 0);
   mc = ml_client_get(L, c);
 
   ml_build_acquire(&op, &a);

@@ -706,24 +706,15 @@ static int check_mode(lua_State *L, int64_t *permits) {
 /* core.op_share_acquire{db, coll, name, mode, permits, owner, ttl_ms, host,
  * pid, app, waiter, tag, queue_ms, polling} */
 static int l_op_share_acquire(lua_State *L) {
-  ml_share_args a;
-  ml_acquire_args at;
+  ml_acquire_args a;
+  int64_t permits = 0;
+  int mode;
   ml_op op;
   memset(&a, 0, sizeof a);
-  memset(&at, 0, sizeof at);
   a.name = check_lock(L, &a.db, &a.coll, 1);
-  a.mode = check_mode(L, &a.permits);
-  check_attempt(L, &at);
-  a.owner = at.owner;
-  a.ttl_ms = at.ttl_ms;
-  a.host = at.host;
-  a.pid = at.pid;
-  a.app = at.app;
-  a.waiter = at.waiter;
-  a.tag = at.tag;
-  a.queue_ms = at.queue_ms;
-  a.polling = at.polling;
-  ml_build_share_acquire(&op, &a);
+  mode = check_mode(L, &permits);
+  check_attempt(L, &a);
+  ml_build_share_acquire(&op, &a, mode, permits);
   return push_op(L, &op);
 }
 

@@ -36,9 +36,9 @@
  *   {$set: {permits, token, owner, expiresAt, holders, squeue, next}},
  *   {$unset: [...]} ]
  */
-void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
+void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64_t permits) {
   const char *w = a->waiter ? a->waiter : "";
-  int p = a->mode == ML_MODE_PERMIT;
+  int p = mode == ML_MODE_PERMIT;
   char tw[64];
   bson_t holder = BSON_INITIALIZER, kind = BSON_INITIALIZER, room = BSON_INITIALIZER,
          turn = BSON_INITIALIZER, chain = BSON_INITIALIZER, queue = BSON_INITIALIZER,
@@ -52,12 +52,12 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
     /* a semaphore of this N, or a name no permit was asked of yet and no
      * reader shares */
     BCON_APPEND(&kind, "v", "{", "$or", "[",
-      "{", "$eq", "[", "$" ML_F_PERMITS, BCON_INT64(a->permits), "]", "}",
+      "{", "$eq", "[", "$" ML_F_PERMITS, BCON_INT64(permits), "]", "}",
       "{", "$and", "[",
         "{", "$eq", "[", "{", "$ifNull", "[", "$" ML_F_PERMITS, BCON_NULL, "]", "}", BCON_NULL, "]", "}",
         "{", "$not", "[", "{", "$in", "[", "s", "$_mlh.m", "]", "}", "]", "}", "]", "}",
       "]", "}");
-    BCON_APPEND(&room, "v", "{", "$lt", "[", "{", "$size", "$_mlh", "}", BCON_INT64(a->permits), "]", "}");
+    BCON_APPEND(&room, "v", "{", "$lt", "[", "{", "$size", "$_mlh", "}", BCON_INT64(permits), "]", "}");
     /* first come, first served among the permits' waiters */
     BCON_APPEND(&turn, "v", "{", "$let", "{",
       "vars", "{",
@@ -78,7 +78,7 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
       "in", "{", "$cond", "[",
         "{", "$and", "[", "{", "$ne", "[", "$$h", BCON_NULL, "]", "}",
           "{", "$lt", "[", "{", "$add", "[", "{", "$size", "$_mlh", "}", BCON_INT32(1), "]", "}",
-                           BCON_INT64(a->permits), "]", "}", "]", "}",
+                           BCON_INT64(permits), "]", "}", "]", "}",
         "$$h",
         "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_NULL,
                            "$" ML_F_NEXT, "]", "}",
@@ -110,7 +110,7 @@ void ml_build_share_acquire(ml_op *op, const ml_share_args *a) {
   else
     BCON_APPEND(&queue, "v", ML_IF_TAKEN("$" ML_F_SQUEUE, "$_mlq"));
   /* N is written by the first permit asked of the name, kept after */
-  if (p) BCON_APPEND(&perm, "v", "{", "$cond", "[", "$_mlk", BCON_INT64(a->permits),
+  if (p) BCON_APPEND(&perm, "v", "{", "$cond", "[", "$_mlk", BCON_INT64(permits),
                                   "$" ML_F_PERMITS, "]", "}");
   else BCON_APPEND(&perm, "v", "$" ML_F_PERMITS);
   bson_iter_init_find(&ip, &perm, "v");

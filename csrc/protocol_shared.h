@@ -18,24 +18,9 @@
 #define ML_MODE_PERMIT 'p'            /* a semaphore's permit */
 #define ML_PERMITS_MAX 1000000
 
-/* what a share's acquire writes (as ml_acquire_args, plus mode and N) */
-typedef struct ml_share_args {
-  const char *db, *coll;
-  const char *name;
-  const char *owner;                /* 32 hex; the waiter id when waiting */
-  int64_t ttl_ms;
-  const char *host;
-  int64_t pid;
-  const char *app;                  /* NULL for none */
-  const char *waiter;               /* NULL: a try */
-  const char *tag;
-  int64_t queue_ms;
-  int polling;
-  int mode;                         /* ML_MODE_SHARED or ML_MODE_PERMIT */
-  int64_t permits;                  /* ML_MODE_PERMIT: N, 1..ML_PERMITS_MAX */
-} ml_share_args;
-
-void ml_build_share_acquire(ml_op *op, const ml_share_args *a);
+/* a share's acquire: what an exclusive attempt writes (a), and mode
+ * (ML_MODE_SHARED or ML_MODE_PERMIT) with permits (N, 1..ML_PERMITS_MAX) */
+void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64_t permits);
 /* id: {_id: name} */
 void ml_build_share_release(ml_op *op, const char *db, const char *coll, const bson_t *id,
                             const char *owner);

@@ -36,10 +36,13 @@ static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
  */
 int ml_m_share_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
-  ml_share_args a;
+  ml_acquire_args a;
+  ml_attempt t;
+  const char *owner = t.owner;
   size_t namelen;
-  const char *mode;
-  char tag[17] = "", owner[33], host[256];
+  const char *mode_s;
+  int mode;
+  int64_t permits = 0;
   mongoc_client_t *mc;
   bson_t reply, id;
   bson_error_t err;
@@ -52,41 +55,24 @@ int ml_m_share_acquire(lua_State *L) {
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
   a.name = ml_arg_name(L, 4, &namelen);
-  mode = luaL_checkstring(L, 5);
-  if (!strcmp(mode, "shared")) a.mode = ML_MODE_SHARED;
-  else if (!strcmp(mode, "permit")) a.mode = ML_MODE_PERMIT;
+  mode_s = luaL_checkstring(L, 5);
+  if (!strcmp(mode_s, "shared")) mode = ML_MODE_SHARED;
+  else if (!strcmp(mode_s, "permit")) mode = ML_MODE_PERMIT;
   else return luaL_argerror(L, 5, "mode must be \"shared\" or \"permit\"");
-  if (a.mode == ML_MODE_PERMIT) {
+  if (mode == ML_MODE_PERMIT) {
     lua_Integer n = luaL_checkinteger(L, 6);
     luaL_argcheck(L, n >= 1 && n <= ML_PERMITS_MAX, 6, "permits must be an integer from 1 to 1000000");
-    a.permits = n;
+    permits = n;
   }
   a.ttl_ms = ml_arg_ttl_ms(L, 7);
-  a.app = luaL_optstring(L, 8, NULL);
-  if (!lua_isnoneornil(L, 10)) {
-    a.waiter = ml_arg_waiter(L, 10);
-    a.queue_ms = ml_arg_ttl_ms(L, 11);
-    a.polling = lua_toboolean(L, 12);
-    memcpy(owner, a.waiter, 33);
-    if (!ml_process_tag(tag)) return ml_pushfail(L, "getrandom failed", 0);
-    a.tag = tag;
-  } else if (!ml_random_owner(owner)) {
-    return ml_pushfail(L, "getrandom failed", 0);
-  }
-  a.owner = owner;
-  if (!a.app) a.app = mongoc_uri_get_appname(c->uri);
-  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
-  host[sizeof host - 1] = '\0';
-  if (!bson_utf8_validate(host, strlen(host), false)) host[0] = '\0';
-  a.host = host;
-  a.pid = (int64_t)getpid();
+  if (!ml_arg_attempt(L, c, 8, 10, &a, &t)) return ml_pushfail(L, "getrandom failed", 0);
   mc = ml_client_get(L, c);
 
-  ml_build_share_acquire(&op, &a);
+  ml_build_share_acquire(&op, &a, mode, permits);
   started = ml_monotonic();
   ok = ml_run(mc, c->wc, &op, &reply, &err);
   ml_op_destroy(&op);
-  ok = ml_parse_share_acquire(&reply, owner, a.mode, a.permits, &r) > 0 ? ok : ok ? -1 : 0;
+  ok = ml_parse_share_acquire(&reply, owner, mode, permits, &r) > 0 ? ok : ok ? -1 : 0;
 
   bson_init(&id);
   bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
@@ -100,7 +86,7 @@ int ml_m_share_acquire(lua_State *L) {
   s.time_mode = ML_TIME_EXPIRES_AT;
   s.owner_form = ML_OWNER_HEX;
   s.ttl_ms = a.ttl_ms;
-  s.kind = a.mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED;
+  s.kind = mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED;
   if (ok == 0) {
     /* a write concern error after the write: give back what it took */
     if (r.won) {
