@@ -8,15 +8,7 @@ local core = require "mongolock.core"
 local null = core.null
 
 describe("#integration documents", function()
-  local client, overhead, DB
-
-  -- commands the server counted while fn ran (serverStatus's own removed)
-  local function commands(fn)
-    local a = helpers.opcounters(client)
-    local r = { fn() }
-    local b = helpers.opcounters(client)
-    return b.total - a.total - overhead, r
-  end
+  local client, commands, DB
 
   local function fresh(opts)
     return client:documents(DB, helpers.unique("docs"), opts)
@@ -35,10 +27,8 @@ describe("#integration documents", function()
     client = helpers.connect({ appname = "documents" },
       helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
     DB = helpers.database
-    helpers.opcounters(client)
-    local a = helpers.opcounters(client)
-    local b = helpers.opcounters(client)
-    overhead = b.total - a.total
+    -- commands the server counted while fn ran (serverStatus's own removed)
+    commands = helpers.command_counter(client)
   end)
   teardown(function() client:close() end)
 

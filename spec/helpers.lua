@@ -233,20 +233,21 @@ function helpers.opcounters(client)
   return oc
 end
 
--- fn's server commands: counter = helpers.command_counter(client) measures
--- what a pair of serverStatus costs; counter(fn) -> commands fn sent (for a
--- client with heartbeatFrequencyMS high enough that no check falls inside)
+-- fn's server commands: counter, overhead = helpers.command_counter(client)
+-- measures what one serverStatus counts (overhead, 0 or 1); counter(fn) ->
+-- the commands fn sent and fn's results packed (for a client with
+-- heartbeatFrequencyMS high enough that no check falls inside)
 function helpers.command_counter(client)
-  helpers.opcounters(client)
+  helpers.opcounters(client)          -- connect, handshake
   local a = helpers.opcounters(client)
   local b = helpers.opcounters(client)
   local overhead = b.total - a.total
   return function(fn)
     local x = helpers.opcounters(client)
-    fn()
+    local r = table.pack and table.pack(fn()) or { fn() }
     local y = helpers.opcounters(client)
-    return y.total - x.total - overhead
-  end
+    return y.total - x.total - overhead, r
+  end, overhead
 end
 
 -- the raw lock document of name in helpers.database.coll (nil: none)

@@ -3,24 +3,15 @@
 local helpers = require "helpers"
 
 describe("#integration round trips", function()
-  local client, overhead
-
-  -- commands the server counted while fn ran, less serverStatus's own
-  local function commands(fn)
-    local a = helpers.opcounters(client)
-    local r = table.pack and table.pack(fn()) or { fn() }
-    local b = helpers.opcounters(client)
-    return b.total - a.total - overhead, r
-  end
+  local client, commands
 
   setup(function()
     -- no heartbeat lands inside a measurement: monitors poll once a minute
     client = helpers.connect({ appname = "roundtrips" },
       helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
-    helpers.opcounters(client)          -- connect, handshake
-    local a = helpers.opcounters(client)
-    local b = helpers.opcounters(client)
-    overhead = b.total - a.total        -- what one serverStatus counts (0 or 1)
+    -- commands the server counted while fn ran, less serverStatus's own
+    local overhead
+    commands, overhead = helpers.command_counter(client)
     assert.is_true(overhead == 0 or overhead == 1)
   end)
   teardown(function() client:close() end)

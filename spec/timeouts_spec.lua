@@ -50,21 +50,11 @@ local function timed(fn)
 end
 
 describe("#integration timeout = 0 and math.huge", function()
-  local client, overhead
-
-  local function commands(fn)
-    local a = helpers.opcounters(client)
-    local r = table.pack and table.pack(fn()) or { fn() }
-    local b = helpers.opcounters(client)
-    return b.total - a.total - overhead, r
-  end
+  local client, commands
 
   setup(function()
     client = helpers.connect({ appname = "timeouts" }, helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
-    helpers.opcounters(client)
-    local a = helpers.opcounters(client)
-    local b = helpers.opcounters(client)
-    overhead = b.total - a.total
+    commands = helpers.command_counter(client)
   end)
   teardown(function() client:close() end)
 

@@ -4,14 +4,7 @@
 local helpers = require "helpers"
 
 describe("#integration versioned", function()
-  local client, overhead, DB
-
-  local function commands(fn)
-    local a = helpers.opcounters(client)
-    local r = { fn() }
-    local b = helpers.opcounters(client)
-    return b.total - a.total - overhead, r
-  end
+  local client, commands, overhead, DB
 
   local function fresh(opts)
     return client:versioned(DB, helpers.unique("vc"), opts)
@@ -45,10 +38,7 @@ describe("#integration versioned", function()
     client = helpers.connect({ appname = "versioned" },
       helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
     DB = helpers.database
-    helpers.opcounters(client)
-    local a = helpers.opcounters(client)
-    local b = helpers.opcounters(client)
-    overhead = b.total - a.total
+    commands, overhead = helpers.command_counter(client)
   end)
   teardown(function() client:close() end)
 
