@@ -67,6 +67,24 @@ describe("#integration change-stream waits", function()
     return p
   end
 
+  -- a process holding name in locks that releases it hold seconds after
+  -- the trigger file appears (with_wait makes it at the first wait)
+  local function spawn_holder(locks, name, hold)
+    local trigger = trigger_path()
+    local p = helpers.spawn(holder_path, { name, locks.database, locks.collection, trigger, hold })
+    assert(p:wait_for("held (%d+)"))
+    p.trigger = trigger
+    return p, trigger
+  end
+
+  -- waits for a holder to exit and removes its files: its exit and output
+  local function reap(p)
+    local ok, out = p:wait()
+    p:cleanup()
+    os.remove(p.trigger)
+    return ok, out
+  end
+
   setup(function()
     client = helpers.connect({ appname = "watch-spec" },
       helpers.uri_with({ heartbeatFrequencyMS = 60000 }))
@@ -79,9 +97,7 @@ describe("#integration change-stream waits", function()
 
   it("a release wakes a watching waiter without polling", function()
     local locks = helpers.locks(client, { ttl = 60 })
-    local trigger = trigger_path()
-    local p = helpers.spawn(holder_path, { "job", locks.database, locks.collection, trigger, "0.3" })
-    assert(p:wait_for("held (%d+)"))
+    local p, trigger = spawn_holder(locks, "job", "0.3")
     local h, err, before, after
     local w = with_wait(trigger, function()
       before = helpers.opcounters(client)
@@ -89,7 +105,7 @@ describe("#integration change-stream waits", function()
       after = helpers.opcounters(client)
     end)
     assert.is_truthy(h, err)
-    assert.matches("released true", (select(2, p:wait())))
+    assert.matches("released true", (select(2, reap(p))))
     -- waited once: the release woke it (a poller needs several steps to
     -- cover 0.3 s: 1 + 2 + 4 + ... ms)
     assert.equal(1, w.calls)
@@ -101,16 +117,12 @@ describe("#integration change-stream waits", function()
     assert.is_true(getmores >= 1 and getmores <= 3, "getMore: " .. getmores)
     assert.is_true(after.total - before.total <= 12, "commands: " .. (after.total - before.total))
     assert.is_true(h:release())
-    p:cleanup()
-    os.remove(trigger)
   end)
 
   it("the same wait polls with wait = 'poll'", function()
     -- the control for the test above: same holder, same hold time
     local locks = helpers.locks(client, { ttl = 60 })
-    local trigger = trigger_path()
-    local p = helpers.spawn(holder_path, { "job", locks.database, locks.collection, trigger, "0.3" })
-    assert(p:wait_for("held (%d+)"))
+    local p, trigger = spawn_holder(locks, "job", "0.3")
     local h, err
     local w = with_wait(trigger, function()
       h, err = locks:acquire("job", { timeout = 20, wait = "poll" })
@@ -118,9 +130,7 @@ describe("#integration change-stream waits", function()
     assert.is_truthy(h, err)
     assert.is_true(w.calls > 3, "waits: " .. w.calls)
     assert.is_true(h:release())
-    p:wait()
-    p:cleanup()
-    os.remove(trigger)
+    reap(p)
   end)
 
   it("a release between the failed attempt and the wait is not missed", function()
@@ -128,9 +138,7 @@ describe("#integration change-stream waits", function()
     -- while the stream opens: the stream starts at that attempt's time
     local c2 = helpers.connect({ appname = "watch-race" })
     local locks = helpers.locks(c2, { ttl = 60 })
-    local trigger = trigger_path()
-    local p = helpers.spawn(holder_path, { "race", locks.database, locks.collection, trigger, "0" })
-    assert(p:wait_for("held (%d+)"))
+    local p, trigger = spawn_holder(locks, "race", "0")
     local h, err
     local w = with_wait(trigger, function()
       h, err = locks:acquire("race", { timeout = 20, wait = "watch" })
@@ -138,9 +146,7 @@ describe("#integration change-stream waits", function()
     assert.is_truthy(h, err)
     assert.equal(1, w.calls)
     assert.is_true(h:release())
-    p:wait()
-    p:cleanup()
-    os.remove(trigger)
+    reap(p)
     c2:close()
   end)
 
@@ -168,9 +174,7 @@ describe("#integration change-stream waits", function()
     local c2 = helpers.connect({ appname = "watch-one-stream" })
     local locks = helpers.locks(c2, { ttl = 60 })
     for _, name in ipairs({ "a", "b", "c" }) do
-      local trigger = trigger_path()
-      local p = helpers.spawn(holder_path, { name, locks.database, locks.collection, trigger, "0.05" })
-      assert(p:wait_for("held (%d+)"))
+      local p, trigger = spawn_holder(locks, name, "0.05")
       local h, err
       local w = with_wait(trigger, function()
         h, err = locks:acquire(name, { timeout = 20, wait = "watch" })
@@ -178,9 +182,7 @@ describe("#integration change-stream waits", function()
       assert.is_truthy(h, err)
       assert.equal(1, w.calls)
       assert.is_true(h:release())
-      p:wait()
-      p:cleanup()
-      os.remove(trigger)
+      reap(p)
     end
     local st = testing.watch_stats(c2._core)
     assert.equal(1, st.streams)
@@ -199,9 +201,7 @@ describe("#integration change-stream waits", function()
     local fake = { get_phase = function() return "content" end,
       sleep = function(s) slept = slept + 1; core.sleep(s) end }
     local locks = helpers.locks(client, { ttl = 60 })
-    local trigger = trigger_path()
-    local p = helpers.spawn(holder_path, { "ngx", locks.database, locks.collection, trigger, "0.2" })
-    assert(p:wait_for("held (%d+)"))
+    local p, trigger = spawn_holder(locks, "ngx", "0.2")
     local h, err
     rawset(_G, "ngx", fake)
     local ok, perr = pcall(with_wait, trigger, function(w)
@@ -215,25 +215,19 @@ describe("#integration change-stream waits", function()
     -- grow to 20 ms, so 0.2 s takes more than one and fewer than 200
     assert.is_true(slept > 1 and slept < 200, "ngx.sleep calls: " .. slept)
     assert.is_true(h:release())
-    p:wait()
-    p:cleanup()
-    os.remove(trigger)
+    reap(p)
   end)
 
   it("after fork the child watches with its own stream, the parent keeps its own", function()
     local c2 = helpers.connect({ appname = "watch-fork" })
     local locks = helpers.locks(c2, { ttl = 60 })
     local function handoff(name)
-      local trigger = trigger_path()
-      local p = helpers.spawn(holder_path, { name, locks.database, locks.collection, trigger, "0.05" })
-      assert(p:wait_for("held (%d+)"))
+      local p, trigger = spawn_holder(locks, name, "0.05")
       local h, err
       local w = with_wait(trigger, function()
         h, err = locks:acquire(name, { timeout = 20, wait = "watch" })
       end)
-      p:wait()
-      p:cleanup()
-      os.remove(trigger)
+      reap(p)
       return h, err, w.calls
     end
     local h, err, calls = handoff("before")
@@ -276,9 +270,7 @@ describe("#integration change-stream waits", function()
       -- commands the server counted meanwhile
       local function handoff(fp)
         local locks = helpers.locks(c2, { ttl = 60 })
-        local trigger = trigger_path()
-        local p = helpers.spawn(holder_path, { "r", locks.database, locks.collection, trigger, "0.3" })
-        assert(p:wait_for("held (%d+)"))
+        local p, trigger = spawn_holder(locks, "r", "0.3")
         local before = helpers.opcounters(c2)
         failpoint(c2, fp)
         local h, err, calls
@@ -294,9 +286,7 @@ describe("#integration change-stream waits", function()
         assert.is_truthy(h, err)
         assert.equal(1, calls)
         assert.is_true(h:release())
-        p:wait()
-        p:cleanup()
-        os.remove(trigger)
+        reap(p)
         return after.command - before.command
       end
       -- the same hand-off with a fail point that matches nothing, then with
@@ -313,9 +303,7 @@ describe("#integration change-stream waits", function()
     it("that cannot be resumed: auto falls back to polling, watch reports it", function()
       local c2 = helpers.connect({ appname = "watch-dead" })
       local locks = helpers.locks(c2, { ttl = 60 })
-      local trigger = trigger_path()
-      local p = helpers.spawn(holder_path, { "d", locks.database, locks.collection, trigger, "0.3" })
-      assert(p:wait_for("held (%d+)"))
+      local p, trigger = spawn_holder(locks, "d", "0.3")
       failpoint(c2, { mode = "alwaysOn", commands = { "getMore", "aggregate" },
         close_connection = true, app_name = "watch-dead" })
       local h, err
@@ -338,9 +326,7 @@ describe("#integration change-stream waits", function()
       assert.is_nil(r2)
       assert.matches("change stream", err2)
       assert.is_true(h:release())
-      p:wait()
-      p:cleanup()
-      os.remove(trigger)
+      reap(p)
       c2:close()
     end)
   end)
