@@ -215,26 +215,33 @@ describe("#integration semaphores", function()
     assert.is_true(h:release())
   end)
 
-  it("a release wakes as many waiters as permits it freed (change stream)", function()
-    local name = helpers.unique("wake")
+  -- two permits held, two waiters of other processes (queue_ttl 30 and
+  -- leases of 60 s, so only an event can give them a permit within their
+  -- 8 s); free calls free(two, name, a, b), then both waiters must hold
+  local function both_woken(label, free)
+    local name = helpers.unique(label)
     local two = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
     local a = assert(two:try(name, { ttl = 60 }))
     local b = assert(two:try(name, { ttl = 60 }))
-    -- waiters of other processes: queue_ttl 30 and leases of 60 s, so only
-    -- an event can give them a permit within their 8 s
     local w1 = spawn("wait", "permit", name, 8, nil, 2)
     local w2 = spawn("wait", "permit", name, 8, nil, 2)
     assert.truthy(helpers.eventually(function()
       return (assert(two:status(name)).waiting or 0) == 2
     end, 10))
-    assert.is_true(a:release())
-    assert.is_true(b:release())
+    free(two, name, a, b)
     for _, p in ipairs({ w1, w2 }) do
       assert.is_truthy(p:wait_for("held %d+ %d+", 8), p:output())
       local st, out = p:wait(10)
       assert.equal(0, st, out)
       p:cleanup()
     end
+  end
+
+  it("a release wakes as many waiters as permits it freed (change stream)", function()
+    both_woken("wake", function(_, _, a, b)
+      assert.is_true(a:release())
+      assert.is_true(b:release())
+    end)
   end)
 
   it("a release of one permit wakes one of four waiters, not all of them", function()
@@ -319,22 +326,11 @@ describe("#integration semaphores", function()
   end)
 
   it("force release hands the freed permits to the waiters", function()
-    local name = helpers.unique("wake-force")
-    local two = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
-    local a = assert(two:try(name, { ttl = 60 }))
-    local b = assert(two:try(name, { ttl = 60 }))
-    local w1 = spawn("wait", "permit", name, 8, nil, 2)
-    local w2 = spawn("wait", "permit", name, 8, nil, 2)
-    assert.truthy(helpers.eventually(function()
-      return (assert(two:status(name)).waiting or 0) == 2
-    end, 10))
-    assert.is_true(two:force_release(name))
-    for _, p in ipairs({ w1, w2 }) do
-      assert.is_truthy(p:wait_for("held %d+ %d+", 8), p:output())
-      local st, out = p:wait(10)
-      assert.equal(0, st, out)
-      p:cleanup()
-    end
+    local a, b
+    both_woken("wake-force", function(two, name, ha, hb)
+      a, b = ha, hb
+      assert.is_true(two:force_release(name))
+    end)
     assert.same({ nil, "lost" }, { a:release() })
     assert.same({ nil, "lost" }, { b:release() })
   end)
