@@ -139,6 +139,9 @@ class Engine {
     this.ttlPasses = 0;
     this.ttlDeleted = 0;
     this.connections = { current: 0, totalCreated: 0 };
+    this.wakes = [];          // awaiting change-stream getMores a write concerns, in order
+    this.wakeScheduled = false;
+    this.direct = null;       // the connection of the command being run, when its reply may be sent early
     this.electionId = new ObjectId('7fffffff0000000000000001');
     this.scheduleTtl();
   }
@@ -146,6 +149,27 @@ class Engine {
   close() {
     if (this.ttlTimer) clearTimeout(this.ttlTimer);
     for (const c of this.cursors.values()) if (c.wake) c.wake();
+  }
+
+  // ---- change-stream wake-ups ----------------------------------------------
+  // A write queues the awaiting getMores it concerns; they are read right
+  // after the command that wrote (before its own reply goes out: see
+  // wire.js), or on the next loop turn for writes made outside a command
+  // (the TTL monitor).
+  queueWake(fn) {
+    this.wakes.push(fn);
+    if (!this.wakeScheduled) {
+      this.wakeScheduled = true;
+      setImmediate(() => this.flushWakes());
+    }
+  }
+
+  flushWakes() {
+    this.wakeScheduled = false;
+    if (!this.wakes.length) return;
+    const fns = this.wakes;
+    this.wakes = [];
+    for (const fn of fns) fn();
   }
 
   // ---- TTL monitor -------------------------------------------------------
@@ -208,7 +232,14 @@ class Engine {
     const name = Object.keys(cmd)[0];
     const fp = this.failpoint && name !== 'configureFailPoint' ? this.failFor(name, conn) : null;
     if (fp) return this.runFailing(fp, name, cmd, conn);
-    return this.runCommand(name, cmd, conn);
+    // a getMore's reply may be sent from the write that ends its wait
+    // (no fail point may still change that reply)
+    this.direct = conn;
+    try {
+      return this.runCommand(name, cmd, conn);
+    } finally {
+      this.direct = null;
+    }
   }
 
   runCommand(name, cmd, conn) {
@@ -232,7 +263,7 @@ class Engine {
       this.lsid = sessionKey(cmd) === null ? null : cmd.lsid;
       const r = fn.call(this, cmd, conn, name);
       if (r && typeof r.then === 'function') this.txn = null;
-      if (r && typeof r.then === 'function') return r.then((b) => (b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
+      if (r && typeof r.then === 'function') return r.then((b) => (b === SENT || b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
       const txn = this.txn;
       this.txn = null;
       if (txn && name === 'findAndModify' && r.ok === 1 && txn.wrote) txn.rec.body = { ...r };
@@ -454,6 +485,9 @@ class Engine {
 }
 
 const CLUSTER_TIME = Symbol.for('mongo-standin.clusterTime');
+// what a waiting command's Promise resolves to when its reply was already
+// written to its connection (Connection.sendNow)
+const SENT = Symbol.for('mongo-standin.sent');
 const BSON_SIZE = (d) => require('bson').calculateObjectSize(d, { ignoreUndefined: true });
 
 const ALIASES = { ismaster: 'isMaster', findandmodify: 'findAndModify' };
@@ -840,7 +874,7 @@ COMMANDS.getMore = function (cmd) {
   }
   validateLsid(idv, cmd, cursor);
   const batchSize = intOf(cmd.batchSize, undefined);
-  if (cursor.kind === 'changeStream') return this.changeStreamGetMore(cursor, cmd, batchSize);
+  if (cursor.kind === 'changeStream') return this.changeStreamGetMore(cursor, cmd, batchSize, this.direct);
   const batch = this.batchFrom(cursor, batchSize === 0 ? undefined : batchSize);
   let id = cursor.id;
   if (cursor.pos >= cursor.docs.length) { this.cursors.delete(idv.toString()); id = Long.fromNumber(0); }
@@ -1013,7 +1047,7 @@ COMMANDS.aggregate = function (cmd) {
 
 function ErrorCodes_InvalidOptions() { return 72; }
 
-Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
+Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize, direct) {
   const cs = cursor.cs;
   const limit = batchSize === undefined || batchSize === 0 ? 1000 : batchSize;
   const finish = (docs, token) => {
@@ -1027,7 +1061,9 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
   if (wait <= 0) return finish(now.docs, now.token);
   // Like mongod, an awaitData getMore returns when an event passes the
   // stream's pipeline or at maxTimeMS: events the pipeline filters out do
-  // not end the wait (the stream still advances past them).
+  // not end the wait (the stream still advances past them). An event that
+  // ends the wait is sent at once, from the command that wrote it, before
+  // that command's own reply (direct: the getMore's connection).
   const idKey = cursor.id.toString();
   return new Promise((resolve, reject) => {
     let timer = null, pending = false;
@@ -1043,7 +1079,9 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
         const r = cs.read(limit);
         if (!final && !r.docs.length && !cs.invalidated) return;
         stop();
-        resolve(finish(r.docs, r.token));
+        const body = finish(r.docs, r.token);
+        if (direct && direct.sendNow(this.reply(body))) resolve(SENT);
+        else resolve(body);
       } catch (e) { stop(); reject(e); }
     };
     const stop = () => {
@@ -1053,7 +1091,7 @@ Engine.prototype.changeStreamGetMore = function (cursor, cmd, batchSize) {
       cursor.wake = null;
     };
     const listener = (ev) => {
-      if (cs.relevant(ev) && !pending) { pending = true; setImmediate(() => done(false)); }
+      if (cs.relevant(ev) && !pending) { pending = true; this.queueWake(() => done(false)); }
     };
     this.store.listeners.add(listener);
     cursor.wake = () => done(true);
@@ -1256,4 +1294,4 @@ for (const name of ['abortTransaction', 'commitTransaction']) {
   };
 }
 
-module.exports = { Engine, COMMANDS, CLUSTER_TIME };
+module.exports = { Engine, COMMANDS, CLUSTER_TIME, SENT };

@@ -17,6 +17,7 @@ const DECODE = { promoteValues: false, promoteLongs: false, promoteBuffers: fals
 const ENCODE = { ignoreUndefined: true, checkKeys: false };
 
 const CLUSTER_TIME = Symbol.for('mongo-standin.clusterTime');
+const SENT = Symbol.for('mongo-standin.sent');
 
 // The elements {$clusterTime: {clusterTime: T, signature: {hash: BinData(0,
 // 20 zero bytes), keyId: Long(0)}}, operationTime: T} pre-encoded once, with
@@ -163,9 +164,31 @@ class Connection {
       cmd[ident] = docs;
     }
     this.legacy = false;
+    this.waiting = { requestId, moreToCome };
     const r = this.engine.run(cmd, this);
-    if (r && typeof r.then === 'function') return r.then((b) => this.respond(requestId, moreToCome, b, OP_MSG));
+    // the change events this command wrote go out before its own reply
+    if (r && typeof r.then === 'function') {
+      return r.then((b) => {
+        this.engine.flushWakes();
+        if (b === SENT) return;
+        this.waiting = null;
+        this.respond(requestId, moreToCome, b, OP_MSG);
+      });
+    }
+    this.waiting = null;
+    this.engine.flushWakes();
     return this.respond(requestId, moreToCome, r, OP_MSG);
+  }
+
+  // Sends body as the reply to the message this connection waits on (a
+  // getMore whose wait a write ended), from within that write's command.
+  // False when no message waits.
+  sendNow(body) {
+    const w = this.waiting;
+    if (!w) return false;
+    this.waiting = null;
+    this.respond(w.requestId, w.moreToCome, body, OP_MSG);
+    return true;
   }
 
   handleQuery(msg, requestId) {

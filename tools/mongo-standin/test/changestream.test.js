@@ -14,12 +14,14 @@ after(async () => { await env.stop(); });
 
 const RAW = { promoteLongs: false };
 
-async function open(pipeline, extra = {}) {
-  const r = await db.command({ aggregate: 'c', pipeline, cursor: {}, ...extra }, RAW);
+async function open(pipeline, extra = {}, session = undefined) {
+  const r = await db.command({ aggregate: 'c', pipeline, cursor: {}, ...extra }, { ...RAW, session });
   return r.cursor;
 }
-async function more(id, maxTimeMS = 1000) {
-  return (await db.command({ getMore: id, collection: 'c', maxTimeMS }, RAW)).cursor;
+// (a cursor is used in the session that opened it: getMores sent at the
+// same time need the stream's explicit session)
+async function more(id, maxTimeMS = 1000, session = undefined) {
+  return (await db.command({ getMore: id, collection: 'c', maxTimeMS }, { ...RAW, session })).cursor;
 }
 // Reads until n events arrived (each getMore waits up to 1 s).
 async function take(id, n) {
@@ -120,6 +122,59 @@ test('getMore answers as soon as an event arrives, not at maxTimeMS', async () =
   assert.equal(r.nextBatch[0].documentKey._id, 'wake');
   assert.ok(Date.now() - t0 < 10000, 'woken by the event');
   await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
+
+// Several getMores wait at once, on streams whose $match tells apart the
+// documents of one write: each is answered with its own event (one that
+// its $match filters out does not end its wait), and the writer's reply
+// comes too.
+test('one write wakes each waiting getMore whose $match it passes, with that event only', async () => {
+  const c = db.collection('c');
+  const streams = {}, sessions = {};
+  for (const k of ['wa', 'wb', 'wz']) {
+    sessions[k] = env.client.startSession();
+    streams[k] = await open([{ $changeStream: {} }, { $match: { 'documentKey._id': k } }], {}, sessions[k]);
+  }
+  const t0 = Date.now();
+  const answered = (p) => p.then((r) => Object.assign(r, { after: Date.now() - t0 }));
+  const pa = answered(more(streams.wa.id, 20000, sessions.wa)), pb = answered(more(streams.wb.id, 20000, sessions.wb));
+  const pz = more(streams.wz.id, 1500, sessions.wz);
+  await new Promise((r) => setTimeout(r, 100));
+  const w = await c.insertMany([{ _id: 'wb', n: 1 }, { _id: 'wa', n: 2 }]);
+  assert.equal(w.insertedCount, 2);
+  const [ra, rb, rz] = await Promise.all([pa, pb, pz]);
+  // woken by their events, not answered at maxTimeMS (20 s)
+  assert.ok(ra.after < 10000 && rb.after < 10000, `answered after ${ra.after} and ${rb.after} ms`);
+  assert.deepEqual(ra.nextBatch.map((e) => [e.operationType, e.documentKey._id, e.fullDocument.n]), [['insert', 'wa', 2]]);
+  assert.deepEqual(rb.nextBatch.map((e) => [e.operationType, e.documentKey._id, e.fullDocument.n]), [['insert', 'wb', 1]]);
+  assert.deepEqual(rz.nextBatch, []);
+  assert.equal(rz.id.toString(), streams.wz.id.toString());
+  for (const k of Object.keys(streams)) {
+    await db.command({ killCursors: 'c', cursors: [streams[k].id] });
+    await sessions[k].endSession();
+  }
+});
+
+// A write of several documents while a getMore waits: every event reaches
+// the stream once, in the order written, over as many getMores as it takes.
+test('a multi-document update while a getMore waits: every event once, in order', async () => {
+  const c = db.collection('c');
+  await c.insertMany([{ _id: 'm1', g: 'multi' }, { _id: 'm2', g: 'multi' }, { _id: 'm3', g: 'multi' }]);
+  const session = env.client.startSession();
+  const cur = await open([{ $changeStream: {} }, { $match: { operationType: 'update', 'documentKey._id': { $in: ['m1', 'm2', 'm3'] } } }], {}, session);
+  const t0 = Date.now();
+  const pending = more(cur.id, 20000, session);
+  await new Promise((r) => setTimeout(r, 100));
+  const u = await c.updateMany({ g: 'multi' }, { $set: { v: 1 } });
+  assert.equal(u.modifiedCount, 3);
+  const got = [...(await pending).nextBatch];
+  assert.ok(Date.now() - t0 < 10000, 'woken by the events, not at maxTimeMS');
+  for (let i = 0; i < 10 && got.length < 3; i++) got.push(...(await more(cur.id, 500, session)).nextBatch);
+  assert.deepEqual(got.map((e) => [e.documentKey._id, e.updateDescription.updatedFields.v]), [['m1', 1], ['m2', 1], ['m3', 1]]);
+  for (let i = 1; i < got.length; i++) assert.ok(got[i].clusterTime.greaterThan(got[i - 1].clusterTime));
+  assert.deepEqual((await more(cur.id, 200, session)).nextBatch, []);
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+  await session.endSession();
 });
 
 test('a no-op update produces no event', async () => {
