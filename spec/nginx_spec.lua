@@ -207,6 +207,12 @@ local SPEC_LOCATIONS = [[
             }
         }
 
+        # ?kind=document|semaphore|rw&coll=: one waiter behind a holder
+        # that releases after 0.3 s (wake_spec.lua)
+        location = /wake-spec {
+            content_by_lua_file wake_spec.lua;
+        }
+
         location = /mongolock-stats {
             content_by_lua_block {
                 local out = {}
@@ -374,6 +380,71 @@ ngx.header.content_length = #table.concat(out, "\n") + 1
 ngx.say(table.concat(out, "\n"))
 ]==]
 
+-- one waiter of kind (a document lock, a semaphore's permit, a reader
+-- behind a writer) behind a holder that releases after 0.3 s, waiting with
+-- poll steps of 4 to 8 s (and, queued, a place refreshed every 10 s): only
+-- a wake-up brings it in before then.  Answers what the worker's change
+-- stream counted meanwhile (mongolock.ngx.watch) and what the process's own
+-- client's stream did (csrc/watch.c, mongolock.testing)
+local WAKE_HANDLER = [==[
+local mongolock = require "mongolock"
+local nwatch = require "mongolock.ngx.watch"
+local testing = require "mongolock.testing"
+local c = package.loaded.wake_spec_client
+if not c then
+  c = assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "wake-spec" }))
+  package.loaded.wake_spec_client = c
+end
+local kind, coll = ngx.var.arg_kind, ngx.var.arg_coll
+local WAIT = { timeout = 20, step = 8, max_step = 8 }
+local release, acquire
+if kind == "document" then
+  local docs = c:documents("mongolock_example", coll, { ttl = 30 })
+  local _, h = assert(docs:try("d", { insert = { n = 0 } }))
+  release = function() return h:release({ n = 1 }) end
+  acquire = function()
+    local d, h2 = docs:lock("d", WAIT)
+    if d then return h2 end
+    return nil, h2
+  end
+elseif kind == "semaphore" then
+  local sems = c:semaphores({ collection = coll, permits = 1, ttl = 30 })
+  local p = assert(sems:try("s"))
+  release = function() return p:release() end
+  WAIT.queue_ttl = 20
+  acquire = function() return sems:acquire("s", WAIT) end
+else
+  local rw = c:rwlocks({ collection = coll, ttl = 30 })
+  local w = assert(rw:try_write("g"))
+  release = function() return w:release() end
+  WAIT.queue_ttl = 20
+  acquire = function() return rw:read("g", WAIT) end
+end
+local s0 = nwatch.stats()
+ngx.update_time()
+local t0 = ngx.now()
+local t = ngx.thread.spawn(function() ngx.sleep(0.3); return release() end)
+local h, err = acquire()
+ngx.update_time()
+local elapsed = ngx.now() - t0
+local _, released = ngx.thread.wait(t)
+local s1 = nwatch.stats()
+local native = testing.watch_stats(c._core)
+local out = {
+  "acquired " .. tostring(h ~= nil and h.held ~= nil and h:held()) .. " " .. tostring(err),
+  "released " .. tostring(released),
+  "elapsed " .. string.format("%.3f", elapsed),
+  "waits " .. ((s1.waits or 0) - (s0.waits or 0)),
+  "wakes " .. (s1.woken + s1.handoffs - s0.woken - s0.handoffs),
+  "handoffs " .. (s1.handoffs - s0.handoffs),
+  "native " .. (native.streams or 0) .. " " .. (native.getmores or 0),
+}
+if h and h.release then h:release() end
+local body = table.concat(out, "\n") .. "\n"
+ngx.header.content_length = #body
+ngx.print(body)
+]==]
+
 local GATE_HANDLER = [==[
 local mongolock = require "resty.mongolock"
 local key = ngx.var.arg_key
@@ -488,7 +559,8 @@ describe("#integration nginx with resty.mongolock", function()
     assert(observer:command(EXAMPLE_DB, { dropDatabase = 1 }))
     nginx = start_nginx({ locations = SPEC_LOCATIONS, files = { ["gate_spec.lua"] = GATE_HANDLER,
       ["saturate_spec.lua"] = SATURATE_HANDLER, ["api_spec.lua"] = API_HANDLER,
-      ["doc_api_spec.lua"] = DOC_API_HANDLER, ["share_api_spec.lua"] = SHARE_API_HANDLER } })
+      ["doc_api_spec.lua"] = DOC_API_HANDLER, ["share_api_spec.lua"] = SHARE_API_HANDLER,
+      ["wake_spec.lua"] = WAKE_HANDLER } })
   end)
 
   teardown(function()
@@ -925,6 +997,39 @@ describe("#integration nginx with resty.mongolock", function()
     assert.equal("timeout\ntimeout\n", body2)
   end)
 
+  -- issue 12: every kind's waiters wait on the worker's change stream
+  -- (mongolock.ngx.watch, each getMore a worker-thread job), woken through
+  -- their semaphores; the process's own stream (csrc/watch.c, a thread of
+  -- its own) is never opened
+  local function wake(kind)
+    local code, body = get(nginx.port, "/wake-spec?kind=" .. kind .. "&coll=" .. helpers.unique("wake"))
+    assert.equal(200, code, body .. (helpers.read_file(nginx.log) or ""))
+    print(format("# nginx, a %s waiter woken: %s", kind, body:gsub("\n(.)", ", %1"):gsub("\n$", "")))
+    local r = {}
+    for k, v in body:gmatch("(%a+) ([^\n]*)\n") do r[k] = v end
+    assert.equal("true nil", r.acquired)
+    assert.equal("true", r.released)
+    -- the waiter's first poll would come 4 to 8 s after its attempt
+    assert.is_true(tonumber(r.elapsed) < 3, "acquired after " .. r.elapsed .. " s")
+    assert.is_true(tonumber(r.waits) >= 1, "no wait on the worker's stream")
+    assert.is_true(tonumber(r.wakes) >= 1, "no waiter woken by the worker's stream")
+    assert.equal("0 0", r.native)
+    return r
+  end
+
+  it("wakes a document lock's waiter through the worker's change stream, not the process's", function()
+    wake("document")
+  end)
+
+  it("wakes a semaphore's waiter through the worker's change stream (the release handed to it)", function()
+    local r = wake("semaphore")
+    assert.is_true(tonumber(r.handoffs) >= 1, "the release was not handed to the waiter")
+  end)
+
+  it("wakes a reader waiting behind a writer through the worker's change stream", function()
+    wake("rw")
+  end)
+
   it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()
     local conns = open_pingers(nginx.port, 2, 1)
     for _, p in ipairs(conns) do
@@ -938,6 +1043,66 @@ describe("#integration nginx with resty.mongolock", function()
       assert.equal("0 nil 1 nil 1 nil", body)
       p.sock:close()
     end
+  end)
+end)
+
+-- a worker shutting down (nginx -s quit) while requests wait for a lock:
+-- they wait on, polling (no change stream is opened in an exiting worker),
+-- and nginx exits once they are answered
+describe("#integration nginx shutting down while waiters wait", function()
+  local nginx, observer
+
+  setup(function()
+    observer = helpers.connect()
+    nginx = start_nginx({ locations = SPEC_LOCATIONS })
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+    if observer then observer:close() end
+  end)
+
+  it("keeps its waiters polling, not reopening the change stream in a loop, and exits once they are "
+     .. "answered", function()
+    local key = helpers.unique("quit")
+    local locks = observer:locks({ collection = "nginx_gate_spec" })
+    local holder = assert(locks:acquire(key, { ttl = 60 }))
+    finally(function() pcall(holder.release, holder) end)
+    -- waiters in both workers (resty.mongolock: one per worker asks the
+    -- server, the others queue behind it in the worker)
+    local conns = {}
+    for i = 1, 8 do
+      local c = assert(socket.connect("127.0.0.1", nginx.port))
+      assert(c:send(format("GET /hold-abortable?key=%s&ms=0&timeout=30 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
+        key)))
+      conns[i] = c
+    end
+    poll(function()
+      local st = locks:status(key)
+      return st and (st.waiting or 0) >= 1
+    end, 10, "the waiters to queue")
+    socket.sleep(1)
+    local ops0 = helpers.opcounters(observer)
+    assert(nx.sh(format("kill -QUIT %d", nginx.pid)))
+    socket.sleep(2)
+    local ops1 = helpers.opcounters(observer)
+    local commands = ops1.total - ops0.total
+    print(format("# nginx shutting down, waiters waiting: %d server commands in 2 s", commands))
+    -- polling, the waiters ask every max_step (0.5 s) at most: a few
+    -- dozen commands; a worker that opened a stream per wake-up, which
+    -- its exit ended at once, sent thousands
+    assert.is_true(commands < 300, commands .. " server commands in 2 s")
+    -- released: every waiter gets the lock in turn, and nginx exits
+    assert(holder:release())
+    for i, c in ipairs(conns) do
+      c:settimeout(20)
+      local raw = c:receive("*a") or ""
+      c:close()
+      assert.equal("locked", raw:match("\r\n\r\n(.*)$"), "waiter " .. i .. ": " .. raw)
+    end
+    local ok = pcall(poll, function() return not nx.sh(format("kill -0 %d 2>/dev/null", nginx.pid)) end, 10,
+      "nginx to exit")
+    assert.is_true(ok, "nginx did not exit once its requests were answered")
   end)
 end)
 

@@ -204,7 +204,7 @@ local function wait_for(self, id, o, fname)
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod,
     attempt = function() return attempt(self, id, o, until_, fname) end,
     new_state = function(deadline)
-      return { locks = { core = self.core, database = self.db, collection = self.coll },
+      return { locks = { core = self.core, database = self.db, collection = self.coll, client = self.client },
                name = id, field = self.owner_field, step = o.step, deadline = deadline,
                opts = { step = o.step, ratio = o.ratio, max_step = o.max_step, wait = o.wait } }
     end,

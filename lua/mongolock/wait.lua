@@ -29,9 +29,13 @@
 -- watching waiter grants it the lock in the same write: the wait step then
 -- sets state.granted = {token, ms} and the loop makes the handle from it.
 --
--- Inside OpenResty (a phase where ngx.sleep yields) the stream is looked at
--- without blocking, between cooperative ngx.sleep steps of 1 to 20 ms;
--- elsewhere the calling thread blocks in C until woken.
+-- Inside OpenResty (a phase where ngx.sleep yields) with round trips in
+-- worker threads (mongolock.ngx) the waiter waits on the worker's stream
+-- (mongolock.ngx.watch: each getMore a job, the waiter on an
+-- ngx.semaphore); where round trips stay on the event loop
+-- (configure{enabled = false}) the process's stream is looked at without
+-- blocking, between cooperative ngx.sleep steps of 1 to 20 ms; elsewhere
+-- the calling thread blocks in C until woken.
 
 local core = require "mongolock.core"
 local private = require "mongolock.private"
@@ -74,6 +78,9 @@ local function watch(state, ot, seconds)
     return watch_wait(args[1], args[2], args[3], args[4], args[5], args[6], args[7], seconds,
       waiter)
   end
+  local nw = package.loaded["mongolock.ngx.watch"] or require("mongolock.ngx.watch")
+  local ctx = nw.context(locks)
+  if ctx then return nw.wait(ctx, args[4], args[5], waiter, ot, seconds) end
   local stop = monotonic() + seconds
   local step = 0.001
   while true do

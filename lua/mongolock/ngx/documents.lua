@@ -15,10 +15,10 @@
 -- reply comes (a timer).
 --
 -- The waiting between attempts stays mongolock.documents' (the acquire
--- loop of mongolock.private, the waits of mongolock.wait): ngx.sleep steps
--- on the event loop, and with wait = "auto" or "watch" the process's
--- change stream (csrc/watch.c), read by a thread of its own and looked at
--- without blocking between the steps.
+-- loop of mongolock.private, the waits of mongolock.wait), on the event
+-- loop: with wait = "auto" or "watch" the worker's change stream on the
+-- document's collection and owner field (mongolock.ngx.watch: each getMore
+-- a job, the waiter on its ngx.semaphore), else ngx.sleep steps.
 
 local core = require "mongolock.core"
 local transport = require "mongolock.ngx"

@@ -15,8 +15,10 @@
 -- a timer.  An attempt whose request went away never leaves a share or
 -- permit held by nobody: what it won is released as soon as its reply
 -- comes, a queue it joined is left.  The waiting between attempts stays
--- mongolock.shared's (ngx.sleep steps, the process's change stream read by
--- its own thread).
+-- mongolock.shared's (mongolock.wait), on the event loop: the worker's
+-- change stream on the collection (mongolock.ngx.watch, the one the named
+-- locks of that collection wait on; the release handed to a waiter in
+-- squeue wakes that waiter alone), else ngx.sleep steps.
 
 local core = require "mongolock.core"
 local transport = require "mongolock.ngx"
