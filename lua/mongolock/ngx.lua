@@ -246,11 +246,11 @@ local function runner(premature, st)
     if job then
       local ok, err = pcall(execute, st, job)
       if ok and err == "refused" then
-        -- an exiting worker's sleeps return at once: no retrying there
-        -- (the job's caller gives it up, see run)
-        if st.runners > (st.cap or config.max_running) or ngx.worker.exiting() then break end
+        if st.runners > (st.cap or config.max_running) then break end
         -- every VM busy although this worker is at its cap: other code's
-        -- calls hold them; look again soon
+        -- calls hold them; look again soon (in a worker that is shutting
+        -- down too: its sleeps keep their length, and a runner that left
+        -- the job here would leave its caller waiting for its deadline)
         ngx.sleep(0.001)
       elseif not ok then
         ngx.log(ngx.ERR, "mongolock: ", tostring(err))
@@ -377,10 +377,11 @@ function _M.run(spec, op, deadline, on_orphan, arg)
       job.state = "abandoned"
       return nil, "timeout"
     end
-    -- a worker that is shutting down may end these waits at once: a job
-    -- not started by then may never run, and its caller must not spin on
-    -- it; one running is waited for up to `grace` seconds, then handed to
-    -- on_orphan like an abandoned one
+    -- a worker that is shutting down (its waits keep their length in
+    -- lua-nginx-module 0.10.23; this is for a wait that ended without the
+    -- job's result, at its deadline within a millisecond): a job not
+    -- started by then is given up, one running is waited for up to
+    -- `grace` seconds, then handed to on_orphan like an abandoned one
     if ngx.worker.exiting() then
       exiting_since = exiting_since or monotonic()
       if job.state == "queued" or monotonic() - exiting_since > config.grace then
