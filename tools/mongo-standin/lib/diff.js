@@ -36,10 +36,19 @@ const DELTA_METADATA = 15;
 const isDoc = (v) => V.isPlainDoc(v);
 
 // BSON size of a value (as an element's value), as bson's serializer writes
-// it (undefined is left out, as the server's stored documents never hold it)
+// it (undefined is left out, as the server's stored documents never hold it).
+// While change() runs, the sizes of documents and arrays are kept by object
+// (sizes): the two versions share their unchanged parts, and a diff asks for
+// the size of a value at every level above it.
+let sizes = null;
+// UTF-8 length of a string (names and values are mostly ASCII)
+function utf8Length(s) {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return Buffer.byteLength(s);
+  return s.length;
+}
 function valueSize(v) {
   switch (typeof v) {
-    case 'string': return 5 + Buffer.byteLength(v);
+    case 'string': return 5 + utf8Length(v);
     case 'boolean': return 1;
     case 'number': return Number.isInteger(v) && v >= -2147483648 && v <= 2147483647 ? 4 : 8;
     case 'undefined': return 0;
@@ -48,8 +57,11 @@ function valueSize(v) {
   if (v === null) return 0;
   if (v instanceof Date) return 8;
   if (Array.isArray(v)) {
-    let n = 5;
+    let n = sizes && sizes.get(v);
+    if (n !== undefined) return n;
+    n = 5;
     for (let i = 0; i < v.length; i++) n += elementSize(i < 10 ? 1 : String(i).length, v[i]);
+    if (sizes) sizes.set(v, n);
     return n;
   }
   switch (v._bsontype) {
@@ -61,13 +73,16 @@ function valueSize(v) {
     default: return BSON.calculateObjectSize({ x: v }) - 8; // 4 + 1 (type) + 2 ("x\0") + 1
   }
   if (!isDoc(v)) return BSON.calculateObjectSize({ x: v }) - 8;
-  let n = 5;
-  for (const k of Object.keys(v)) if (v[k] !== undefined) n += elementSize(Buffer.byteLength(k), v[k]);
+  let n = sizes && sizes.get(v);
+  if (n !== undefined) return n;
+  n = 5;
+  for (const k of Object.keys(v)) if (v[k] !== undefined) n += elementSize(utf8Length(k), v[k]);
+  if (sizes) sizes.set(v, n);
   return n;
 }
 // an element: type byte, name and its NUL, value
 const elementSize = (nameLen, v) => 2 + nameLen + valueSize(v);
-const nameLen = (k) => Buffer.byteLength(k);
+const nameLen = (k) => utf8Length(k);
 
 // A document's delta as mongod serializes it ({d, u, i, s<field>}), with
 // its BSON size, or null when it would not be smaller than post (+ padding).
@@ -76,6 +91,9 @@ function docDiff(pre, post, padding) {
   const deletes = new Set();
   let uSize = 0, iSize = 0, sSize = 0, nu = 0, ni = 0;
   const preKeys = Object.keys(pre), postKeys = Object.keys(post);
+  // the delta's size only grows: once what is counted so far is not
+  // smaller than post, the answer is null
+  const limit = valueSize(post) - padding;
   let i = 0, j = 0;
   while (i < preKeys.length && j < postKeys.length) {
     const k = preKeys[i];
@@ -84,6 +102,7 @@ function docDiff(pre, post, padding) {
       if (!V.identical(a, b)) {
         const sub = subDiff(a, b);
         if (sub) { subs['s' + k] = sub.node; sSize += 2 + 1 + nameLen(k) + sub.size; } else { u[k] = b; nu++; uSize += elementSize(nameLen(k), b); }
+        if (5 + sSize + (nu ? 8 + uSize : 0) >= limit) return null;
       }
       i++; j++;
     } else {
@@ -110,22 +129,24 @@ function docDiff(pre, post, padding) {
   if (nu) { out.u = u; size += 3 + 5 + uSize; }
   if (ni) { out.i = ins; size += 3 + 5 + iSize; }
   Object.assign(out, subs);
-  return size + padding < valueSize(post) ? { node: out, size } : null;
+  return size < limit ? { node: out, size } : null;
 }
 
 function arrayDiff(pre, post) {
   const out = { a: true };
   let size = 5 + 4; // {a: true}
+  const limit = valueSize(post); // as in docDiff: null once size reaches it
   let n = 0;
   for (; n < pre.length && n < post.length; n++) {
     if (V.identical(pre[n], post[n])) continue;
     const sub = subDiff(pre[n], post[n]);
     const name = String(n);
     if (sub) { out['s' + name] = sub.node; size += 3 + name.length + sub.size; } else { out['u' + name] = post[n]; size += elementSize(1 + name.length, post[n]); }
+    if (size >= limit) return null;
   }
   for (; n < post.length; n++) { out['u' + n] = post[n]; size += elementSize(1 + String(n).length, post[n]); }
   if (pre.length > post.length) { out.l = new Int32(post.length); size += 7; }
-  return size < valueSize(post) ? { node: out, size } : null;
+  return size < limit ? { node: out, size } : null;
 }
 
 // a sub-diff of two documents or two arrays, or null (update the whole value)
@@ -206,8 +227,13 @@ function describeOperators(pre, post, steps) {
 // update ({kind, steps}); without it, the pipeline rules apply.
 function change(pre, post, how) {
   if (how && how.kind === 'operators' && how.steps) return { op: 'update', desc: describeOperators(pre, post, how.steps) };
-  const delta = docDiff(pre, post, DELTA_METADATA);
-  return delta ? { op: 'update', desc: describe(delta.node) } : { op: 'replace' };
+  sizes = new Map();
+  try {
+    const delta = docDiff(pre, post, DELTA_METADATA);
+    return delta ? { op: 'update', desc: describe(delta.node) } : { op: 'replace' };
+  } finally {
+    sizes = null;
+  }
 }
 
 module.exports = { change, docDiff, describe, valueSize };

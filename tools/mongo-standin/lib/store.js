@@ -191,7 +191,7 @@ class Store {
   // (a no-op: no write, no change event). how: the compiled update, which
   // decides what the change event reports (diff.js).
   replace(coll, old, doc, opType = 'update', how = undefined) {
-    if (!diff(old, doc)) return false; // identical: a no-op
+    if (!differs(old, doc)) return false; // identical: a no-op
     if (!V.identical(old._id, doc._id)) {
       fail(66, `Performing an update on the path '_id' would modify the immutable field '_id'`);
     }
@@ -229,26 +229,15 @@ class Store {
   }
 }
 
-// updateDescription of a change (top-level fields set or removed), or null
-// when the two versions are identical, field order and BSON types included.
-function diff(old, doc) {
-  let updatedFields = null;
-  let removedFields = null;
+// Whether two versions of a document are identical, field order and BSON
+// types included (an update to the same document is a no-op).
+function differs(old, doc) {
   const ko = Object.keys(old), kd = Object.keys(doc);
-  let sameOrder = ko.length === kd.length;
+  if (ko.length !== kd.length) return true;
   for (let i = 0; i < kd.length; i++) {
-    const k = kd[i];
-    if (sameOrder && ko[i] !== k) sameOrder = false;
-    if (!Object.prototype.hasOwnProperty.call(old, k) || !V.identical(old[k], doc[k])) {
-      if (!updatedFields) updatedFields = {};
-      updatedFields[k] = doc[k];
-    }
+    if (ko[i] !== kd[i] || !V.identical(old[ko[i]], doc[kd[i]])) return true;
   }
-  for (const k of ko) {
-    if (!Object.prototype.hasOwnProperty.call(doc, k)) (removedFields || (removedFields = [])).push(k);
-  }
-  if (!updatedFields && !removedFields && sameOrder) return null;
-  return { updatedFields: updatedFields || {}, removedFields: removedFields || [], truncatedArrays: [] };
+  return false;
 }
 
 function validateCollName(name) {

@@ -263,6 +263,15 @@ function identical(a, b) {
       const x = num(a), y = num(b);
       return Object.is(x, y) || (x === y);
     }
+    case 'string': return false; // (a === b above)
+    case 'long':
+      if (a._bsontype === 'Long' && b._bsontype === 'Long' && !!a.unsigned === !!b.unsigned) return a.high === b.high && a.low === b.low;
+      return compare(a, b) === 0;
+    case 'date': {
+      const x = a.getTime(), y = b.getTime();
+      if (x === x && y === y) return x === y; // (NaN: as compare orders it)
+      return compare(a, b) === 0;
+    }
     case 'decimal': return a.toString() === b.toString();
     case 'binData': return (a.sub_type || 0) === (b.sub_type || 0) && compareBytes(binBytes(a), binBytes(b)) === 0;
     default: return compare(a, b) === 0;

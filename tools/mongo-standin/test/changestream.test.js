@@ -305,3 +305,51 @@ test('updateDescription: dotted paths inside arrays and embedded documents, trun
   assert.equal(r2.operationType, 'update');
   assert.deepEqual(r2.updateDescription, { updatedFields: { a: 3 }, removedFields: [], truncatedArrays: [] });
 });
+
+// Whatever form an update event takes, its updateDescription applied to the
+// document before the write gives the document after it (dotted paths into
+// arrays, removedFields, truncatedArrays), and a replace carries the whole
+// new document: checked on a lock-like queue that loses its head, grows, has
+// an element rewritten and is cut, beside a large field that never changes.
+test('updateDescription applied to the previous version gives the new one, for queue rewrites', async () => {
+  const c = db.collection('c');
+  const entry = (i) => ({ w: `w${i}`.padEnd(32, '0'), t: `t${i}`.padEnd(16, '0'), until: new Date(1e12 + i), p: false });
+  await c.insertOne({ _id: 'q', owner: 'o0', queue: Array.from({ length: 12 }, (_, i) => entry(i)), next: null, big: 'b'.repeat(2000) });
+  const cur = await open([{ $changeStream: {} }, { $match: { 'documentKey._id': 'q' } }]);
+  const steps = [
+    [{ $set: { owner: { $arrayElemAt: ['$queue.w', 0] }, queue: { $filter: { input: '$queue', cond: { $ne: ['$$this.w', { $arrayElemAt: ['$queue.w', 0] }] } } } } }],
+    [{ $set: { queue: { $concatArrays: ['$queue', [{ $literal: entry(20) }, { $literal: entry(21) }]] } } }],
+    [{ $set: { queue: { $map: { input: '$queue', in: { $cond: [{ $eq: ['$$this.w', entry(5).w] }, { $mergeObjects: ['$$this', { p: true }] }, '$$this'] } } } } }],
+    [{ $set: { queue: { $slice: ['$queue', 3] }, next: 'n1' } }],
+    [{ $set: { queue: [], owner: null } }, { $unset: 'next' }],
+  ];
+  const versions = [await c.findOne({ _id: 'q' })];
+  for (const u of steps) {
+    await c.updateOne({ _id: 'q' }, u);
+    versions.push(await c.findOne({ _id: 'q' }));
+  }
+  const events = await take(cur.id, steps.length);
+  assert.equal(events.length, steps.length);
+  const setPath = (doc, path, v) => {
+    const parts = path.split('.');
+    let o = doc;
+    for (const p of parts.slice(0, -1)) o = o[p];
+    o[parts[parts.length - 1]] = v;
+  };
+  events.forEach((e, i) => {
+    if (e.operationType === 'replace') { assert.deepEqual(e.fullDocument, versions[i + 1]); return; }
+    assert.equal(e.operationType, 'update');
+    const doc = structuredClone(versions[i]);
+    const d = e.updateDescription;
+    for (const t of d.truncatedArrays) setPath(doc, t.field, doc[t.field].slice(0, t.newSize));
+    for (const f of Object.keys(d.updatedFields)) setPath(doc, f, d.updatedFields[f]);
+    for (const f of d.removedFields) delete doc[f];
+    assert.deepEqual(doc, versions[i + 1], `event ${i}: ${JSON.stringify(d)}`);
+  });
+  // the head removed: every element moved, so the whole queue is reported
+  assert.deepEqual(Object.keys(events[0].updateDescription.updatedFields).sort(), ['owner', 'queue']);
+  // elements appended: reported by index
+  assert.deepEqual(Object.keys(events[1].updateDescription.updatedFields), ['queue.11', 'queue.12']);
+  assert.deepEqual(events[3].updateDescription.truncatedArrays, [{ field: 'queue', newSize: 3 }]);
+  await db.command({ killCursors: 'c', cursors: [cur.id] });
+});
