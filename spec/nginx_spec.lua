@@ -399,11 +399,21 @@ local kind, coll = ngx.var.arg_kind, ngx.var.arg_coll
 local WAIT = { timeout = 20, step = 8, max_step = 8 }
 local release, acquire
 if kind == "document" then
+  -- ?id=: the holder's _id and the waiter's, the same document
+  local hid, wid = "d", "d"
+  if ngx.var.arg_id == "int64" then
+    hid, wid = mongolock.Int64(42), 42
+  elseif ngx.var.arg_id == "int64-waiter" then
+    hid, wid = 42, mongolock.Int64(42)
+  elseif ngx.var.arg_id == "objectid" then
+    hid = mongolock.ObjectId()
+    wid = mongolock.ObjectId(hid.hex)
+  end
   local docs = c:documents("mongolock_example", coll, { ttl = 30 })
-  local _, h = assert(docs:try("d", { insert = { n = 0 } }))
+  local _, h = assert(docs:try(hid, { insert = { n = 0 } }))
   release = function() return h:release({ n = 1 }) end
   acquire = function()
-    local d, h2 = docs:lock("d", WAIT)
+    local d, h2 = docs:lock(wid, WAIT)
     if d then return h2 end
     return nil, h2
   end
@@ -1001,10 +1011,12 @@ describe("#integration nginx with resty.mongolock", function()
   -- (mongolock.ngx.watch, each getMore a worker-thread job), woken through
   -- their semaphores; the process's own stream (csrc/watch.c, a thread of
   -- its own) is never opened
-  local function wake(kind)
-    local code, body = get(nginx.port, "/wake-spec?kind=" .. kind .. "&coll=" .. helpers.unique("wake"))
+  local function wake(kind, id)
+    local code, body = get(nginx.port, "/wake-spec?kind=" .. kind .. "&coll=" .. helpers.unique("wake")
+      .. "&id=" .. (id or ""))
     assert.equal(200, code, body .. (helpers.read_file(nginx.log) or ""))
-    print(format("# nginx, a %s waiter woken: %s", kind, body:gsub("\n(.)", ", %1"):gsub("\n$", "")))
+    print(format("# nginx, a %s%s waiter woken: %s", kind, id and " (_id " .. id .. ")" or "",
+      (body:gsub("\n(.)", ", %1"):gsub("\n$", ""))))
     local r = {}
     for k, v in body:gmatch("(%a+) ([^\n]*)\n") do r[k] = v end
     assert.equal("true nil", r.acquired)
@@ -1019,6 +1031,13 @@ describe("#integration nginx with resty.mongolock", function()
 
   it("wakes a document lock's waiter through the worker's change stream, not the process's", function()
     wake("document")
+  end)
+
+  it("wakes a document lock's waiter whose _id is an ObjectId, or a number the holder wrote as another type",
+     function()
+    wake("document", "objectid")
+    wake("document", "int64")
+    wake("document", "int64-waiter")
   end)
 
   it("wakes a semaphore's waiter through the worker's change stream (the release handed to it)", function()
