@@ -1125,6 +1125,72 @@ describe("#integration nginx shutting down while waiters wait", function()
   end)
 end)
 
+-- a lock whose handle is collected while its worker shuts down
+describe("#integration nginx shutting down while a request drops a lock it holds", function()
+  local nginx, observer
+  local LOCATION = [[
+        # ?key=&before=: takes the lock key (ttl 30 s) and drops its handle
+        # after `before` seconds, then sleeps 4 s more
+        location = /drop-held {
+            content_by_lua_block {
+                local c = package.loaded.drop_client
+                if not c then
+                    c = assert(require("mongolock").connect(os.getenv("MONGODB_URI"), { appname = "drop" }))
+                    package.loaded.drop_client = c
+                end
+                do
+                    local h = assert(c:locks({ collection = "nginx_drop_spec" }):try(ngx.var.arg_key, { ttl = 30 }))
+                end
+                ngx.sleep(tonumber(ngx.var.arg_before))
+                collectgarbage()
+                collectgarbage()
+                ngx.sleep(4)
+                ngx.header.content_length = 5
+                ngx.say("done")
+            }
+        }
+
+]]
+
+  setup(function()
+    observer = helpers.connect()
+    nginx = start_nginx({ locations = LOCATION })
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+    if observer then observer:close() end
+  end)
+
+  it("releases it from its janitor (the lease, 30 s, would free it only later), then exits", function()
+    local key = helpers.unique("drop")
+    local locks = observer:locks({ collection = "nginx_drop_spec" })
+    local c = assert(socket.connect("127.0.0.1", nginx.port))
+    assert(c:send(format("GET /drop-held?key=%s&before=2 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", key)))
+    poll(function()
+      local st = locks:status(key)
+      return st and st.held
+    end, 10, "the request to take the lock")
+    assert(nx.sh(format("kill -QUIT %d", nginx.pid)))
+    local t0 = socket.gettime()
+    local ok = pcall(poll, function()
+      local st = locks:status(key)
+      return st and not st.held
+    end, 15, "the lock to be released")
+    local took = socket.gettime() - t0
+    assert.is_true(ok, format("the dropped lock was still held %.1f s after its worker began shutting down", took))
+    print(format("# nginx shutting down: a lock its request dropped (about 2 s after it was taken) was free "
+      .. "%.1f s after QUIT", took))
+    c:settimeout(20)
+    local raw = c:receive("*a") or ""
+    c:close()
+    assert.equal("done\n", raw:match("\r\n\r\n(.*)$"))
+    local exited = pcall(poll, function() return not nx.sh(format("kill -0 %d 2>/dev/null", nginx.pid)) end, 10,
+      "nginx to exit")
+    assert.is_true(exited, "nginx did not exit once its request was answered")
+  end)
+end)
+
 describe("#integration nginx without the thread pool", function()
   local nginx
 

@@ -41,10 +41,13 @@
 --   spec, made there on first use, so always after nginx forked the worker.
 -- - Per process: state made in one process (the master, init_by_lua) is
 --   never used by another (a worker).
+-- - A worker that is shutting down keeps running jobs (its waits and
+--   sleeps keep their length, ngx.timer.at(0) still starts runners) and
+--   keeps its janitor while a lease won through here is held (track).
 
 local core = require "mongolock.core"
 
-local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
+local type, pairs, tostring, error, pcall, setmetatable = type, pairs, tostring, error, pcall, setmetatable
 local rawget = rawget
 local monotonic = core.monotonic
 local getpid = core.getpid
@@ -159,6 +162,7 @@ local function get_state()
     idle = {},                        -- idle runners' semaphores, most recent last
     unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
     released = {},                    -- release ops of collected locks (spec, op)
+    leases = setmetatable({}, { __mode = "k" }),  -- leases held through here (track)
     janitor = false,
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
               vm_refusals = 0 },
@@ -289,13 +293,13 @@ local function runner(premature, st)
 end
 
 -- the janitor: results nobody took, and releases of collected locks
-local function janitor(premature, st)
+local function sweep(st, all)
   local ngx = rawget(_G, "ngx")
   local now = monotonic()
   local keep = {}
   for _, job in ipairs(st.unclaimed) do
     if job.state == "done" then
-      if premature or now - job.delivered_at > config.grace then
+      if all or now - job.delivered_at > config.grace then
         job.state = "abandoned"
         st.stats.abandoned = st.stats.abandoned + 1
         orphan(st, job)
@@ -313,6 +317,41 @@ local function janitor(premature, st)
       if not reply then ngx.log(ngx.WARN, "mongolock: release of a collected lock: ", tostring(err)) end
     end
   end
+end
+
+-- is there anything the janitor may still have to do: a result or a
+-- release waiting, a job queued or running, or a lease held (it may be
+-- collected, and then released by the janitor)
+local function busy(st)
+  if #st.unclaimed > 0 or #st.released > 0 or st.first <= st.last or st.runners > #st.idle then return true end
+  local now = monotonic()
+  for lease in pairs(st.leases) do
+    if not (lease.released or lease.lost or lease.closed) and (lease.state == nil or lease.state == "held")
+        and lease.deadline > now then
+      return true
+    end
+  end
+  return false
+end
+
+-- a worker that is shutting down ends its timer.every timers (their
+-- callback runs once more, premature): the janitor goes on in a light
+-- thread while it is busy, so that a lock collected then is still released
+-- (the worker exits once the leases it holds are released or past their
+-- deadline: their renewal stops with the worker's timers)
+local function drain(_, st)
+  local ngx = rawget(_G, "ngx")
+  repeat
+    ngx.sleep(0.5)
+    sweep(st, false)
+  until not busy(st)
+end
+
+local function janitor(premature, st)
+  if not premature then return sweep(st, false) end
+  local ngx = rawget(_G, "ngx")
+  if ngx.timer.at(0, drain, st) then return sweep(st, false) end
+  sweep(st, true)
 end
 
 local function start_janitor(st)
@@ -393,6 +432,15 @@ function _M.run(spec, op, deadline, on_orphan, arg)
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
   job.state = "taken"
   return unpack(job.result, 1, 4)
+end
+
+-- transport.track(lease): a lease won through here ({deadline, and
+-- state, released, lost or closed when it ends}); a worker that is
+-- shutting down keeps its janitor while such a lease is held
+function _M.track(lease)
+  local st = get_state()
+  st.leases[lease] = true
+  start_janitor(st)
 end
 
 -- transport.release_later(spec, op): runs op (a release) from a timer

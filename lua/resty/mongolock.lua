@@ -303,6 +303,7 @@ end
 local newproxy = rawget(_G, "newproxy")
 local function hold(self, lease)
   self.lease = lease
+  transport.track(lease)
   if not newproxy then return end
   local p = newproxy(true)
   getmetatable(p).__gc = function()

@@ -219,6 +219,7 @@ local function handle(locks, lease, renew)
   lease.state = "held"
   local h = setmetatable({ _lease = lease, _locks = locks, _renew = renew and true or false }, mt)
   on_collect(h, lease)
+  transport.track(lease)
   if renew then start_renewal(lease) end
   return h
 end
