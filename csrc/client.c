@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +42,57 @@ void ml_pushint64(lua_State *L, int64_t v) {
 #endif
 }
 
+/* ---- process exit ------------------------------------------------------ */
+
+/*
+ * While a pool is open, background threads (libmongoc's monitors, the
+ * renewal thread of renew.c, the change-stream threads of watch.c) may be
+ * inside libmongoc or OpenSSL at any moment.  A normal exit() runs the exit
+ * handlers and library destructors on the main thread meanwhile: OpenSSL's
+ * cleanup frees its locks and Debian's libmongoc calls mongoc_cleanup from
+ * its destructor, and a thread that touches either afterwards crashes the
+ * process while it exits (seen as SIGSEGV in RAND_bytes from
+ * mongoc_client_start_session, about one exit in 240 under load).  Nothing
+ * of that teardown matters to a process that is ending, so: the first pool
+ * registers an on_exit handler, which runs before every handler registered
+ * earlier (the C library's own, libmongoc's and OpenSSL's among them), and
+ * while any pool is still open it flushes stdio and ends the process at
+ * once with the same status.  With every client closed, exit is untouched.
+ * A child after fork owns none of its parent's pools.
+ */
+static volatile int pools_open;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+static void exit_now(int status, void *arg) {
+  (void)arg;
+  if (__atomic_load_n(&pools_open, __ATOMIC_SEQ_CST) > 0) {
+    fflush(NULL);
+    _exit(status);
+  }
+}
+
+static void forget_pools(void) {
+  __atomic_store_n(&pools_open, 0, __ATOMIC_SEQ_CST);
+}
+
+static void exit_register(void) {
+  on_exit(exit_now, NULL);
+  pthread_atfork(NULL, NULL, forget_pools);
+}
+
+mongoc_client_pool_t *ml_pool_new(const mongoc_uri_t *uri) {
+  mongoc_client_pool_t *pool;
+  pthread_once(&exit_once, exit_register);
+  pool = mongoc_client_pool_new(uri);
+  if (pool) __atomic_add_fetch(&pools_open, 1, __ATOMIC_SEQ_CST);
+  return pool;
+}
+
+void ml_pool_destroy(mongoc_client_pool_t *pool) {
+  mongoc_client_pool_destroy(pool);
+  __atomic_sub_fetch(&pools_open, 1, __ATOMIC_SEQ_CST);
+}
+
 /* ---- the pool ---------------------------------------------------------- */
 
 ml_client *ml_checkclient(lua_State *L, int idx) {
@@ -58,7 +110,7 @@ static void client_make(lua_State *L, ml_client *c) {
   c->pool = NULL;
   c->client = NULL;
   c->renew_state = NULL;
-  pool = mongoc_client_pool_new(c->uri);
+  pool = ml_pool_new(c->uri);
   if (!pool) luaL_error(L, "mongolock: cannot create a connection pool for this URI");
   mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
   c->pool = pool;
@@ -96,7 +148,7 @@ static void client_close(ml_client *c) {
   if (c->pool && c->pid == getpid()) {
     if (c->on_close) c->on_close(c);
     if (c->client) mongoc_client_pool_push(c->pool, c->client);
-    if (!c->pool_adopted) mongoc_client_pool_destroy(c->pool);
+    if (!c->pool_adopted) ml_pool_destroy(c->pool);
   }
   c->pool = NULL;
   c->client = NULL;
@@ -211,7 +263,7 @@ static int l_connect(lua_State *L) {
   if (mongoc_uri_get_database(uri))
     c->default_db = bson_strdup(mongoc_uri_get_database(uri));
   /* make the pool now so that a URI libmongoc cannot use fails here */
-  c->pool = mongoc_client_pool_new(uri);
+  c->pool = ml_pool_new(uri);
   if (!c->pool) {
     client_close(c);
     return ml_pushfail(L, "invalid URI: libmongoc cannot use it", 0);

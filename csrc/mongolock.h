@@ -117,6 +117,12 @@ mongoc_client_t *ml_client_get(lua_State *L, ml_client *c);
  * mongoc_client_pool_pop and push it back.  The pool lives until close. */
 mongoc_client_pool_t *ml_client_pool(lua_State *L, ml_client *c);
 
+/* Every pool is made and destroyed through these two: while one is open,
+ * process exit skips the C library's and libmongoc's teardown, which would
+ * race the background threads (client.c, "process exit"). */
+mongoc_client_pool_t *ml_pool_new(const mongoc_uri_t *uri);
+void ml_pool_destroy(mongoc_client_pool_t *pool);
+
 /* the database locks live in when none is given: the URI's, else
  * "mongolock" */
 const char *ml_client_dbname(const ml_client *c);

@@ -6,6 +6,9 @@
  *
  *   testing.fork() -> 0 in the child, its pid in the parent | nil, message
  *   testing.exit(status)              _exit(2) without closing Lua
+ *   testing.exit_mark(path)           at a normal exit, creates path (an
+ *                                     atexit handler: shows whether exit
+ *                                     ran the handlers registered before)
  *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
  *   testing.failpoint(client, spec)   -> true | nil, message, code
  *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
@@ -19,6 +22,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -75,6 +79,22 @@ static int l_exit(lua_State *L) {
   fflush(NULL);
   _exit(st);
   return 0;
+}
+
+static char *mark_path;
+
+static void mark_at_exit(void) {
+  FILE *f = fopen(mark_path, "w");
+  if (f) fclose(f);
+}
+
+static int l_exit_mark(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (mark_path) return luaL_error(L, "exit_mark: already set");
+  mark_path = strdup(path);
+  if (!mark_path || atexit(mark_at_exit) != 0) return luaL_error(L, "exit_mark: out of memory");
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* With timeout (seconds), a child still running then is killed (SIGKILL)
@@ -282,6 +302,7 @@ static int l_watch_stats(lua_State *L) {
 static const luaL_Reg testing_funcs[] = {
   {"fork", l_fork},
   {"exit", l_exit},
+  {"exit_mark", l_exit_mark},
   {"waitpid", l_waitpid},
   {"failpoint", l_failpoint},
   {"delete", l_delete},

@@ -331,7 +331,7 @@ done:
       last = o && --o->refs == 0;
       pthread_mutex_unlock(&watch_mu);
       if (last) {
-        mongoc_client_pool_destroy(o->pool);
+        ml_pool_destroy(o->pool);
         free(o);
       }
     }

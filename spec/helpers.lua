@@ -291,21 +291,21 @@ end
 
 -- the shell command line that runs a script with this interpreter
 function helpers.command(path, args, prefix)
-  helpers.uri()
+  if getenv("MONGOLOCK_NO_SERVER") ~= "1" then helpers.uri() end
   local parts = { child_paths(), helpers.child_env, prefix or "", helpers.lua, shell_quote(path) }
   for _, a in ipairs(args or {}) do parts[#parts + 1] = shell_quote(a) end
   return table.concat(parts, " ")
 end
 
--- runs a script to completion; returns its stdout and whether it exited 0
--- (the status is echoed: LuaJIT's pclose does not report it)
+-- runs a script to completion; returns its stdout, whether it exited 0 and
+-- its exit status (echoed: LuaJIT's pclose does not report it)
 function helpers.run(path, args, prefix)
   local p = assert(io.popen(helpers.command(path, args, prefix) .. " 2>&1; echo \"exit:$?\"", "r"))
   local out = p:read("*a")
   p:close()
   local status = tonumber(out:match("exit:(%d+)%s*$"))
   out = out:gsub("exit:%d+%s*$", "")
-  return out, status == 0
+  return out, status == 0, status
 end
 
 -- starts a script in the background; returns a process object with

@@ -1,0 +1,38 @@
+-- #unit: process exit while a client is open.  Background threads may be
+-- inside libmongoc or OpenSSL when the process exits, so with a pool open
+-- the exit skips the teardown registered before the first pool (it would
+-- free what those threads use); with every client closed, exit is normal.
+local helpers = require "helpers"
+
+local function exit_with(mode)
+  local mark = os.tmpname()
+  os.remove(mark)
+  local out, _, status = helpers.run(helpers.root .. "/spec/exit_child.lua", { mode, mark })
+  local f = io.open(mark)
+  if f then f:close() end
+  os.remove(mark)
+  return out, status, f ~= nil
+end
+
+describe("#unit process exit", function()
+  it("with a client open keeps the status and stdout and skips the earlier exit handlers", function()
+    local out, status, marked = exit_with("open")
+    assert.equal(7, status)
+    assert.equal("bye", out)
+    assert.is_false(marked)
+  end)
+
+  it("with every client closed runs the exit handlers as usual", function()
+    local out, status, marked = exit_with("closed")
+    assert.equal(7, status)
+    assert.equal("bye", out)
+    assert.is_true(marked)
+  end)
+
+  it("without a client runs the exit handlers as usual", function()
+    local out, status, marked = exit_with("none")
+    assert.equal(7, status)
+    assert.equal("bye", out)
+    assert.is_true(marked)
+  end)
+end)
