@@ -181,11 +181,12 @@ int ml_m_doc_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_lockref r;
   int64_t ttl_ms;
-  int have_insert, renew, ok;
+  int have_insert, renew, ok, found, pushed;
   bson_t id, ins = BSON_INITIALIZER, reply;
   char err[512], owner[33];
   bson_error_t e;
   ml_acquire_reply ar;
+  ml_lease_spec s;
   ml_op op;
   double started;
 
@@ -212,37 +213,32 @@ int ml_m_doc_acquire(lua_State *L) {
   started = ml_monotonic();
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
   ml_op_destroy(&op);
-  if (!ok) {
+  found = ml_parse_acquire(&reply, owner, r.owner_field, r.owner_form, 1, &ar);
+  if (ok && found <= 0) {
     bson_destroy(&id);
     bson_destroy(&reply);
-    return ml_pusherror(L, &e);
+    return ml_pushfail(L, found == 0 ? "not found" : "findAndModify returned no document", 0);
   }
-  ok = ml_parse_acquire(&reply, owner, r.owner_field, r.owner_form, 1, &ar);
-  if (ok <= 0) {
+  memset(&s, 0, sizeof s);
+  s.db = r.db;
+  s.coll = r.coll;
+  s.id = &id;
+  s.owner_field = r.owner_field;
+  s.time_field = r.time_field;
+  s.time_mode = r.time_mode;
+  s.owner_form = r.owner_form;
+  s.owner = owner;
+  s.ttl_ms = ttl_ms;
+  s.started = started;
+  s.renew = renew;
+  s.kind = ML_KIND_DOCUMENT;
+  /* a write concern error after a won write: ml_push_won gives it back */
+  pushed = ml_push_won(L, c, ok ? 1 : 0, found > 0 && ar.won, &s, &e);
+  if (pushed == 1) ml_pushbson(L, &ar.value);     /* [.. h doc] */
+  if (pushed) {
     bson_destroy(&id);
     bson_destroy(&reply);
-    return ml_pushfail(L, ok == 0 ? "not found" : "findAndModify returned no document", 0);
-  }
-  if (ar.won) {
-    ml_lease_spec s;
-    memset(&s, 0, sizeof s);
-    s.db = r.db;
-    s.coll = r.coll;
-    s.id = &id;
-    s.owner_field = r.owner_field;
-    s.time_field = r.time_field;
-    s.time_mode = r.time_mode;
-    s.owner_form = r.owner_form;
-    s.owner = owner;
-    s.ttl_ms = ttl_ms;
-    s.started = started;
-    s.renew = renew;
-    s.kind = ML_KIND_DOCUMENT;
-    ml_lock_new(L, 1, &s);                          /* [.. h] */
-    ml_pushbson(L, &ar.value);                      /* [.. h doc] */
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return 2;
+    return pushed == 1 ? 2 : pushed;
   }
   lua_pushnil(L);
   lua_pushliteral(L, "busy");

@@ -195,6 +195,45 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   return h;
 }
 
+/* builds the release of the lease s describes, as lease_ref and
+ * ml_lease_end do for a handle's */
+static void spec_release(ml_op *op, const ml_lease_spec *s) {
+  ml_lockref r;
+  if (s->kind == ML_KIND_SHARED || s->kind == ML_KIND_PERMIT) {
+    ml_build_share_release(op, s->db, s->coll, s->id, s->owner);
+    return;
+  }
+  r.db = s->db;
+  r.coll = s->coll;
+  r.id = s->id;
+  r.owner_field = s->owner_field;
+  r.time_field = s->time_field;
+  r.time_mode = s->time_mode;
+  r.owner_form = s->owner_form;
+  r.queued = s->kind == ML_KIND_NAMED;
+  ml_build_release(op, &r, s->owner, NULL);
+}
+
+int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec *s,
+                const bson_error_t *err) {
+  if (ok == 0) {
+    /* A write concern error comes after the write was applied: if it took
+     * the lock, give it back (best effort; the lease ends at ttl anyway)
+     * so that a failed acquire leaves no lock held by nobody. */
+    if (won) {
+      ml_op op;
+      bson_error_t err2;
+      spec_release(&op, s);
+      (void)ml_run_update(ml_client_get(L, c), c, &op, &err2);
+    }
+    return ml_pusherror(L, err);
+  }
+  if (ok < 0) return ml_pushfail(L, "findAndModify returned no document", 0);
+  if (!won) return 0;
+  ml_lock_new(L, 1, s);
+  return 1;
+}
+
 /* the client of a handle (may be closed); leaves the stack as it was */
 static ml_client *lock_client(lua_State *L, int idx) {
   ml_client *c;

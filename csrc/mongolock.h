@@ -240,6 +240,18 @@ typedef struct ml_lock {
  */
 ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec);
 
+/*
+ * The end of an acquire attempt whose findAndModify ran, for every kind
+ * that makes a handle (the client at stack index 1).  ok: 1 a reply with
+ * the document, 0 an error in err, -1 a reply without the document.
+ * Returns 1 with the new handle pushed (won), 3 with nil, message, code
+ * pushed (an error: what the write took, s's lease, is released first),
+ * or 0 with nothing pushed (not won: the caller answers "busy" and what
+ * the reply says).
+ */
+int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec *s,
+                const bson_error_t *err);
+
 /* raises unless idx is a mongolock.Lock (open or closed) */
 ml_lock *ml_checklock(lua_State *L, int idx);
 

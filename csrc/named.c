@@ -115,7 +115,7 @@ int ml_m_acquire(lua_State *L) {
   ml_op op;
   ml_lease_spec s;
   double started;
-  int ok;
+  int ok, pushed;
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
@@ -139,40 +139,20 @@ int ml_m_acquire(lua_State *L) {
   s.owner = owner;
   s.ttl_ms = a.ttl_ms;
   s.kind = ML_KIND_NAMED;
-  if (ok == 0) {
-    /* A write concern error comes after the write was applied: if it took
-     * the lock, give it back (best effort; the lease ends at ttl anyway)
-     * so that a failed acquire leaves no lock held by nobody. */
-    if (r.won) {
-      ml_lockref ref;
-      bson_error_t err2;
-      ml_named_ref(&ref, a.db, a.coll, &id);
-      ml_build_release(&op, &ref, owner, NULL);
-      (void)ml_run_update(mc, c, &op, &err2);
-    }
+  s.owner_field = ML_F_OWNER;
+  s.time_field = ML_F_EXPIRES;
+  s.time_mode = ML_TIME_EXPIRES_AT;
+  s.owner_form = ML_OWNER_HEX;
+  s.token = r.token;
+  s.started = started;
+  /* won by a grant this attempt found: the lease the server has left */
+  if (r.won && r.has_remaining && r.remaining_ms < a.ttl_ms) s.grant_ms = r.remaining_ms;
+  s.renew = lua_toboolean(L, 7);
+  pushed = ml_push_won(L, c, ok, r.won, &s, &err);
+  if (pushed) {
     bson_destroy(&id);
     bson_destroy(&reply);
-    return ml_pusherror(L, &err);
-  }
-  if (ok < 0) {
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return ml_pushfail(L, "findAndModify returned no document", 0);
-  }
-  if (r.won) {
-    s.owner_field = ML_F_OWNER;
-    s.time_field = ML_F_EXPIRES;
-    s.time_mode = ML_TIME_EXPIRES_AT;
-    s.owner_form = ML_OWNER_HEX;
-    s.token = r.token;
-    s.started = started;
-    /* won by a grant this attempt found: the lease the server has left */
-    if (r.has_remaining && r.remaining_ms < a.ttl_ms) s.grant_ms = r.remaining_ms;
-    s.renew = lua_toboolean(L, 7);
-    ml_lock_new(L, 1, &s);
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return 1;
+    return pushed;
   }
   bson_destroy(&id);
   lua_pushnil(L);

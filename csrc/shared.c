@@ -50,7 +50,7 @@ int ml_m_share_acquire(lua_State *L) {
   ml_op op;
   ml_lease_spec s;
   double started;
-  int ok;
+  int ok, pushed;
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
@@ -87,31 +87,14 @@ int ml_m_share_acquire(lua_State *L) {
   s.owner_form = ML_OWNER_HEX;
   s.ttl_ms = a.ttl_ms;
   s.kind = mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED;
-  if (ok == 0) {
-    /* a write concern error after the write: give back what it took */
-    if (r.won) {
-      bson_error_t err2;
-      ml_op rel;
-      ml_build_share_release(&rel, a.db, a.coll, &id, owner);
-      (void)ml_run_update(ml_client_get(L, c), c, &rel, &err2);
-    }
+  s.token = r.token;
+  s.started = started;
+  s.renew = lua_toboolean(L, 9);
+  pushed = ml_push_won(L, c, ok, r.won, &s, &err);
+  if (pushed) {
     bson_destroy(&id);
     bson_destroy(&reply);
-    return ml_pusherror(L, &err);
-  }
-  if (ok < 0) {
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return ml_pushfail(L, "findAndModify returned no document", 0);
-  }
-  if (r.won) {
-    s.token = r.token;
-    s.started = started;
-    s.renew = lua_toboolean(L, 9);
-    ml_lock_new(L, 1, &s);
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return 1;
+    return pushed;
   }
   bson_destroy(&id);
   lua_pushnil(L);

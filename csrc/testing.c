@@ -142,7 +142,9 @@ static mongoc_client_t *conn(lua_State *L) {
  * failpoint(client, spec): configures the failCommand fail point (mongod
  * started with enableTestCommands, or the stand-in).  spec = {mode =
  * "alwaysOn" | "off", times = n, commands = {...}, error_code = n,
- * close_connection = bool, app_name = s, block_ms = n}.
+ * write_concern_error = n (the write applies, then the reply carries a
+ * writeConcernError with code n), close_connection = bool, app_name = s,
+ * block_ms = n}.
  */
 static int l_failpoint(lua_State *L) {
   mongoc_client_t *mc = conn(L);
@@ -180,6 +182,15 @@ static int l_failpoint(lua_State *L) {
   bson_append_array_end(&data, &names);
   lua_getfield(L, 2, "error_code");
   if (lua_isnumber(L, -1)) BSON_APPEND_INT32(&data, "errorCode", (int32_t)lua_tointeger(L, -1));
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "write_concern_error");
+  if (lua_isnumber(L, -1)) {
+    bson_t wce;
+    BSON_APPEND_DOCUMENT_BEGIN(&data, "writeConcernError", &wce);
+    BSON_APPEND_INT32(&wce, "code", (int32_t)lua_tointeger(L, -1));
+    BSON_APPEND_UTF8(&wce, "errmsg", "write concern error via failCommand");
+    bson_append_document_end(&data, &wce);
+  }
   lua_pop(L, 1);
   lua_getfield(L, 2, "close_connection");
   if (lua_toboolean(L, -1)) BSON_APPEND_BOOL(&data, "closeConnection", true);

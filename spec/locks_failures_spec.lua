@@ -39,6 +39,36 @@ describe("#integration server errors", function()
     c:close()
   end)
 
+  -- a write concern error comes after the write was applied: whatever the
+  -- attempt took is given back before the error is returned
+  it("a write concern error after a won attempt is an error, and the lock, share, permit or document is "
+     .. "given back",
+     function()
+    local ns = { database = locks.database, collection = locks.collection }
+    local rw, sems = client:rwlocks(ns), client:semaphores(ns)
+    local docs_coll = helpers.unique("wce-docs")
+    local docs = client:documents(locks.database, docs_coll)
+    local name = helpers.unique("wce")
+    local attempts = {
+      lock = function() return locks:try(name .. "lock") end,
+      read = function() return rw:try_read(name .. "read") end,
+      permit = function() return sems:try(name .. "permit", { permits = 2 }) end,
+      document = function() return docs:try(name, { insert = { n = 1 } }) end,
+    }
+    for kind, attempt in pairs(attempts) do
+      fail({ times = 1, commands = { "findAndModify" }, write_concern_error = 64 })
+      local h, err, code = attempt()
+      assert.is_nil(h, kind)
+      assert.is_string(err)
+      assert.equal(64, code, kind)            -- WriteConcernFailed
+    end
+    local st = olocks:status(name .. "lock")
+    assert.is_true(st == nil or st.held == false, "the lock is still held")
+    assert.equal(0, assert(observer:rwlocks(ns):status(name .. "read")).in_use)
+    assert.equal(0, assert(observer:semaphores(ns):status(name .. "permit", { permits = 2 })).in_use)
+    assert.is_false(assert(observer:documents(locks.database, docs_coll):status(name)).held)
+  end)
+
   -- MongoDB labels a retryable write's failover errors (91, 189, 11600...)
   -- RetryableWriteError and the driver retries such a write once: a fault
   -- armed for one command is absorbed, one armed for two reaches the caller.
