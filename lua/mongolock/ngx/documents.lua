@@ -110,14 +110,7 @@ local function orphaned(o, reply, _, _, ereply)
   if type(reply) ~= "string" then return end
   local ok, r = pcall(core.parse_doc_acquire, reply, o.owner, o.ref.owner_field, o.ref.owner_type)
   if not (ok and r and r.won) then return end
-  local rel, err = nlocks.run(o.spec, core.op_doc_release(with(o.ref, { owner = o.owner })))
-  local ngx = rawget(_G, "ngx")
-  if rel then
-    ngx.log(ngx.WARN, "mongolock: a document was locked after its caller gave up: released")
-  else
-    ngx.log(ngx.ERR, "mongolock: a document was locked after its caller gave up; release failed: ",
-      tostring(err))
-  end
+  nlocks.give_back(o.spec, core.op_doc_release(with(o.ref, { owner = o.owner })), "a document's lock")
 end
 
 -- one attempt: doc, h | nil, "busy", info | nil, "not found" | nil, err,

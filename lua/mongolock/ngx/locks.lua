@@ -104,24 +104,26 @@ local function release_op(ctx, name, owner)
   return core.op_release{ db = ctx.db, coll = ctx.coll, name = name, owner = owner }
 end
 
+-- runs op, the release of what an attempt won after its caller gave up
+-- (what: how the log names it), and logs the outcome
+function _M.give_back(spec, op, what)
+  local rel, err = run(spec, op)
+  local ngx = rawget(_G, "ngx")
+  if not (ngx and ngx.log) then return end
+  if rel then
+    ngx.log(ngx.WARN, "mongolock: ", what, " was won after its caller gave up: released")
+  else
+    ngx.log(ngx.ERR, "mongolock: ", what, " was won after its caller gave up; release failed: ", tostring(err))
+  end
+end
+
 -- an attempt's reply that shows owner holding the lock: release it (true)
 local function release_if_won(ctx, name, owner, reply)
   if type(reply) ~= "string" then return false end
   local ok, r = pcall(core.parse_acquire, reply, owner)
-  if ok and r and r.won then
-    local rel, err = run(ctx.spec, release_op(ctx, name, owner))
-    local ngx = rawget(_G, "ngx")
-    if ngx and ngx.log then
-      if rel then
-        ngx.log(ngx.WARN, "mongolock: '", name, "' was won after its caller gave up: released")
-      else
-        ngx.log(ngx.ERR, "mongolock: '", name, "' was won after its caller gave up; release failed: ",
-          tostring(err))
-      end
-    end
-    return true
-  end
-  return false
+  if not (ok and r and r.won) then return false end
+  _M.give_back(ctx.spec, release_op(ctx, name, owner), "'" .. name .. "'")
+  return true
 end
 
 local function leave(ctx, name, waiter, tag)

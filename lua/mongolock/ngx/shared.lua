@@ -25,7 +25,7 @@ local transport = require "mongolock.ngx"
 local nlocks = require "mongolock.ngx.locks"
 local nhandle = require "mongolock.ngx.handle"
 
-local type, pcall, tostring, rawget, setmetatable = type, pcall, tostring, rawget, setmetatable
+local type, pcall, rawget, setmetatable = type, pcall, rawget, setmetatable
 local monotonic = core.monotonic
 local math_ceil = math.ceil
 
@@ -78,16 +78,9 @@ local function orphaned(o, reply, _, _, ereply)
   reply = reply or ereply
   local ok, r = false, nil
   if type(reply) == "string" then ok, r = pcall(core.parse_share_acquire, reply, o.owner, o.mode, o.permits) end
-  local rel, err
   if ok and r and r.won then
-    rel, err = run(o.spec, core.op_share_release{ db = o.db, coll = o.coll, name = o.name, owner = o.owner })
-    local ngx = rawget(_G, "ngx")
-    if rel then
-      ngx.log(ngx.WARN, "mongolock: a share of '", o.name, "' was won after its caller gave up: released")
-    else
-      ngx.log(ngx.ERR, "mongolock: a share of '", o.name, "' was won after its caller gave up; release failed: ",
-        tostring(err))
-    end
+    nlocks.give_back(o.spec, core.op_share_release{ db = o.db, coll = o.coll, name = o.name, owner = o.owner },
+      "a share of '" .. o.name .. "'")
   elseif o.waiter then
     pcall(run, o.spec, core.op_share_leave{ db = o.db, coll = o.coll, name = o.name, waiter = o.waiter,
       tag = o.tag })
