@@ -389,6 +389,7 @@ ngx.say(table.concat(out, "\n"))
 local WAKE_HANDLER = [==[
 local mongolock = require "mongolock"
 local nwatch = require "mongolock.ngx.watch"
+local nlocks = require "mongolock.ngx.locks"
 local testing = require "mongolock.testing"
 local c = package.loaded.wake_spec_client
 if not c then
@@ -397,7 +398,7 @@ if not c then
 end
 local kind, coll = ngx.var.arg_kind, ngx.var.arg_coll
 local WAIT = { timeout = 20, step = 8, max_step = 8 }
-local release, acquire
+local release, acquire, after
 if kind == "document" then
   -- ?id=: the holder's _id and the waiter's, the same document
   local hid, wid = "d", "d"
@@ -417,6 +418,24 @@ if kind == "document" then
     if d then return h2 end
     return nil, h2
   end
+elseif kind == "named" then
+  -- ?short=1: a place in the queue of 1 s and a ttl of 10 s, so that the
+  -- grant's lease (under 1 s) must be topped up to the ttl
+  local short = ngx.var.arg_short == "1"
+  local locks = c:locks({ collection = coll, ttl = short and 10 or 30 })
+  local h = assert(locks:try("n"))
+  release = function() return h:release() end
+  WAIT.queue_ttl = short and 1 or 20
+  acquire = function() return locks:acquire("n", WAIT) end
+  if short then
+    after = function(h2)
+      ngx.sleep(1.5)
+      -- the server's view first: the handle's, read later, must be smaller
+      local st = assert(locks:status("n"))
+      return "after " .. tostring(h2:held()) .. " " .. string.format("%.4f", h2:remaining())
+        .. " " .. string.format("%.4f", st.remaining)
+    end
+  end
 elseif kind == "semaphore" then
   local sems = c:semaphores({ collection = coll, permits = 1, ttl = 30 })
   local p = assert(sems:try("s"))
@@ -430,7 +449,7 @@ else
   WAIT.queue_ttl = 20
   acquire = function() return rw:read("g", WAIT) end
 end
-local s0 = nwatch.stats()
+local s0, l0 = nwatch.stats(), nlocks.stats()
 ngx.update_time()
 local t0 = ngx.now()
 local t = ngx.thread.spawn(function() ngx.sleep(0.3); return release() end)
@@ -438,7 +457,7 @@ local h, err = acquire()
 ngx.update_time()
 local elapsed = ngx.now() - t0
 local _, released = ngx.thread.wait(t)
-local s1 = nwatch.stats()
+local s1, l1 = nwatch.stats(), nlocks.stats()
 local native = testing.watch_stats(c._core)
 local out = {
   "acquired " .. tostring(h ~= nil and h.held ~= nil and h:held()) .. " " .. tostring(err),
@@ -448,7 +467,12 @@ local out = {
   "wakes " .. (s1.woken + s1.handoffs - s0.woken - s0.handoffs),
   "handoffs " .. (s1.handoffs - s0.handoffs),
   "native " .. (native.streams or 0) .. " " .. (native.getmores or 0),
+  -- named locks (mongolock.ngx.locks): attempts sent, locks made from a
+  -- grant's event alone
+  "attempts " .. (l1.attempts - l0.attempts),
+  "granted " .. (l1.granted - l0.granted),
 }
+if h and after then out[#out + 1] = after(h) end
 if h and h.release then h:release() end
 local body = table.concat(out, "\n") .. "\n"
 ngx.header.content_length = #body
@@ -1025,6 +1049,27 @@ describe("#integration nginx with resty.mongolock", function()
     wake("document", "objectid")
     wake("document", "int64")
     wake("document", "int64-waiter")
+  end)
+
+  it("grants a named lock's waiter the lock from the release's event alone: one attempt, no other command",
+     function()
+    local r = wake("named")
+    assert.is_true(tonumber(r.handoffs) >= 1, "the release was not handed to the waiter")
+    assert.equal("1", r.granted)
+    assert.equal("1", r.attempts)
+  end)
+
+  it("tops a granted named lock's short lease up to its ttl before it ends, never past the server's view",
+     function()
+    local r = wake("named&short=1")
+    assert.equal("1", r.granted)
+    -- "after": 1.5 s after the grant (whose lease was under 1 s, the
+    -- waiter's place): still held, h:remaining() and the server's both
+    -- near the 10 s ttl, and the handle's never above the server's
+    local held, mine, server = r.after:match("^(%a+) ([%d.]+) ([%d.]+)$")
+    assert.equal("true", held, r.after)
+    assert.is_true(tonumber(mine) > 5, r.after)
+    assert.is_true(tonumber(mine) <= tonumber(server) + 0.001, r.after)
   end)
 
   it("wakes a semaphore's waiter through the worker's change stream (the release handed to it)", function()

@@ -182,6 +182,45 @@ function _M.wake(...)
   return require("mongolock.ngx.watch").wake(...)
 end
 
+-- per process: acquisitions (won by an attempt, or granted by a release
+-- and made from its change event without a command) and attempts sent
+local counters = { pid = nil }
+local function stats()
+  local pid = getpid()
+  if counters.pid ~= pid then counters = { pid = pid, attempts = 0, won = 0, granted = 0 } end
+  return counters
+end
+
+-- this worker's counters: attempts, won (by an attempt), granted (from a
+-- release's event alone)
+function _M.stats()
+  local c = stats()
+  return { attempts = c.attempts, won = c.won, granted = c.granted }
+end
+
+-- A lease a release granted is bounded by the waiter's place in the queue
+-- (seconds left, counted from before the attempt that set it): shorter
+-- than two thirds of its ttl, it is extended to the ttl once, shortly
+-- before it ends (a second before, or at a quarter of what is left), from
+-- a timer where the caller can yield (a lock released by then costs no
+-- command), else at once.
+local function top_up(lease)
+  local left = lease.deadline - monotonic()
+  if left >= lease.ttl * 2 / 3 then return end
+  local ngx = rawget(_G, "ngx")
+  if not transport.active() then
+    _M.extend(lease, lease.ttl)
+    return
+  end
+  local function tick(premature)
+    if premature or lease.released or lease.closed or lease.lost
+        or (lease.state ~= nil and lease.state ~= "held") then return end
+    _M.extend(lease, lease.ttl)
+  end
+  local ok = ngx.timer.at(math_max(0, left - math_min(1, left / 4)), tick)
+  if not ok then _M.extend(lease, lease.ttl) end
+end
+
 -- lease | nil, "busy" | "timeout", info | nil, err, code
 -- opts: ttl, timeout (0: one attempt, "busy" when held), step, ratio,
 -- max_step, queue_ttl; wake (optional, nlocks.wake): function(ctx, name,
@@ -231,6 +270,8 @@ function _M.acquire(ctx, name, opts)
     local started = monotonic()
     attempt.polling = waiter and polling or nil
     local op = core.op_acquire(attempt)
+    local c = stats()
+    c.attempts = c.attempts + 1
     local reply, aerr, acode, ereply = run(ctx.spec, op, job_deadline, orphaned, orphan)
     if not reply then
       if aerr == "timeout" and acode == nil then
@@ -248,12 +289,13 @@ function _M.acquire(ctx, name, opts)
     if info.won then
       local lease = { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl,
                       ctx = ctx, waited = attempts > 1 }
+      c.won = c.won + 1
       local remaining = info.remaining
       if type(remaining) == "number" and remaining < ttl then
         -- a lock a release granted to this waiter: its lease is bounded by
-        -- the waiter's place in the queue; extended to ttl at once
+        -- the waiter's place in the queue
         lease.deadline = started + remaining
-        if remaining < ttl * 2 / 3 then _M.extend(lease, ttl) end
+        top_up(lease)
       end
       return lease
     end
@@ -271,8 +313,23 @@ function _M.acquire(ctx, name, opts)
     end
     local waited = false
     if opts.wake and left > 0 then
-      waited = opts.wake(ctx, name, waiter, info, left)
+      local res, gtoken, gms
+      waited, res, gtoken, gms = opts.wake(ctx, name, waiter, info, left)
       polling = not waited
+      if res == "granted" then
+        -- the release granted the lock to this waiter in the same write
+        -- (its event says so): no command.  The grant's lease ends at
+        -- min(release + ttl, the place's until), and the place was set by
+        -- the attempt that began at started: started + min(ttl, queue_ttl,
+        -- the event's lease) is never later than the server's end.
+        local grant = math_min(ttl, queue_ttl)
+        if type(gms) == "number" and gms > 0 then grant = math_min(grant, gms / 1000) end
+        local lease = { name = name, owner = owner, token = gtoken, ttl = ttl, deadline = started + grant,
+                        ctx = ctx, waited = true }
+        c.granted = c.granted + 1
+        top_up(lease)
+        return lease
+      end
       if not waited and opts.watch_only then
         -- wait = "watch": never a silent fall back to polling
         return give_up(info and info.operation_time

@@ -18,10 +18,10 @@
 -- no replica set, or the stream failed lately; the caller polls, or with
 -- wait = "watch" gives up).
 --
---   waited = watch.wake(ctx, name, waiter, info, seconds)
+--   waited, res, token, grant_ms = watch.wake(ctx, name, waiter, info, seconds)
 --
--- the same for mongolock.ngx.locks: true when it waited, nil when there is
--- no stream to wait on.
+-- the same for mongolock.ngx.locks: true and wait's answer when it waited,
+-- nil when there is no stream to wait on.
 --
 -- Invariants (the same as csrc/watch.c's, per worker instead of per
 -- process):
@@ -356,9 +356,9 @@ end
 function _M.wake(ctx, name, waiter, info, seconds)
   local ot = info and info.operation_time
   if not ot then return nil end
-  local res = _M.wait(ctx, "owner", name, waiter, ot, seconds)
+  local res, a, b = _M.wait(ctx, "owner", name, waiter, ot, seconds)
   if res == nil then return nil end
-  return true
+  return true, res, a, b
 end
 
 -- the stream's context for a waiter of mongolock.wait whose round trips go
