@@ -44,6 +44,35 @@ function anyOf(vals, test, elements = true) {
   return false;
 }
 
+// What reach(doc, parts, 0, []) finds when no array lies along the path
+// (before its last part): that one value; MULTI when an array does (the
+// caller then reaches the general way).
+const MULTI = Symbol('multi');
+function reachOne(doc, parts) {
+  let cur = doc;
+  for (let i = 0; i < parts.length; i++) {
+    if (cur === null || cur === undefined || typeof cur !== 'object') return undefined;
+    if (Array.isArray(cur)) return MULTI;
+    if (!V.isPlainDoc(cur)) return undefined;
+    const part = parts[i];
+    cur = Object.prototype.hasOwnProperty.call(cur, part) ? cur[part] : undefined;
+    if (cur === undefined) return undefined;
+  }
+  return cur;
+}
+
+// anyOf(reach(doc, parts, 0, []), test) without building the list when the
+// path reaches a single value.
+function anyReached(doc, parts, test) {
+  const v = reachOne(doc, parts);
+  if (v === MULTI) return anyOf(reach(doc, parts, 0, []), test);
+  if (test(v)) return true;
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) if (test(v[i])) return true;
+  }
+  return false;
+}
+
 function isOperatorDoc(v) {
   if (!V.isPlainDoc(v)) return false;
   const ks = Object.keys(v);
@@ -63,6 +92,10 @@ function eqTest(target) {
   const re = regexOf(target);
   if (re) return (v) => (typeof v === 'string' && re.test(v)) || (V.typeName(v) === 'regex' && V.equals(v, target));
   if (target === null) return (v) => v === null || v === undefined;
+  // a string equals only the same string (or a BSON symbol of it)
+  if (typeof target === 'string') {
+    return (v) => (typeof v === 'string' ? v === target : v !== null && typeof v === 'object' && V.equals(v, target));
+  }
   return (v) => v !== undefined && V.equals(v, target);
 }
 
@@ -112,6 +145,10 @@ function typeTest(spec) {
     if (!name) fail(2, `Invalid numerical type code: ${n}`);
     return name;
   });
+  if (wanted.length === 1 && wanted[0] !== 'number') {
+    const w = wanted[0];
+    return (v) => v !== undefined && V.typeName(v) === w;
+  }
   return (v) => {
     if (v === undefined) return false;
     const t = V.typeName(v);
@@ -125,17 +162,17 @@ function compileField(path, spec, ctx) {
   const get = (doc) => reach(doc, parts, 0, []);
   if (!isOperatorDoc(spec)) {
     const t = eqTest(spec);
-    return (doc) => anyOf(get(doc), t);
+    return (doc) => anyReached(doc, parts, t);
   }
   const preds = [];
   const keys = Object.keys(spec);
   for (const op of keys) {
     const arg = spec[op];
     switch (op) {
-      case '$eq': { const t = eqTest(arg); preds.push((doc) => anyOf(get(doc), t)); break; }
-      case '$ne': { const t = eqTest(arg); preds.push((doc) => !anyOf(get(doc), t)); break; }
+      case '$eq': { const t = eqTest(arg); preds.push((doc) => anyReached(doc, parts, t)); break; }
+      case '$ne': { const t = eqTest(arg); preds.push((doc) => !anyReached(doc, parts, t)); break; }
       case '$gt': case '$gte': case '$lt': case '$lte': {
-        const t = rangeTest(op, arg); preds.push((doc) => anyOf(get(doc), t)); break;
+        const t = rangeTest(op, arg); preds.push((doc) => anyReached(doc, parts, t)); break;
       }
       case '$in': case '$nin': {
         if (!Array.isArray(arg)) fail(2, `${op} needs an array`);
@@ -143,9 +180,12 @@ function compileField(path, spec, ctx) {
           if (isOperatorDoc(a)) fail(2, 'cannot nest $ under $in');
           return eqTest(a);
         });
-        const t = (v) => tests.some((f) => f(v));
-        if (op === '$in') preds.push((doc) => anyOf(get(doc), t));
-        else preds.push((doc) => !anyOf(get(doc), t));
+        const t = (v) => {
+          for (let i = 0; i < tests.length; i++) if (tests[i](v)) return true;
+          return false;
+        };
+        if (op === '$in') preds.push((doc) => anyReached(doc, parts, t));
+        else preds.push((doc) => !anyReached(doc, parts, t));
         break;
       }
       case '$exists': {
@@ -153,7 +193,7 @@ function compileField(path, spec, ctx) {
         preds.push((doc) => get(doc).some((v) => v !== undefined) === want);
         break;
       }
-      case '$type': { const t = typeTest(arg); preds.push((doc) => anyOf(get(doc), t)); break; }
+      case '$type': { const t = typeTest(arg); preds.push((doc) => anyReached(doc, parts, t)); break; }
       case '$size': {
         if (!V.isNumber(arg)) fail(2, '$size needs a number');
         const n = V.num(arg);
@@ -197,7 +237,11 @@ function compileField(path, spec, ctx) {
         fail(2, `unknown operator: ${op}`);
     }
   }
-  return (doc) => preds.every((p) => p(doc));
+  if (preds.length === 1) return preds[0];
+  return (doc) => {
+    for (let i = 0; i < preds.length; i++) if (!preds[i](doc)) return false;
+    return true;
+  };
 }
 
 function elemMatchTest(spec, ctx) {
@@ -225,9 +269,17 @@ function compile(filter, ctx = {}) {
             if (!V.isPlainDoc(f)) fail(2, `${key} argument's entries must be objects`);
             return compile(f, ctx);
           });
-          if (key === '$and') preds.push((d) => subs.every((s) => s(d)));
-          else if (key === '$or') preds.push((d) => subs.some((s) => s(d)));
-          else preds.push((d) => !subs.some((s) => s(d)));
+          const some = (d) => {
+            for (let i = 0; i < subs.length; i++) if (subs[i](d)) return true;
+            return false;
+          };
+          if (key === '$and') {
+            preds.push((d) => {
+              for (let i = 0; i < subs.length; i++) if (!subs[i](d)) return false;
+              return true;
+            });
+          } else if (key === '$or') preds.push(some);
+          else preds.push((d) => !some(d));
           break;
         }
         case '$expr': {
@@ -247,7 +299,7 @@ function compile(filter, ctx = {}) {
   }
   if (preds.length === 1) return preds[0];
   return (doc) => {
-    for (const p of preds) if (!p(doc)) return false;
+    for (let i = 0; i < preds.length; i++) if (!preds[i](doc)) return false;
     return true;
   };
 }
