@@ -37,10 +37,12 @@ const isDoc = (v) => V.isPlainDoc(v);
 
 // BSON size of a value (as an element's value), as bson's serializer writes
 // it (undefined is left out, as the server's stored documents never hold it).
-// While change() runs, the sizes of documents and arrays are kept by object
-// (sizes): the two versions share their unchanged parts, and a diff asks for
-// the size of a value at every level above it.
-let sizes = null;
+// The sizes of documents and arrays are kept by object: a diff asks for the
+// size of a value at every level above it, and the two versions of a
+// document share their unchanged parts with each other and with the
+// versions before (stored documents are never mutated: store.js), so each
+// part is measured once.
+const sizes = new WeakMap();
 // UTF-8 length of a string (names and values are mostly ASCII)
 function utf8Length(s) {
   for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return Buffer.byteLength(s);
@@ -57,11 +59,11 @@ function valueSize(v) {
   if (v === null) return 0;
   if (v instanceof Date) return 8;
   if (Array.isArray(v)) {
-    let n = sizes && sizes.get(v);
+    let n = sizes.get(v);
     if (n !== undefined) return n;
     n = 5;
     for (let i = 0; i < v.length; i++) n += elementSize(i < 10 ? 1 : String(i).length, v[i]);
-    if (sizes) sizes.set(v, n);
+    sizes.set(v, n);
     return n;
   }
   switch (v._bsontype) {
@@ -73,22 +75,58 @@ function valueSize(v) {
     default: return BSON.calculateObjectSize({ x: v }) - 8; // 4 + 1 (type) + 2 ("x\0") + 1
   }
   if (!isDoc(v)) return BSON.calculateObjectSize({ x: v }) - 8;
-  let n = sizes && sizes.get(v);
+  let n = sizes.get(v);
   if (n !== undefined) return n;
   n = 5;
   for (const k of Object.keys(v)) if (v[k] !== undefined) n += elementSize(utf8Length(k), v[k]);
-  if (sizes) sizes.set(v, n);
+  sizes.set(v, n);
   return n;
 }
 // an element: type byte, name and its NUL, value
 const elementSize = (nameLen, v) => 2 + nameLen + valueSize(v);
-const nameLen = (k) => utf8Length(k);
 
-// A document's delta as mongod serializes it ({d, u, i, s<field>}), with
-// its BSON size, or null when it would not be smaller than post (+ padding).
+// A delta node. A document's delta (mongod's {d, u, i, s<field>}) is
+// {doc: true, d, u, i, s}: the removed field names, the updated and the
+// inserted fields as flat [name, value, ...] lists, the sub-diffs as a
+// flat [name, node, ...] list (null when empty). An array's delta (mongod's
+// {a: true, u<index>, s<index>, l}) is {doc: false, e, l}: e a flat
+// [kind ('u' or 's'), index as a string, value or node, ...] list, l the
+// new size (an Int32) when it got shorter. Every node has its BSON size in
+// mongod's form (size). Names come out of u, i and d in the order mongod's
+// objects would list them: fields whose names are array indexes ("0",
+// "17") first, ascending, then the others in the order written.
+
+function isIndexName(k) {
+  const n = k.length;
+  if (n === 0 || n > 10) return false;
+  const c0 = k.charCodeAt(0);
+  if (c0 < 0x30 || c0 > 0x39 || (c0 === 0x30 && n > 1)) return false;
+  for (let x = 1; x < n; x++) {
+    const c = k.charCodeAt(x);
+    if (c < 0x30 || c > 0x39) return false;
+  }
+  return Number(k) < 4294967295;
+}
+
+// a flat [name, value, ...] list in the order of an object's keys written
+// in list order
+function inKeyOrder(list) {
+  let any = false;
+  for (let x = 0; x < list.length; x += 2) if (isIndexName(list[x])) { any = true; break; }
+  if (!any) return list;
+  const idx = [], rest = [];
+  for (let x = 0; x < list.length; x += 2) (isIndexName(list[x]) ? idx : rest).push([list[x], list[x + 1]]);
+  idx.sort((a, b) => Number(a[0]) - Number(b[0]));
+  const out = [];
+  for (const [k, v] of idx.concat(rest)) out.push(k, v);
+  return out;
+}
+
+// A document's delta, or null when it would not be smaller than post
+// (+ padding).
 function docDiff(pre, post, padding) {
-  const u = {}, ins = {}, subs = {};
-  const deletes = new Set();
+  let u = null, ins = null, subs = null;
+  let deletes = null;
   let uSize = 0, iSize = 0, sSize = 0, nu = 0, ni = 0;
   const preKeys = Object.keys(pre), postKeys = Object.keys(post);
   // the delta's size only grows: once what is counted so far is not
@@ -101,39 +139,58 @@ function docDiff(pre, post, padding) {
       const a = pre[k], b = post[k];
       if (!V.identical(a, b)) {
         const sub = subDiff(a, b);
-        if (sub) { subs['s' + k] = sub.node; sSize += 2 + 1 + nameLen(k) + sub.size; } else { u[k] = b; nu++; uSize += elementSize(nameLen(k), b); }
+        if (sub) {
+          if (subs === null) subs = [];
+          subs.push(k, sub);
+          sSize += 2 + 1 + utf8Length(k) + sub.size;
+        } else {
+          if (u === null) u = [];
+          u.push(k, b);
+          nu++;
+          uSize += elementSize(utf8Length(k), b);
+        }
         if (5 + sSize + (nu ? 8 + uSize : 0) >= limit) return null;
       }
       i++; j++;
     } else {
       // a field not at its old place: removed (and inserted again below
       // when post has it further on)
+      if (deletes === null) deletes = new Set();
       deletes.add(k);
       i++;
     }
   }
-  for (; i < preKeys.length; i++) deletes.add(preKeys[i]);
+  for (; i < preKeys.length; i++) {
+    if (deletes === null) deletes = new Set();
+    deletes.add(preKeys[i]);
+  }
   for (; j < postKeys.length; j++) {
     const k = postKeys[j];
-    ins[k] = post[k]; ni++; iSize += elementSize(nameLen(k), post[k]);
-    deletes.delete(k);
+    if (ins === null) ins = [];
+    ins.push(k, post[k]);
+    ni++;
+    iSize += elementSize(utf8Length(k), post[k]);
+    if (deletes !== null) deletes.delete(k);
   }
-  const out = {};
+  const out = { doc: true, d: null, u: null, i: null, s: subs, size: 0 };
   let size = 5 + sSize;
-  if (deletes.size) {
-    out.d = {};
+  if (deletes !== null && deletes.size) {
+    const d = [];
     let dSize = 5;
-    for (const k of deletes) { out.d[k] = false; dSize += elementSize(nameLen(k), false); }
+    for (const k of deletes) { d.push(k, false); dSize += elementSize(utf8Length(k), false); }
+    const ordered = inKeyOrder(d);
+    out.d = [];
+    for (let x = 0; x < ordered.length; x += 2) out.d.push(ordered[x]);
     size += 3 + dSize;
   }
-  if (nu) { out.u = u; size += 3 + 5 + uSize; }
-  if (ni) { out.i = ins; size += 3 + 5 + iSize; }
-  Object.assign(out, subs);
-  return size < limit ? { node: out, size } : null;
+  if (nu) { out.u = inKeyOrder(u); size += 3 + 5 + uSize; }
+  if (ni) { out.i = inKeyOrder(ins); size += 3 + 5 + iSize; }
+  out.size = size;
+  return size < limit ? out : null;
 }
 
 function arrayDiff(pre, post) {
-  const out = { a: true };
+  const e = [];
   let size = 5 + 4; // {a: true}
   const limit = valueSize(post); // as in docDiff: null once size reaches it
   let n = 0;
@@ -141,12 +198,17 @@ function arrayDiff(pre, post) {
     if (V.identical(pre[n], post[n])) continue;
     const sub = subDiff(pre[n], post[n]);
     const name = String(n);
-    if (sub) { out['s' + name] = sub.node; size += 3 + name.length + sub.size; } else { out['u' + name] = post[n]; size += elementSize(1 + name.length, post[n]); }
+    if (sub) { e.push('s', name, sub); size += 3 + name.length + sub.size; } else { e.push('u', name, post[n]); size += elementSize(1 + name.length, post[n]); }
     if (size >= limit) return null;
   }
-  for (; n < post.length; n++) { out['u' + n] = post[n]; size += elementSize(1 + String(n).length, post[n]); }
-  if (pre.length > post.length) { out.l = new Int32(post.length); size += 7; }
-  return size < limit ? { node: out, size } : null;
+  for (; n < post.length; n++) {
+    const name = String(n);
+    e.push('u', name, post[n]);
+    size += elementSize(1 + name.length, post[n]);
+  }
+  let l;
+  if (pre.length > post.length) { l = new Int32(post.length); size += 7; }
+  return size < limit ? { doc: false, e, l, size } : null;
 }
 
 // a sub-diff of two documents or two arrays, or null (update the whole value)
@@ -156,26 +218,36 @@ function subDiff(a, b) {
   return null;
 }
 
-// updateDescription of a delta
+// updateDescription of a delta, in the order of mongod's parser: updates,
+// inserts, deletes, sub-diffs; in an array the resize, then the elements
+// by index
 function describe(delta) {
   const desc = { updatedFields: {}, removedFields: [], truncatedArrays: [] };
-  // in the order of mongod's parser: updates, inserts, deletes, sub-diffs;
-  // in an array the resize, then the elements by index
-  const walkDoc = (d, prefix) => {
-    for (const sec of ['u', 'i']) if (d[sec]) for (const f of Object.keys(d[sec])) desc.updatedFields[prefix + f] = d[sec][f];
-    if (d.d) for (const f of Object.keys(d.d)) desc.removedFields.push(prefix + f);
-    for (const k of Object.keys(d)) if (k[0] === 's') walk(d[k], prefix + k.slice(1));
-  };
-  const walkArray = (d, path) => {
-    if (d.l !== undefined) desc.truncatedArrays.push({ field: path, newSize: d.l });
-    for (const k of Object.keys(d)) {
-      if (k[0] === 'u') desc.updatedFields[path + '.' + k.slice(1)] = d[k];
-      else if (k[0] === 's') walk(d[k], path + '.' + k.slice(1));
-    }
-  };
-  const walk = (d, path) => (d.a === true ? walkArray(d, path) : walkDoc(d, path + '.'));
-  walkDoc(delta, '');
+  describeDoc(delta, '', desc);
   return desc;
+}
+
+function describeDoc(d, prefix, desc) {
+  const uf = desc.updatedFields;
+  const u = d.u, ins = d.i, del = d.d, subs = d.s;
+  if (u !== null) for (let x = 0; x < u.length; x += 2) uf[prefix + u[x]] = u[x + 1];
+  if (ins !== null) for (let x = 0; x < ins.length; x += 2) uf[prefix + ins[x]] = ins[x + 1];
+  if (del !== null) for (let x = 0; x < del.length; x++) desc.removedFields.push(prefix + del[x]);
+  if (subs !== null) for (let x = 0; x < subs.length; x += 2) describeNode(subs[x + 1], prefix + subs[x], desc);
+}
+
+function describeArray(d, path, desc) {
+  if (d.l !== undefined) desc.truncatedArrays.push({ field: path, newSize: d.l });
+  const e = d.e, uf = desc.updatedFields;
+  for (let x = 0; x < e.length; x += 3) {
+    if (e[x] === 'u') uf[path + '.' + e[x + 1]] = e[x + 2];
+    else describeNode(e[x + 2], path + '.' + e[x + 1], desc);
+  }
+}
+
+function describeNode(d, path, desc) {
+  if (d.doc) describeDoc(d, path + '.', desc);
+  else describeArray(d, path, desc);
 }
 
 function getPath(doc, parts) {
@@ -227,13 +299,8 @@ function describeOperators(pre, post, steps) {
 // update ({kind, steps}); without it, the pipeline rules apply.
 function change(pre, post, how) {
   if (how && how.kind === 'operators' && how.steps) return { op: 'update', desc: describeOperators(pre, post, how.steps) };
-  sizes = new Map();
-  try {
-    const delta = docDiff(pre, post, DELTA_METADATA);
-    return delta ? { op: 'update', desc: describe(delta.node) } : { op: 'replace' };
-  } finally {
-    sizes = null;
-  }
+  const delta = docDiff(pre, post, DELTA_METADATA);
+  return delta ? { op: 'update', desc: describe(delta) } : { op: 'replace' };
 }
 
 module.exports = { change, docDiff, describe, valueSize };
