@@ -15,24 +15,17 @@ local function exit_with(mode)
 end
 
 describe("#unit process exit", function()
-  it("with a client open keeps the status and stdout and skips the earlier exit handlers", function()
-    local out, status, marked = exit_with("open")
-    assert.equal(7, status)
-    assert.equal("bye", out)
-    assert.is_false(marked)
-  end)
-
-  it("with every client closed runs the exit handlers as usual", function()
-    local out, status, marked = exit_with("closed")
-    assert.equal(7, status)
-    assert.equal("bye", out)
-    assert.is_true(marked)
-  end)
-
-  it("without a client runs the exit handlers as usual", function()
-    local out, status, marked = exit_with("none")
-    assert.equal(7, status)
-    assert.equal("bye", out)
-    assert.is_true(marked)
-  end)
+  for _, case in ipairs({
+    { "open", false, "with a client open keeps the status and stdout and skips the earlier exit handlers" },
+    { "closed", true, "with every client closed runs the exit handlers as usual" },
+    { "none", true, "without a client runs the exit handlers as usual" },
+  }) do
+    local mode, handlers_ran, title = case[1], case[2], case[3]
+    it(title, function()
+      local out, status, marked = exit_with(mode)
+      assert.equal(7, status)
+      assert.equal("bye", out)
+      assert.equal(handlers_ran, marked)
+    end)
+  end
 end)
