@@ -5,8 +5,10 @@
 // resuming after it returns events with a later cluster time, so an event
 // token and a high-water-mark token resume the same way.
 
+const BSON = require('bson');
 const V = require('./values');
 const pipeline = require('./pipeline');
+const query = require('./query');
 const { tsBig } = require('./store');
 const { fail } = require('./errors');
 const { Timestamp } = V;
@@ -88,6 +90,10 @@ class ChangeStream {
       }
     }
     this.stages = rest.length ? pipeline.compileStages(rest) : null;
+    // a single $match without $expr: the event passes or not, unchanged
+    // (what the stages would answer), by its filter's $or branches shared
+    // with the other streams (see sharedMatcher)
+    this.match = rest.length === 1 && Object.keys(rest[0])[0] === '$match' ? sharedMatcher(rest[0].$match) : null;
     // $match alone leaves the event document as it is: every such stream
     // can share one per event (built once, not once per stream)
     this.shared = fd !== 'updateLookup' && rest.every((st) => Object.keys(st)[0] === '$match');
@@ -147,7 +153,9 @@ class ChangeStream {
       const invalidating = (this.coll !== null && (ev.op === 'drop' || ev.op === 'dropDatabase')) ||
         (this.coll === null && !this.allForCluster && ev.op === 'dropDatabase');
       if (ev.op === 'dropDatabase' && this.coll !== null) evDoc = null; // collection streams see the drop first
-      if (evDoc && this.stages) {
+      if (evDoc && this.match) {
+        if (!this.match(evDoc)) evDoc = null;
+      } else if (evDoc && this.stages) {
         const r = this.stages([evDoc], { NOW: new Date() });
         if (r.length && !V.identical(r[0]._id, evDoc._id)) {
           fail(280, 'Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.');
@@ -164,9 +172,65 @@ class ChangeStream {
       const now = tsBig(this.engine.store.clock.now());
       if (now > this.after) this.after = now;
     }
-    const token = docs.length && i < log.length ? docs[docs.length - 1]._id : tokenFor(this.after, false);
-    return { docs, token: docs.length && this.invalidated ? docs[docs.length - 1]._id : token };
+    if (docs.length && (i < log.length || this.invalidated)) return { docs, token: docs[docs.length - 1]._id };
+    // (the high-water mark's token is made only when a reply carries it:
+    // a stream whose wait goes on never reads it)
+    return new HighWater(docs, this.after);
   }
+}
+
+class HighWater {
+  constructor(docs, after) { this.docs = docs; this.after = after; this.made = undefined; }
+  get token() {
+    if (this.made === undefined) this.made = tokenFor(this.after, false);
+    return this.made;
+  }
+}
+
+// Change streams watching for the same thing often share most of their
+// $match: a lock's waiters each match the same $or branches but one or two
+// that name the waiter. Each branch of a top-level $or (without $expr, so
+// a function of the event alone) is compiled once for all streams, and
+// remembers its answer for the last event document it saw: the streams
+// read an event one after another, as one shared document (eventDoc), so
+// every branch but a stream's own is evaluated once per event. Event
+// documents are never modified. null: the filter is not of that form (the
+// stages evaluate it).
+const BRANCHES = new Map();
+const BRANCHES_LIMIT = 1024;
+
+function hasExpr(v) {
+  if (Array.isArray(v)) return v.some(hasExpr);
+  if (!V.isPlainDoc(v)) return false;
+  for (const k of Object.keys(v)) {
+    if (k === '$expr' || k === '$where' || hasExpr(v[k])) return true;
+  }
+  return false;
+}
+
+function sharedMatcher(filter) {
+  if (!V.isPlainDoc(filter) || Object.keys(filter).length !== 1 || !Array.isArray(filter.$or)) return null;
+  const list = filter.$or;
+  if (!list.length || !list.every((b) => V.isPlainDoc(b)) || hasExpr(list)) return null;
+  const branches = list.map((b) => {
+    const key = BSON.EJSON.stringify(b, { relaxed: false });
+    let br = BRANCHES.get(key);
+    if (br === undefined) {
+      if (BRANCHES.size >= BRANCHES_LIMIT) BRANCHES.clear();
+      const test = query.compile(b);
+      let last = null, answer = false;
+      br = (doc) => {
+        if (doc !== last) { answer = test(doc); last = doc; }
+        return answer;
+      };
+      BRANCHES.set(key, br);
+    }
+    return br;
+  });
+  return (doc) => {
+    for (let i = 0; i < branches.length; i++) if (branches[i](doc)) return true;
+    return false;
+  };
 }
 
 module.exports = { ChangeStream, tokenFor, parseToken };

@@ -105,3 +105,48 @@ test('updateDescription of array shifts, index-named fields and moved fields', a
 
 const EXPECTED_EVENTS = [{"u":{"queue.0.w":"w1","queue.0.t":"t1","queue.0.p":false,"queue.0.h.pid":101,"queue.0.h.app":"a1","queue.1.w":"w2","queue.1.t":"t2","queue.1.h.pid":102,"queue.1.h.app":"a2","queue.2.w":"w3","queue.2.t":"t3","queue.2.p":true,"queue.2.h.pid":103,"queue.2.h.app":"a3","queue.3.w":"w4","queue.3.t":"t4","queue.3.p":false,"queue.3.h.pid":104,"queue.3.h.app":"a4","queue.4.w":"w5","queue.4.t":"t5","queue.4.h.pid":105,"queue.4.h.app":"a5"},"r":[],"t":[{"field":"queue","newSize":5}]},{"u":{"queue.5":{"w":"w9","t":"t9","p":true,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":109,"app":"a9"}}},"r":[],"t":[]},{"op":"replace","doc":{"2":"two","10":"TEN","_id":"L","owner":"w2","queue":[{"w":"w1","t":"t1","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":101,"app":"a1"}},{"w":"w2","t":"t2","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":102,"app":"a2"}},{"w":"w3","t":"t3","p":true,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":103,"app":"a3"}},{"w":"w4","t":"t4","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":104,"app":"a4"}},{"w":"w5","t":"t5","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":105,"app":"a5"}},{"w":"w9","t":"t9","p":true,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":109,"app":"a9"}}],"z":1,"pad":2000}},{"u":{"z":2,"owner":"w2"},"r":[],"t":[]},{"u":{"queue.0.w":"w7","queue.0.t":"t7","queue.0.h.pid":107,"queue.0.h.app":"a7"},"r":[],"t":[{"field":"queue","newSize":1}]},{"op":"replace","doc":{"2":"two","3":{"x":1},"10":"TEN","_id":"L","queue":[{"w":"w7","t":"t7","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":107,"app":"a7"}},{"w":"w8","t":"t8","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":108,"app":"a8"}},{"w":"w9","t":"t9","p":true,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":109,"app":"a9"}},{"w":"w10","t":"t10","p":false,"h":{"host":"hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh","pid":110,"app":"a10"}}],"z":2,"pad":2000,"owner":"w2"}},{"u":{"3":{"x":2,"y":1},"queue.2.w":"w10","queue.2.t":"t10","queue.2.p":false,"queue.2.h.pid":110,"queue.2.h.app":"a10"},"r":[],"t":[{"field":"queue","newSize":3}]}];
 const EXPECTED_KEYS = [["queue.0.w","queue.0.t","queue.0.p","queue.0.h.pid","queue.0.h.app","queue.1.w","queue.1.t","queue.1.h.pid","queue.1.h.app","queue.2.w","queue.2.t","queue.2.p","queue.2.h.pid","queue.2.h.app","queue.3.w","queue.3.t","queue.3.p","queue.3.h.pid","queue.3.h.app","queue.4.w","queue.4.t","queue.4.h.pid","queue.4.h.app"],["queue.5"],["2","10","_id","owner","queue","z","pad"],["z","owner"],["queue.0.w","queue.0.t","queue.0.h.pid","queue.0.h.app"],["2","3","10","_id","queue","z","pad","owner"],["3","queue.2.w","queue.2.t","queue.2.p","queue.2.h.pid","queue.2.h.app"]];
+
+// Streams whose $match shares $or branches with other streams' (each
+// branch is evaluated once per event for all of them): every stream still
+// gets exactly the events its own filter passes.
+test('change streams with $or filters that differ in literals each get their own events', async () => {
+  await db.createCollection('s');
+  const filter = (tag) => ({ $or: [
+    { operationType: 'insert', 'fullDocument.t': { $regex: `^${tag}` } },
+    { operationType: 'delete' },
+    { operationType: 'insert', 'fullDocument.t': 'shared' },
+    { operationType: 'update', 'updateDescription.updatedFields.t': tag },
+  ] });
+  const specs = {
+    a: [{ $match: filter('a') }],
+    b: [{ $match: filter('b') }],
+    // the same filter as a's, and one with $expr (evaluated by the stages)
+    a2: [{ $match: filter('a') }],
+    x: [{ $match: { $or: [{ operationType: 'delete' }, { $expr: { $eq: ['$fullDocument.t', 'b1'] } }] } }],
+  };
+  const curs = {};
+  for (const [k, st] of Object.entries(specs)) {
+    curs[k] = (await db.command({ aggregate: 's', pipeline: [{ $changeStream: {} }, ...st], cursor: {} }, RAW)).cursor;
+  }
+  const s = db.collection('s');
+  await s.insertMany([{ _id: 1, t: 'a1' }, { _id: 2, t: 'b1' }, { _id: 3, t: 'shared' }, { _id: 4, t: 'c1' }]);
+  await s.updateOne({ _id: 4 }, { $set: { t: 'b' } });
+  await s.updateOne({ _id: 4 }, { $set: { t: 'a' } });
+  await s.deleteOne({ _id: 1 });
+  const want = {
+    a: ['insert 1', 'insert 3', 'update 4', 'delete 1'],
+    b: ['insert 2', 'insert 3', 'update 4', 'delete 1'],
+    a2: ['insert 1', 'insert 3', 'update 4', 'delete 1'],
+    x: ['insert 2', 'delete 1'],
+  };
+  for (const [k, cur] of Object.entries(curs)) {
+    const got = [...cur.firstBatch];
+    for (let i = 0; i < 10 && got.length < want[k].length; i++) {
+      got.push(...(await db.command({ getMore: cur.id, collection: 's', maxTimeMS: 300 }, RAW)).cursor.nextBatch);
+    }
+    // nothing more arrives
+    got.push(...(await db.command({ getMore: cur.id, collection: 's', maxTimeMS: 300 }, RAW)).cursor.nextBatch);
+    assert.deepEqual(got.map((e) => `${e.operationType} ${e.documentKey._id}`), want[k], k);
+    await db.command({ killCursors: 's', cursors: [cur.id] });
+  }
+});
