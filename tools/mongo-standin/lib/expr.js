@@ -233,11 +233,13 @@ function toStringValue(v) {
 }
 
 function cmpOp(op) {
+  // (V.compare is pure: it runs only where the answer depends on it)
+  const same = (a, b) => V.CANON[V.typeName(a)] === V.CANON[V.typeName(b)] && (a === undefined) === (b === undefined) &&
+    V.compare(a, b) === 0;
   return (a, b) => {
-    const c = V.compare(a, b);
     switch (op) {
-      case '$eq': return V.CANON[V.typeName(a)] === V.CANON[V.typeName(b)] && (a === undefined) === (b === undefined) && c === 0;
-      case '$ne': return !(V.CANON[V.typeName(a)] === V.CANON[V.typeName(b)] && (a === undefined) === (b === undefined) && c === 0);
+      case '$eq': return same(a, b);
+      case '$ne': return !same(a, b);
       case '$gt': return cmpMissing(a, b) > 0;
       case '$gte': return cmpMissing(a, b) >= 0;
       case '$lt': return cmpMissing(a, b) < 0;

@@ -71,11 +71,19 @@ function compileAddFields(spec, name) {
 
 function addFieldsStage(spec, name) {
   const apply = compileAddFields(spec, name);
-  return (docs, vars) => docs.map((doc) => {
-    const out = Object.assign({}, doc);
-    apply(out, doc, Object.assign({}, vars, { ROOT: doc, CURRENT: doc }));
-    return out;
-  });
+  return (docs, vars) => {
+    const outs = new Array(docs.length);
+    for (let i = 0; i < docs.length; i++) {
+      const doc = docs[i];
+      const out = Object.assign({}, doc);
+      const v = Object.assign({}, vars);
+      v.ROOT = doc;
+      v.CURRENT = doc;
+      apply(out, doc, v);
+      outs[i] = out;
+    }
+    return outs;
+  };
 }
 
 function unsetStage(spec) {
