@@ -213,9 +213,23 @@ function arrayDiff(pre, post) {
 
 // a sub-diff of two documents or two arrays, or null (update the whole value)
 function subDiff(a, b) {
-  if (isDoc(a) && isDoc(b)) return docDiff(a, b, 0);
-  if (Array.isArray(a) && Array.isArray(b)) return arrayDiff(a, b);
+  if (isDoc(a) && isDoc(b)) return pairDiff(a, b, false);
+  if (Array.isArray(a) && Array.isArray(b)) return pairDiff(a, b, true);
   return null;
+}
+
+// The last sub-diff computed from each document or array, with what it was
+// compared with: both are never modified, so the diff of the same two
+// values is the same. (When a lock's queue loses its head, each element is
+// compared with the one after it; the next release compares most of the
+// same pairs again.)
+const pairs = new WeakMap();
+function pairDiff(a, b, arrays) {
+  const m = pairs.get(a);
+  if (m !== undefined && m.b === b) return m.r;
+  const r = arrays ? arrayDiff(a, b) : docDiff(a, b, 0);
+  pairs.set(a, { b, r });
+  return r;
 }
 
 // updateDescription of a delta, in the order of mongod's parser: updates,
