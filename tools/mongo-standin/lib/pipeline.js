@@ -90,6 +90,18 @@ function unsetStage(spec) {
   const fields = Array.isArray(spec) ? spec : [spec];
   for (const f of fields) if (typeof f !== 'string') fail(31120, '$unset specification must be a string or an array containing only string values');
   const paths = fields.map((f) => f.split('.'));
+  if (paths.every((p) => p.length === 1)) {
+    // top-level fields: the document is copied without them (a copy that
+    // deleted them would be an object in V8's slow dictionary mode, and so
+    // would every stored version made from it)
+    const drop = new Set(fields);
+    return (docs) => docs.map((doc) => {
+      const out = {};
+      const keys = Object.keys(doc);
+      for (let i = 0; i < keys.length; i++) if (!drop.has(keys[i])) out[keys[i]] = doc[keys[i]];
+      return out;
+    });
+  }
   return (docs) => docs.map((doc) => {
     const out = Object.assign({}, doc);
     for (const p of paths) removePathIn(out, p);

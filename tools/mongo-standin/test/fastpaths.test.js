@@ -158,3 +158,16 @@ test('change streams with $or filters that differ in literals each get their own
     await db.command({ killCursors: 's', cursors: [cur.id] });
   }
 });
+
+// $unset of top-level fields copies the document without them; with a
+// dotted path it removes inside the embedded document.
+test('$unset in update pipelines and aggregations keeps the other fields in order', async () => {
+  const c = db.collection('u');
+  await c.insertOne({ _id: 1, a: 1, 7: 'seven', b: { x: 1, y: 2 }, c: [1, 2], d: null, e: 'e' });
+  await c.updateOne({ _id: 1 }, [{ $set: { f: 'f', a: 2 } }, { $unset: ['c', 'missing', '7'] }]);
+  assert.deepEqual(Object.entries(await c.findOne({ _id: 1 })), [['_id', 1], ['a', 2], ['b', { x: 1, y: 2 }], ['d', null], ['e', 'e'], ['f', 'f']]);
+  await c.updateOne({ _id: 1 }, [{ $unset: ['b.x', 'd'] }]);
+  assert.deepEqual(Object.entries(await c.findOne({ _id: 1 })), [['_id', 1], ['a', 2], ['b', { y: 2 }], ['e', 'e'], ['f', 'f']]);
+  const agg = await c.aggregate([{ $unset: 'a' }, { $unset: ['_id', 'e'] }]).toArray();
+  assert.deepEqual(agg.map((d) => Object.entries(d)), [[['b', { y: 2 }], ['f', 'f']]]);
+});
