@@ -128,10 +128,8 @@ class ChangeStream {
         out.fullDocument = cur === undefined ? null : cur;
       }
     }
-    // documentKey comes after fullDocument in mongod's insert events
-    if (ev.op === 'insert' || ev.op === 'replace') {
-      const d = out.documentKey; delete out.documentKey; out.documentKey = d;
-    }
+    // (documentKey comes after fullDocument in mongod's insert and replace
+    // events: it was written after it above)
     return out;
   }
 
