@@ -219,15 +219,17 @@ int ml_m_force_release(lua_State *L) {
 }
 
 /*
- * client:granted(db, coll, name, waiter, ttl_ms, queue_ms, token, started,
- *                grant_ms [, renew]) -> handle
+ * client:granted(db, coll, name, waiter, ttl_ms, queue_ms, token, started
+ *                [, renew]) -> handle
  * The lock a release granted to waiter (core.watch_wait answered
  * "granted"), made without a command.  The release took place after the
  * waiter's latest attempt, which began at the local monotonic time
- * started and set its entry's until to the server's now + queue_ms; the
- * grant's lease ends at min(release + ttl, until), so started +
- * min(ttl_ms, queue_ms, grant_ms) is never later than the server's lease
- * end.  grant_ms: the event's expiresAt - acquiredAt, or nil.
+ * started and set its entry's until to the server's now + queue_ms (every
+ * failed attempt of a waiter sets it anew); the grant's lease ends at
+ * min(release + ttl, until), so started + min(ttl_ms, queue_ms) is never
+ * later than the server's lease end.  (The event's expiresAt - acquiredAt
+ * would be a worse bound: it drops the time between the attempt and the
+ * release, which can be most of queue_ms/2.)
  */
 static int64_t arg_token(lua_State *L, int i) {
   lua_Number n = luaL_checknumber(L, i);
@@ -248,11 +250,6 @@ int ml_m_granted(lua_State *L) {
   ttl_ms = ml_arg_ttl_ms(L, 6);
   queue_ms = ml_arg_ttl_ms(L, 7);
   grant = queue_ms < ttl_ms ? queue_ms : ttl_ms;
-  if (!lua_isnoneornil(L, 10)) {
-    lua_Integer g = luaL_checkinteger(L, 10);
-    luaL_argcheck(L, g > 0, 10, "grant must be a positive number of milliseconds");
-    if (g < grant) grant = g;
-  }
   memset(&s, 0, sizeof s);
   bson_init(&id);
   bson_append_utf8(&id, "_id", 3, name, (int)namelen);
@@ -269,7 +266,7 @@ int ml_m_granted(lua_State *L) {
   s.started = luaL_checknumber(L, 9);
   s.ttl_ms = ttl_ms;
   s.grant_ms = grant;
-  s.renew = lua_toboolean(L, 11);
+  s.renew = lua_toboolean(L, 10);
   ml_lock_new(L, 1, &s);
   bson_destroy(&id);
   return 1;

@@ -210,7 +210,7 @@ local function wait_for(self, name, ttl_ms, o)
     -- a lock a release granted to this waiter (no command)
     granted = function(g, started)
       return self.core:granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
-        g.token, started, g.ms, o.renew)
+        g.token, started, o.renew)
     end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     -- a waiter that gives up takes its place out of the queue (best effort,

@@ -27,7 +27,7 @@
 -- stops coming back (a crashed process) loses its place after queue_ttl.
 -- Only the first in line wakes at the holder's lease end.  A release to a
 -- watching waiter grants it the lock in the same write: the wait step then
--- sets state.granted = {token, ms} and the loop makes the handle from it.
+-- sets state.granted = {token} and the loop makes the handle from it.
 --
 -- Inside OpenResty (a phase where ngx.sleep yields) with round trips in
 -- worker threads (mongolock.ngx) the waiter waits on the worker's stream
@@ -132,8 +132,8 @@ function _M.sleep_until_retry(state)
   state.polling = false
   if res == "granted" then
     -- the release granted the lock to this waiter in the same write: its
-    -- token and lease (ms) came with the event, no attempt is needed
-    state.granted = { token = err, ms = code }
+    -- token came with the event, no attempt is needed
+    state.granted = { token = err }
   elseif res == "retry" then
     state.retries = (state.retries or 0) + 1
     if state.retries > _M.max_retries then

@@ -313,18 +313,17 @@ function _M.acquire(ctx, name, opts)
     end
     local waited = false
     if opts.wake and left > 0 then
-      local res, gtoken, gms
-      waited, res, gtoken, gms = opts.wake(ctx, name, waiter, info, left)
+      local res, gtoken
+      waited, res, gtoken = opts.wake(ctx, name, waiter, info, left)
       polling = not waited
       if res == "granted" then
         -- the release granted the lock to this waiter in the same write
         -- (its event says so): no command.  The grant's lease ends at
         -- min(release + ttl, the place's until), and the place was set by
-        -- the attempt that began at started: started + min(ttl, queue_ttl,
-        -- the event's lease) is never later than the server's end.
-        local grant = math_min(ttl, queue_ttl)
-        if type(gms) == "number" and gms > 0 then grant = math_min(grant, gms / 1000) end
-        local lease = { name = name, owner = owner, token = gtoken, ttl = ttl, deadline = started + grant,
+        -- the attempt that began at started: started + min(ttl, queue_ttl)
+        -- is never later than the server's end (as client:granted).
+        local lease = { name = name, owner = owner, token = gtoken, ttl = ttl,
+                        deadline = started + math_min(ttl, queue_ttl),
                         ctx = ctx, waited = true }
         c.granted = c.granted + 1
         top_up(lease)
