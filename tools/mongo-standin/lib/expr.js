@@ -506,7 +506,6 @@ function compileOp(op, arg) {
         if (!Array.isArray(arr)) fail(isFilter ? 28651 : 16883, `input to ${op} must be an array not ${V.typeName(arr)}`);
         // mongod answers an empty input as it is, before it reads the limit
         if (arr.length === 0) return [];
-        const inner = Object.assign({}, vars);
         const out = [];
         let max = Infinity;
         if (limit) {
@@ -518,11 +517,19 @@ function compileOp(op, arg) {
             max = n;
           }
         }
-        for (const el of arr) {
-          if (out.length >= max) break;
-          inner[as] = el;
-          const v = fn(doc, inner);
-          if (isFilter) { if (V.truthy(v)) out.push(el); } else out.push(v === undefined ? null : v);
+        // the element is bound in vars itself for the loop and unbound after
+        // it (see bind): no copy of the variables per evaluation
+        const saved = bind(vars, as);
+        try {
+          for (let i = 0; i < arr.length; i++) {
+            if (out.length >= max) break;
+            const el = arr[i];
+            vars[as] = el;
+            const v = fn(doc, vars);
+            if (isFilter) { if (V.truthy(v)) out.push(el); } else out.push(v === undefined ? null : v);
+          }
+        } finally {
+          unbind(vars, as, saved);
         }
         return out;
       };
@@ -587,10 +594,22 @@ function compileOp(op, arg) {
       for (const k of Object.keys(arg.vars)) checkUserVar(k);
       const defs = Object.keys(arg.vars).map((k) => [k, compile(arg.vars[k])]);
       const body = compile(arg.in);
+      const n = defs.length;
       return (doc, vars) => {
-        const inner = Object.assign({}, vars);
-        for (const [k, f] of defs) inner[k] = f(doc, vars);
-        return body(doc, inner);
+        // every definition is evaluated in the outer scope first
+        const vals = new Array(n);
+        for (let i = 0; i < n; i++) vals[i] = defs[i][1](doc, vars);
+        const saved = new Array(n);
+        let bound = 0;
+        try {
+          for (; bound < n; bound++) {
+            saved[bound] = bind(vars, defs[bound][0]);
+            vars[defs[bound][0]] = vals[bound];
+          }
+          return body(doc, vars);
+        } finally {
+          while (bound-- > 0) unbind(vars, defs[bound][0], saved[bound]);
+        }
       };
     }
     case '$getField': {
@@ -612,6 +631,25 @@ function compileOp(op, arg) {
   }
 }
 
+// Scoped variables ($filter/$map's 'as', $let's vars, a stage's ROOT and
+// CURRENT) are set in the variables object itself while their scope is
+// evaluated, and bind/unbind put back what the name held before (unbinding
+// in the reverse order of binding, so that a name that was absent is the
+// last property added and deleting it keeps the object's fast shape).
+// Evaluation is synchronous and nothing keeps the object past it, so no
+// other evaluation can see the scope's names.
+const UNBOUND = Symbol('unbound');
+const hasOwn = Object.prototype.hasOwnProperty;
+
+function bind(vars, name) {
+  return hasOwn.call(vars, name) ? vars[name] : UNBOUND;
+}
+
+function unbind(vars, name, saved) {
+  if (saved === UNBOUND) delete vars[name];
+  else vars[name] = saved;
+}
+
 function unary(op, arg, fn) {
   const list = args(arg);
   arity(op, list, 1);
@@ -619,4 +657,4 @@ function unary(op, arg, fn) {
   return (doc, vars) => fn(f(doc, vars));
 }
 
-module.exports = { compile, addValues, multiply, subtract, cmpMissing, Param, PARAMS };
+module.exports = { compile, addValues, multiply, subtract, cmpMissing, Param, PARAMS, bind, unbind };

@@ -73,14 +73,20 @@ function addFieldsStage(spec, name) {
   const apply = compileAddFields(spec, name);
   return (docs, vars) => {
     const outs = new Array(docs.length);
-    for (let i = 0; i < docs.length; i++) {
-      const doc = docs[i];
-      const out = Object.assign({}, doc);
-      const v = Object.assign({}, vars);
-      v.ROOT = doc;
-      v.CURRENT = doc;
-      apply(out, doc, v);
-      outs[i] = out;
+    // ROOT and CURRENT are bound in vars itself (expr.bind), not in a copy
+    const root = expr.bind(vars, 'ROOT'), current = expr.bind(vars, 'CURRENT');
+    try {
+      for (let i = 0; i < docs.length; i++) {
+        const doc = docs[i];
+        const out = Object.assign({}, doc);
+        vars.ROOT = doc;
+        vars.CURRENT = doc;
+        apply(out, doc, vars);
+        outs[i] = out;
+      }
+    } finally {
+      expr.unbind(vars, 'CURRENT', current);
+      expr.unbind(vars, 'ROOT', root);
     }
     return outs;
   };

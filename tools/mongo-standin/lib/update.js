@@ -250,8 +250,8 @@ function compileUpdate(u) {
     return {
       kind,
       apply(doc, ctx) {
-        const vars = Object.assign({}, ctx.vars);
-        const [out] = run([doc], vars);
+        // the stages bind their variables in ctx.vars and unbind them after
+        const [out] = run([doc], ctx.vars);
         if (!('_id' in out) && '_id' in doc) return idFirst(Object.assign({ _id: doc._id }, out));
         return idFirst(out);
       },

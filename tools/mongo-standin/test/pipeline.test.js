@@ -213,3 +213,53 @@ test('$filter and $map with literals and named variables: each command gets its 
     update: [{ $set: { k: { $filter: { input: '$q', as: 'x', cond: { $ne: ['$$y.w', 'a'] } } } } }] }),
   (e) => e.code === 17276);
 });
+
+test('variables a scope binds ($filter/$map as, $let vars, ROOT/CURRENT of a stage) are seen inside it only, also after an error in it', async () => {
+  const c = db.collection('scopes');
+  await c.insertOne({ _id: 1, q: [{ w: 'a', n: 1, r: [1, 2] }, { w: 'b', n: 0, r: [3] }], k: 5 });
+  // nested scopes with the same name, $let shadowing and its vars evaluated outside it, CURRENT rebound
+  const r = await db.command({
+    findAndModify: 'scopes', query: { _id: 1 }, new: true,
+    update: [
+      { $set: {
+        nested: { $map: { input: '$q', as: 'x', in: { $concatArrays: [
+          { $map: { input: '$$x.r', as: 'x', in: { $add: ['$$x', 100] } } }, ['$$x.w']] } } },
+        shadow: { $let: { vars: { k: 1, j: { $subtract: ['$k', 5] } }, in: { $let: { vars: { k: { $add: ['$$k', 10] } },
+          in: [{ $filter: { input: '$q', as: 'k', cond: { $eq: ['$$k.n', '$$j'] } } }, '$$k', '$$j'] } } } },
+        cur: { $map: { input: '$q', as: 'CURRENT', in: '$w' } },
+        after: '$k',
+      } },
+      { $set: { root: { $size: { $objectToArray: '$$ROOT' } }, cur2: '$$CURRENT.after' } },
+    ],
+    fields: { _id: 0, nested: 1, shadow: 1, cur: 1, after: 1, root: 1, cur2: 1 },
+  });
+  assert.deepEqual(r.value, {
+    nested: [[101, 102, 'a'], [103, 'b']], shadow: [[{ w: 'b', n: 0, r: [3] }], 11, 0], cur: ['a', 'b'], after: 5, root: 7, cur2: 5,
+  });
+  // a later stage does not know the names
+  await assert.rejects(db.command({ findAndModify: 'scopes', query: { _id: 1 }, update: [
+    { $set: { f: { $filter: { input: '$q', as: 'x', cond: { $gt: ['$$x.n', 0] } } } } }, { $set: { g: '$$x' } }] }),
+  (e) => e.code === 17276);
+  // one command's statements share its variables: a name bound inside the first
+  // statement's scopes is unknown to the second, even when the first failed inside
+  // it ($objectToArray, which mingo evaluates, keeps these pipelines off the
+  // shape cache, whose parameters come in a copy of the variables)
+  for (const first of [
+    [{ $set: { f: { $filter: { input: '$q', as: 'x', cond: { $gt: ['$$x.n', 0] } } } } }],
+    [{ $set: { f: { $filter: { input: '$q', as: 'x', cond: { $gt: [{ $divide: [1, '$$x.n'] }, 0] } } } } }],
+    [{ $set: { f: { $let: { vars: { x: 1 }, in: { $divide: ['$$x', 0] } } } } }],
+  ]) {
+    const u = await db.command({ update: 'scopes', ordered: false, updates: [
+      { q: { _id: 1 }, u: [{ $set: { o: { $objectToArray: { a: 1 } } } }, ...first] },
+      { q: { _id: 1 }, u: [{ $set: { g: '$$x' } }] },
+      { q: { _id: 1 }, u: [{ $set: { h: { $type: '$$ROOT' }, i: { $type: '$$CURRENT' } } }] },
+    ] });
+    const codes = (u.writeErrors || []).map((e) => [e.index, e.code]);
+    assert.deepEqual(codes.filter(([i]) => i === 1), [[1, 17276]], JSON.stringify(first));
+    assert.equal(codes.filter(([i]) => i === 2).length, 0);
+  }
+  const d = await c.findOne({ _id: 1 });
+  assert.equal(d.h, 'object');
+  assert.equal(d.i, 'object');
+  assert.equal(d.g, undefined);
+});
