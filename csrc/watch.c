@@ -531,7 +531,7 @@ static uint32_t check_u32(lua_State *L, int idx) {
 
 /*
  * core.watch_wait(client, db, coll, field, id, t, i, timeout [, waiter])
- *   -> "event" | "granted", token, grant_ms | "timeout" | "retry" |
+ *   -> "event" | "granted", token | "timeout" | "retry" |
  *      nil, message, code
  *
  * Waits up to timeout seconds (0: just looks) for a release of the lock
@@ -539,9 +539,9 @@ static uint32_t check_u32(lua_State *L, int idx) {
  * any BSON type), made after the operation time
  * (t, i) of the caller's failed attempt.  With waiter (a queued acquire's
  * id) a release handed to another waiter does not wake it, and a release
- * that granted the lock to waiter answers "granted" with the token and the
- * lease the release gave it (expiresAt - acquiredAt in ms, nil when the
- * event did not carry both): the waiter owns the lock, no attempt needed.
+ * that granted the lock to waiter answers "granted" with the token: the
+ * waiter owns the lock, no attempt needed (client:granted makes its handle,
+ * the deadline from the waiter's own latest attempt).
  * "retry": the shared stream began
  * after (t, i) and cannot vouch for that interval; attempt again at once.
  * nil, message: the stream failed (standalone server, no change streams,
@@ -563,7 +563,7 @@ static int l_watch_wait(lua_State *L) {
   double deadline;
   const char *res;
   const watch_event *grant = NULL;
-  int64_t token = 0, grant_ms = -1;
+  int64_t token = 0;
 
   luaL_argcheck(L, timeout == timeout, 8, "not a number");
   luaL_argcheck(L, strlen(field) > 0 && strlen(field) < 200, 4, "bad field name");
@@ -618,7 +618,6 @@ static int l_watch_wait(lua_State *L) {
       if (r == 2) {
         res = "granted";
         token = grant->token;
-        grant_ms = grant->grant_ms;
         break;
       }
       if (r) { res = "event"; break; }
@@ -633,9 +632,7 @@ static int l_watch_wait(lua_State *L) {
   lua_pushstring(L, res);
   if (res[0] != 'g') return 1;
   ml_pushint64(L, token);
-  if (grant_ms >= 0) lua_pushinteger(L, (lua_Integer)grant_ms);
-  else lua_pushnil(L);
-  return 3;
+  return 2;
 }
 
 void ml_watch_stats(ml_client *c, ml_watch_counts *out) {

@@ -182,20 +182,19 @@ function _M.wake(...)
   return require("mongolock.ngx.watch").wake(...)
 end
 
--- per process: acquisitions (won by an attempt, or granted by a release
--- and made from its change event without a command) and attempts sent
+-- per process: attempts sent, and acquisitions granted by a release and
+-- made from its change event without a command
 local counters = { pid = nil }
-local function stats()
-  local pid = getpid()
-  if counters.pid ~= pid then counters = { pid = pid, attempts = 0, won = 0, granted = 0 } end
+local function stats(pid)
+  pid = pid or getpid()
+  if counters.pid ~= pid then counters = { pid = pid, attempts = 0, granted = 0 } end
   return counters
 end
 
--- this worker's counters: attempts, won (by an attempt), granted (from a
--- release's event alone)
+-- this worker's counters: attempts, granted (from a release's event alone)
 function _M.stats()
   local c = stats()
-  return { attempts = c.attempts, won = c.won, granted = c.granted }
+  return { attempts = c.attempts, granted = c.granted }
 end
 
 -- A lease a release granted is bounded by the waiter's place in the queue
@@ -264,13 +263,13 @@ function _M.acquire(ctx, name, opts)
   -- table, not upvalues: see transport.run)
   local orphan = { ctx = ctx, name = name, owner = owner, waiter = waiter, tag = tag }
 
+  local c = stats(pid)
   local attempts = 0
   while true do
     attempts = attempts + 1
     local started = monotonic()
     attempt.polling = waiter and polling or nil
     local op = core.op_acquire(attempt)
-    local c = stats()
     c.attempts = c.attempts + 1
     local reply, aerr, acode, ereply = run(ctx.spec, op, job_deadline, orphaned, orphan)
     if not reply then
@@ -289,7 +288,6 @@ function _M.acquire(ctx, name, opts)
     if info.won then
       local lease = { name = name, owner = owner, token = info.token, ttl = ttl, deadline = started + ttl,
                       ctx = ctx, waited = attempts > 1 }
-      c.won = c.won + 1
       local remaining = info.remaining
       if type(remaining) == "number" and remaining < ttl then
         -- a lock a release granted to this waiter: its lease is bounded by

@@ -12,13 +12,13 @@
 -- attempt; field is the owner field the core's filter reads (core.op_watch:
 -- "owner" for named locks and the shared kinds, a document lock's owner
 -- field), waiter the queued waiter's id (nil: a document lock, which keeps
--- no queue).  Answers as core.watch_wait: "event" | "granted", token,
--- grant_ms (the release granted the lock to waiter in the same write) |
+-- no queue).  Answers as core.watch_wait: "event" | "granted", token (the
+-- release granted the lock to waiter in the same write) |
 -- "timeout" | "retry" (attempt again at once) | nil, message (no stream:
 -- no replica set, or the stream failed lately; the caller polls, or with
 -- wait = "watch" gives up).
 --
---   waited, res, token, grant_ms = watch.wake(ctx, name, waiter, info, seconds)
+--   waited, res, token = watch.wake(ctx, name, waiter, info, seconds)
 --
 -- the same for mongolock.ngx.locks: true and wait's answer when it waited,
 -- nil when there is no stream to wait on.
@@ -322,7 +322,7 @@ function _M.wait(ctx, field, id, waiter, ot, seconds)
     if (ev.key == nil or ev.key == key) and (ev.next == "" or mine == nil or ev.next == mine)
         and before(ot.t, ot.i, ev.t, ev.i) then
       c.retries = c.retries + 1
-      if waiter and ev.owner == waiter and ev.key ~= nil then return "granted", ev.token, ev.grant_ms end
+      if waiter and ev.owner == waiter and ev.key ~= nil then return "granted", ev.token end
       return "event"
     end
   end
@@ -348,7 +348,7 @@ function _M.wait(ctx, field, id, waiter, ot, seconds)
   if why == "retry" then return "retry" end
   if why == nil then return "timeout" end
   local g = rec.grant
-  if g then return "granted", g.token, g.grant_ms end
+  if g then return "granted", g.token end
   return "event"
 end
 
@@ -356,9 +356,9 @@ end
 function _M.wake(ctx, name, waiter, info, seconds)
   local ot = info and info.operation_time
   if not ot then return nil end
-  local res, a, b = _M.wait(ctx, "owner", name, waiter, ot, seconds)
+  local res, token = _M.wait(ctx, "owner", name, waiter, ot, seconds)
   if res == nil then return nil end
-  return true, res, a, b
+  return true, res, token
 end
 
 -- the stream's context for a waiter of mongolock.wait whose round trips go
