@@ -6,7 +6,6 @@
 
 const BSON = require('bson');
 const { decode } = require('./bsoncache');
-const { encodeInto } = require('./bsonwrite');
 
 const OP_REPLY = 1;
 const OP_QUERY = 2004;
@@ -222,15 +221,12 @@ class Connection {
     // The body is encoded into a scratch buffer after room for the header,
     // then header, body and the cluster-time tail go out in one new buffer.
     const headLen = opCode === OP_MSG ? 21 : 36;
+    let end = -1;
     let src = scratch;
-    let end = encodeInto(body, scratch, headLen);
-    if (end < 0) {
-      try {
-        end = BSON.serializeWithBufferAndIndex(body, scratch, Object.assign({ index: headLen }, ENCODE)) + 1;
-      } catch (e) {
-        if (!(e instanceof RangeError)) throw e;
-        end = -1;
-      }
+    try {
+      end = BSON.serializeWithBufferAndIndex(body, scratch, Object.assign({ index: headLen }, ENCODE)) + 1;
+    } catch (e) {
+      if (!(e instanceof RangeError)) throw e;
     }
     if (end < 0 || end > scratch.length) {
       // larger than the scratch buffer: encode on its own
