@@ -43,6 +43,7 @@ typedef struct renew_item {
   ml_lease *lease;              /* one reference owned by this item */
   int release;                  /* collected while held: release, then drop */
   double retry_at;              /* after a failed renewal: not before this */
+  int counted;                  /* its loss is in the lost counter */
 } renew_item;
 
 typedef struct ml_renew {
@@ -138,6 +139,8 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
     if (it->release) return it;
     pthread_mutex_lock(&l->mu);
     if (!l->held || (!l->renew && !l->topup_at) || st->stop) {
+      /* lost: also when the Lua side saw the local deadline pass first */
+      if (l->lost && !it->counted) st->lost++;
       drop = 1;
     } else if (l->ending) {
       /* the Lua side is releasing it: no renewal, no verdict */
@@ -145,6 +148,7 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
       l->held = 0;
       l->lost = 1;
       st->lost++;
+      it->counted = 1;
       drop = 1;
     } else {
       double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
@@ -202,7 +206,10 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
      * (ml_lease_extend marked it lost; a release under way or done is
      * not a loss and leaves it alone) */
     pthread_mutex_lock(&l->mu);
-    if (l->lost && !l->ending) st->lost++;
+    if (l->lost && !l->ending) {
+      st->lost++;
+      it->counted = 1;
+    }
     pthread_mutex_unlock(&l->mu);
   } else {
     st->failures++;
