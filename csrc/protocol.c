@@ -48,10 +48,14 @@
        "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), \
        "l", BCON_INT64(L), "h", "{", "$literal", BCON_DOCUMENT(H), "}", "}"
 
-/* the first live watching entry of the queue (an object), null when none */
+/* the first live watching entry of the queue (an object), null when none:
+ * ML_WATCHING(LIVE_QUEUE) in one pass */
 #define HEAD_ENTRY                                                                 \
-  "{", "$ifNull", "[", "{", "$arrayElemAt", "[", ML_WATCHING(LIVE_QUEUE), BCON_INT32(0), "]", "}", \
-    BCON_NULL, "]", "}"
+  "{", "$ifNull", "[", "{", "$arrayElemAt", "[",                                   \
+    "{", "$filter", "{", "input", QUEUE_ARRAY,                                     \
+      "cond", "{", "$and", "[", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", \
+                              "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "]", "}", \
+      "}", "}", BCON_INT32(0), "]", "}", BCON_NULL, "]", "}"
 
 /* ---- operations -------------------------------------------------------- */
 
@@ -143,46 +147,46 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
     BCON_UTF8(W), "]", "}"
 
 /*
- * The hand-over of a named lock, stages k, k+1, k+2 of an update pipeline
- * (keys "k"...), applied when rel's "r" (an expression) is true: the lock
- * goes to the first live watching waiter of the queue in the same write
- * (its id the owner, a new token, a lease of its own l ms bounded by its
- * entry's until, its holder), out of the queue, and next names it (which
- * routes the event to its process, csrc/watch.c), unless a share or
- * permit is live; with nobody to hand it to, the lock is freed (owner null, expiresAt $$NOW, next null).  When
- * rel is false nothing changes.  The caller unsets _mlr and _mlh.
+ * The hand-over of a named lock, two stages of an update pipeline (keys
+ * k and k+1), applied when rel is true: the lock goes to the first live
+ * watching waiter of the queue (_mlh) in the same write (its id the owner,
+ * a new token, a lease of its own l ms bounded by its entry's until, its
+ * holder), out of the queue, and next names it (which routes the event to
+ * its process, csrc/watch.c), unless a share or permit is live; with
+ * nobody to hand it to, the lock is freed (owner null, expiresAt $$NOW,
+ * next null).  When rel is false nothing changes.
+ *
+ * GRANT_STAGES(K0, K1, IF_R, OK...) spells both stages: IF_R(NEW, OLD) is
+ * the value of a field the hand-over frees (NEW when rel holds, else OLD),
+ * OK the condition for a grant (no live holders, and rel).  A release's rel is always
+ * true (IF_ALWAYS: the values as they are); a leave's is an expression
+ * the caller sets as _mlr in a stage before (IF_MLR).  The caller unsets
+ * _mlh (and _mlr).
  */
-static void grant_stages(bson_t *u, int k, const bson_t *rel) {
-  char k0[12], k1[12], k2[12];
-  bson_iter_t r;
-  bson_iter_init_find(&r, rel, "r");
-  bson_snprintf(k0, sizeof k0, "%d", k);
-  bson_snprintf(k1, sizeof k1, "%d", k + 1);
-  bson_snprintf(k2, sizeof k2, "%d", k + 2);
-  BCON_APPEND(u,
-    k0, "{", "$set", "{", "_mlr", BCON_ITER(&r), "}", "}",
-    /* nobody is granted the lock while a share or permit is live */
-    k1, "{", "$set", "{", "_mlh", "{", "$cond", "[", "{", "$and", "[", "$_mlr", NO_LIVE_HOLDERS, "]", "}",
-                                   HEAD_ENTRY, BCON_NULL, "]", "}", "}", "}",
-    k2, "{", "$set", "{",
-      ML_F_OWNER, "{", "$cond", "[", "$_mlh", "$_mlh.w",
-                    "{", "$cond", "[", "$_mlr", BCON_NULL, "$" ML_F_OWNER, "]", "}", "]", "}",
-      ML_F_TOKEN, "{", "$cond", "[", "$_mlh", ML_NEXT_TOKEN, "$" ML_F_TOKEN, "]", "}",
-      ML_F_ACQUIRED, "{", "$cond", "[", "$_mlh", "$$NOW", "$" ML_F_ACQUIRED, "]", "}",
-      ML_F_EXPIRES, "{", "$cond", "[", "$_mlh",
-                      "{", "$min", "[", "{", "$add", "[", "$$NOW", "$_mlh.l", "]", "}",
-                                        "$_mlh.until", "]", "}",
-                      "{", "$cond", "[", "$_mlr", "$$NOW", "$" ML_F_EXPIRES, "]", "}", "]", "}",
-      ML_F_HOLDER, "{", "$cond", "[", "$_mlh", "{", "$ifNull", "[", "$_mlh.h", BCON_NULL, "]", "}",
-                      "$" ML_F_HOLDER, "]", "}",
-      ML_F_QUEUE, "{", "$cond", "[", "$_mlh",
-                    "{", "$filter", "{", "input", LIVE_QUEUE,
-                      "cond", "{", "$ne", "[", "$$this.w", "$_mlh.w", "]", "}", "}", "}",
-                    "$" ML_F_QUEUE, "]", "}",
-      ML_F_NEXT, "{", "$cond", "[", "$_mlh", "{", "$concat", "[", "$_mlh.t", "$_mlh.w", "]", "}",
-                   "{", "$cond", "[", "$_mlr", BCON_NULL, "$" ML_F_NEXT, "]", "}", "]", "}",
-    "}", "}");
-}
+#define IF_ALWAYS(NEW, OLD) NEW
+#define IF_MLR(NEW, OLD) "{", "$cond", "[", "$_mlr", NEW, OLD, "]", "}"
+#define GRANT_STAGES(K0, K1, IF_R, ...)                                            \
+  K0, "{", "$set", "{", "_mlh", "{", "$cond", "[", __VA_ARGS__, HEAD_ENTRY, BCON_NULL, "]", "}", "}", "}", \
+  K1, "{", "$set", "{",                                                            \
+    ML_F_OWNER, "{", "$cond", "[", "$_mlh", "$_mlh.w", IF_R(BCON_NULL, "$" ML_F_OWNER), "]", "}", \
+    ML_F_TOKEN, "{", "$cond", "[", "$_mlh", ML_NEXT_TOKEN, "$" ML_F_TOKEN, "]", "}", \
+    ML_F_ACQUIRED, "{", "$cond", "[", "$_mlh", "$$NOW", "$" ML_F_ACQUIRED, "]", "}", \
+    ML_F_EXPIRES, "{", "$cond", "[", "$_mlh",                                      \
+                    "{", "$min", "[", "{", "$add", "[", "$$NOW", "$_mlh.l", "]", "}", \
+                                      "$_mlh.until", "]", "}",                     \
+                    IF_R("$$NOW", "$" ML_F_EXPIRES), "]", "}",                     \
+    ML_F_HOLDER, "{", "$cond", "[", "$_mlh", "{", "$ifNull", "[", "$_mlh.h", BCON_NULL, "]", "}", \
+                    "$" ML_F_HOLDER, "]", "}",                                     \
+    /* the live queue without _mlh, in one pass */                                 \
+    ML_F_QUEUE, "{", "$cond", "[", "$_mlh",                                        \
+                  "{", "$filter", "{", "input", QUEUE_ARRAY,                       \
+                    "cond", "{", "$and", "[",                                      \
+                      "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}",          \
+                      "{", "$ne", "[", "$$this.w", "$_mlh.w", "]", "}", "]", "}", "}", "}", \
+                  "$" ML_F_QUEUE, "]", "}",                                        \
+    ML_F_NEXT, "{", "$cond", "[", "$_mlh", "{", "$concat", "[", "$_mlh.t", "$_mlh.w", "]", "}", \
+                 IF_R(BCON_NULL, "$" ML_F_NEXT), "]", "}",                         \
+  "}", "}"
 
 /*
  * The parts of an acquire that no attempt changes, built once (a try's
@@ -201,12 +205,11 @@ static struct {
   bson_t *fields_try;           /* FIELDS("") */
   bson_t *release_named;        /* a named lock's release pipeline: it
                                    grants the lock to the queue's first live
-                                   watching waiter (grant_stages) */
+                                   watching waiter (GRANT_STAGES) */
 } K;
 static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
 static void k_init(void) {
-  bson_t *k_true = BCON_NEW("r", BCON_BOOL(true));
   K.stage0 = BCON_NEW("$set", "{", "_mlq", LIVE_QUEUE, "}");
   K.takes_try = BCON_NEW(STAGE_TAKES(""));
   K.owned_try = BCON_NEW("$set", "{", "_mlo", BCON_BOOL(false), "}");
@@ -218,10 +221,8 @@ static void k_init(void) {
     ML_F_NEXT, ML_IF_TAKEN("$" ML_F_NEXT, BCON_NULL));
   K.stage3 = BCON_NEW("$unset", "[", "_mlq", "_mlt", "_mlo", "]");
   K.fields_try = BCON_NEW(FIELDS(""));
-  K.release_named = bson_new();
-  grant_stages(K.release_named, 0, k_true);
-  BCON_APPEND(K.release_named, "3", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
-  bson_destroy(k_true);
+  K.release_named = BCON_NEW(GRANT_STAGES("0", "1", IF_ALWAYS, NO_LIVE_HOLDERS),
+                             "2", "{", "$unset", "[", "_mlh", "]", "}");
 }
 
 /* the field key of a constant part */
@@ -489,7 +490,6 @@ void ml_leave_stages(bson_t *u, const char *queue, const char *waiter, const cha
 void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *name,
                     const char *waiter, const char *tag) {
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, on = BSON_INITIALIZER;
-  bson_t rel = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name),
               "$or", "[", "{", ML_F_QUEUE ".w", BCON_UTF8(waiter), "}",
                           "{", ML_F_OWNER, BCON_UTF8(waiter), "}", "]");
@@ -497,11 +497,11 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
   ml_leave_stages(&u, ML_F_QUEUE, waiter, tag, &on);
   bson_destroy(&on);
   /* a lock already granted to the waiter goes on to the next one */
-  BCON_APPEND(&rel, "r", "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(waiter), "]", "}");
-  grant_stages(&u, 2, &rel);
-  BCON_APPEND(&u, "5", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
+  BCON_APPEND(&u,
+    "2", "{", "$set", "{", "_mlr", "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(waiter), "]", "}", "}", "}",
+    GRANT_STAGES("3", "4", IF_MLR, "{", "$and", "[", "$_mlr", NO_LIVE_HOLDERS, "]", "}"),
+    "5", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
   ml_op_update(op, db, coll, &q, &u, 1);
-  bson_destroy(&rel);
   bson_destroy(&q);
   bson_destroy(&u);
 }

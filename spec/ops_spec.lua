@@ -55,10 +55,21 @@ describe("#unit ops (builders, no server)", function()
     assert.same({ _id = "n", owner = OWNER }, r.cmd.updates[1].q)
     -- a named lock's release grants it to the first live watching waiter
     -- (_mlh), else frees it
-    local set = r.cmd.updates[1].u[3]["$set"]
-    assert.same({ "$_mlh", "$_mlh.w", { ["$cond"] = { "$_mlr", core.null, "$owner" } } }, set.owner["$cond"])
-    assert.same({ "$_mlr", "$$NOW", "$expiresAt" }, set.expiresAt["$cond"][3]["$cond"])
+    local u = r.cmd.updates[1].u
+    assert.equal(3, #u)
+    assert.is_table(u[1]["$set"]._mlh)
+    local set = u[2]["$set"]
+    assert.same({ "$_mlh", "$_mlh.w", core.null }, set.owner["$cond"])
+    assert.equal("$$NOW", set.expiresAt["$cond"][3])
     assert.same({ { ["$add"] = { "$$NOW", "$_mlh.l" } }, "$_mlh.until" }, set.expiresAt["$cond"][2]["$min"])
+    assert.same({ ["$unset"] = { "_mlh" } }, u[3])
+    -- a leave hands a lock already granted to its waiter on the same way,
+    -- when _mlr (that grant) holds, else frees nothing
+    local lv = decode(core.op_leave{ db = "d", coll = "c", name = "n", waiter = ("b"):rep(32), tag = TAG })
+    local lset = lv.cmd.updates[1].u[5]["$set"]
+    assert.same({ "$_mlh", "$_mlh.w", { ["$cond"] = { "$_mlr", core.null, "$owner" } } }, lset.owner["$cond"])
+    assert.same({ "$_mlr", "$$NOW", "$expiresAt" }, lset.expiresAt["$cond"][3]["$cond"])
+    assert.same({ ["$unset"] = { "_mlr", "_mlh" } }, lv.cmd.updates[1].u[6])
     local x = decode(core.op_extend{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 1500 })
     assert.same({ "$$NOW", 1500 }, x.cmd.updates[1].u[1]["$set"].expiresAt["$add"])
     local f = decode(core.op_force_release{ db = "d", coll = "c", name = "n" })
