@@ -24,6 +24,11 @@
 -- attempts, releases, the streams' aggregate and getMore, everything; the
 -- steady state counts only between the 20% and the 90% mark of the
 -- hand-offs (every process connected and its stream open, none gone).
+--
+-- Below the table: one uncontended cycle (try + release) after --hold of
+-- idle time, against the same cycle back to back.  A hand-off's release
+-- comes after the hold, when its process and the server have been idle;
+-- the cycles table measures hot cycles only.
 
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
@@ -207,7 +212,36 @@ local function run(client, mode, n, handoffs)
   }
 end
 
+-- One uncontended cycle (try + release, the cycles table's) right after
+-- the hold's idle time, as a hand-off's release comes, and back to back:
+-- what the idle time alone costs on this machine (a process and the
+-- server woken from idle run their next commands slower than hot ones).
+-- Medians in ms: n cycles each after idle, their try alone, and 2n back
+-- to back (after as many unmeasured ones).
+local function idle_cycles(client, n)
+  local locks = client:locks({ database = DB, collection = "handoff-idle" })
+  local function cycle()
+    local t0 = monotonic()
+    local h = assert(locks:try("idle"))
+    local t1 = monotonic()
+    assert(h:release())
+    return (monotonic() - t0) * 1000, (t1 - t0) * 1000
+  end
+  local idle, hot, try = {}, {}, {}
+  for i = 1, 4 * n do
+    local ms = cycle()
+    if i > 2 * n then hot[#hot + 1] = ms end
+  end
+  for i = 1, n do
+    core.sleep(opts.hold / 1000)
+    idle[i], try[i] = cycle()
+  end
+  table.sort(idle); table.sort(hot); table.sort(try)
+  return percentile(idle, 0.5), percentile(hot, 0.5), percentile(try, 0.5)
+end
+
 local client = assert(mongolock.connect(uri, { appname = "handoff-coordinator" }))
+local idle_ms, hot_ms, idle_try_ms = idle_cycles(client, 60)
 local rows = {}
 for mode in tostring(opts.modes):gmatch("[^,]+") do
   for n in tostring(opts.waiters):gmatch("[^,]+") do
@@ -230,4 +264,7 @@ end
 io.write("\nserver commands / acquisition: the whole run (connections, streams and\n"
   .. "the last waiters' exits included); steady state: between the 20% and the\n"
   .. "90% mark of the hand-offs.\n")
-io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))
+io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))io.write(format("\nOne uncontended cycle (try + release) after %s ms idle, as a hand-off's "
+  .. "release comes: median %.3f ms (its try alone %.3f ms); the same cycle back to back: %.3f ms "
+  .. "(60 cycles after idle, 120 back to back, before the hand-offs).\n", tostring(opts.hold), idle_ms, idle_try_ms, hot_ms))
+
