@@ -264,7 +264,9 @@ end
 io.write("\nserver commands / acquisition: the whole run (connections, streams and\n"
   .. "the last waiters' exits included); steady state: between the 20% and the\n"
   .. "90% mark of the hand-offs.\n")
-io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))io.write(format("\nOne uncontended cycle (try + release) after %s ms idle, as a hand-off's "
+io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))
+io.write(format("\nOne uncontended cycle (try + release) after %s ms idle, as a hand-off's "
   .. "release comes: median %.3f ms (its try alone %.3f ms); the same cycle back to back: %.3f ms "
-  .. "(60 cycles after idle, 120 back to back, before the hand-offs).\n", tostring(opts.hold), idle_ms, idle_try_ms, hot_ms))
+  .. "(60 cycles after idle, 120 back to back, before the hand-offs).\n",
+  tostring(opts.hold), idle_ms, idle_try_ms, hot_ms))
 
