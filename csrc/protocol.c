@@ -605,8 +605,30 @@ static void release_clauses(bson_t *or_, int *n, const char *field, const char *
       k1, "{", "operationType", optype, next, BCON_REGEX(re, ""), "}");
 }
 
+/*
+ * The parts of an event that ml_parse_event reads, for the stream's
+ * $project: a granting release's event would otherwise carry the diff of
+ * the whole queue (its update description) to the waiter, which reads five
+ * fields of it.  _id (the resume token) stays, as a change stream needs.
+ */
+static void event_fields(bson_t *keep, const char *field) {
+  static const char *const prefixes[] = {"updateDescription.updatedFields.", "fullDocument."};
+  const char *names[] = {field, ML_F_OWNER, ML_F_NEXT, ML_F_TOKEN, ML_F_ACQUIRED, ML_F_EXPIRES};
+  char path[300];
+  size_t p, i, j;
+  BCON_APPEND(keep, "operationType", BCON_INT32(1), "clusterTime", BCON_INT32(1),
+              "documentKey", BCON_INT32(1), "updateDescription.removedFields", BCON_INT32(1));
+  for (p = 0; p < 2; p++)
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+      for (j = 0; j < i && strcmp(names[j], names[i]) != 0; j++) {}
+      if (j < i) continue;      /* the owner field may be one of the others */
+      bson_snprintf(path, sizeof path, "%s%s", prefixes[p], names[i]);
+      BSON_APPEND_INT32(keep, path, 1);
+    }
+}
+
 void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag) {
-  bson_t or_ = BSON_INITIALIZER;
+  bson_t or_ = BSON_INITIALIZER, keep;
   int n = 1;
   /* the document went away, or the stream ends */
   BCON_APPEND(&or_, "0", "{", "operationType", "{", "$in", "[",
@@ -619,7 +641,11 @@ void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag) {
   /* owner removed: a release by $unset */
   BCON_APPEND(&or_, "5", "{", "operationType", "update",
               "updateDescription.removedFields", BCON_UTF8(field), "}");
-  BCON_APPEND(out, "pipeline", "[", "{", "$match", "{", "$or", BCON_ARRAY(&or_), "}", "}", "]");
+  bson_init(&keep);
+  event_fields(&keep, field);
+  BCON_APPEND(out, "pipeline", "[", "{", "$match", "{", "$or", BCON_ARRAY(&or_), "}", "}",
+                                    "{", "$project", BCON_DOCUMENT(&keep), "}", "]");
+  bson_destroy(&keep);
   bson_destroy(&or_);
 }
 
@@ -631,15 +657,17 @@ void ml_build_watch_start(bson_t *out, uint32_t t, uint32_t i, const bson_t *res
 void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *field,
                     const char *tag, uint32_t t, uint32_t i, const bson_t *resume_token) {
   bson_t p = BSON_INITIALIZER, start = BSON_INITIALIZER;
-  bson_iter_t it, match;
+  bson_iter_t it, match, project;
   ml_build_watch_pipeline(&p, field, tag);
   bson_iter_init(&it, &p);
   bson_iter_find_descendant(&it, "pipeline.0", &match);
+  bson_iter_init(&it, &p);
+  bson_iter_find_descendant(&it, "pipeline.1", &project);
   ml_build_watch_start(&start, t, i, resume_token);
   ml_op_init(op, ML_RUN_COMMAND, db, coll);
   BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
               "pipeline", "[", "{", "$changeStream", BCON_DOCUMENT(&start), "}",
-                               BCON_ITER(&match), "]",
+                               BCON_ITER(&match), BCON_ITER(&project), "]",
               "cursor", "{", "}");
   bson_destroy(&start);
   bson_destroy(&p);

@@ -95,6 +95,22 @@ describe("#unit ops (builders, no server)", function()
     local cs = w.cmd.pipeline[1]["$changeStream"].startAtOperationTime
     assert.equal(5, cs.t)
     assert.is_table(w.cmd.pipeline[2]["$match"]["$or"])
+    -- the stream keeps of an event what parse_events reads, not the diff
+    -- of the whole queue a granting release writes
+    local keep = w.cmd.pipeline[3]["$project"]
+    assert.equal(1, keep["updateDescription.updatedFields.next"])
+    assert.equal(1, keep["fullDocument.owner"])
+    assert.equal(1, keep["updateDescription.removedFields"])
+    assert.is_nil(keep["updateDescription.updatedFields.queue"])
+    local n = 0
+    for _ in pairs(keep) do n = n + 1 end
+    assert.equal(14, n)
+    -- an owner field of a document lock is kept too, once
+    keep = decode(core.op_watch{ db = "d", coll = "c", tag = TAG, field = "lockedBy" }).cmd.pipeline[3]["$project"]
+    assert.equal(1, keep["updateDescription.updatedFields.lockedBy"])
+    n = 0
+    for _ in pairs(keep) do n = n + 1 end
+    assert.equal(16, n)
     local g = decode(core.op_getmore{ db = "d", coll = "c", cursor_id = "9007199254740993" })
     assert.equal("c", g.cmd.collection)
     assert.equal("9007199254740993", tostring(g.cmd.getMore):match("%d+"))

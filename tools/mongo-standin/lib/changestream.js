@@ -90,13 +90,16 @@ class ChangeStream {
       }
     }
     this.stages = rest.length ? pipeline.compileStages(rest) : null;
-    // a single $match without $expr: the event passes or not, unchanged
-    // (what the stages would answer), by its filter's $or branches shared
-    // with the other streams (see sharedMatcher)
-    this.match = rest.length === 1 && Object.keys(rest[0])[0] === '$match' ? sharedMatcher(rest[0].$match) : null;
-    // $match alone leaves the event document as it is: every such stream
-    // can share one per event (built once, not once per stream)
-    this.shared = fd !== 'updateLookup' && rest.every((st) => Object.keys(st)[0] === '$match');
+    // a leading $match without $expr: the event passes or not, unchanged
+    // (what that stage would answer), by its filter's $or branches shared
+    // with the other streams (see sharedMatcher); the stages after it
+    // (tail) then run on the events it passes
+    this.match = rest.length && Object.keys(rest[0])[0] === '$match' ? sharedMatcher(rest[0].$match) : null;
+    this.tail = this.match && rest.length > 1 ? pipeline.compileStages(rest.slice(1)) : null;
+    // stages never modify their input documents: every stream but an
+    // updateLookup one (its own fullDocument) can share one event
+    // document per event (built once, not once per stream)
+    this.shared = fd !== 'updateLookup';
     this.invalidated = false;
     this.closed = false;
   }
@@ -153,12 +156,9 @@ class ChangeStream {
       if (ev.op === 'dropDatabase' && this.coll !== null) evDoc = null; // collection streams see the drop first
       if (evDoc && this.match) {
         if (!this.match(evDoc)) evDoc = null;
+        else if (this.tail) evDoc = runStages(this.tail, evDoc);
       } else if (evDoc && this.stages) {
-        const r = this.stages([evDoc], { NOW: new Date() });
-        if (r.length && !V.identical(r[0]._id, evDoc._id)) {
-          fail(280, 'Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.');
-        }
-        evDoc = r.length ? r[0] : null;
+        evDoc = runStages(this.stages, evDoc);
       }
       if (evDoc) docs.push(evDoc);
       if (invalidating) {
@@ -175,6 +175,15 @@ class ChangeStream {
     // a stream whose wait goes on never reads it)
     return new HighWater(docs, this.after);
   }
+}
+
+// The event document out of a stream's stages, null when they drop it
+function runStages(stages, evDoc) {
+  const r = stages([evDoc], { NOW: new Date() });
+  if (r.length && !V.identical(r[0]._id, evDoc._id)) {
+    fail(280, 'Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.');
+  }
+  return r.length ? r[0] : null;
 }
 
 class HighWater {

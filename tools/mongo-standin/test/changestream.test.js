@@ -353,3 +353,33 @@ test('updateDescription applied to the previous version gives the new one, for q
   assert.deepEqual(events[3].updateDescription.truncatedArrays, [{ field: 'queue', newSize: 3 }]);
   await db.command({ killCursors: 'c', cursors: [cur.id] });
 });
+
+test('a $match of $or branches then $project: streams share the match and each projects its own copy', async () => {
+  const match = (tag) => ({ $match: { $or: [
+    { operationType: 'delete' },
+    { operationType: 'update', 'updateDescription.updatedFields.next': { $regex: `^${tag}` } },
+  ] } });
+  const project = { $project: { operationType: 1, documentKey: 1, 'updateDescription.updatedFields.next': 1 } };
+  const a = await open([{ $changeStream: {} }, match('a'), project]);
+  const b = await open([{ $changeStream: {} }, match('b'), project]);
+  const all = await open([{ $changeStream: {} }, match('a')]);
+  const c = db.collection('c');
+  // (pad: a diff much smaller than the document, so that mongod logs an
+  // update, not a replace)
+  await c.insertOne({ _id: 'p', next: null, queue: [1, 2, 3], pad: 'x'.repeat(200) });
+  await c.updateOne({ _id: 'p' }, [{ $set: { next: 'a1', queue: [2, 3] } }]);
+  await c.updateOne({ _id: 'p' }, [{ $set: { next: 'b1', queue: [3] } }]);
+  await c.deleteOne({ _id: 'p' });
+  const ea = await take(a.id, 2), eb = await take(b.id, 2), eall = await take(all.id, 2);
+  assert.deepEqual(ea.map((e) => e.operationType), ['update', 'delete']);
+  assert.deepEqual(ea[0].updateDescription, { updatedFields: { next: 'a1' } });
+  assert.deepEqual(Object.keys(ea[0]), ['_id', 'operationType', 'documentKey', 'updateDescription']);
+  assert.deepEqual(eb[0].updateDescription, { updatedFields: { next: 'b1' } });
+  assert.deepEqual(eb[1].documentKey, { _id: 'p' });
+  // the same event, unprojected, in a stream of the $match alone: the
+  // projections above took nothing from it
+  assert.equal(eall[0].updateDescription.updatedFields.next, 'a1');
+  assert.ok('queue' in eall[0].updateDescription.updatedFields || eall[0].updateDescription.truncatedArrays.length);
+  assert.ok(eall[0].clusterTime && eall[0].ns);
+  assert.equal(ea[1]._id._data, eall[1]._id._data);
+});
