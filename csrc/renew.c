@@ -43,7 +43,6 @@ typedef struct renew_item {
   ml_lease *lease;              /* one reference owned by this item */
   int release;                  /* collected while held: release, then drop */
   double retry_at;              /* after a failed renewal: not before this */
-  int counted;                  /* its loss is in the lost counter */
 } renew_item;
 
 typedef struct ml_renew {
@@ -139,16 +138,12 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
     if (it->release) return it;
     pthread_mutex_lock(&l->mu);
     if (!l->held || (!l->renew && !l->topup_at) || st->stop) {
-      /* lost: also when the Lua side saw the local deadline pass first */
-      if (l->lost && !it->counted) st->lost++;
       drop = 1;
     } else if (l->ending) {
       /* the Lua side is releasing it: no renewal, no verdict */
     } else if (now >= l->deadline) {
       l->held = 0;
       l->lost = 1;
-      st->lost++;
-      it->counted = 1;
       drop = 1;
     } else {
       double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
@@ -162,6 +157,9 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
       }
       if (l->deadline < *wake) *wake = l->deadline;
     }
+    /* every loss of a renewed lease is counted here, once, whoever found
+     * it: a renewal, this deadline, or the Lua side's own look at it */
+    if (drop && l->lost) st->lost++;
     pthread_mutex_unlock(&l->mu);
     if (drop) item_drop(st, it);
   }
@@ -198,20 +196,13 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
   r = ml_lease_extend(mc, st->c, l, ttl, started, &err);
   pthread_mutex_lock(&renew_mu);
   st->busy = NULL;
+  /* r == 0: matched nothing, expired and taken or the document gone
+   * (ml_lease_extend marked it lost, unless a release is under way or
+   * done): next_work drops it and counts the loss */
   if (r == 1) {
     st->renewals++;
     it->retry_at = 0;
-  } else if (r == 0) {
-    /* matched nothing: expired and taken, or the document is gone
-     * (ml_lease_extend marked it lost; a release under way or done is
-     * not a loss and leaves it alone) */
-    pthread_mutex_lock(&l->mu);
-    if (l->lost && !l->ending) {
-      st->lost++;
-      it->counted = 1;
-    }
-    pthread_mutex_unlock(&l->mu);
-  } else {
+  } else if (r < 0) {
     st->failures++;
     it->retry_at = ml_monotonic() + retry_delay(ttl);
   }

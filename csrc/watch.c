@@ -73,7 +73,7 @@ typedef struct watch_event {
                                    document's next: process tag and waiter
                                    id), "" = every waiter */
   char owner[33];               /* with next: granted to that waiter */
-  int64_t token, grant_ms;      /* with owner: the grant (ml_event) */
+  int64_t token;                /* with owner: the grant's token */
   uint32_t t, i;                /* clusterTime */
 } watch_event;
 
@@ -170,7 +170,6 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_eve
     memcpy(e->next, next, 49);
     memcpy(e->owner, ev->owner, 33);
     e->token = ev->token;
-    e->grant_ms = ev->grant_ms;
   }
   if (key) {
     e->key = (uint8_t *)malloc(keylen);

@@ -89,13 +89,13 @@ class ChangeStream {
         fail(20, `${name} is not permitted in a $changeStream pipeline`);
       }
     }
-    this.stages = rest.length ? pipeline.compileStages(rest) : null;
     // a leading $match without $expr: the event passes or not, unchanged
     // (what that stage would answer), by its filter's $or branches shared
-    // with the other streams (see sharedMatcher); the stages after it
-    // (tail) then run on the events it passes
+    // with the other streams (see sharedMatcher); stages: the ones after
+    // it, or all of them when there is no such $match
     this.match = rest.length && Object.keys(rest[0])[0] === '$match' ? sharedMatcher(rest[0].$match) : null;
-    this.tail = this.match && rest.length > 1 ? pipeline.compileStages(rest.slice(1)) : null;
+    const after = this.match ? rest.slice(1) : rest;
+    this.stages = after.length ? pipeline.compileStages(after) : null;
     // stages never modify their input documents: every stream but an
     // updateLookup one (its own fullDocument) can share one event
     // document per event (built once, not once per stream)
@@ -154,12 +154,8 @@ class ChangeStream {
       const invalidating = (this.coll !== null && (ev.op === 'drop' || ev.op === 'dropDatabase')) ||
         (this.coll === null && !this.allForCluster && ev.op === 'dropDatabase');
       if (ev.op === 'dropDatabase' && this.coll !== null) evDoc = null; // collection streams see the drop first
-      if (evDoc && this.match) {
-        if (!this.match(evDoc)) evDoc = null;
-        else if (this.tail) evDoc = runStages(this.tail, evDoc);
-      } else if (evDoc && this.stages) {
-        evDoc = runStages(this.stages, evDoc);
-      }
+      if (evDoc && this.match && !this.match(evDoc)) evDoc = null;
+      if (evDoc && this.stages) evDoc = runStages(this.stages, evDoc);
       if (evDoc) docs.push(evDoc);
       if (invalidating) {
         docs.push({ _id: tokenFor(ev.tsBig, true), operationType: 'invalidate', clusterTime: ev.ts, wallTime: ev.wall });
