@@ -151,18 +151,22 @@ local function run(client, mode, n, handoffs)
   -- hand-offs, when every process has connected and opened its stream and
   -- none has left yet (each snapshot's own serverStatus taken off)
   local warm_at, end_at = math.floor(handoffs * 0.2), math.floor(handoffs * 0.9)
-  local ow, sw, steady
+  local ow, mw, sw, steady, steady_lock
   local snaps = 0
   local until_t = monotonic() + 600
   while monotonic() < until_t do
     local sq = tonumber(read_file(dir .. "/seq") or "") or 0
     if not ow and sq >= warm_at then
-      ow, sw = opcount(client), sq
+      ow, mw = opcount(client)
+      sw = sq
       snaps = snaps + 1
     elseif ow and sq >= end_at then
-      local oe = opcount(client)
+      local oe, me = opcount(client)
       snaps = snaps + 1
-      if sq > sw then steady = (oe - ow - 1) / (sq - sw) end
+      if sq > sw then
+        steady = (oe - ow - 1) / (sq - sw)
+        steady_lock = (oe - ow - 1 - (me - mw)) / (sq - sw)
+      end
       break
     end
     core.sleep(0.002)
@@ -209,6 +213,7 @@ local function run(client, mode, n, handoffs)
     median = percentile(samples, 0.5), p99 = percentile(samples, 0.99),
     per_acq = (o1 - o0) / math.max(1, acquisitions + n),
     steady = steady,
+    steady_lock = steady_lock,
   }
 end
 
@@ -255,15 +260,19 @@ client:close()
 
 io.write(format("\n### Hand-off latency (%s, release -> next waiter's acquire, hold %s ms)\n\n",
   impl, tostring(opts.hold)))
-io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition | steady state |\n")
-io.write("|---|---:|---:|---:|---:|---:|---:|\n")
+io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition | steady state | steady state, lock commands |\n")
+io.write("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 for _, r in ipairs(rows) do
-  io.write(format("| %s | %d | %d | %.2f | %.2f | %.1f | %s |\n", r.mode, r.n, r.samples, r.median,
-    r.p99, r.per_acq, r.steady and format("%.2f", r.steady) or "-"))
+  io.write(format("| %s | %d | %d | %.2f | %.2f | %.1f | %s | %s |\n", r.mode, r.n, r.samples, r.median,
+    r.p99, r.per_acq, r.steady and format("%.2f", r.steady) or "-",
+    r.steady_lock and format("%.2f", r.steady_lock) or "-"))
 end
 io.write("\nserver commands / acquisition: the whole run (connections, streams and\n"
   .. "the last waiters' exits included); steady state: between the 20% and the\n"
-  .. "90% mark of the hand-offs.\n")
+  .. "90% mark of the hand-offs; lock commands: the steady state less the\n"
+  .. "drivers' server monitoring (hello and isMaster in serverStatus\n"
+  .. "metrics.commands: each process's connection pool sends one every\n"
+  .. "heartbeat, 10 s, however many acquisitions it makes).\n")
 io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))
 io.write(format("\nOne uncontended cycle (try + release) after %s ms idle, as a hand-off's "
   .. "release comes: median %.3f ms (its try alone %.3f ms); the same cycle back to back: %.3f ms "

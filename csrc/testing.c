@@ -242,8 +242,9 @@ static int l_delete(lua_State *L) {
 }
 
 /* opcounters(client) -> {insert=, query=, update=, delete=, getmore=,
- * command=}: one serverStatus, for specs and benchmarks that count round
- * trips */
+ * command=, commands = {name = total, ...}}: one serverStatus, for specs
+ * and benchmarks that count round trips (commands: metrics.commands, each
+ * command's total by name) */
 static int l_opcounters(lua_State *L) {
   mongoc_client_t *mc = conn(L);
   bson_t cmd = BSON_INITIALIZER, reply;
@@ -267,6 +268,20 @@ static int l_opcounters(lua_State *L) {
       }
     }
   }
+  lua_newtable(L);
+  if (bson_iter_init_find(&it, &reply, "metrics") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+      bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "commands") &&
+      BSON_ITER_HOLDS_DOCUMENT(&sub) && bson_iter_recurse(&sub, &it)) {
+    while (bson_iter_next(&it)) {
+      bson_iter_t total;
+      if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &total) &&
+          bson_iter_find(&total, "total") && BSON_ITER_HOLDS_NUMBER(&total)) {
+        lua_pushnumber(L, (lua_Number)bson_iter_as_int64(&total));
+        lua_setfield(L, -2, bson_iter_key(&it));
+      }
+    }
+  }
+  lua_setfield(L, -2, "commands");
   bson_destroy(&reply);
   return 1;
 }

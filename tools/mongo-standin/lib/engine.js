@@ -134,6 +134,7 @@ class Engine {
     this.txn = null;         // the retryable write being executed
     this.retried = new Map(); // session -> { txn, body }: retryable writes' results
     this.counters = { insert: 0, query: 0, update: 0, delete: 0, getmore: 0, command: 0 };
+    this.commandMetrics = new Map(); // name -> {failed, total}
     this.startedAt = Date.now();
     this.ttlSecs = opts.ttlMonitorSecs === undefined ? 60 : opts.ttlMonitorSecs;
     this.ttlPasses = 0;
@@ -230,16 +231,42 @@ class Engine {
   // Returns a reply document, a Promise of one, or {closeConnection: true}.
   run(cmd, conn) {
     const name = Object.keys(cmd)[0];
+    const m = this.commandMetric(name);
+    m.total += 1;
+    let r;
     const fp = this.failpoint && name !== 'configureFailPoint' ? this.failFor(name, conn) : null;
-    if (fp) return this.runFailing(fp, name, cmd, conn);
-    // a getMore's reply may be sent from the write that ends its wait
-    // (no fail point may still change that reply)
-    this.direct = conn;
-    try {
-      return this.runCommand(name, cmd, conn);
-    } finally {
-      this.direct = null;
+    if (fp) r = this.runFailing(fp, name, cmd, conn);
+    else {
+      // a getMore's reply may be sent from the write that ends its wait
+      // (no fail point may still change that reply)
+      this.direct = conn;
+      try {
+        r = this.runCommand(name, cmd, conn);
+      } finally {
+        this.direct = null;
+      }
     }
+    if (r && typeof r.then === 'function') {
+      return r.then((b) => {
+        if (b && b.ok === 0) m.failed += 1;
+        return b;
+      });
+    }
+    if (r && r.ok === 0) m.failed += 1;
+    return r;
+  }
+
+  // serverStatus's metrics.commands.<name>: {failed, total}, as mongod
+  // counts every command it runs (under its own name, aliases under the
+  // command's; names it does not know under <UNKNOWN>)
+  commandMetric(name) {
+    const key = COMMANDS[name] ? name : ALIASES[name] && COMMANDS[ALIASES[name]] ? ALIASES[name] : '<UNKNOWN>';
+    let m = this.commandMetrics.get(key);
+    if (m === undefined) {
+      m = { failed: 0, total: 0 };
+      this.commandMetrics.set(key, m);
+    }
+    return m;
   }
 
   runCommand(name, cmd, conn) {
@@ -562,7 +589,11 @@ COMMANDS.serverStatus = function () {
       totalCreated: new Int32(this.connections.totalCreated) },
     opcounters: { insert: Long.fromNumber(c.insert), query: Long.fromNumber(c.query), update: Long.fromNumber(c.update),
       delete: Long.fromNumber(c.delete), getmore: Long.fromNumber(c.getmore), command: Long.fromNumber(c.command) },
-    metrics: { ttl: { passes: Long.fromNumber(this.ttlPasses), deletedDocuments: Long.fromNumber(this.ttlDeleted) } },
+    metrics: {
+      commands: Object.fromEntries([...this.commandMetrics].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))
+        .map(([k, v]) => [k, { failed: Long.fromNumber(v.failed), total: Long.fromNumber(v.total) }])),
+      ttl: { passes: Long.fromNumber(this.ttlPasses), deletedDocuments: Long.fromNumber(this.ttlDeleted) },
+    },
     storageEngine: { name: 'inMemory', persistent: false },
     ok: 1,
   };

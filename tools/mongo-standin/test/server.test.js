@@ -120,6 +120,27 @@ test('serverStatus opcounters: insert per document, update/delete per statement,
   assert.ok(d('command') >= 2, `command delta ${d('command')}`);
 });
 
+test('serverStatus metrics.commands: total and failed per command name', async () => {
+  const db = env.db('ops');
+  const admin = env.client.db('admin');
+  await db.collection('m').insertOne({ _id: 0 });
+  const get = async () => (await admin.command({ serverStatus: 1 }, { promoteLongs: false })).metrics.commands;
+  const n = (m, name, k) => (m[name] ? Number(m[name][k]) : 0);
+  const m0 = await get();
+  await db.command({ findAndModify: 'm', query: { _id: 0 }, update: { $set: { a: 1 } } });
+  await db.command({ findAndModify: 'm', query: { _id: 0 }, update: { $set: { a: 2 } } });
+  await assert.rejects(db.command({ findAndModify: 'm', query: { _id: 0 }, update: { $bogus: { a: 1 } } }));
+  await db.command({ ping: 1 });
+  const m1 = await get();
+  const same = external ? (a, b) => assert.ok(a >= b, `${a} >= ${b}`) : (a, b) => assert.equal(a, b);
+  same(n(m1, 'findAndModify', 'total') - n(m0, 'findAndModify', 'total'), 3);
+  same(n(m1, 'findAndModify', 'failed') - n(m0, 'findAndModify', 'failed'), 1);
+  same(n(m1, 'ping', 'total') - n(m0, 'ping', 'total'), 1);
+  same(n(m1, 'serverStatus', 'total') - n(m0, 'serverStatus', 'total'), 1);
+  assert.ok(n(m1, 'hello', 'total') + n(m1, 'isMaster', 'total') >= 1, 'the handshake counts');
+  assert.ok(m1.findAndModify.total instanceof Long);
+});
+
 test('libmongoc 1.23 accepts the server: single client, pool with replicaSet=rs0, and no replicaSet', async () => {
   const exe = compileC('mongoc_probe.c');
   const base = env.uri;
