@@ -10,6 +10,7 @@ const V = require('./values');
 const pipeline = require('./pipeline');
 const query = require('./query');
 const { tsBig } = require('./store');
+const diff = require('./diff');
 const { fail } = require('./errors');
 const { Timestamp } = V;
 
@@ -96,6 +97,9 @@ class ChangeStream {
     this.match = rest.length && Object.keys(rest[0])[0] === '$match' ? sharedMatcher(rest[0].$match) : null;
     const after = this.match ? rest.slice(1) : rest;
     this.stages = after.length ? pipeline.compileStages(after) : null;
+    // whether the stream may read an update's description without the
+    // updated fields under sub-diffs (diff.js: describe)
+    this.pathsOnly = pathsOnly(rest);
     // stages never modify their input documents: every stream but an
     // updateLookup one (its own fullDocument) can share one event
     // document per event (built once, not once per stream)
@@ -150,6 +154,7 @@ class ChangeStream {
       const ev = log[i];
       this.after = ev.tsBig;
       if (!this.relevant(ev)) continue;
+      if (ev.op === 'update' && !this.pathsOnly) diff.complete(ev.desc);
       let evDoc = this.shared ? (ev.shared || (ev.shared = this.eventDoc(ev))) : this.eventDoc(ev);
       const invalidating = (this.coll !== null && (ev.op === 'drop' || ev.op === 'dropDatabase')) ||
         (this.coll === null && !this.allForCluster && ev.op === 'dropDatabase');
@@ -171,6 +176,45 @@ class ChangeStream {
     // a stream whose wait goes on never reads it)
     return new HighWater(docs, this.after);
   }
+}
+
+// Whether a stream's stages (after $changeStream) see an update event only
+// through field paths, up to an inclusion $project that keeps neither the
+// updateDescription nor its updatedFields whole: $match stages without
+// $expr, $where or the like and without a condition on those two, then such
+// a $project. What that projection lets through holds no field of the
+// description's updatedFields but those it named, and no path reaches an
+// updated field under a sub-diff (its name has a dot): the event is sent
+// the same whether those are described or not.
+const WHOLE = new Set(['updateDescription', 'updateDescription.updatedFields']);
+
+function filterPathsOnly(f) {
+  if (!V.isPlainDoc(f)) return false;
+  for (const k of Object.keys(f)) {
+    if (k === '$and' || k === '$or' || k === '$nor') {
+      if (!Array.isArray(f[k]) || !f[k].every(filterPathsOnly)) return false;
+    } else if (k[0] === '$' || WHOLE.has(k)) return false;
+  }
+  return true;
+}
+
+function pathsOnly(stages) {
+  for (const st of stages) {
+    const name = Object.keys(st)[0], arg = st[name];
+    if (name === '$match') { if (!filterPathsOnly(arg)) return false; continue; }
+    if (name !== '$project' || !V.isPlainDoc(arg)) return false;
+    const keys = Object.keys(arg);
+    let included = false;
+    for (const k of keys) {
+      const v = arg[k];
+      if (!(V.isNumber(v) || typeof v === 'boolean')) return false; // a computed field or a sub-projection
+      if (!V.truthy(v)) { if (k !== '_id') return false; continue; } // an exclusion keeps the rest whole
+      if (WHOLE.has(k) || k[0] === '$') return false;
+      included = true;
+    }
+    return included;
+  }
+  return false; // no such $project: the event goes out whole
 }
 
 // The event document out of a stream's stages, null when they drop it

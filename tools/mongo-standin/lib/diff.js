@@ -92,7 +92,8 @@ const elementSize = (nameLen, v) => 2 + nameLen + valueSize(v);
 // {a: true, u<index>, s<index>, l}) is {doc: false, e, l}: e a flat
 // [kind ('u' or 's'), index as a string, value or node, ...] list, l the
 // new size (an Int32) when it got shorter. Every node has its BSON size in
-// mongod's form (size). Names come out of u, i and d in the order mongod's
+// mongod's form (size), and dl: whether it or a node under it removes a
+// field or cuts an array. Names come out of u, i and d in the order mongod's
 // objects would list them: fields whose names are array indexes ("0",
 // "17") first, ascending, then the others in the order written.
 
@@ -127,7 +128,7 @@ function inKeyOrder(list) {
 function docDiff(pre, post, padding) {
   let u = null, ins = null, subs = null;
   let deletes = null;
-  let uSize = 0, iSize = 0, sSize = 0, nu = 0, ni = 0;
+  let uSize = 0, iSize = 0, sSize = 0, nu = 0, ni = 0, dl = false;
   const preKeys = Object.keys(pre), postKeys = Object.keys(post);
   // the delta's size only grows: once what is counted so far is not
   // smaller than post, the answer is null
@@ -143,6 +144,7 @@ function docDiff(pre, post, padding) {
           if (subs === null) subs = [];
           subs.push(k, sub);
           sSize += 2 + 1 + utf8Length(k) + sub.size;
+          if (sub.dl) dl = true;
         } else {
           if (u === null) u = [];
           u.push(k, b);
@@ -172,7 +174,7 @@ function docDiff(pre, post, padding) {
     iSize += elementSize(utf8Length(k), post[k]);
     if (deletes !== null) deletes.delete(k);
   }
-  const out = { doc: true, d: null, u: null, i: null, s: subs, size: 0 };
+  const out = { doc: true, d: null, u: null, i: null, s: subs, size: 0, dl };
   let size = 5 + sSize;
   if (deletes !== null && deletes.size) {
     const d = [];
@@ -182,6 +184,7 @@ function docDiff(pre, post, padding) {
     out.d = [];
     for (let x = 0; x < ordered.length; x += 2) out.d.push(ordered[x]);
     size += 3 + dSize;
+    out.dl = true;
   }
   if (nu) { out.u = inKeyOrder(u); size += 3 + 5 + uSize; }
   if (ni) { out.i = inKeyOrder(ins); size += 3 + 5 + iSize; }
@@ -193,12 +196,12 @@ function arrayDiff(pre, post) {
   const e = [];
   let size = 5 + 4; // {a: true}
   const limit = valueSize(post); // as in docDiff: null once size reaches it
-  let n = 0;
+  let n = 0, dl = false;
   for (; n < pre.length && n < post.length; n++) {
     if (V.identical(pre[n], post[n])) continue;
     const sub = subDiff(pre[n], post[n]);
     const name = String(n);
-    if (sub) { e.push('s', name, sub); size += 3 + name.length + sub.size; } else { e.push('u', name, post[n]); size += elementSize(1 + name.length, post[n]); }
+    if (sub) { e.push('s', name, sub); size += 3 + name.length + sub.size; if (sub.dl) dl = true; } else { e.push('u', name, post[n]); size += elementSize(1 + name.length, post[n]); }
     if (size >= limit) return null;
   }
   for (; n < post.length; n++) {
@@ -207,8 +210,8 @@ function arrayDiff(pre, post) {
     size += elementSize(1 + name.length, post[n]);
   }
   let l;
-  if (pre.length > post.length) { l = new Int32(post.length); size += 7; }
-  return size < limit ? { doc: false, e, l, size } : null;
+  if (pre.length > post.length) { l = new Int32(post.length); size += 7; dl = true; }
+  return size < limit ? { doc: false, e, l, size, dl } : null;
 }
 
 // a sub-diff of two documents or two arrays, or null (update the whole value)
@@ -234,34 +237,72 @@ function pairDiff(a, b, arrays) {
 
 // updateDescription of a delta, in the order of mongod's parser: updates,
 // inserts, deletes, sub-diffs; in an array the resize, then the elements
-// by index
+// by index.
+//
+// The updated fields under a sub-diff ("queue.3.until", "holder.pid") are
+// left out until the whole description is asked for (complete): no field
+// path of a query or a projection reaches them, since a path does not step
+// into a name with a dot, so a change stream whose $match and $project only
+// follow paths sends the same event without them (a granting release's
+// event would otherwise name every field of every queue entry that moved).
+// They come last in updatedFields, so adding them later keeps mongod's
+// order. removedFields and truncatedArrays are always whole.
+const PENDING = new WeakMap(); // description -> the root's sub-diffs still to describe
+
 function describe(delta) {
   const desc = { updatedFields: {}, removedFields: [], truncatedArrays: [] };
-  describeDoc(delta, '', desc);
+  const uf = desc.updatedFields;
+  const u = delta.u, ins = delta.i, del = delta.d, subs = delta.s;
+  if (u !== null) for (let x = 0; x < u.length; x += 2) uf[u[x]] = u[x + 1];
+  if (ins !== null) for (let x = 0; x < ins.length; x += 2) uf[ins[x]] = ins[x + 1];
+  if (del !== null) for (let x = 0; x < del.length; x++) desc.removedFields.push(del[x]);
+  if (subs !== null) {
+    for (let x = 0; x < subs.length; x += 2) if (subs[x + 1].dl) removals(subs[x + 1], subs[x], desc);
+    PENDING.set(desc, subs);
+  }
   return desc;
 }
 
-function describeDoc(d, prefix, desc) {
-  const uf = desc.updatedFields;
-  const u = d.u, ins = d.i, del = d.d, subs = d.s;
-  if (u !== null) for (let x = 0; x < u.length; x += 2) uf[prefix + u[x]] = u[x + 1];
-  if (ins !== null) for (let x = 0; x < ins.length; x += 2) uf[prefix + ins[x]] = ins[x + 1];
-  if (del !== null) for (let x = 0; x < del.length; x++) desc.removedFields.push(prefix + del[x]);
-  if (subs !== null) for (let x = 0; x < subs.length; x += 2) describeNode(subs[x + 1], prefix + subs[x], desc);
+// The description with every updated field: the one given, completed
+function complete(desc) {
+  const subs = PENDING.get(desc);
+  if (subs === undefined) return desc;
+  PENDING.delete(desc);
+  for (let x = 0; x < subs.length; x += 2) updates(subs[x + 1], subs[x], desc.updatedFields);
+  return desc;
 }
 
-function describeArray(d, path, desc) {
-  if (d.l !== undefined) desc.truncatedArrays.push({ field: path, newSize: d.l });
-  const e = d.e, uf = desc.updatedFields;
-  for (let x = 0; x < e.length; x += 3) {
-    if (e[x] === 'u') uf[path + '.' + e[x + 1]] = e[x + 2];
-    else describeNode(e[x + 2], path + '.' + e[x + 1], desc);
+// whether the description still lacks updated fields under a sub-diff
+const partial = (desc) => PENDING.has(desc);
+
+// the removed fields and cut arrays under a node at path
+function removals(d, path, desc) {
+  if (d.doc) {
+    if (d.d !== null) for (let x = 0; x < d.d.length; x++) desc.removedFields.push(path + '.' + d.d[x]);
+    const subs = d.s;
+    if (subs !== null) for (let x = 0; x < subs.length; x += 2) if (subs[x + 1].dl) removals(subs[x + 1], path + '.' + subs[x], desc);
+    return;
   }
+  if (d.l !== undefined) desc.truncatedArrays.push({ field: path, newSize: d.l });
+  const e = d.e;
+  for (let x = 0; x < e.length; x += 3) if (e[x] === 's' && e[x + 2].dl) removals(e[x + 2], path + '.' + e[x + 1], desc);
 }
 
-function describeNode(d, path, desc) {
-  if (d.doc) describeDoc(d, path + '.', desc);
-  else describeArray(d, path, desc);
+// the updated fields under a node at path
+function updates(d, path, uf) {
+  const prefix = path + '.';
+  if (d.doc) {
+    const u = d.u, ins = d.i, subs = d.s;
+    if (u !== null) for (let x = 0; x < u.length; x += 2) uf[prefix + u[x]] = u[x + 1];
+    if (ins !== null) for (let x = 0; x < ins.length; x += 2) uf[prefix + ins[x]] = ins[x + 1];
+    if (subs !== null) for (let x = 0; x < subs.length; x += 2) updates(subs[x + 1], prefix + subs[x], uf);
+    return;
+  }
+  const e = d.e;
+  for (let x = 0; x < e.length; x += 3) {
+    if (e[x] === 'u') uf[prefix + e[x + 1]] = e[x + 2];
+    else updates(e[x + 2], prefix + e[x + 1], uf);
+  }
 }
 
 function getPath(doc, parts) {
@@ -317,4 +358,4 @@ function change(pre, post, how) {
   return delta ? { op: 'update', desc: describe(delta) } : { op: 'replace' };
 }
 
-module.exports = { change, docDiff, describe, valueSize };
+module.exports = { change, complete, partial, docDiff, describe, valueSize };

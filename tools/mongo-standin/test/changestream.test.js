@@ -383,3 +383,36 @@ test('a $match of $or branches then $project: streams share the match and each p
   assert.ok(eall[0].clusterTime && eall[0].ns);
   assert.equal(ea[1]._id._data, eall[1]._id._data);
 });
+
+// An update's event is the same in every stream, whichever read it first:
+// a stream that projects a few fields of updatedFields, one that sends the
+// event whole, one that keeps updateDescription whole in its $project and
+// one whose $match looks at updatedFields itself all see what mongod
+// reports (the fields under the array's elements included).
+test('an update event read first by a projecting stream is whole in the streams that read it whole', async () => {
+  const c = db.collection('c');
+  const same = 'same'.repeat(10);
+  const q = (ws) => ws.map(([w, t]) => ({ w, t, p: false, h: same }));
+  await c.insertOne({ _id: 'lz', next: null, queue: q([['a', 'x1'], ['b', 'x2'], ['c', 'x3']]), pad: 'x'.repeat(300) });
+  const m = { $match: { 'documentKey._id': 'lz' } };
+  const proj = await open([{ $changeStream: {} }, m, { $project: { operationType: 1, 'updateDescription.updatedFields.next': 1, 'updateDescription.truncatedArrays': 1 } }]);
+  const all = await open([{ $changeStream: {} }, m]);
+  const whole = await open([{ $changeStream: {} }, m, { $project: { updateDescription: 1 } }]);
+  const byFields = await open([{ $changeStream: {} }, { $match: { 'updateDescription.updatedFields': { $exists: true } } }]);
+  await c.updateOne({ _id: 'lz' }, [{ $set: { next: 'a1', queue: { $slice: ['$queue', 1, 2] } } }]);
+  const [ep] = await take(proj.id, 1);
+  const [ea] = await take(all.id, 1);
+  const [ew] = await take(whole.id, 1);
+  const [eb] = await take(byFields.id, 1);
+  const full = {
+    updatedFields: { next: 'a1', 'queue.0.w': 'b', 'queue.0.t': 'x2', 'queue.1.w': 'c', 'queue.1.t': 'x3' },
+    removedFields: [],
+    truncatedArrays: [{ field: 'queue', newSize: 2 }],
+  };
+  assert.deepEqual(ep.updateDescription, { updatedFields: { next: 'a1' }, truncatedArrays: full.truncatedArrays });
+  assert.deepEqual(ea.updateDescription, full);
+  assert.deepEqual(Object.keys(ea.updateDescription.updatedFields), Object.keys(full.updatedFields));
+  assert.deepEqual(ew.updateDescription, full);
+  assert.deepEqual(eb.updateDescription, full);
+  await db.command({ killCursors: 'c', cursors: [proj.id, all.id, whole.id, byFields.id] });
+});
