@@ -5,6 +5,10 @@
 // lease so every call writes) against ping. For profiling:
 //   node --cpu-prof tools/mongo-standin/bench/engine.js
 // Prints microseconds per command (median of 5 rounds).
+//   node tools/mongo-standin/bench/engine.js --idle MS
+// also times each command alone after MS milliseconds of sleep (median of
+// 60), beside the same command back to back: what idle time costs the
+// server's next command on this machine, with no socket or other process.
 
 const BSON = require('bson');
 const { Engine } = require('../lib/engine');
@@ -113,4 +117,23 @@ const p = measure(runPing, 10000);
 const q = measure(runQueued, 4000);
 if (replies !== 3 * 3000 + 5 * (10000 + 10000 + 4000)) throw new Error(`expected a reply per command, got ${replies}`);
 console.log(`findAndModify ${f.toFixed(1)} us\nqueued acquire ${q.toFixed(1)} us\nping ${p.toFixed(1)} us`);
-engine.close();
+
+const idleAt = process.argv.indexOf('--idle');
+if (idleAt < 0) {
+  engine.close();
+} else {
+  const ms = Number(process.argv[idleAt + 1]);
+  if (!(ms > 0)) throw new Error('--idle needs a number of milliseconds');
+  const sleep = () => new Promise((res) => setTimeout(res, ms));
+  const once = (fn) => { const t = process.hrtime.bigint(); fn(); return Number(process.hrtime.bigint() - t) / 1000; };
+  const median = (a) => a.sort((x, y) => x - y)[a.length >> 1];
+  (async () => {
+    for (const [name, fn] of [['findAndModify', runFam], ['queued acquire', runQueued], ['ping', runPing]]) {
+      const idle = [], hot = [];
+      for (let i = 0; i < 60; i++) { await sleep(); idle.push(once(fn)); }
+      for (let i = 0; i < 60; i++) hot.push(once(fn));
+      console.log(`${name} after ${ms} ms idle ${median(idle).toFixed(1)} us, back to back ${median(hot).toFixed(1)} us`);
+    }
+    engine.close();
+  })();
+}

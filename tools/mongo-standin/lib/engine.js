@@ -260,7 +260,7 @@ class Engine {
   // counts every command it runs (under its own name, aliases under the
   // command's; names it does not know under <UNKNOWN>)
   commandMetric(name) {
-    const key = COMMANDS[name] ? name : ALIASES[name] && COMMANDS[ALIASES[name]] ? ALIASES[name] : '<UNKNOWN>';
+    const key = METRIC_NAMES[name] || (COMMANDS[name] ? name : '<UNKNOWN>');
     let m = this.commandMetrics.get(key);
     if (m === undefined) {
       m = { failed: 0, total: 0 };
@@ -518,6 +518,7 @@ const SENT = Symbol.for('mongo-standin.sent');
 const BSON_SIZE = (d) => require('bson').calculateObjectSize(d, { ignoreUndefined: true });
 
 const ALIASES = { ismaster: 'isMaster', findandmodify: 'findAndModify' };
+const METRIC_NAMES = { ...ALIASES, buildinfo: 'buildInfo' }; // serverStatus metrics.commands
 const COMMANDS = {};
 
 // ---- handshake and server commands ------------------------------------------
