@@ -158,8 +158,12 @@ function lazyCompiled(lazy, shapeOf, compile) {
 }
 
 // compileUpdate(u) as update.compileUpdate, shared by shape for pipelines.
+// (update.js and pipeline.js require this module: theirs are looked up on
+// first use, once)
+let updateModule = null, pipelineModule = null;
+
 function compileUpdate(u) {
-  const update = require('./update');
+  const update = updateModule || (updateModule = require('./update'));
   if (u instanceof Lazy) {
     const lc = lazyCompiled(u, shapePipeline, update.compileUpdate);
     if (!lc) return update.compileUpdate(u.value());
@@ -175,7 +179,7 @@ function compileUpdate(u) {
 }
 
 function compileProjection(spec, where) {
-  const pipeline = require('./pipeline');
+  const pipeline = pipelineModule || (pipelineModule = require('./pipeline'));
   if (spec instanceof Lazy) {
     const lc = lazyCompiled(spec, shapeProjection, (t) => pipeline.compileProjection(t, where));
     if (!lc) return pipeline.compileProjection(spec.value(), where);

@@ -263,3 +263,35 @@ test('variables a scope binds ($filter/$map as, $let vars, ROOT/CURRENT of a sta
   assert.equal(d.i, 'object');
   assert.equal(d.g, undefined);
 });
+
+// $eq ... $cmp on two strings, two booleans or two dates agree with the
+// server's own sort order of the same values (strings by UTF-8 bytes: a
+// character above U+FFFF sorts after U+FFFD), and on mixed types with the
+// order of types.
+test('comparison operators on strings, booleans and dates agree with $sort', async () => {
+  const c = db.collection('cmp');
+  const pairs = db.collection('cmpPairs');
+  const groups = [
+    ['', 'a', 'ab', 'b', 'B', '\u00e9', '\uFFFD', '\u{1F600}', 'a\u0000'],
+    [true, false],
+    [new Date(0), new Date(1e12), new Date(-5), new Date(1e12 + 1)],
+    ['x', true, new Date(3), 7, null],
+  ];
+  for (const values of groups) {
+    await c.deleteMany({});
+    await pairs.deleteMany({});
+    await c.insertMany(values.map((v, i) => ({ _id: i, v })));
+    const rank = new Map((await c.find({}).sort({ v: 1 }).toArray()).map((d, r) => [d._id, r]));
+    const docs = [];
+    values.forEach((a, i) => values.forEach((b, j) => docs.push({ _id: `${i}-${j}`, i, j, a, b })));
+    await pairs.insertMany(docs);
+    const rows = await pairs.aggregate([{ $project: { i: 1, j: 1, eq: { $eq: ['$a', '$b'] }, ne: { $ne: ['$a', '$b'] },
+      gt: { $gt: ['$a', '$b'] }, gte: { $gte: ['$a', '$b'] }, lt: { $lt: ['$a', '$b'] }, lte: { $lte: ['$a', '$b'] },
+      cmp: { $cmp: ['$a', '$b'] } } }]).toArray();
+    assert.equal(rows.length, values.length * values.length);
+    for (const r of rows) {
+      const d = Math.sign(rank.get(r.i) - rank.get(r.j));
+      assert.deepEqual([r.eq, r.ne, r.gt, r.gte, r.lt, r.lte, Number(r.cmp)], [d === 0, d !== 0, d > 0, d >= 0, d < 0, d <= 0, d], JSON.stringify(r));
+    }
+  }
+});
