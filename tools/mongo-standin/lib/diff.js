@@ -272,9 +272,6 @@ function complete(desc) {
   return desc;
 }
 
-// whether the description still lacks updated fields under a sub-diff
-const partial = (desc) => PENDING.has(desc);
-
 // the removed fields and cut arrays under a node at path
 function removals(d, path, desc) {
   if (d.doc) {
@@ -358,4 +355,4 @@ function change(pre, post, how) {
   return delta ? { op: 'update', desc: describe(delta) } : { op: 'replace' };
 }
 
-module.exports = { change, complete, partial, docDiff, describe, valueSize };
+module.exports = { change, complete, docDiff, describe, valueSize };
