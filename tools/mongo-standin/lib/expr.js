@@ -42,8 +42,9 @@ function compilePath(str) {
     if (name === 'CURRENT') return (doc, vars) => walk(vars.CURRENT !== undefined ? vars.CURRENT : doc, 0);
     if (!/^[a-zA-Z_][\w]*$/.test(name) && name !== 'NOW') fail(17276, `Use of undefined variable: ${name}`);
     return (doc, vars) => {
-      if (!(name in vars)) fail(17276, `Use of undefined variable: ${name}`);
-      return walk(vars[name], 0);
+      const v = vars[name];
+      if (v === undefined && !(name in vars)) fail(17276, `Use of undefined variable: ${name}`);
+      return walk(v, 0);
     };
   }
   const path = str.slice(1);

@@ -28,8 +28,9 @@ function typeName(v) {
     case 'bigint': return 'long';
     default: break;
   }
-  // (a document the server decoded or built: the common case)
-  if (Object.getPrototypeOf(v) === Object.prototype && !v[LAZY] && v._bsontype === undefined) return 'object';
+  // (a document the server decoded or built: the common case; a deferred
+  // value is a Lazy, never an object literal)
+  if (Object.getPrototypeOf(v) === Object.prototype && v._bsontype === undefined) return 'object';
   if (Array.isArray(v)) return 'array';
   if (v instanceof Date) return 'date';
   if (v[LAZY]) return v[LAZY];
@@ -283,7 +284,7 @@ function identical(a, b) {
 function isPlainDoc(v) {
   if (v === null || typeof v !== 'object') return false;
   // an object literal (neither an array, a Date, a Uint8Array nor a RegExp)
-  if (Object.getPrototypeOf(v) === Object.prototype) return !v[LAZY] && v._bsontype === undefined;
+  if (Object.getPrototypeOf(v) === Object.prototype) return v._bsontype === undefined; // (a Lazy is not one)
   return !Array.isArray(v) && !(v instanceof Date) && !v[LAZY] &&
     v._bsontype === undefined && !(v instanceof Uint8Array) && !(v instanceof RegExp);
 }
