@@ -233,46 +233,19 @@ function toStringValue(v) {
   return null;
 }
 
-// The order of two strings, two booleans or two dates, as V.compare gives
-// it; undefined for any other pair (the values a lock's pipelines compare
-// most: owners and waiter ids, flags, expiry times).
-function quickOrder(a, b) {
-  const t = typeof a;
-  if (t === 'string') return typeof b === 'string' ? (a === b ? 0 : V.compareStrings(a, b)) : undefined;
-  if (t === 'boolean') return typeof b === 'boolean' ? (a === b ? 0 : a ? 1 : -1) : undefined;
-  if (a instanceof Date && b instanceof Date) {
-    const x = a.getTime(), y = b.getTime();
-    return x < y ? -1 : x > y ? 1 : 0;
-  }
-  return undefined;
-}
-
+// (equal under cmpMissing is $eq's equality: the same type class, both
+// missing or neither, and V.compare's 0)
 function cmpOp(op) {
-  // (V.compare is pure: it runs only where the answer depends on it)
-  const same = (a, b) => V.CANON[V.typeName(a)] === V.CANON[V.typeName(b)] && (a === undefined) === (b === undefined) &&
-    V.compare(a, b) === 0;
   return (a, b) => {
-    const c = quickOrder(a, b);
-    if (c !== undefined) {
-      switch (op) {
-        case '$eq': return c === 0;
-        case '$ne': return c !== 0;
-        case '$gt': return c > 0;
-        case '$gte': return c >= 0;
-        case '$lt': return c < 0;
-        case '$lte': return c <= 0;
-        case '$cmp': return new Int32(c);
-        default: return false;
-      }
-    }
+    const c = cmpMissing(a, b);
     switch (op) {
-      case '$eq': return same(a, b);
-      case '$ne': return !same(a, b);
-      case '$gt': return cmpMissing(a, b) > 0;
-      case '$gte': return cmpMissing(a, b) >= 0;
-      case '$lt': return cmpMissing(a, b) < 0;
-      case '$lte': return cmpMissing(a, b) <= 0;
-      case '$cmp': return new Int32(Math.sign(cmpMissing(a, b)));
+      case '$eq': return c === 0;
+      case '$ne': return c !== 0;
+      case '$gt': return c > 0;
+      case '$gte': return c >= 0;
+      case '$lt': return c < 0;
+      case '$lte': return c <= 0;
+      case '$cmp': return new Int32(Math.sign(c));
       default: return false;
     }
   };

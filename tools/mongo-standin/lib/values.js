@@ -170,6 +170,12 @@ function compareStrings(a, b) {
 // Total order over BSON values (missing sorts with null, before everything
 // but MinKey). Used for sorts, $min/$max, range matching within a type class.
 function compare(a, b) {
+  // two strings, two booleans or two dates (what a lock's pipelines and
+  // queries compare most: ids, flags, expiry times) without their types
+  const t = typeof a;
+  if (t === 'string' && typeof b === 'string') return a === b ? 0 : compareStrings(a, b);
+  if (t === 'boolean' && typeof b === 'boolean') return cmpPrim(a ? 1 : 0, b ? 1 : 0);
+  if (a instanceof Date && b instanceof Date) return cmpPrim(a.getTime(), b.getTime());
   const ta = typeName(a), tb = typeName(b);
   const ca = CANON[ta], cb = CANON[tb];
   if (ca !== cb) return ca < cb ? -1 : 1;

@@ -265,23 +265,27 @@ test('variables a scope binds ($filter/$map as, $let vars, ROOT/CURRENT of a sta
 });
 
 // $eq ... $cmp on two strings, two booleans or two dates agree with the
-// server's own sort order of the same values (strings by UTF-8 bytes: a
-// character above U+FFFF sorts after U+FFFD), and on mixed types with the
-// order of types.
+// server's own sort order of the same values, and on mixed types with the
+// order of types; that order is MongoDB's (strings by UTF-8 bytes: a
+// character above U+FFFF sorts after U+FFFD; null, numbers, strings,
+// booleans, dates).
 test('comparison operators on strings, booleans and dates agree with $sort', async () => {
   const c = db.collection('cmp');
   const pairs = db.collection('cmpPairs');
+  // each group with the indexes of its values in ascending order
   const groups = [
-    ['', 'a', 'ab', 'b', 'B', '\u00e9', '\uFFFD', '\u{1F600}', 'a\u0000'],
-    [true, false],
-    [new Date(0), new Date(1e12), new Date(-5), new Date(1e12 + 1)],
-    ['x', true, new Date(3), 7, null],
+    [['', 'a', 'ab', 'b', 'B', '\u00e9', '\uFFFD', '\u{1F600}', 'a\u0000'], [0, 4, 1, 8, 2, 3, 5, 6, 7]],
+    [[true, false], [1, 0]],
+    [[new Date(0), new Date(1e12), new Date(-5), new Date(1e12 + 1)], [2, 0, 1, 3]],
+    [['x', true, new Date(3), 7, null], [4, 3, 0, 1, 2]],
   ];
-  for (const values of groups) {
+  for (const [values, order] of groups) {
     await c.deleteMany({});
     await pairs.deleteMany({});
     await c.insertMany(values.map((v, i) => ({ _id: i, v })));
-    const rank = new Map((await c.find({}).sort({ v: 1 }).toArray()).map((d, r) => [d._id, r]));
+    const sorted = (await c.find({}).sort({ v: 1 }).toArray()).map((d) => d._id);
+    assert.deepEqual(sorted, order);
+    const rank = new Map(sorted.map((id, r) => [id, r]));
     const docs = [];
     values.forEach((a, i) => values.forEach((b, j) => docs.push({ _id: `${i}-${j}`, i, j, a, b })));
     await pairs.insertMany(docs);
