@@ -156,6 +156,22 @@ ml_lock *ml_checklock(lua_State *L, int idx) {
   return (ml_lock *)luaL_checkudata(L, idx, ML_LOCK_MT);
 }
 
+void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
+                         const bson_t *id, const char *owner_field, const char *owner,
+                         int64_t ttl_ms) {
+  memset(s, 0, sizeof *s);
+  s->db = db;
+  s->coll = coll;
+  s->id = id;
+  s->owner_field = owner_field;
+  s->time_field = ML_F_EXPIRES;
+  s->time_mode = ML_TIME_EXPIRES_AT;
+  s->owner_form = ML_OWNER_HEX;
+  s->owner = owner;
+  s->ttl_ms = ttl_ms;
+  s->kind = kind;
+}
+
 ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   ml_lock *h;
   client_idx = lua_absindex(L, client_idx);

@@ -132,17 +132,7 @@ int ml_m_acquire(lua_State *L) {
 
   bson_init(&id);
   bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
-  memset(&s, 0, sizeof s);
-  s.db = a.db;
-  s.coll = a.coll;
-  s.id = &id;
-  s.owner = owner;
-  s.ttl_ms = a.ttl_ms;
-  s.kind = ML_KIND_NAMED;
-  s.owner_field = ML_F_OWNER;
-  s.time_field = ML_F_EXPIRES;
-  s.time_mode = ML_TIME_EXPIRES_AT;
-  s.owner_form = ML_OWNER_HEX;
+  ml_lease_spec_named(&s, ML_KIND_NAMED, a.db, a.coll, &id, ML_F_OWNER, owner, a.ttl_ms);
   s.token = r.token;
   s.started = started;
   /* won by a grant this attempt found: the lease the server has left */
@@ -240,7 +230,8 @@ static int64_t arg_token(lua_State *L, int i) {
 int ml_m_granted(lua_State *L) {
   size_t namelen;
   const char *db, *coll, *name, *w;
-  int64_t ttl_ms, queue_ms, grant;
+  int64_t ttl_ms, queue_ms, grant, token;
+  double started;
   ml_lease_spec s;
   bson_t id;
   (void)ml_checkclient(L, 1);
@@ -250,21 +241,13 @@ int ml_m_granted(lua_State *L) {
   ttl_ms = ml_arg_ttl_ms(L, 6);
   queue_ms = ml_arg_ttl_ms(L, 7);
   grant = queue_ms < ttl_ms ? queue_ms : ttl_ms;
-  memset(&s, 0, sizeof s);
-  bson_init(&id);
+  token = arg_token(L, 8);
+  started = luaL_checknumber(L, 9);
+  bson_init(&id);       /* after the arguments: it may allocate */
   bson_append_utf8(&id, "_id", 3, name, (int)namelen);
-  s.db = db;
-  s.coll = coll;
-  s.id = &id;
-  s.owner = w;
-  s.owner_field = ML_F_OWNER;
-  s.time_field = ML_F_EXPIRES;
-  s.time_mode = ML_TIME_EXPIRES_AT;
-  s.owner_form = ML_OWNER_HEX;
-  s.kind = ML_KIND_NAMED;
-  s.token = arg_token(L, 8);
-  s.started = luaL_checknumber(L, 9);
-  s.ttl_ms = ttl_ms;
+  ml_lease_spec_named(&s, ML_KIND_NAMED, db, coll, &id, ML_F_OWNER, w, ttl_ms);
+  s.token = token;
+  s.started = started;
   s.grant_ms = grant;
   s.renew = lua_toboolean(L, 10);
   ml_lock_new(L, 1, &s);

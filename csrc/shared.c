@@ -76,17 +76,8 @@ int ml_m_share_acquire(lua_State *L) {
 
   bson_init(&id);
   bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
-  memset(&s, 0, sizeof s);
-  s.db = a.db;
-  s.coll = a.coll;
-  s.id = &id;
-  s.owner = owner;
-  s.owner_field = ML_F_HOLDERS;
-  s.time_field = ML_F_EXPIRES;
-  s.time_mode = ML_TIME_EXPIRES_AT;
-  s.owner_form = ML_OWNER_HEX;
-  s.ttl_ms = a.ttl_ms;
-  s.kind = mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED;
+  ml_lease_spec_named(&s, mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED, a.db, a.coll,
+                      &id, ML_F_HOLDERS, owner, a.ttl_ms);
   s.token = r.token;
   s.started = started;
   s.renew = lua_toboolean(L, 9);
