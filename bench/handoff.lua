@@ -165,7 +165,8 @@ local function run(client, mode, n, handoffs)
       snaps = snaps + 1
       if sq > sw then
         steady = (oe - ow - 1) / (sq - sw)
-        steady_lock = (oe - ow - 1 - (me - mw)) / (sq - sw)
+        -- unknown (shown as "-") without the server's command metrics
+        steady_lock = me and mw and (oe - ow - 1 - (me - mw)) / (sq - sw)
       end
       break
     end
@@ -272,7 +273,8 @@ io.write("\nserver commands / acquisition: the whole run (connections, streams a
   .. "90% mark of the hand-offs; lock commands: the steady state less the\n"
   .. "drivers' server monitoring (hello and isMaster in serverStatus\n"
   .. "metrics.commands: each process's connection pool sends one every\n"
-  .. "heartbeat, 10 s, however many acquisitions it makes).\n")
+  .. "heartbeat, 10 s, however many acquisitions it makes; \"-\" when the\n"
+  .. "server keeps no metrics.commands).\n")
 io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))
 io.write(format("\nOne uncontended cycle (try + release) after %s ms idle, as a hand-off's "
   .. "release comes: median %.3f ms (its try alone %.3f ms); the same cycle back to back: %.3f ms "
