@@ -220,13 +220,7 @@ int ml_m_doc_acquire(lua_State *L) {
     return ml_pushfail(L, found == 0 ? "not found" : "findAndModify returned no document", 0);
   }
   memset(&s, 0, sizeof s);
-  s.db = r.db;
-  s.coll = r.coll;
-  s.id = &id;
-  s.owner_field = r.owner_field;
-  s.time_field = r.time_field;
-  s.time_mode = r.time_mode;
-  s.owner_form = r.owner_form;
+  s.ref = r;                    /* r.id is &id */
   s.owner = owner;
   s.ttl_ms = ttl_ms;
   s.started = started;

@@ -45,16 +45,16 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   ml_lease *l = (ml_lease *)bson_malloc0(sizeof *l);
   bson_iter_t it;
   pthread_mutex_init(&l->mu, NULL);
-  l->db = bson_strdup(s->db);
-  l->coll = bson_strdup(s->coll);
-  bson_copy_to(s->id, &l->iddoc);
+  l->db = bson_strdup(s->ref.db);
+  l->coll = bson_strdup(s->ref.coll);
+  bson_copy_to(s->ref.id, &l->iddoc);
   if (bson_iter_init_find(&it, &l->iddoc, "_id")) bson_value_copy(bson_iter_value(&it), &l->id);
   else l->id.value_type = BSON_TYPE_NULL;
   l->kind = s->kind;
-  l->owner_field = bson_strdup(s->owner_field ? s->owner_field : ML_F_OWNER);
-  l->time_field = bson_strdup(s->time_field ? s->time_field : ML_F_EXPIRES);
-  l->time_mode = s->time_mode;
-  l->owner_form = s->owner_form;
+  l->owner_field = bson_strdup(s->ref.owner_field ? s->ref.owner_field : ML_F_OWNER);
+  l->time_field = bson_strdup(s->ref.time_field ? s->ref.time_field : ML_F_EXPIRES);
+  l->time_mode = s->ref.time_mode;
+  l->owner_form = s->ref.owner_form;
   bson_strncpy(l->owner, s->owner, sizeof l->owner);
   l->token = s->token;
   l->pid = getpid();
@@ -160,13 +160,9 @@ void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const c
                          const bson_t *id, const char *owner_field, const char *owner,
                          int64_t ttl_ms) {
   memset(s, 0, sizeof *s);
-  s->db = db;
-  s->coll = coll;
-  s->id = id;
-  s->owner_field = owner_field;
-  s->time_field = ML_F_EXPIRES;
-  s->time_mode = ML_TIME_EXPIRES_AT;
-  s->owner_form = ML_OWNER_HEX;
+  ml_named_ref(&s->ref, db, coll, id);
+  s->ref.owner_field = owner_field;
+  s->ref.queued = kind == ML_KIND_NAMED;
   s->owner = owner;
   s->ttl_ms = ttl_ms;
   s->kind = kind;
@@ -214,18 +210,11 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
 /* builds the release of the lease s describes, as lease_ref and
  * ml_lease_end do for a handle's */
 static void spec_release(ml_op *op, const ml_lease_spec *s) {
-  ml_lockref r;
+  ml_lockref r = s->ref;
   if (s->kind == ML_KIND_SHARED || s->kind == ML_KIND_PERMIT) {
-    ml_build_share_release(op, s->db, s->coll, s->id, s->owner);
+    ml_build_share_release(op, r.db, r.coll, r.id, s->owner);
     return;
   }
-  r.db = s->db;
-  r.coll = s->coll;
-  r.id = s->id;
-  r.owner_field = s->owner_field;
-  r.time_field = s->time_field;
-  r.time_mode = s->time_mode;
-  r.owner_form = s->owner_form;
   r.queued = s->kind == ML_KIND_NAMED;
   ml_build_release(op, &r, s->owner, NULL);
 }

@@ -160,12 +160,7 @@ typedef enum { ML_KIND_NAMED = 0, ML_KIND_DOCUMENT = 1, ML_KIND_SHARED = 2, ML_K
  * of what it passed.
  */
 typedef struct ml_lease_spec {
-  const char *db, *coll;        /* namespace of the lock document */
-  const bson_t *id;             /* {"_id": <its _id, any BSON value>} */
-  const char *owner_field;      /* "owner" for named locks */
-  const char *time_field;       /* "expiresAt" for named locks */
-  ml_time_mode time_mode;
-  ml_owner_form owner_form;
+  ml_lockref ref;               /* the lock document and its fields */
   const char *owner;            /* the 32 hex digits this acquisition wrote */
   int64_t token;                /* fencing token, 0 when the lock has none */
   int64_t ttl_ms;               /* lease length, > 0 */
@@ -235,8 +230,8 @@ typedef struct ml_lock {
 
 /*
  * Fills s (zeroed first) for a lease on the lock document of a named kind
- * (exclusive, shared, permit): {_id: name} in db.coll, the owner or
- * holders in owner_field, hex owners, expiresAt.  id must outlive s.
+ * (exclusive, shared, permit): {_id: name} in db.coll (ml_named_ref), the
+ * owner or holders in owner_field.  id must outlive s.
  */
 void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
                          const bson_t *id, const char *owner_field, const char *owner,
