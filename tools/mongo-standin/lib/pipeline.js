@@ -149,20 +149,69 @@ function compileProjection(spec, where = '$project') {
       return out;
     };
   }
-  const keepId = idMode !== 'exclude';
+  // Like mongod: the included paths as one tree walked along each document,
+  // so that fields come out in the document's order, then the computed
+  // fields in the specification's order (new ones at the end); a $project
+  // stage projects into arrays nested in arrays, a find projection drops
+  // them (mongod's array recursion policies)
+  const tree = new Map();
+  const computed = [];
+  for (const [key, kind, f] of entries) {
+    if (kind === 'include') addPath(tree, key.split('.'));
+    else computed.push([key.split('.'), f]);
+  }
+  if (idMode !== 'exclude' && !tree.has('_id')) tree.set('_id', true);
+  const nested = where === '$project';
   return (doc, vars) => {
-    const out = {};
-    if (keepId && doc._id !== undefined) out._id = doc._id;
-    const v2 = vars ? Object.assign({}, vars, { ROOT: doc, CURRENT: doc }) : { ROOT: doc, CURRENT: doc };
-    for (const [key, kind, f] of entries) {
-      if (kind === 'include') includePath(out, doc, key.split('.'), 0);
-      else {
+    const out = includeFields(doc, tree, nested);
+    if (computed.length) {
+      const v2 = vars ? Object.assign({}, vars, { ROOT: doc, CURRENT: doc }) : { ROOT: doc, CURRENT: doc };
+      for (const [parts, f] of computed) {
         const val = f(doc, v2);
-        if (val !== undefined) setPathIn(out, key.split('.'), val);
+        if (val !== undefined) setPathIn(out, parts, val);
       }
     }
     return out;
   };
+}
+
+// tree: field name -> true (the whole value) or the tree under it; a path
+// that includes a field whole wins over the paths under it
+function addPath(tree, parts) {
+  let node = tree;
+  for (let i = 0; i < parts.length - 1; i++) {
+    let sub = node.get(parts[i]);
+    if (sub === true) return;
+    if (sub === undefined) { sub = new Map(); node.set(parts[i], sub); }
+    node = sub;
+  }
+  node.set(parts[parts.length - 1], true);
+}
+
+function includeFields(doc, tree, nested) {
+  const out = {};
+  let left = tree.size;
+  for (const k of Object.keys(doc)) {
+    const t = tree.get(k);
+    if (t === undefined) continue;
+    const v = t === true ? doc[k] : includeUnder(doc[k], t, nested);
+    if (v !== undefined) out[k] = v;
+    if (--left === 0) break;
+  }
+  return out;
+}
+
+// what a subtree keeps of a value: a document's included fields, an array's
+// documents (and nested arrays, when nested) projected, nothing of a scalar
+function includeUnder(v, tree, nested) {
+  if (V.isPlainDoc(v)) return includeFields(v, tree, nested);
+  if (!Array.isArray(v)) return undefined;
+  const arr = [];
+  for (const el of v) {
+    if (V.isPlainDoc(el)) arr.push(includeFields(el, tree, nested));
+    else if (nested && Array.isArray(el)) arr.push(includeUnder(el, tree, nested));
+  }
+  return arr;
 }
 
 function compileProjValue(v) {
@@ -178,30 +227,6 @@ function compileProjValue(v) {
     };
   }
   return expr.compile(v);
-}
-
-function includePath(out, src, parts, i) {
-  if (!V.isPlainDoc(src)) return;
-  const k = parts[i];
-  if (!Object.prototype.hasOwnProperty.call(src, k)) return;
-  const v = src[k];
-  if (i === parts.length - 1) { out[k] = v; return; }
-  if (Array.isArray(v)) {
-    const arr = [];
-    for (const el of v) {
-      if (V.isPlainDoc(el)) {
-        const o = {};
-        includePath(o, el, parts, i + 1);
-        arr.push(o);
-      }
-    }
-    out[k] = arr;
-    return;
-  }
-  if (!V.isPlainDoc(v)) return;
-  const o = V.isPlainDoc(out[k]) ? out[k] : {};
-  includePath(o, v, parts, i + 1);
-  out[k] = o;
 }
 
 function sortKeyFn(spec) {

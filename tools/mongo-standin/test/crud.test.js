@@ -39,6 +39,23 @@ test('insert, find with filter/sort/skip/limit/projection', async () => {
   await assert.rejects(c.find({ age: { $bogus: 1 } }).toArray(), (e) => e.code === 2);
 });
 
+test('inclusion projections keep the document\'s field order; $project goes into nested arrays, find does not', async () => {
+  const c = db.collection('projorder');
+  await c.insertOne({ _id: 1, b: 1, a: { y: 2, x: 1, z: 3 }, c: [1, { y: 1, x: 2 }, [{ x: 3, w: 0 }, 4]] });
+  // included fields in the document's order, computed ones after them
+  const [p] = await c.aggregate([{ $project: { c: 1, n: { $literal: 0 }, 'a.x': 1, 'a.y': 1, b: 1 } }]).toArray();
+  assert.deepEqual(Object.keys(p), ['_id', 'b', 'a', 'c', 'n']);
+  assert.deepEqual(Object.keys(p.a), ['y', 'x']);
+  const f = await c.findOne({ _id: 1 }, { projection: { 'c.x': 1, 'a.x': 1, 'a.y': 1 } });
+  assert.deepEqual(Object.keys(f), ['_id', 'a', 'c']);
+  assert.deepEqual(Object.keys(f.a), ['y', 'x']);
+  // into an array's documents; scalars dropped; nested arrays: aggregation
+  // projects them, find drops them
+  assert.deepEqual(f.c, [{ x: 2 }]);
+  const [q] = await c.aggregate([{ $project: { _id: 0, 'c.x': 1 } }]).toArray();
+  assert.deepEqual(q, { c: [{ x: 2 }, [{ x: 3 }]] });
+});
+
 test('comparisons and sorts follow MongoDB type order; range queries bracket by type', async () => {
   const c = db.collection('order');
   await c.insertMany([
