@@ -207,16 +207,13 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   return h;
 }
 
-/* builds the release of the lease s describes, as lease_ref and
- * ml_lease_end do for a handle's */
+/* builds the release of the lease s describes, as ml_lease_end does for a
+ * handle's (s->ref.queued was set with the spec: ml_lease_spec_named) */
 static void spec_release(ml_op *op, const ml_lease_spec *s) {
-  ml_lockref r = s->ref;
-  if (s->kind == ML_KIND_SHARED || s->kind == ML_KIND_PERMIT) {
-    ml_build_share_release(op, r.db, r.coll, r.id, s->owner);
-    return;
-  }
-  r.queued = s->kind == ML_KIND_NAMED;
-  ml_build_release(op, &r, s->owner, NULL);
+  if (s->kind == ML_KIND_SHARED || s->kind == ML_KIND_PERMIT)
+    ml_build_share_release(op, s->ref.db, s->ref.coll, s->ref.id, s->owner);
+  else
+    ml_build_release(op, &s->ref, s->owner, NULL);
 }
 
 int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec *s,

@@ -160,7 +160,8 @@ typedef enum { ML_KIND_NAMED = 0, ML_KIND_DOCUMENT = 1, ML_KIND_SHARED = 2, ML_K
  * of what it passed.
  */
 typedef struct ml_lease_spec {
-  ml_lockref ref;               /* the lock document and its fields */
+  ml_lockref ref;               /* the lock document and its fields;
+                                   queued for the named kind alone */
   const char *owner;            /* the 32 hex digits this acquisition wrote */
   int64_t token;                /* fencing token, 0 when the lock has none */
   int64_t ttl_ms;               /* lease length, > 0 */
