@@ -297,6 +297,13 @@ class Walker {
   }
 
   projection(p) {
+    this.projFields(p);
+    this.finish();
+  }
+
+  // a projection's fields: flags are shape, and so is a sub-object that is
+  // not an expression (a sub-projection: its own fields)
+  projFields(p) {
     const b = this.buf;
     this.each(p, (t, nameAt, v) => {
       if (t === 0x01 || t === 0x10 || t === 0x12) {
@@ -304,9 +311,10 @@ class Walker {
         this.cut(v, v + valueSize(b, t, v), n !== 0 ? 4 : 5);
       } else if (t === 0x08) {
         // kept as it is: one byte, 0 or 1
+      } else if (t === 0x03 && b.readInt32LE(v) > 5 && b[v + 5] !== 0x24) {
+        this.projFields(v);
       } else this.expr(t, v);
     });
-    this.finish();
   }
 }
 

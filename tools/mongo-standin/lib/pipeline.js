@@ -45,28 +45,67 @@ function isExprObject(v) {
   return V.isPlainDoc(v) && Object.keys(v).length > 0 && Object.keys(v)[0][0] !== '$';
 }
 
-// $set / $addFields: {path: expr}; object literals merge into embedded docs.
+// $set / $addFields: {path: expr}; an object that is not an expression is
+// fields to set under its path. As mongod's projection nodes: one tree of
+// the paths (a name -> a compiled expression, or the tree under it), applied
+// in the order the names first appear; a subtree applies to a document,
+// to each element of an array, and replaces anything else with a document
+// of its fields. Paths that are the same or one under the other are refused
+// (40176) as mongod's ProjectionSpecValidator does.
 function compileAddFields(spec, name) {
   if (!V.isPlainDoc(spec)) fail(40272, `${name} specification stage must be an object, got ${V.typeName(spec)}`);
-  const ops = [];
-  for (const key of Object.keys(spec)) {
-    if (key[0] === '$') fail(16410, `Invalid ${name} :: caused by :: FieldPath field names may not start with '$'. Consider using $getField or $setField.`);
-    const parts = key.split('.');
-    const val = spec[key];
-    if (isExprObject(val)) {
-      const sub = compileAddFields(val, name);
-      ops.push((out, doc, vars) => {
-        const base = V.getPath(out, key);
-        const target = V.isPlainDoc(base) ? Object.assign({}, base) : {};
-        sub(target, doc, vars);
-        setPathIn(out, parts, target);
-      });
-    } else {
-      const f = expr.compile(val);
-      ops.push((out, doc, vars) => setPathIn(out, parts, f(doc, vars)));
+  const tree = new Map();
+  const seen = [];
+  const add = (obj, prefix) => {
+    for (const key of Object.keys(obj)) {
+      if (key[0] === '$') fail(16410, `Invalid ${name} :: caused by :: FieldPath field names may not start with '$'. Consider using $getField or $setField.`);
+      const path = prefix + key;
+      const val = obj[key];
+      if (isExprObject(val)) { add(val, path + '.'); continue; }
+      for (const other of seen) {
+        if (other === path || other.startsWith(path + '.') || path.startsWith(other + '.')) {
+          fail(40176, `Invalid ${name} :: caused by :: specification contains two conflicting paths. Cannot specify both '${path}' and '${other}': ${V.render(spec)}`);
+        }
+      }
+      seen.push(path);
+      const parts = path.split('.');
+      let node = tree;
+      for (let i = 0; i < parts.length - 1; i++) {
+        let sub = node.get(parts[i]);
+        if (sub === undefined) { sub = new Map(); node.set(parts[i], sub); }
+        node = sub;
+      }
+      node.set(parts[parts.length - 1], expr.compile(val));
+    }
+  };
+  add(spec, '');
+  return (out, doc, vars) => applyComputed(out, tree, doc, vars);
+}
+
+// Sets a tree's computed fields in out (a document of its own): a field whose
+// value is missing ($$REMOVE) is removed
+function applyComputed(out, tree, doc, vars) {
+  for (const [name, node] of tree) {
+    if (typeof node === 'function') {
+      const v = node(doc, vars);
+      if (v === undefined) delete out[name];
+      else out[name] = v;
+    } else if (node !== true && node.computed !== false) {
+      out[name] = computedInto(out[name], node, doc, vars);
     }
   }
-  return (out, doc, vars) => { for (const op of ops) op(out, doc, vars); };
+}
+
+function computedInto(v, tree, doc, vars) {
+  if (V.isPlainDoc(v)) {
+    const o = Object.assign({}, v);
+    applyComputed(o, tree, doc, vars);
+    return o;
+  }
+  if (Array.isArray(v)) return v.map((el) => computedInto(el, tree, doc, vars));
+  const o = {};
+  applyComputed(o, tree, doc, vars);
+  return o;
 }
 
 function addFieldsStage(spec, name) {
@@ -117,83 +156,125 @@ function unsetStage(spec) {
 
 // Projection as $project (and find/findAndModify projections, 4.4+) reads it.
 // Returns (doc, vars) => projected doc.
+//
+// As mongod's projection parser: the specification is one tree of paths
+// (dotted names and sub-objects alike; a name -> true (included), false
+// (excluded), a compiled expression, or the tree under it), and a path that
+// reaches a leaf already there, or ends where a field already is, is a path
+// collision (31249, 31250).
 function compileProjection(spec, where = '$project') {
   if (!V.isPlainDoc(spec)) fail(2, `${where} specification must be an object`);
   const keys = Object.keys(spec);
   if (where === '$project' && keys.length === 0) fail(51272, 'Invalid $project :: caused by :: projection specification must have at least one field');
   let mode = null; // 'include' | 'exclude'
   let idMode = null;
-  const entries = [];
-  for (const key of keys) {
-    const v = spec[key];
-    let kind;
-    if (V.isNumber(v) || typeof v === 'boolean') kind = V.truthy(v) ? 'include' : 'exclude';
-    else kind = 'expr';
-    if (key === '_id' && kind !== 'expr') { idMode = kind; continue; }
-    const m = kind === 'exclude' ? 'exclude' : 'include';
-    if (mode && mode !== m) {
-      if (m === 'exclude') fail(31254, `Invalid ${where} :: caused by :: Cannot do exclusion on field ${key} in inclusion projection`);
-      fail(31253, `Invalid ${where} :: caused by :: Cannot do inclusion on field ${key} in exclusion projection`);
+  const tree = new Map();
+  const excluded = [];
+  const parse = (obj, node, prefix) => {
+    for (const key of Object.keys(obj)) {
+      const v = obj[key];
+      if (isExprObject(v)) {
+        parse(v, addAtPath(node, key.split('.'), key, undefined, where), prefix + key + '.');
+        continue;
+      }
+      let kind;
+      if (V.isNumber(v) || typeof v === 'boolean') kind = V.truthy(v) ? 'include' : 'exclude';
+      else kind = 'expr';
+      const topId = node === tree && key === '_id';
+      const leaf = kind === 'expr' ? expr.compile(v) : kind === 'include';
+      addAtPath(node, key.split('.'), key, leaf, where);
+      if (topId && kind !== 'expr') { idMode = kind; continue; }
+      const m = kind === 'exclude' ? 'exclude' : 'include';
+      if (mode && mode !== m) {
+        if (m === 'exclude') fail(31254, `Invalid ${where} :: caused by :: Cannot do exclusion on field ${prefix + key} in inclusion projection`);
+        fail(31253, `Invalid ${where} :: caused by :: Cannot do inclusion on field ${prefix + key} in exclusion projection`);
+      }
+      mode = m;
+      if (kind === 'exclude') excluded.push((prefix + key).split('.'));
     }
-    mode = m;
-    entries.push([key, kind, kind === 'expr' ? compileProjValue(v) : null]);
-  }
+  };
+  parse(spec, tree, '');
   if (!mode) mode = idMode === 'include' ? 'include' : 'exclude';
   if (mode === 'exclude') {
-    const paths = entries.map(([k]) => k.split('.'));
     const dropId = idMode === 'exclude';
     return (doc) => {
       const out = Object.assign({}, doc);
       if (dropId) delete out._id;
-      for (const p of paths) removePathIn(out, p);
+      for (const p of excluded) removePathIn(out, p);
       return out;
     };
   }
-  // Like mongod: the included paths as one tree walked along each document,
-  // so that fields come out in the document's order, then the computed
-  // fields in the specification's order (new ones at the end); a $project
-  // stage projects into arrays nested in arrays, a find projection drops
-  // them (mongod's array recursion policies)
-  const tree = new Map();
-  const computed = [];
-  for (const [key, kind, f] of entries) {
-    if (kind === 'include') addPath(tree, key.split('.'));
-    else computed.push([key.split('.'), f]);
-  }
-  if (idMode !== 'exclude' && !tree.has('_id')) tree.set('_id', true);
+  // Like mongod: the tree walked along each document, so that fields come
+  // out in the document's order, then the computed fields in the order
+  // their names first appear (new ones at the end), into documents and
+  // arrays as $addFields sets them; a $project stage projects into arrays
+  // nested in arrays, a find projection drops them (mongod's array
+  // recursion policies)
+  if (idMode === 'exclude') tree.delete('_id');
+  else if (!tree.has('_id')) tree.set('_id', true);
+  const computed = prepare(tree);
   const nested = where === '$project';
   return (doc, vars) => {
     const out = includeFields(doc, tree, nested);
-    if (computed.length) {
+    if (computed) {
       const v2 = vars ? Object.assign({}, vars, { ROOT: doc, CURRENT: doc }) : { ROOT: doc, CURRENT: doc };
-      for (const [parts, f] of computed) {
-        const val = f(doc, v2);
-        if (val !== undefined) setPathIn(out, parts, val);
-      }
+      applyComputed(out, tree, doc, v2);
     }
     return out;
   };
 }
 
-// tree: field name -> true (the whole value) or the tree under it; a path
-// that includes a field whole wins over the paths under it
-function addPath(tree, parts) {
-  let node = tree;
-  for (let i = 0; i < parts.length - 1; i++) {
+// The tree at the first n of parts under node, made where missing; a leaf
+// on the way is a collision (path: parts joined, for the message)
+function internalAt(node, parts, n, path, where) {
+  for (let i = 0; i < n; i++) {
     let sub = node.get(parts[i]);
-    if (sub === true) return;
     if (sub === undefined) { sub = new Map(); node.set(parts[i], sub); }
+    else if (!(sub instanceof Map)) {
+      fail(31249, `Invalid ${where} :: caused by :: Path collision at ${path} remaining portion ${parts.slice(1).join('.')}`);
+    }
     node = sub;
   }
-  node.set(parts[parts.length - 1], true);
+  return node;
+}
+
+// mongod's addNodeAtPath: leaf at parts under node; a sub-object of the
+// specification (leaf undefined) goes into a tree already there
+function addAtPath(node, parts, path, leaf, where) {
+  const last = parts.length - 1;
+  const parent = internalAt(node, parts, last, path, where);
+  const there = parent.get(parts[last]);
+  if (leaf === undefined) {
+    if (there === undefined) { const sub = new Map(); parent.set(parts[last], sub); return sub; }
+    if (there instanceof Map) return there;
+  }
+  if (there !== undefined) fail(31250, `Invalid ${where} :: caused by :: Path collision at ${path}`);
+  parent.set(parts[last], leaf);
+  return leaf;
+}
+
+// Marks each tree with what the walks need: walk (how many of its fields
+// the inclusion walk takes from the document) and computed (whether
+// computed fields lie under it). Whether the tree has computed fields.
+function prepare(tree) {
+  let walk = 0, computed = false;
+  for (const node of tree.values()) {
+    if (typeof node === 'function') { computed = true; continue; }
+    walk += 1;
+    if (node instanceof Map && prepare(node)) computed = true;
+  }
+  tree.walk = walk;
+  tree.computed = computed;
+  return computed;
 }
 
 function includeFields(doc, tree, nested) {
   const out = {};
-  let left = tree.size;
+  let left = tree.walk;
+  if (left === 0) return out;
   for (const k of Object.keys(doc)) {
     const t = tree.get(k);
-    if (t === undefined) continue;
+    if (t === undefined || typeof t === 'function') continue;
     const v = t === true ? doc[k] : includeUnder(doc[k], t, nested);
     if (v !== undefined) out[k] = v;
     if (--left === 0) break;
@@ -212,21 +293,6 @@ function includeUnder(v, tree, nested) {
     else if (nested && Array.isArray(el)) arr.push(includeUnder(el, tree, nested));
   }
   return arr;
-}
-
-function compileProjValue(v) {
-  if (isExprObject(v)) {
-    const sub = Object.keys(v).map((k) => [k, compileProjValue(v[k]), V.isNumber(v[k]) || typeof v[k] === 'boolean']);
-    return (doc, vars) => {
-      const o = {};
-      for (const [k, f] of sub) {
-        const val = f(doc, vars);
-        if (val !== undefined) o[k] = val;
-      }
-      return o;
-    };
-  }
-  return expr.compile(v);
 }
 
 function sortKeyFn(spec) {

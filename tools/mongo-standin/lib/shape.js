@@ -106,19 +106,33 @@ function shapePipeline(stages, params) {
 // [template, key] of a find/findAndModify projection, or null.
 function shapeProjection(spec, params) {
   try {
-    const t = {}, k = [];
-    for (const key of Object.keys(spec)) {
-      const v = spec[key];
-      if (V.isNumber(v) || typeof v === 'boolean') { t[key] = v; k.push(JSON.stringify(key) + ':N' + (V.truthy(v) ? 1 : 0)); continue; }
-      const [a, b] = shapeExpr(v, params);
-      t[key] = a;
-      k.push(JSON.stringify(key) + ':' + b);
-    }
-    return [t, 'J{' + k.join(',') + '}'];
+    const [t, k] = shapeProjFields(spec, params);
+    return [t, 'J' + k];
   } catch (e) {
     if (e === NOSHAPE) return null;
     throw e;
   }
+}
+
+// a projection's fields: flags are shape, and so is a sub-object that is
+// not an expression (a sub-projection: its own fields)
+function shapeProjFields(spec, params) {
+  const t = {}, k = [];
+  for (const key of Object.keys(spec)) {
+    const v = spec[key];
+    if (V.isNumber(v) || typeof v === 'boolean') { t[key] = v; k.push(JSON.stringify(key) + ':N' + (V.truthy(v) ? 1 : 0)); continue; }
+    const sub = V.isPlainDoc(v) ? Object.keys(v) : null;
+    if (sub && sub.length && sub[0][0] !== '$') {
+      const [a, b] = shapeProjFields(v, params);
+      t[key] = a;
+      k.push(JSON.stringify(key) + ':P' + b);
+      continue;
+    }
+    const [a, b] = shapeExpr(v, params);
+    t[key] = a;
+    k.push(JSON.stringify(key) + ':' + b);
+  }
+  return [t, '{' + k.join(',') + '}'];
 }
 
 const compiled = new Map();

@@ -56,6 +56,44 @@ test('inclusion projections keep the document\'s field order; $project goes into
   assert.deepEqual(q, { c: [{ x: 2 }, [{ x: 3 }]] });
 });
 
+test('projections: sub-objects are paths; paths that collide are refused (31249, 31250); computed paths go into arrays', async () => {
+  const c = db.collection('projpaths');
+  await c.insertOne({ _id: 1, a: { b: 1, c: 2 }, z: 5, arr: [1, { c: 2 }, [3, { d: 4 }]] });
+  // mongod's jstests/core/projection_conflicts.js, for find and $project
+  const collide = [
+    [{ a: 1, 'a.b': 1 }, 31249, 'Path collision at a.b remaining portion b'],
+    [{ 'a.b': 1, a: 1 }, 31250, 'Path collision at a'],
+    [{ 'a.b': 1, 'a.b.c': 1 }, 31249, 'Path collision at a.b.c remaining portion b.c'],
+    [{ a: 0, 'a.b': 0 }, 31249, 'Path collision at a.b remaining portion b'],
+    [{ 'a.b': 0, a: 0 }, 31250, 'Path collision at a'],
+    [{ a: { b: { c: 1 } }, 'a.b': 1 }, 31250, 'Path collision at a.b'],
+    [{ 'a.b': 1, a: { b: { c: 1 } } }, 31250, 'Path collision at b'],
+    [{ 'a.b': 1, a: { b: '$$REMOVE' } }, 31250, 'Path collision at b'],
+  ];
+  for (const [proj, code, msg] of collide) {
+    await assert.rejects(c.findOne({ _id: 1 }, { projection: proj }), (e) => e.code === code && e.message.includes(msg), JSON.stringify(proj));
+    await assert.rejects(c.aggregate([{ $project: proj }]).toArray(), (e) => e.code === code && e.message.includes(msg), JSON.stringify(proj));
+  }
+  // a sub-object is the paths under its field, not a computed document
+  assert.deepEqual(await c.findOne({ _id: 1 }, { projection: { a: { c: 1 }, 'a.b': 1 } }), { _id: 1, a: { b: 1, c: 2 } });
+  assert.deepEqual(await c.findOne({ _id: 1 }, { projection: { a: { c: 0 }, arr: 0 } }), { _id: 1, a: { b: 1 }, z: 5 });
+  // a computed path through an array: into each element, a scalar replaced
+  // by a document (mongod's ProjectionNode::applyExpressionsToValue)
+  const [p] = await c.aggregate([{ $project: { _id: 0, 'arr.c': 1, 'arr.n': { $literal: 7 } } }]).toArray();
+  assert.deepEqual(p, { arr: [{ c: 2, n: 7 }, [{ n: 7 }]] });
+  const f = await c.findOne({ _id: 1 }, { projection: { _id: 0, 'arr.n': { $literal: 7 } } });
+  assert.deepEqual(f, { arr: [{ n: 7 }] });
+  const [s] = await c.aggregate([{ $set: { 'arr.n': { $literal: 7 }, a: { d: 3 }, 'z.y': 1 } }]).toArray();
+  assert.deepEqual(s.arr, [{ n: 7 }, { c: 2, n: 7 }, [{ n: 7 }, { d: 4, n: 7 }]]);
+  assert.deepEqual(s.a, { b: 1, c: 2, d: 3 });
+  assert.deepEqual(s.z, { y: 1 });
+  // $set/$addFields: a path beside one under it is refused (40176)
+  await assert.rejects(c.aggregate([{ $set: { a: 1, 'a.b': 2 } }]).toArray(),
+    (e) => e.code === 40176 && e.message.includes("Cannot specify both 'a.b' and 'a'"));
+  await assert.rejects(c.updateOne({ _id: 1 }, [{ $set: { 'a.b': 2, a: { b: 3 } } }]), (e) => e.code === 40176);
+  assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, a: { b: 1, c: 2 }, z: 5, arr: [1, { c: 2 }, [3, { d: 4 }]] });
+});
+
 test('comparisons and sorts follow MongoDB type order; range queries bracket by type', async () => {
   const c = db.collection('order');
   await c.insertMany([
