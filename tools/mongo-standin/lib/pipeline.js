@@ -186,8 +186,8 @@ function compileProjection(spec, where = '$project') {
       if (topId && kind !== 'expr') { idMode = kind; continue; }
       const m = kind === 'exclude' ? 'exclude' : 'include';
       if (mode && mode !== m) {
-        if (m === 'exclude') fail(31254, `Invalid ${where} :: caused by :: Cannot do exclusion on field ${prefix + key} in inclusion projection`);
-        fail(31253, `Invalid ${where} :: caused by :: Cannot do inclusion on field ${prefix + key} in exclusion projection`);
+        if (m === 'exclude') projFail(31254, where, `Cannot do exclusion on field ${key} in inclusion projection`);
+        projFail(31253, where, `Cannot do inclusion on field ${key} in exclusion projection`);
       }
       mode = m;
       if (kind === 'exclude') excluded.push((prefix + key).split('.'));
@@ -224,6 +224,12 @@ function compileProjection(spec, where = '$project') {
   };
 }
 
+// A projection's parse error: a $project stage's names the stage, as
+// mongod's does; a find projection's is the parser's own
+function projFail(code, where, msg) {
+  return fail(code, where === '$project' ? `Invalid $project :: caused by :: ${msg}` : msg);
+}
+
 // The tree at the first n of parts under node, made where missing; a leaf
 // on the way is a collision (path: parts joined, for the message)
 function internalAt(node, parts, n, path, where) {
@@ -231,7 +237,7 @@ function internalAt(node, parts, n, path, where) {
     let sub = node.get(parts[i]);
     if (sub === undefined) { sub = new Map(); node.set(parts[i], sub); }
     else if (!(sub instanceof Map)) {
-      fail(31249, `Invalid ${where} :: caused by :: Path collision at ${path} remaining portion ${parts.slice(1).join('.')}`);
+      projFail(31249, where, `Path collision at ${path} remaining portion ${parts.slice(1).join('.')}`);
     }
     node = sub;
   }
@@ -248,7 +254,7 @@ function addAtPath(node, parts, path, leaf, where) {
     if (there === undefined) { const sub = new Map(); parent.set(parts[last], sub); return sub; }
     if (there instanceof Map) return there;
   }
-  if (there !== undefined) fail(31250, `Invalid ${where} :: caused by :: Path collision at ${path}`);
+  if (there !== undefined) projFail(31250, where, `Path collision at ${path}`);
   parent.set(parts[last], leaf);
   return leaf;
 }
