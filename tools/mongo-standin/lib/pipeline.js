@@ -41,6 +41,11 @@ function removePathIn(doc, parts) {
   delete cur[parts[parts.length - 1]];
 }
 
+// {} as a specification wrote it (a template's parameter slot is not one)
+function isEmptyDoc(v) {
+  return V.isPlainDoc(v) && !(v instanceof expr.Param) && Object.keys(v).length === 0;
+}
+
 function isExprObject(v) {
   return V.isPlainDoc(v) && Object.keys(v).length > 0 && Object.keys(v)[0][0] !== '$';
 }
@@ -62,6 +67,9 @@ function compileAddFields(spec, name) {
       const path = prefix + key;
       const val = obj[key];
       if (isExprObject(val)) { add(val, path + '.'); continue; }
+      if (isEmptyDoc(val)) {
+        fail(40180, `Invalid ${name} :: caused by :: an empty object is not a valid value. Found empty object at path ${path}`);
+      }
       for (const other of seen) {
         if (other === path || other.startsWith(path + '.') || path.startsWith(other + '.')) {
           fail(40176, `Invalid ${name} :: caused by :: specification contains two conflicting paths. Cannot specify both '${path}' and '${other}': ${V.render(spec)}`);
@@ -177,6 +185,8 @@ function compileProjection(spec, where = '$project') {
         parse(v, addAtPath(node, key.split('.'), key, undefined, where), prefix + key + '.');
         continue;
       }
+      // (mongod's message names no path)
+      if (isEmptyDoc(v)) projFail(51270, where, 'An empty sub-projection is not a valid value. Found empty object at path');
       let kind;
       if (V.isNumber(v) || typeof v === 'boolean') kind = V.truthy(v) ? 'include' : 'exclude';
       else kind = 'expr';

@@ -91,6 +91,13 @@ test('projections: sub-objects are paths; paths that collide are refused (31249,
   assert.deepEqual(s.arr, [{ n: 7 }, { c: 2, n: 7 }, [{ n: 7 }, { d: 4, n: 7 }]]);
   assert.deepEqual(s.a, { b: 1, c: 2, d: 3 });
   assert.deepEqual(s.z, { y: 1 });
+  // an empty object is neither a sub-projection nor a value to set
+  await assert.rejects(c.aggregate([{ $project: { a: {} } }]).toArray(), (e) => e.code === 51270 &&
+    e.message === 'Invalid $project :: caused by :: An empty sub-projection is not a valid value. Found empty object at path');
+  await assert.rejects(c.findOne({ _id: 1 }, { projection: { a: { b: {} } } }), (e) => e.code === 51270);
+  await assert.rejects(c.updateOne({ _id: 1 }, [{ $set: { 'a.b': {} } }]), (e) => e.code === 40180 &&
+    e.message === 'Invalid $set :: caused by :: an empty object is not a valid value. Found empty object at path a.b');
+  assert.deepEqual((await c.aggregate([{ $set: { e: { $literal: {} } } }]).toArray())[0].e, {});
   // $set/$addFields: a path beside one under it is refused (40176)
   await assert.rejects(c.aggregate([{ $set: { a: 1, 'a.b': 2 } }]).toArray(),
     (e) => e.code === 40176 && e.message.includes("Cannot specify both 'a.b' and 'a'"));
