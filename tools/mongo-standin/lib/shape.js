@@ -155,6 +155,19 @@ function withParams(vars, params) {
 }
 
 const { Lazy } = require('./lazy');
+const { MongoError } = require('./errors');
+
+// A template that fails to compile is kept as null: each command of that
+// shape compiles its own value, so that the error names the command's
+// values (a template's parameter slots would show as {})
+function orNull(make) {
+  try {
+    return make();
+  } catch (e) {
+    if (e instanceof MongoError) return null;
+    throw e;
+  }
+}
 
 // Compiled template for a value decoded lazily: keyed by the shape read from
 // its bytes; the template itself comes from the decoded value, and is used
@@ -166,7 +179,8 @@ function lazyCompiled(lazy, shapeOf, compile) {
     const params = [];
     const t = shapeOf(lazy.value(), params);
     if (!t || params.length !== s.params.length) return { mismatch: true };
-    return { fn: compile(t[0]) };
+    const fn = orNull(() => compile(t[0]));
+    return fn === null ? { mismatch: true } : { fn };
   });
   return c.mismatch ? null : { fn: c.fn, params: s.params };
 }
@@ -188,7 +202,8 @@ function compileUpdate(u) {
   const params = [];
   const s = shapePipeline(u, params);
   if (!s) return update.compileUpdate(u);
-  const c = cached(s[1], () => update.compileUpdate(s[0]));
+  const c = cached(s[1], () => orNull(() => update.compileUpdate(s[0])));
+  if (c === null) return update.compileUpdate(u);
   return { kind: c.kind, apply: (doc, ctx) => c.apply(doc, Object.assign({}, ctx, { vars: withParams(ctx.vars, params) })) };
 }
 
@@ -203,7 +218,8 @@ function compileProjection(spec, where) {
   const params = [];
   const s = shapeProjection(spec, params);
   if (!s) return pipeline.compileProjection(spec, where);
-  const c = cached(s[1] + where, () => pipeline.compileProjection(s[0], where));
+  const c = cached(s[1] + where, () => orNull(() => pipeline.compileProjection(s[0], where)));
+  if (c === null) return pipeline.compileProjection(spec, where);
   return (doc, vars) => c(doc, withParams(vars || {}, params));
 }
 

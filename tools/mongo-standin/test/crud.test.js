@@ -101,7 +101,12 @@ test('projections: sub-objects are paths; paths that collide are refused (31249,
   // $set/$addFields: a path beside one under it is refused (40176)
   await assert.rejects(c.aggregate([{ $set: { a: 1, 'a.b': 2 } }]).toArray(),
     (e) => e.code === 40176 && e.message.includes("Cannot specify both 'a.b' and 'a'"));
-  await assert.rejects(c.updateOne({ _id: 1 }, [{ $set: { 'a.b': 2, a: { b: 3 } } }]), (e) => e.code === 40176);
+  // (an update's pipeline compiles by shape: the message still names the
+  // command's own values)
+  for (let i = 0; i < 2; i++) {
+    await assert.rejects(c.updateOne({ _id: 1 }, [{ $set: { 'a.b': 2 + i, a: { b: 3 } } }]), (e) => e.code === 40176 &&
+      e.message === `Invalid $set :: caused by :: specification contains two conflicting paths. Cannot specify both 'a.b' and 'a.b': { a.b: ${2 + i}, a: { b: 3 } }`);
+  }
   assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, a: { b: 1, c: 2 }, z: 5, arr: [1, { c: 2 }, [3, { d: 4 }]] });
 });
 
