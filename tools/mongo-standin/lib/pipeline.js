@@ -41,6 +41,21 @@ function removePathIn(doc, parts) {
   delete cur[parts[parts.length - 1]];
 }
 
+// mongod's FieldPath checks on a dotted name: [code, message] or null
+// ("$" alone is a find projection's positional operator; a DBRef's $id,
+// $ref and $db are names)
+const DOLLAR_NAMES = new Set(['$id', '$ref', '$db']);
+function pathError(key, positional) {
+  if (key === '') return [40352, 'FieldPath cannot be constructed with empty string'];
+  for (const p of key.split('.')) {
+    if (p === '') return [15998, 'FieldPath field names may not be empty strings.'];
+    if (p[0] === '$' && !DOLLAR_NAMES.has(p) && !(positional && p === '$')) {
+      return [16410, "FieldPath field names may not start with '$'. Consider using $getField or $setField."];
+    }
+  }
+  return null;
+}
+
 // {} as a specification wrote it (a template's parameter slot is not one)
 function isEmptyDoc(v) {
   return V.isPlainDoc(v) && !(v instanceof expr.Param) && Object.keys(v).length === 0;
@@ -63,7 +78,8 @@ function compileAddFields(spec, name) {
   const seen = [];
   const add = (obj, prefix) => {
     for (const key of Object.keys(obj)) {
-      if (key[0] === '$') fail(16410, `Invalid ${name} :: caused by :: FieldPath field names may not start with '$'. Consider using $getField or $setField.`);
+      const bad = pathError(key, false);
+      if (bad) fail(bad[0], `Invalid ${name} :: caused by :: ${bad[1]}`);
       const path = prefix + key;
       const val = obj[key];
       if (isExprObject(val)) { add(val, path + '.'); continue; }
@@ -181,6 +197,11 @@ function compileProjection(spec, where = '$project') {
   const parse = (obj, node, prefix) => {
     for (const key of Object.keys(obj)) {
       const v = obj[key];
+      if (where === '$project' && (key === '$' || key.endsWith('.$') || key.includes('.$.'))) {
+        projFail(31324, where, 'Cannot use positional projection in aggregation projection');
+      }
+      const bad = pathError(key, where !== '$project');
+      if (bad) projFail(bad[0], where, bad[1]);
       if (isExprObject(v)) {
         parse(v, addAtPath(node, key.split('.'), key, undefined, where), prefix + key + '.');
         continue;
@@ -195,6 +216,10 @@ function compileProjection(spec, where = '$project') {
       addAtPath(node, key.split('.'), key, leaf, where);
       if (topId && kind !== 'expr') { idMode = kind; continue; }
       const m = kind === 'exclude' ? 'exclude' : 'include';
+      if (kind === 'expr' && mode === 'exclude') {
+        if (V.isPlainDoc(v) && !(v instanceof expr.Param)) projFail(31252, where, 'Cannot use expression other than $meta in exclusion projection');
+        projFail(31310, where, `Cannot use an expression ${key}: ${V.render(v)} in an exclusion projection`);
+      }
       if (mode && mode !== m) {
         if (m === 'exclude') projFail(31254, where, `Cannot do exclusion on field ${key} in inclusion projection`);
         projFail(31253, where, `Cannot do inclusion on field ${key} in exclusion projection`);

@@ -91,6 +91,23 @@ test('projections: sub-objects are paths; paths that collide are refused (31249,
   assert.deepEqual(s.arr, [{ n: 7 }, { c: 2, n: 7 }, [{ n: 7 }, { d: 4, n: 7 }]]);
   assert.deepEqual(s.a, { b: 1, c: 2, d: 3 });
   assert.deepEqual(s.z, { y: 1 });
+  // names are field paths (mongod's FieldPath), positional only in find;
+  // an exclusion takes no expression
+  const bad = [
+    [{ $a: 1 }, 16410, "FieldPath field names may not start with '$'. Consider using $getField or $setField."],
+    [{ 'a..b': 1 }, 15998, 'FieldPath field names may not be empty strings.'],
+    [{ '': 1 }, 40352, 'FieldPath cannot be constructed with empty string'],
+    [{ b: 0, a: { $literal: 1 } }, 31252, 'Cannot use expression other than $meta in exclusion projection'],
+    [{ b: 0, a: 'x' }, 31310, 'Cannot use an expression a: "x" in an exclusion projection'],
+  ];
+  for (const [proj, code, msg] of bad) {
+    await assert.rejects(c.findOne({ _id: 1 }, { projection: proj }), (e) => e.code === code && e.message === msg, JSON.stringify(proj));
+    await assert.rejects(c.aggregate([{ $project: proj }]).toArray(),
+      (e) => e.code === code && e.message === `Invalid $project :: caused by :: ${msg}`, JSON.stringify(proj));
+  }
+  await assert.rejects(c.aggregate([{ $project: { 'arr.$': 1 } }]).toArray(), (e) => e.code === 31324);
+  await assert.rejects(c.aggregate([{ $set: { 'a.$b': 1 } }]).toArray(), (e) => e.code === 16410 &&
+    e.message === "Invalid $set :: caused by :: FieldPath field names may not start with '$'. Consider using $getField or $setField.");
   // an empty object is neither a sub-projection nor a value to set
   await assert.rejects(c.aggregate([{ $project: { a: {} } }]).toArray(), (e) => e.code === 51270 &&
     e.message === 'Invalid $project :: caused by :: An empty sub-projection is not a valid value. Found empty object at path');
