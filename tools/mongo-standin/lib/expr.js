@@ -67,6 +67,7 @@ const PARAMS = Symbol('params');
 class Param {
   constructor(i) { Object.defineProperty(this, 'i', { value: i, enumerable: false }); }
 }
+Param.prototype[V.SLOT] = true;
 
 function compile(expr) {
   if (expr instanceof Param) {

@@ -56,13 +56,8 @@ function pathError(key, positional) {
   return null;
 }
 
-// {} as a specification wrote it (a template's parameter slot is not one)
 function isEmptyDoc(v) {
-  return V.isPlainDoc(v) && !(v instanceof expr.Param) && Object.keys(v).length === 0;
-}
-
-function isExprObject(v) {
-  return V.isPlainDoc(v) && Object.keys(v).length > 0 && Object.keys(v)[0][0] !== '$';
+  return V.isPlainDoc(v) && Object.keys(v).length === 0;
 }
 
 // $set / $addFields: {path: expr}; an object that is not an expression is
@@ -82,7 +77,7 @@ function compileAddFields(spec, name) {
       if (bad) fail(bad[0], `Invalid ${name} :: caused by :: ${bad[1]}`);
       const path = prefix + key;
       const val = obj[key];
-      if (isExprObject(val)) { add(val, path + '.'); continue; }
+      if (V.isFieldsDoc(val)) { add(val, path + '.'); continue; }
       if (isEmptyDoc(val)) {
         fail(40180, `Invalid ${name} :: caused by :: an empty object is not a valid value. Found empty object at path ${path}`);
       }
@@ -93,16 +88,12 @@ function compileAddFields(spec, name) {
       }
       seen.push(path);
       const parts = path.split('.');
-      let node = tree;
-      for (let i = 0; i < parts.length - 1; i++) {
-        let sub = node.get(parts[i]);
-        if (sub === undefined) { sub = new Map(); node.set(parts[i], sub); }
-        node = sub;
-      }
-      node.set(parts[parts.length - 1], expr.compile(val));
+      // (no leaf on the way: conflicting paths were refused above)
+      internalAt(tree, parts, parts.length - 1, path, name).set(parts[parts.length - 1], expr.compile(val));
     }
   };
   add(spec, '');
+  prepare(tree);
   return (out, doc, vars) => applyComputed(out, tree, doc, vars);
 }
 
@@ -114,7 +105,7 @@ function applyComputed(out, tree, doc, vars) {
       const v = node(doc, vars);
       if (v === undefined) delete out[name];
       else out[name] = v;
-    } else if (node !== true && node.computed !== false) {
+    } else if (node instanceof Map && node.computed) {
       out[name] = computedInto(out[name], node, doc, vars);
     }
   }
@@ -202,7 +193,7 @@ function compileProjection(spec, where = '$project') {
       }
       const bad = pathError(key, where !== '$project');
       if (bad) projFail(bad[0], where, bad[1]);
-      if (isExprObject(v)) {
+      if (V.isFieldsDoc(v)) {
         parse(v, addAtPath(node, key.split('.'), key, undefined, where), prefix + key + '.');
         continue;
       }
@@ -217,7 +208,7 @@ function compileProjection(spec, where = '$project') {
       if (topId && kind !== 'expr') { idMode = kind; continue; }
       const m = kind === 'exclude' ? 'exclude' : 'include';
       if (kind === 'expr' && mode === 'exclude') {
-        if (V.isPlainDoc(v) && !(v instanceof expr.Param)) projFail(31252, where, 'Cannot use expression other than $meta in exclusion projection');
+        if (V.isPlainDoc(v)) projFail(31252, where, 'Cannot use expression other than $meta in exclusion projection');
         projFail(31310, where, `Cannot use an expression ${key}: ${V.render(v)} in an exclusion projection`);
       }
       if (mode && mode !== m) {

@@ -121,8 +121,7 @@ function shapeProjFields(spec, params) {
   for (const key of Object.keys(spec)) {
     const v = spec[key];
     if (V.isNumber(v) || typeof v === 'boolean') { t[key] = v; k.push(JSON.stringify(key) + ':N' + (V.truthy(v) ? 1 : 0)); continue; }
-    const sub = V.isPlainDoc(v) ? Object.keys(v) : null;
-    if (sub && sub.length && sub[0][0] !== '$') {
+    if (V.isFieldsDoc(v)) {
       const [a, b] = shapeProjFields(v, params);
       t[key] = a;
       k.push(JSON.stringify(key) + ':P' + b);

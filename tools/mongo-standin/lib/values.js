@@ -16,6 +16,8 @@ const LONG_MAX = 2n ** 63n - 1n;
 
 // Marks a value whose decoding is deferred (lazy.js); holds its type alias.
 const LAZY = Symbol.for('mongo-standin.lazy');
+// a template's parameter slot (expr.js Param): a value, never a document
+const SLOT = Symbol.for('mongo-standin.slot');
 
 // BSON type alias of a value, as $type reports it.
 function typeName(v) {
@@ -291,8 +293,16 @@ function isPlainDoc(v) {
   if (v === null || typeof v !== 'object') return false;
   // an object literal (neither an array, a Date, a Uint8Array nor a RegExp)
   if (Object.getPrototypeOf(v) === Object.prototype) return v._bsontype === undefined; // (a Lazy is not one)
-  return !Array.isArray(v) && !(v instanceof Date) && !v[LAZY] &&
+  return !Array.isArray(v) && !(v instanceof Date) && !v[LAZY] && !v[SLOT] &&
     v._bsontype === undefined && !(v instanceof Uint8Array) && !(v instanceof RegExp);
+}
+
+// a document of fields (a projection's or $set's sub-object), not an
+// operator expression: not empty, its first name not starting with '$'
+function isFieldsDoc(v) {
+  if (!isPlainDoc(v)) return false;
+  const keys = Object.keys(v);
+  return keys.length > 0 && keys[0][0] !== '$';
 }
 
 // Deep copy of documents and arrays; BSON value objects are immutable in the
@@ -356,7 +366,7 @@ function getPath(doc, path) {
 
 module.exports = {
   Int32, Double, Long, Decimal128, ObjectId, Timestamp, Binary, BSONRegExp, MinKey, MaxKey,
-  LAZY, INT32_MIN, INT32_MAX, LONG_MIN, LONG_MAX, TYPE_NUMBERS, CANON,
+  LAZY, SLOT, INT32_MIN, INT32_MAX, LONG_MIN, LONG_MAX, TYPE_NUMBERS, CANON,
   typeName, isNumber, num, toBig, isIntegral, makeInt, makeDouble, makeLong, intResult,
-  compare, equals, identical, isPlainDoc, clone, truthy, render, getPath, compareStrings,
+  compare, equals, identical, isPlainDoc, isFieldsDoc, clone, truthy, render, getPath, compareStrings,
 };
