@@ -218,6 +218,35 @@ describe("#integration change-stream waits", function()
     reap(p)
   end)
 
+  it("close does not wait for the stream's getMore in flight", function()
+    -- a non-blocking waiter (OpenResty's) keeps the stream's thread
+    -- reading for half a second after its last look: right after the
+    -- release's event, its next getMore is in flight, awaiting up to half
+    -- the socket timeout (2.5 s with the default server_timeout)
+    local c2 = helpers.connect({ appname = "watch-close" })
+    local locks = helpers.locks(c2, { ttl = 60 })
+    local fake = { get_phase = function() return "content" end,
+      sleep = function(s) core.sleep(s) end }
+    local p, trigger = spawn_holder(locks, "close", "0.05")
+    local h, err
+    rawset(_G, "ngx", fake)
+    local ok, perr = pcall(with_wait, trigger, function()
+      h, err = locks:acquire("close", { timeout = 20, wait = "watch" })
+    end)
+    rawset(_G, "ngx", nil)
+    assert(ok, perr)
+    assert.is_truthy(h, err)
+    assert.is_true(h:release())
+    reap(p)
+    core.sleep(0.1)
+    assert.equal(1, testing.watch_stats(c2._core).streams)
+    local t0 = core.monotonic()
+    c2:close()
+    local took = core.monotonic() - t0
+    -- joining the thread would take the rest of the await (over 2 s)
+    assert.is_true(took < 1.5, string.format("close: %.2f s", took))
+  end)
+
   it("after fork the child watches with its own stream, the parent keeps its own", function()
     local c2 = helpers.connect({ appname = "watch-fork" })
     local locks = helpers.locks(c2, { ttl = 60 })
