@@ -49,6 +49,12 @@ local function uri_selection_timeout(uri)
   return ms and tonumber(ms) / 1000 or nil
 end
 
+-- does the URI set a write concern (w=...)?
+local function uri_has_w(uri)
+  local q = uri:match("%?(.*)$")
+  return q ~= nil and (";&" .. q):lower():find("[;&]w=") ~= nil
+end
+
 -- client, err = mongolock.connect(uri, opts)
 function _M.connect(uri, opts)
   check_type(uri, "string", 1, "connect")
@@ -56,9 +62,10 @@ function _M.connect(uri, opts)
   opts = opts or {}
   private.check_keys(opts, CONNECT_OPTS, 2, "connect")
   local appname = check_type(opts.appname, "string", 2, "connect", true)
+  -- the option, else the URI's own w, else the default
   local w = opts.write_concern
-  if w == nil then w = connect_defaults.write_concern end
-  if w ~= "majority" and (type(w) ~= "number" or w ~= w or w < 0 or w % 1 ~= 0) then
+  if w == nil and not uri_has_w(uri) then w = connect_defaults.write_concern end
+  if w ~= nil and w ~= "majority" and (type(w) ~= "number" or w ~= w or w < 0 or w % 1 ~= 0) then
     argerror(2, "connect", "write_concern must be \"majority\" or a non-negative integer")
   end
   local wtimeout, pool, sst

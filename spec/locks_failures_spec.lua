@@ -4,6 +4,7 @@
 -- client's appname so that nothing else is affected.
 local helpers = require "helpers"
 local testing = require "mongolock.testing"
+local mongolock = require "mongolock"
 
 describe("#integration server errors", function()
   local client, locks, app, observer, olocks
@@ -36,6 +37,23 @@ describe("#integration server errors", function()
     assert.equal(100, code)                   -- UnsatisfiableWriteConcern
     local st = olocks:status(name)
     assert.is_true(st == nil or st.held == false)
+    c:close()
+  end)
+
+  it("the URI's w is the write concern when write_concern is not given; the option wins over it", function()
+    local uri = helpers.uri()
+    local with_w = uri .. (uri:find("?", 1, true) and "&" or "?") .. "w=50"
+    local l = function(c) return c:locks({ database = locks.database, collection = locks.collection }) end
+    local c = assert(mongolock.connect(with_w))
+    local h, err, code = l(c):try(helpers.unique("uri-w"))
+    assert.is_nil(h, "the URI's w=50 was not used")
+    assert.is_string(err)
+    assert.equal(100, code)                   -- UnsatisfiableWriteConcern
+    c:close()
+    c = assert(mongolock.connect(with_w, { write_concern = 1 }))
+    h, err = l(c):try(helpers.unique("uri-w"))
+    assert.is_truthy(h, err)
+    assert.is_true(h:release())
     c:close()
   end)
 
