@@ -3,6 +3,7 @@
 -- killed, clocks an hour off, malformed input, round trips.
 local helpers = require "helpers"
 local core = require "mongolock.core"
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
 
 
 describe("#integration reader-writer locks", function()
@@ -238,6 +239,26 @@ describe("#integration reader-writer locks", function()
     assert.has_error(function() rw:with_read(name, function() error("boom", 0) end) end, "boom")
     assert.equal(0, assert(rw:status(name)).in_use)
     assert.equal(2, rw:with_write(name, function() return 2 end))
+  end)
+
+  it("with_read answers nil, \"lost\" when the share ended before fn returned, as locks:with", function()
+    local name = helpers.unique("with-lost")
+    local r = pack(rw:with_read(name, function()
+      assert(rw:force_release(name))
+      return "fn's result"
+    end))
+    assert.same({ n = 2, nil, "lost" }, r)
+    assert.equal(0, assert(rw:status(name)).in_use)
+  end)
+
+  it("read with timeout = 0 answers \"timeout\" while a writer holds, as locks:acquire", function()
+    local name = helpers.unique("t0")
+    local w = assert(rw:try_write(name))
+    local h, err = rw:read(name, { timeout = 0 })
+    assert.is_nil(h)
+    assert.equal("timeout", err)
+    assert.equal("busy", select(2, rw:try_read(name)))
+    assert.is_true(w:release())
   end)
 end)
 

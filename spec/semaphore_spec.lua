@@ -3,6 +3,7 @@
 -- clocks an hour off, disagreeing N, malformed input, round trips.
 local helpers = require "helpers"
 local core = require "mongolock.core"
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
 
 
 describe("#integration semaphores", function()
@@ -130,6 +131,28 @@ describe("#integration semaphores", function()
     assert.equal(1, seen)
     assert.has_error(function() sems:with(name, function() error("boom", 0) end) end, "boom")
     assert.equal(0, assert(sems:status(name)).in_use)
+  end)
+
+  it("with answers nil, \"lost\" when the permit ended before fn returned, as locks:with", function()
+    local name = helpers.unique("with-lost")
+    local r = pack(sems:with(name, function()
+      assert(sems:force_release(name))
+      return "fn's result"
+    end))
+    assert.same({ n = 2, nil, "lost" }, r)
+    assert.equal(0, assert(sems:status(name)).in_use)
+  end)
+
+  it("acquire with timeout = 0 answers \"timeout\" when every permit is held, as locks:acquire", function()
+    local name = helpers.unique("t0")
+    local hs = {}
+    for i = 1, 3 do hs[i] = assert(sems:try(name)) end
+    local h, err, info = sems:acquire(name, { timeout = 0 })
+    assert.is_nil(h)
+    assert.equal("timeout", err)
+    assert.equal(3, info.holders)
+    assert.equal("busy", select(2, sems:try(name)))
+    for i = 1, 3 do assert.is_true(hs[i]:release()) end
   end)
 
   if _VERSION == "Lua 5.4" then

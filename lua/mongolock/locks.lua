@@ -17,14 +17,10 @@ local wait_mod = require "mongolock.wait"
 local type = type
 local pcall = pcall
 local pairs = pairs
-local error = error
-local select = select
 local setmetatable = setmetatable
 local rawget = rawget
 local math_ceil = math.ceil
 local getpid = core.getpid
-local table_unpack = table.unpack or rawget(_G, "unpack")
-local table_pack = table.pack or function(...) return { n = select("#", ...), ... } end
 
 local argerror = private.argerror
 local check_type = private.check_type
@@ -232,19 +228,6 @@ function _M.acquire(self, name, opts)
   return wait_for(self, name, ttl_ms, o)
 end
 
--- The lease's end as with reports it: fn's results when the release
--- succeeded; nil, "lost" when the lease ended before it (expired, force
--- released, taken over); nil, err, code when the release could not be sent
--- (the lock frees at its ttl).
-local function finish(h, res)
-  local ok, err, code = h:release()
-  pcall(h.close, h)
-  if not res[1] then error(res[2], 0) end
-  if ok then return table_unpack(res, 2, res.n) end
-  if err == "not held" or err == "lost" then return nil, "lost" end
-  return nil, err, code
-end
-
 -- locks:with(name, opts, fn, ...) -> fn's results | nil, "lost" | nil, err:
 -- runs fn(h, ...) holding the lock (renewed in the background unless
 -- opts.renew = false); always releases; re-raises fn's error.  With
@@ -262,7 +245,7 @@ function _M.with(self, name, opts, fn, ...)
   local ttl_ms, o = call_opts(self, opts, "with", { renew = true })
   local h, err, code = wait_for(self, name, ttl_ms, o)
   if not h then return nil, err, code end
-  return finish(h, table_pack(pcall(fn, h, ...)))
+  return private.run_with(h, fn, ...)
 end
 
 -- locks:status(name) -> {held, owner, token, acquired_at, expires_at,

@@ -13,6 +13,10 @@ local type = type
 local next = next
 local pairs = pairs
 local error = error
+local pcall = pcall
+local select = select
+local table_unpack = table.unpack or rawget(_G, "unpack")
+local table_pack = table.pack or function(...) return { n = select("#", ...), ... } end
 local tostring = tostring
 local rawget = rawget
 local string_format = string.format
@@ -333,6 +337,23 @@ function _M.wait_state(owner, name, waiter, o, deadline)
 end
 
 -- is t an empty table (no option given)?
+-- the end of every kind's with: fn(h, ...) run holding h, then h
+-- released; fn's results, nil, "lost" when the lease had ended before
+-- the release, nil, message, code when the release failed; fn's error
+-- re-raised unchanged after the release
+local function finish(h, res)
+  local ok, err, code = h:release()
+  pcall(h.close, h)
+  if not res[1] then error(res[2], 0) end
+  if ok then return table_unpack(res, 2, res.n) end
+  if err == "not held" or err == "lost" then return nil, "lost" end
+  return nil, err, code
+end
+
+function _M.run_with(h, fn, ...)
+  return finish(h, table_pack(pcall(fn, h, ...)))
+end
+
 function _M.empty(t)
   return next(t) == nil
 end

@@ -169,7 +169,12 @@ end
 -- document's squeue, woken by the change stream (mongolock.wait) or by
 -- backoff polling
 local function wait_for(self, mode, name, o)
-  if o.timeout == 0 then return attempt(self, mode, name, o) end
+  if o.timeout == 0 then
+    -- one attempt, as try makes it: it takes no place in the queue
+    local h, err, info = attempt(self, mode, name, o)
+    if err == "busy" then err = "timeout" end
+    return h, err, info
+  end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
@@ -194,12 +199,6 @@ local function wait_for(self, mode, name, o)
   })
 end
 
-local function finish(h, ok, ...)
-  pcall(h.close, h)
-  if not ok then error((...), 0) end
-  return ...
-end
-
 local function with(self, mode, fname, name, opts, fn, ...)
   check_name(name, fname, 3)
   if type(opts) == "function" then return with(self, mode, fname, name, nil, opts, fn, ...) end
@@ -208,7 +207,7 @@ local function with(self, mode, fname, name, opts, fn, ...)
   if opts == nil or opts.renew == nil then o.renew = true end
   local h, err, code = wait_for(self, mode, name, o)
   if not h then return nil, err, code end
-  return finish(h, pcall(fn, h, ...))
+  return private.run_with(h, fn, ...)
 end
 
 local status_of
