@@ -749,8 +749,8 @@ end
 -- Returns the exit status and true: once the handle is released (or was
 -- never taken) nothing needs the client closed, and the process exits
 -- without waiting for the driver's threads (a change stream's getMore
--- after a wait answers within a second, and a dead server's within the
--- server timeout).
+-- after a wait awaits up to half the socket timeout, and a dead server's
+-- call lasts up to the server timeout).
 local function cmd_exec(args)
   local client, locks = open_locks(args)
   if args.shared or args.permits then
