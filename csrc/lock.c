@@ -185,11 +185,12 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   h->keep = h->lease;
   h->keep->refs++;              /* not yet visible to any other thread */
   /* a grant's lease shorter than two thirds of the ttl (what renewal
-   * keeps) is extended to the ttl once, in the background, shortly before
-   * it ends: a lock released by then costs no command */
+   * keeps), or one that the waiter's place may have cut short when nothing
+   * renews it, is extended to the ttl once, in the background, shortly
+   * before it ends: a lock released by then costs no command */
   if (spec->grant_ms > 0 && spec->grant_ms < spec->ttl_ms) {
     double left = h->lease->deadline - ml_monotonic();
-    if (left < (double)spec->ttl_ms / 1500.0) {
+    if (left < (double)spec->ttl_ms / 1500.0 || (!spec->renew && spec->grant_bounded)) {
       /* a second before the end, or at a quarter of what is left */
       double before = left * 0.75 < 1.0 ? left * 0.75 : 1.0;
       h->lease->topup_at = h->lease->deadline - (before > 0 ? before : 0);

@@ -172,6 +172,9 @@ typedef struct ml_lease_spec {
   int64_t grant_ms;             /* 0, or a grant's lease (ms from started)
                                    when shorter than ttl_ms: the lease is
                                    topped up to ttl_ms in the background */
+  int grant_bounded;            /* with grant_ms: the waiter's place was
+                                   shorter than ttl_ms, so it may have cut
+                                   the grant short */
 } ml_lease_spec;
 
 /*

@@ -136,7 +136,10 @@ int ml_m_acquire(lua_State *L) {
   s.token = r.token;
   s.started = started;
   /* won by a grant this attempt found: the lease the server has left */
-  if (r.won && r.has_remaining && r.remaining_ms < a.ttl_ms) s.grant_ms = r.remaining_ms;
+  if (r.won && r.has_remaining && r.remaining_ms < a.ttl_ms) {
+    s.grant_ms = r.remaining_ms;
+    s.grant_bounded = a.waiter != NULL && a.queue_ms < a.ttl_ms;
+  }
   s.renew = lua_toboolean(L, 7);
   pushed = ml_push_won(L, c, ok, r.won, &s, &err);
   if (pushed) {
@@ -249,6 +252,7 @@ int ml_m_granted(lua_State *L) {
   s.token = token;
   s.started = started;
   s.grant_ms = grant;
+  s.grant_bounded = queue_ms < ttl_ms;
   s.renew = lua_toboolean(L, 10);
   ml_lock_new(L, 1, &s);
   bson_destroy(&id);

@@ -200,6 +200,38 @@ describe("#integration grant in the release", function()
     other:close()
   end)
 
+  -- A place shorter than the ttl cuts the grant short: without renewal,
+  -- nothing else would give the holder the ttl it asked for (this lease,
+  -- 2 s of a ttl of 2.5 s, is over two thirds of it, which renewal keeps)
+  it("a grant cut short by a place shorter than the ttl is topped up without renewal", function()
+    local name = helpers.unique("g-bounded")
+    local other = helpers.connect({ appname = "grant-holder" })
+    local olocks = other:locks({ database = locks.database, collection = locks.collection, ttl = 60 })
+    local holder = assert(olocks:try(name))
+    local released
+    local real = locks_mod.get_wait()
+    locks_mod.set_wait({ check_mode = real.check_mode, sleep_until_retry = function(state)
+      if not released then released = holder:release() end
+      return real.sleep_until_retry(state)
+    end })
+    local ok, h = pcall(locks.acquire, locks, name,
+      { timeout = 10, wait = "watch", queue_ttl = 2, ttl = 2.5, renew = false })
+    locks_mod.set_wait(real)
+    assert(ok, h)
+    assert.is_true(released)
+    assert.truthy(h, "acquired")
+    local st = assert(locks:status(name))
+    assert.is_true(st.remaining <= 2, "server " .. st.remaining)
+    assert.is_true(h:remaining() <= st.remaining + 0.001)
+    -- extended to the ttl (2.5 s from the top-up) a little before it ends
+    assert.truthy(helpers.eventually(function()
+      local s2 = assert(locks:status(name))
+      return s2.held and s2.remaining > 2.05
+    end, 3))
+    assert.is_true(h:release())
+    other:close()
+  end)
+
   it("the granted handle's remaining time never exceeds the server's, and is topped up to the ttl",
     function()
       local name = helpers.unique("g")

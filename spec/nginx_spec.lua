@@ -420,14 +420,31 @@ if kind == "document" then
   end
 elseif kind == "named" then
   -- ?short=1: a place in the queue of 1 s and a ttl of 10 s, so that the
-  -- grant's lease (under 1 s) must be topped up to the ttl
-  local short = ngx.var.arg_short == "1"
-  local locks = c:locks({ collection = coll, ttl = short and 10 or 30 })
+  -- grant's lease (under 1 s) must be topped up to the ttl; ?short=2: a
+  -- place of 2 s and a ttl of 2.5 s (the lease, under 2 s, is over two
+  -- thirds of the ttl, and still short of it)
+  local short = ngx.var.arg_short == "1" or ngx.var.arg_short == "2"
+  local ttl, qt = 30, 20
+  if ngx.var.arg_short == "1" then ttl, qt = 10, 1 end
+  if ngx.var.arg_short == "2" then ttl, qt = 2.5, 2 end
+  local locks = c:locks({ collection = coll, ttl = ttl })
   local h = assert(locks:try("n"))
   release = function() return h:release() end
-  WAIT.queue_ttl = short and 1 or 20
+  WAIT.queue_ttl = qt
   acquire = function() return locks:acquire("n", WAIT) end
-  if short then
+  if ngx.var.arg_short == "2" then
+    -- until the server's lease is over 2 s (the top-up) or the handle's
+    -- has ended (none came)
+    after = function(h2)
+      local st
+      repeat
+        ngx.sleep(0.05)
+        st = assert(locks:status("n"))
+      until st.remaining > 2 or not h2:held()
+      return "after " .. tostring(h2:held()) .. " " .. string.format("%.4f", h2:remaining() or 0)
+        .. " " .. string.format("%.4f", st.remaining)
+    end
+  elseif short then
     after = function(h2)
       ngx.sleep(1.5)
       -- the server's view first: the handle's, read later, must be smaller
@@ -1069,6 +1086,17 @@ describe("#integration nginx with resty.mongolock", function()
     local held, mine, server = r.after:match("^(%a+) ([%d.]+) ([%d.]+)$")
     assert.equal("true", held, r.after)
     assert.is_true(tonumber(mine) > 5, r.after)
+    assert.is_true(tonumber(mine) <= tonumber(server) + 0.001, r.after)
+  end)
+
+  it("tops up a grant cut short by a place shorter than the ttl, though over two thirds of it", function()
+    local r = wake("named&short=2")
+    assert.equal("1", r.granted)
+    -- a grant of about 1.7 s (a place of 2 s, a ttl of 2.5 s), extended
+    -- to 2.5 s shortly before its end, while still held
+    local held, mine, server = r.after:match("^(%a+) ([%d.]+) ([%d.]+)$")
+    assert.equal("true", held, r.after)
+    assert.is_true(tonumber(server) > 2, r.after)
     assert.is_true(tonumber(mine) <= tonumber(server) + 0.001, r.after)
   end)
 

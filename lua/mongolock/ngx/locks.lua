@@ -199,13 +199,14 @@ end
 
 -- A lease a release granted is bounded by the waiter's place in the queue
 -- (seconds left, counted from before the attempt that set it): shorter
--- than two thirds of its ttl, it is extended to the ttl once, shortly
--- before it ends (a second before, or at a quarter of what is left), from
--- a timer where the caller can yield (a lock released by then costs no
--- command), else at once.
-local function top_up(lease)
+-- than two thirds of its ttl, or cut short by a place (queue_ttl) shorter
+-- than the ttl, it is extended to the ttl once, shortly before it ends (a
+-- second before, or at a quarter of what is left), from a timer where the
+-- caller can yield (a lock released by then costs no command), else at
+-- once.
+local function top_up(lease, queue_ttl)
   local left = lease.deadline - monotonic()
-  if left >= lease.ttl * 2 / 3 then return end
+  if left >= lease.ttl * 2 / 3 and queue_ttl >= lease.ttl then return end
   local ngx = rawget(_G, "ngx")
   if not transport.active() then
     _M.extend(lease, lease.ttl)
@@ -293,7 +294,7 @@ function _M.acquire(ctx, name, opts)
         -- a lock a release granted to this waiter: its lease is bounded by
         -- the waiter's place in the queue
         lease.deadline = started + remaining
-        top_up(lease)
+        top_up(lease, queue_ttl)
       end
       return lease
     end
@@ -324,7 +325,7 @@ function _M.acquire(ctx, name, opts)
                         deadline = started + math_min(ttl, queue_ttl),
                         ctx = ctx, waited = true }
         c.granted = c.granted + 1
-        top_up(lease)
+        top_up(lease, queue_ttl)
         return lease
       end
       if not waited and opts.watch_only then
