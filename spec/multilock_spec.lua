@@ -89,6 +89,23 @@ describe("#integration several locks at once", function()
     assert.is_nil(doc(a .. "1"))
   end)
 
+  it("gives back the entries it took when a later one raises, and refuses a semaphores object "
+     .. "without permits before taking any", function()
+    local a, b = helpers.unique("a"), helpers.unique("b")
+    local bare = client:semaphores({ database = helpers.database, collection = coll })
+    assert.has_error(function() client:acquire_all({ { locks, a }, { bare, b } }) end,
+      "bad argument #1 to 'acquire_all' (entry 2: a semaphores object without permits "
+      .. "(semaphores{permits = N}))")
+    assert.is_nil(doc(a))
+    -- an object of the caller's whose acquire raises, taken after a
+    local raising = { database = helpers.database, collection = coll,
+      acquire = function() error("raised by the entry", 0) end }
+    assert.has_error(function() client:acquire_all({ { locks, a }, { raising, b } }) end,
+      "raised by the entry")
+    local st = locks:status(a)
+    assert.is_true(st == nil or st.held == false, "a is still held")
+  end)
+
   if _VERSION == "Lua 5.4" then
     it("<close> releases the whole set", function()
       local a, b = helpers.unique("a"), helpers.unique("b")

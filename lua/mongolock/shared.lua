@@ -356,7 +356,18 @@ local function entry_kind(e, i)
   elseif mode ~= nil then
     argerror(1, "acquire_all", string_format("entry %d: no mode for this kind", i), 4)
   end
+  if kind == "semaphore" and obj.o.permits == nil then
+    argerror(1, "acquire_all", string_format("entry %d: a semaphores object without permits "
+      .. "(semaphores{permits = N})", i), 4)
+  end
   return obj, name, kind, mode
+end
+
+-- one entry of a set: h | nil, err, info
+local function take(e, o)
+  if e.kind == "rw" and e.mode == "read" then return e.obj:read(e.name, o) end
+  if e.kind == "rw" then return e.obj:write(e.name, o) end
+  return e.obj:acquire(e.name, o)
 end
 
 -- set, err = acquire_all(entries, opts): every entry or none, within one
@@ -400,15 +411,12 @@ function _M.acquire_all(entries, opts)
     -- at least one attempt each: a timeout must be positive
     local o = { timeout = math.max(deadline - monotonic(), 0.001), ttl = opts.ttl,
       renew = opts.renew }
-    local h, err, info
-    if e.kind == "rw" then
-      if e.mode == "read" then h, err, info = e.obj:read(e.name, o)
-      else h, err, info = e.obj:write(e.name, o) end
-    else
-      h, err, info = e.obj:acquire(e.name, o)
-    end
-    if not h then
+    -- whatever happens (a failure, or an error raised), those taken are
+    -- given back before acquire_all returns
+    local ok, h, err, info = pcall(take, e, o)
+    if not ok or not h then
       for i = #held, 1, -1 do pcall(held[i].close, held[i]) end
+      if not ok then error(h, 0) end
       return nil, err, info
     end
     held[#held + 1] = h
