@@ -263,6 +263,18 @@ describe("#integration documents", function()
     assert.is_false(assert(docs:status("w")).held)
   end)
 
+  it("with() unlocks without fn's changes, then raises, when the release refuses them", function()
+    local docs = fresh()
+    local ok, err = pcall(docs.with, docs, "r", { insert = { n = 0 } }, function()
+      return { n = 5, lockId = "mine now" }
+    end)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("with: the changes fn returned were not written", 1, true), err)
+    assert.is_truthy(tostring(err):find("lockId", 1, true), err)
+    assert.is_false(assert(docs:status("r")).held)
+    assert.equal(0, get(docs, "r").n)
+  end)
+
   it("a handle collected while held releases its document", function()
     local docs = fresh()
     cmd("insert", docs.coll, { documents = { { _id = 1 } } })

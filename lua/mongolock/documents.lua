@@ -243,7 +243,15 @@ function _M.with(self, id, opts, fn, ...)
   end
   local changes = res[2]
   if type(changes) ~= "table" then changes = nil end
-  local ok, err, code = h:release(changes)
+  local sent, ok, err, code = pcall(h.release, h, changes)
+  if not sent then
+    -- changes the release refuses (a lock field, _id, a value BSON cannot
+    -- hold): unlocked without them, then the caller is told
+    pcall(h.release, h)
+    pcall(h.close, h)
+    error(string_format("with: the changes fn returned were not written, the document was "
+      .. "unlocked without them: %s", tostring(ok)), 2)
+  end
   if not ok then
     pcall(h.close, h)
     if err == "not held" or err == "lost" then return nil, "lost" end
