@@ -99,6 +99,33 @@ describe("#integration mongolock exec --shared / --permits", function()
     code = exec("--shared", "--permits", "2", name, "--", "true")
     assert.equal(64, code)
   end)
+  it("wait waits for readers and permits too, and release --force ends them", function()
+    local cli = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll }
+    local function run(...)
+      local args = {}
+      for _, a in ipairs(cli) do args[#args + 1] = a end
+      for _, a in ipairs({ ... }) do args[#args + 1] = a end
+      return mongolock(args)
+    end
+    local rname, sname = helpers.unique("wait-r"), helpers.unique("wait-p")
+    local r = assert(rw:try_read(rname, { ttl = 60 }))
+    local p = assert(sems:try(sname, { ttl = 60 }))
+    for _, name in ipairs({ rname, sname }) do
+      local code, _, err = run("wait", "-w", "0.3", name)
+      assert.equal(1, code, name .. " held by a share, yet free: " .. err)
+      code, _, err = run("release", "--force", "--yes", name)
+      assert.equal(0, code, err)
+      code, _, err = run("wait", "-w", "0.3", name)
+      assert.equal(0, code, err)
+    end
+    assert.equal(0, assert(rw:status(rname)).in_use)
+    assert.equal(0, assert(sems:status(sname)).in_use)
+    assert.same({ nil, "lost" }, { r:release() })
+    assert.same({ nil, "lost" }, { p:release() })
+    local code = run("release", "--force", "--yes", rname)
+    assert.equal(1, code)
+  end)
+
   it("status and list show shares and permits in use, their holders and waiters", function()
     local cli = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll }
     local function run(...)

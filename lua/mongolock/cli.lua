@@ -532,14 +532,21 @@ local function cmd_release(args)
   end
   local st, err = call(locks, "status", args.name)
   if st == nil and err ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(err)) end
-  if not (st and st.held) then
+  -- readers' shares and permits are held too: --force ends them all
+  local rw = rwlocks_of(client, locks)
+  local sst, serr = call(rw, "status", args.name)
+  if sst == nil and serr ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(serr)) end
+  local shares = shares_record(sst)
+  local held, shared = st and st.held, shares and shares.in_use > 0
+  if not (held or shared) then
     warn("%s is not held", args.name)
     client:close()
     return EXIT.conflict
   end
   if not args.yes then
-    io.stderr:write(format("mongolock: release %s, held by %s (token %s)? [y/N] ",
-      args.name, holder_text(st.holder), token_text(st.token)))
+    local by = held and format("held by %s (token %s)", holder_text(st.holder), token_text(st.token))
+      or "held by " .. shares_text(shares)
+    io.stderr:write(format("mongolock: release %s, %s? [y/N] ", args.name, by))
     io.stderr:flush()
     local answer = io.stdin:read("*l")
     if not (answer and answer:match("^%s*[yY]")) then
@@ -548,7 +555,9 @@ local function cmd_release(args)
       return EXIT.conflict
     end
   end
-  local ok, ferr = call(locks, "force_release", args.name)
+  local ok, ferr
+  if held then ok, ferr = call(locks, "force_release", args.name) end
+  if shared and (ok or not held) then ok, ferr = call(rw, "force_release", args.name) end
   client:close()
   if not ok then
     if ferr == "not held" then
@@ -564,6 +573,7 @@ end
 
 local function cmd_wait(args)
   local client, locks = open_locks(args)
+  local rw = rwlocks_of(client, locks)
   local deadline = args.timeout and core.monotonic() + args.timeout or huge
   local step = 0.01
   while true do
@@ -571,7 +581,14 @@ local function cmd_wait(args)
     if st == nil and err ~= nil then
       fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
     end
-    if not (st and st.held) then
+    -- free: no exclusive holder, and no reader's share or permit either
+    local sst, serr = call(rw, "status", args.name)
+    if sst == nil and serr ~= nil then
+      fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(serr))
+    end
+    local shares = shares_record(sst)
+    local shared = shares and shares.in_use > 0
+    if not (st and st.held) and not shared then
       client:close()
       return EXIT.ok
     end
@@ -580,9 +597,15 @@ local function cmd_wait(args)
       client:close()
       return args.conflict_exit_code
     end
-    -- back off, but look again when the lease is due to end
+    -- back off, but look again when the lease (or the soonest share) is
+    -- due to end
     local nap = step
-    local rem = st.remaining or (st.remaining_ms and st.remaining_ms / 1000)
+    local rem = st and st.held and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
+    if shared then
+      for _, h in ipairs(shares.holders) do
+        if h.remaining and (not rem or h.remaining < rem) then rem = h.remaining end
+      end
+    end
     if rem and rem > 0 then nap = min(nap, rem + 0.005) end
     core.sleep(min(nap, deadline - now))
     step = min(step * 2, 0.5)
