@@ -103,7 +103,10 @@ function _M.connect(uri, opts)
   -- how long one server selection may block: the acquire loop waits for a
   -- server itself when less than this is left before its deadline
   local selection = uri_selection_timeout(uri) or (sst and sst / 1000) or bound
+  -- read once: a closed client still names it (client:locks() on a closed
+  -- client makes an object whose calls answer "closed")
   return setmetatable({ _core = c, uri = uri, appname = appname, connect_opts = connect_opts,
+                        _database = c:default_database(),
                         server_bound = selection }, client_mt)
 end
 
@@ -182,7 +185,7 @@ end
 
 -- the URI's database, or "mongolock"
 function client_mt:default_database()
-  return (self._core:default_database())
+  return self._database
 end
 
 -- true; idempotent.  Handles made by this client answer "closed" afterwards.
