@@ -317,6 +317,38 @@ describe("#integration versioned", function()
       assert.has_error(function() client:versioned(DB, "c", { field = 5 }) end)
       assert.has_error(function() client:versioned(DB, "c", { retries = 1.5 }) end)
       assert.has_error(function() client:versioned(DB, "c", 5) end)
+      -- names as every other kind checks them
+      assert.has_error(function() client:versioned("a/b", "c") end,
+        "bad argument #1 to 'versioned' (database must be 1..63 bytes of UTF-8, none of /\\. \"$ "
+        .. "or NUL (got \"a/b\"))")
+      assert.has_error(function() client:versioned(DB, "a$b") end)
+      assert.has_error(function() client:versioned(DB, "system.x") end)
+    end)
+
+    it("raises at the caller, naming the method, on values BSON cannot hold", function()
+      local vc = fresh()
+      local f = function() end
+      local function raises(fn, msg)
+        local ok, err = pcall(fn)
+        assert.is_false(ok)
+        assert.matches(msg, err, 1, true)
+        assert.matches("^[^\n]*versioned_spec%.lua:%d+: ", err)
+      end
+      raises(function() vc:update({ _id = 1, version = 1 }, { ["$set"] = { x = f } }) end,
+        "bad argument #2 to 'update' (update cannot be written as BSON")
+      raises(function() vc:update_many({ { _id = 1, version = 1 } }, { ["$set"] = { x = f } }) end,
+        "bad argument #2 to 'update_many' (update cannot be written as BSON")
+      raises(function() vc:get(f) end, "bad argument #1 to 'get' (_id cannot be written as BSON")
+      raises(function() vc:modify(f, function(d) return d end) end,
+        "bad argument #1 to 'modify' (_id cannot be written as BSON")
+      raises(function() vc:delete_many({ { _id = f, version = 1 } }) end,
+        "bad argument #1 to 'delete_many' (document 1 cannot be written as BSON")
+      -- insert_many touches none of the documents before raising
+      local good = { a = 1 }
+      raises(function() vc:insert_many({ good, { b = f } }) end,
+        "bad argument #1 to 'insert_many' (document 2 cannot be written as BSON")
+      assert.is_nil(good._id)
+      assert.is_nil(good.version)
     end)
   end)
 

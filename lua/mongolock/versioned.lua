@@ -74,8 +74,9 @@ end
 
 -- vc = versioned.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)
-  check_name(db, 1, "versioned", "database")
-  check_name(coll, 2, "versioned", "collection")
+  -- database and collection names as every other kind checks them
+  private.check_db(db, 1, "versioned", "database", 2)
+  private.check_coll(coll, db, 2, "versioned", "collection", 2)
   check_type(opts, "table", 3, "versioned", true)
   opts = opts or {}
   private.check_keys(opts, NEW_OPTS, 3, "versioned")
@@ -111,9 +112,12 @@ local function is_null(v) return v == nil or v == null end
 -- the _id and version of doc, or raises at the caller of fname
 -- raises at the caller of the caller's caller (level) unless doc can be
 -- written as BSON (cycles, functions, mixed keys, bad UTF-8, ...)
-local function check_bson(doc, n, fname, level)
+local function check_bson(doc, n, fname, level, what)
   local ok, err = core.bson_encode(doc)
-  if not ok then argerror(n, fname, "document cannot be written as BSON: " .. tostring(err), level + 1) end
+  if not ok then
+    argerror(n, fname, (what or "document") .. " cannot be written as BSON: " .. tostring(err),
+      level + 1)
+  end
 end
 
 local function check_doc(self, doc, n, fname)
@@ -219,6 +223,7 @@ local function update_stages(self, update, n, fname)
   if type(update) ~= "table" then
     argerror(n, fname, "update document or pipeline expected, got " .. type(update), 3)
   end
+  check_bson({ update = update }, n, fname, 3, "update")
   local out = {}
   if core.is_array(update) or update[1] ~= nil then
     for _, stage in ipairs(update) do out[#out + 1] = stage end
@@ -380,6 +385,7 @@ end
 -- doc | nil, "not found" | nil, err, code
 function _M.get(self, id)
   if id == nil then argerror(1, "get", "_id expected, got nil") end
+  check_bson({ _id = id }, 1, "get", 2, "_id")
   if self.core:closed() then return nil, "closed" end
   local r, err, code = command(self, self.db, { find = self.coll },
     { filter = { _id = id }, limit = 1, singleBatch = true })
@@ -396,6 +402,7 @@ end
 -- (then nil, "conflict", current)
 function _M.modify(self, id, fn, opts)
   if id == nil then argerror(1, "modify", "_id expected, got nil") end
+  check_bson({ _id = id }, 1, "modify", 2, "_id")
   check_type(fn, "function", 2, "modify")
   check_type(opts, "table", 3, "modify", true)
   if opts then private.check_keys(opts, MODIFY_OPTS, 3, "modify") end
@@ -431,11 +438,13 @@ end
 -- results[i] = true | error message of docs[i]
 function _M.insert_many(self, docs)
   check_type(docs, "table", 1, "insert_many")
-  if self.core:closed() then return nil, "closed" end
-  if #docs == 0 then return true, {} end
+  -- every document checked before any is given an _id and a version
   for i, d in ipairs(docs) do
     if type(d) ~= "table" then argerror(1, "insert_many", "document expected at " .. i) end
+    check_bson(d, 1, "insert_many", 2, "document " .. i)
   end
+  if self.core:closed() then return nil, "closed" end
+  if #docs == 0 then return true, {} end
   local olds = {}
   for i, d in ipairs(docs) do
     if d._id == nil then d._id = core.ObjectId() end
@@ -527,6 +536,7 @@ local function check_docs(self, docs, fname)
     if type(v) ~= "number" or v % 1 ~= 0 then
       argerror(1, fname, string_format("document %d has no integer %s", i, self.field), 3)
     end
+    check_bson(d, 1, fname, 3, "document " .. i)
   end
 end
 
