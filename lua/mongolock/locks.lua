@@ -110,16 +110,18 @@ local function take(into, opts, valid, n, fname, level)
   return into
 end
 
--- locks = locks.new(client, opts): bad options raise here, not at first use
-function _M.new(client, opts)
-  check_type(opts, "table", 1, "locks", true, 2)
+-- locks = locks.new(client, opts): bad options raise here, not at first
+-- use, as argument 1 of fname ("locks"), level frames up (2: new's caller)
+function _M.new(client, opts, fname, level)
+  fname, level = fname or "locks", level or 2
+  check_type(opts, "table", 1, fname, true, level)
   local self = {}
   for k, v in pairs(defaults) do self[k] = v end
-  take(self, opts or {}, VALID_NEW, 1, "locks", 2)
+  take(self, opts or {}, VALID_NEW, 1, fname, level)
   self.client = client
   self.core = client._core
   self.database = self.database or client:default_database()
-  private.check_coll(self.collection, self.database, 1, "locks", "collection", 2)
+  private.check_coll(self.collection, self.database, 1, fname, "collection", level)
   self.app = client.appname
   self.bound = client.server_bound or private.SERVER_TIMEOUT
   self.key = (client.uri or "") .. "\0" .. self.database .. "\0" .. self.collection

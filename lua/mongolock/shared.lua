@@ -89,7 +89,7 @@ function _M.new(client, kind, opts, fname)
     end
   end
   -- the exclusive side and every option's check and default
-  local locks = client:locks(lopts)
+  local locks = locks_mod.new(client, lopts, fname, 4)
   local o = {
     ttl = locks.ttl, timeout = locks.timeout, step = locks.step, ratio = locks.ratio,
     max_step = locks.max_step, queue_ttl = locks.queue_ttl or 3, renew = locks.renew and true,
