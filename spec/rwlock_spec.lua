@@ -214,9 +214,9 @@ describe("#integration reader-writer locks", function()
     assert.has_error(function() client:rwlocks({ ttl = -1 }) end,
       "bad argument #1 to 'rwlocks' (ttl must be a positive number of seconds, at most a year "
       .. "(31536000) (got -1))")
-    local ok, err = pcall(function() return client:semaphores({ permits = 2, collection = "a$b" }) end)
-    assert.is_false(ok)
-    assert.matches("rwlock_spec%.lua:%d+: bad argument #1 to 'semaphores' %(collection must be", err)
+    local sok, serr = pcall(function() return client:semaphores({ permits = 2, collection = "a$b" }) end)
+    assert.is_false(sok)
+    assert.matches("rwlock_spec%.lua:%d+: bad argument #1 to 'semaphores' %(collection must be", serr)
     -- the library's option checks: a slip is named with the nearest option,
     -- and the error points at the caller
     for _, f in ipairs({
