@@ -123,12 +123,19 @@ local function ensure_index(self)
   return true
 end
 
+-- a field of the server's reply, nil for null (absent, as in the
+-- exclusive kind's info)
+local function value(v)
+  if v == core.null then return nil end
+  return v
+end
+
 -- the projected document of a failed attempt, as the exclusive kind's info
 local function to_info(v)
   local info = {
     token = v.token, permits = v.permits, holders = v.holders, readers = v.readers,
-    exclusive = v.exclusive, queued = v.queued, writers = v.writers, owner = v.owner,
-    holder = v.holder, operation_time = v.operation_time,
+    exclusive = v.exclusive, queued = v.queued, writers = v.writers, owner = value(v.owner),
+    holder = value(v.holder), operation_time = v.operation_time,
   }
   if type(v.remainingMs) == "number" then
     info.remaining = v.remainingMs > 0 and v.remainingMs / 1000 or 0
