@@ -360,11 +360,15 @@ static int l_extend(lua_State *L) {
   int64_t ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
   int st = lease_state(L, 1, h, &c), r;
   if (st != ST_HELD) return push_state(L, st);
-  if (!ttl_ms) {
-    pthread_mutex_lock(&h->lease->mu);
-    ttl_ms = h->lease->ttl_ms;
+  pthread_mutex_lock(&h->lease->mu);
+  /* a locked-at document's lease is the ttl every party uses */
+  if (ttl_ms && h->lease->time_mode == ML_TIME_LOCKED_AT && ttl_ms != h->lease->ttl_ms) {
     pthread_mutex_unlock(&h->lease->mu);
+    return luaL_error(L, "bad argument #1 to 'extend' (ttl is fixed per collection when "
+                         "time = \"locked\")");
   }
+  if (!ttl_ms) ttl_ms = h->lease->ttl_ms;
+  pthread_mutex_unlock(&h->lease->mu);
   r = ml_lease_extend(ml_client_get(L, c), c, h->lease, ttl_ms, ml_monotonic(), &err);
   if (r < 0) return ml_pusherror(L, &err);
   if (r == 0) return push_state(L, ST_LOST);

@@ -227,8 +227,14 @@ describe("#integration documents", function()
     assert.equal(20, s.Value)
     assert.equal(null, s.LockId)
     assert.equal(null, s.LockTime)
-    assert.is_table((docs:try("c")))
+    local _, hc = assert(docs:try("c"))
     assert.has_error(function() docs:try("c", { ttl = 5 }) end)
+    -- the lease is the ttl every party uses: extend takes no other
+    assert.has_error(function() hc:extend(5) end,
+      "bad argument #1 to 'extend' (ttl is fixed per collection when time = \"locked\")")
+    assert.is_true(hc:extend())
+    assert.is_true(hc:extend(60))
+    assert.is_true(hc:release())
   end)
 
   if _VERSION == "Lua 5.4" then
