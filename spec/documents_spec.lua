@@ -269,6 +269,21 @@ describe("#integration documents", function()
     assert.is_false(assert(docs:status("w")).held)
   end)
 
+  it("with() renews the lease while fn runs unless told not to, as every kind's with", function()
+    local docs = fresh({ ttl = 1.5 })
+    local n = docs:with("renewed", { insert = { n = 0 } }, function(doc, h)
+      core.sleep(2.5)              -- longer than the ttl: renewed meanwhile
+      assert.is_true(h:held())
+      return { n = doc.n + 1 }
+    end)
+    assert.equal(1, n.n)
+    assert.same({ nil, "lost" }, { docs:with("unrenewed", { insert = { n = 0 }, renew = false },
+      function(doc)
+        core.sleep(2.5)
+        return { n = doc.n + 1 }
+      end) })
+  end)
+
   it("with() unlocks without fn's changes, then raises, when the release refuses them", function()
     local docs = fresh()
     local ok, err = pcall(docs.with, docs, "r", { insert = { n = 0 } }, function()

@@ -234,6 +234,9 @@ function _M.with(self, id, opts, fn, ...)
   check_id(id, "with")
   local o = call_opts(self, opts, "with")
   check_type(fn, "function", 3, "with")
+  -- fn may run longer than a ttl: with renews in the background unless
+  -- told otherwise, as every kind's with does
+  if opts == nil or opts.renew == nil then o.renew = true end
   local doc, h, info = wait_for(self, id, o, "with")
   if not doc then return nil, h, info end
   local res = pack(pcall(fn, doc, h, ...))
