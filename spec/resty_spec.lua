@@ -156,6 +156,10 @@ describe("#integration resty.mongolock", function()
       bad.client = client
       assert.has_error(function() resty:new(bad) end)
     end
+    assert.has_error(function() resty:new({ client = 5 }) end,
+      "bad argument #1 to 'new' (client: a mongolock client expected, got 5)")
+    assert.has_error(function() resty:new({ uri = helpers.uri(), server_timeout = 100000 }) end,
+      "bad argument #1 to 'new' (server_timeout must be at most a day (86400 seconds) (got 100000))")
     -- no uri and no client, with MONGODB_URI unset, is an error too (not
     -- checked here: the environment of this process is not ours to change)
   end)

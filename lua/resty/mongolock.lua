@@ -142,6 +142,10 @@ function _M.new(_, dict_name, opts)
   private.check_keys(opts, VALID, n, "new", 2)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
+  if o.client ~= nil and (type(o.client) ~= "table" or type(o.client.locks) ~= "function"
+                          or o.client._core == nil) then
+    private.argerror(n, "new", "client: a mongolock client expected, got " .. private.shown(o.client), 2)
+  end
   if o.client == nil then
     if o.uri == nil then o.uri = os.getenv("MONGODB_URI") end
     if type(o.uri) ~= "string" or o.uri == "" then
@@ -163,6 +167,11 @@ function _M.new(_, dict_name, opts)
   if o.ratio < 1 then private.argerror(n, "new", "ratio must be >= 1", 2) end
   for _, k in ipairs({ "server_selection_timeout", "server_timeout" }) do
     if o[k] ~= nil then o[k] = private.seconds(o[k], n, "new", k, 2) end
+  end
+  -- what connect would refuse, refused here as new's own argument
+  if o.server_timeout ~= nil and o.server_timeout > 86400 then
+    private.argerror(n, "new", "server_timeout must be at most a day (86400 seconds) (got "
+      .. private.shown(o.server_timeout) .. ")", 2)
   end
 
   if o.mode ~= nil and o.mode ~= "read" and o.mode ~= "write" then
