@@ -556,6 +556,18 @@ do
   assert(b:unlock() == 1)
 end
 
+-- a holder whose lease ended, taken by nobody: expire and unlock answer
+-- lost, as a handle does past its deadline (the lease is not revived)
+do
+  local a = new({ exptime = 0.2 })
+  assert(a:lock(key .. "-ended") == 0)
+  ngx.sleep(0.4)
+  local oke, erre = a:expire(5)
+  local okl, errl = a:unlock()
+  out[#out + 1] = "ended " .. tostring(oke) .. " " .. tostring(erre) .. " " .. tostring(okl) .. " "
+    .. tostring(errl)
+end
+
 -- timeout 0: one attempt, which takes a free lock
 do
   local z = new({ timeout = 0 })
@@ -645,7 +657,7 @@ describe("#integration nginx with resty.mongolock", function()
     local code, body = get(nginx.port, "/gate-spec?key=" .. helpers.unique("gate"))
     assert.equal(200, code, body)
     assert.equal(table.concat({ "order 1,2,3,4,5", "abandoned locked", "timeout nil timeout", "lost nil lost",
-      "zero 0 nil", "collected locked" }, "\n") .. "\n", body)
+      "ended nil lost nil unlocked", "zero 0 nil", "collected locked" }, "\n") .. "\n", body)
   end)
 
   it("loses no update of the guarded counter under " .. REQUESTS

@@ -26,6 +26,24 @@ describe("#integration resty.mongolock", function()
     return assert(resty:new(o))
   end
 
+  it("an unlock that fails keeps the lock, and a second unlock releases it", function()
+    local app = helpers.unique("resty-fail")
+    local c2 = helpers.connect({ appname = app })
+    local lock = assert(resty:new({ client = c2, database = helpers.database, collection = coll }))
+    local key = helpers.unique("k")
+    assert.equal(0, lock:lock(key))
+    -- the release's update fails once, with an error no driver retries
+    assert(require("mongolock.testing").failpoint(client._core, { times = 1, commands = { "update" },
+      error_code = 96, app_name = app }))
+    local ok, err = lock:unlock()
+    assert.is_nil(ok)
+    assert.is_string(err)
+    assert.equal("locked", select(2, lock:lock(key)))   -- still this object's
+    assert.equal(1, lock:unlock())
+    assert.equal(0, new({ timeout = 0 }):lock(key))
+    c2:close()
+  end)
+
   it("locks at once when free (elapsed 0) and unlocks with 1", function()
     local lock = new()
     local key = helpers.unique("k")

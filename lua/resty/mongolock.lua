@@ -425,6 +425,13 @@ function _M.lock(self, key)
   return waited and (monotonic() - start) or 0
 end
 
+-- a lease of the nginx path whose local deadline has passed (or that an
+-- extend found taken): it is lost for good, as a handle's lease is
+local function ended(lease)
+  if not lease.lost and monotonic() >= lease.deadline then lease.lost = true end
+  return lease.lost
+end
+
 -- syntax: ok, err = obj:unlock()
 -- ok is 1 as in lua-resty-lock.  err: "unlocked" (this object holds no
 -- lock), or "lost" (the lease had expired, or the lock was taken or
@@ -432,6 +439,13 @@ end
 -- end).
 function _M.unlock(self)
   local lease = self.lease
+  if lease and ended(lease) then
+    -- past its local deadline: lost, as a handle's lease is, without a
+    -- command (the server's lease ends no sooner)
+    unhold(self)
+    gate_leave(self)
+    return nil, "lost"
+  end
   if lease then
     local ok, err, code = nlocks.release(lease)
     -- the lease had ended and the lock was taken or released meanwhile:
@@ -446,9 +460,13 @@ function _M.unlock(self)
   end
   local h = self.handle
   if not h then return nil, "unlocked" end
-  self.handle = nil
   local ok, err, code = h:release()
-  gate_leave(self)
+  -- a release that could not be sent keeps the handle (a second unlock
+  -- tries again), as the nginx path keeps its lease
+  if ok or err == "lost" or err == "not held" or err == "closed" then
+    self.handle = nil
+    gate_leave(self)
+  end
   if not ok then return nil, err, code end
   return 1
 end
@@ -461,6 +479,11 @@ function _M.expire(self, timeout)
   if timeout ~= nil then private.ttl(timeout, 1, "expire", "timeout", 2) end
   local t = timeout or self.exptime
   local lease = self.lease
+  if lease and ended(lease) then
+    unhold(self)
+    gate_leave(self)
+    return nil, "lost"
+  end
   if lease then
     local ok, err, code = nlocks.extend(lease, t)
     if not ok then
