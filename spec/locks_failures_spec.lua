@@ -112,6 +112,21 @@ describe("#integration server errors", function()
     assert(locks:try(name)):release()
   end)
 
+  -- a failure that is not "busy" says nothing trustworthy of what the
+  -- attempt wrote (a lost reply can hide a place, or the lock taken under
+  -- the waiter's id): the waiter leaves, which gives either back
+  it("a waiter whose attempt failed leaves the queue before it returns the error", function()
+    local name = helpers.unique("fam-error-leave")
+    fail({ times = 1, commands = { "findAndModify" }, error_code = 96 })   -- OperationFailed
+    local before = helpers.opcounters(observer).update
+    local h, err, code = locks:acquire(name, { timeout = 5 })
+    assert.is_nil(h)
+    assert.is_string(err)
+    assert.equal(96, code)
+    assert.equal(1, helpers.opcounters(observer).update - before, "the leave")
+    assert(locks:try(name)):release()
+  end)
+
   it("a failover error during acquire is retried by the driver, and the lock is held once", function()
     local name = helpers.unique("fam-failover")
     fail({ times = 1, commands = { "findAndModify" }, error_code = 189 })

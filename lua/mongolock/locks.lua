@@ -194,7 +194,10 @@ local function wait_for(self, name, ttl_ms, o)
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
-  local queued = false
+  -- queued: an attempt answered with this waiter's place; unsure: one
+  -- failed without saying what it wrote (a lost reply may hide a place,
+  -- or the lock itself, taken under the waiter's id)
+  local queued, unsure = false, false
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait,
     poll = o.wait == "poll", refresh = o.queue_ttl / 2,
@@ -202,7 +205,8 @@ local function wait_for(self, name, ttl_ms, o)
     -- its queue entry: it cannot be woken, and does not hold others up
     attempt = function(polling)
       local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
-      if err == "busy" then queued = queued or info.position ~= nil end
+      if err == "busy" then queued = queued or info.position ~= nil
+      elseif not h and err ~= "closed" then unsure = true end
       return h, err, info
     end,
     -- a lock a release granted to this waiter (no command)
@@ -211,10 +215,11 @@ local function wait_for(self, name, ttl_ms, o)
         g.token, started, o.renew)
     end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
-    -- a waiter that gives up takes its place out of the queue (best effort,
+    -- a waiter that gives up takes its place out of the queue, and passes
+    -- on a lock an attempt took without its reply arriving (best effort,
     -- and only with a server to tell: the place lapses after queue_ttl)
     give_up = function(...)
-      if queued and not self.core:closed() and self.core:writable() then
+      if (queued or unsure) and not self.core:closed() and self.core:writable() then
         pcall(self.core.leave, self.core, self.database, self.collection, name, waiter)
       end
       return nil, ...
