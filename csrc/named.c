@@ -246,6 +246,10 @@ int ml_m_granted(lua_State *L) {
   grant = queue_ms < ttl_ms ? queue_ms : ttl_ms;
   token = arg_token(L, 8);
   started = luaL_checknumber(L, 9);
+  /* a time of this process's monotonic clock, not in its future: the
+   * deadline is computed from it */
+  luaL_argcheck(L, started == started && started <= ml_monotonic() && started > 0, 9,
+                "started must be a past reading of core.monotonic()");
   bson_init(&id);       /* after the arguments: it may allocate */
   bson_append_utf8(&id, "_id", 3, name, (int)namelen);
   ml_lease_spec_named(&s, ML_KIND_NAMED, db, coll, &id, ML_F_OWNER, w, ttl_ms);

@@ -299,10 +299,11 @@ static void *watch_main(void *arg) {
       pthread_mutex_unlock(&watch_mu);
       ml_sleep(0.05 * tries);
       next = stream_open(coll, s, copy);
+      /* its killCursors is a round trip: not under watch_mu */
+      mongoc_change_stream_destroy(cs);
       pthread_mutex_lock(&watch_mu);
       s->in_call = 0;
       if (copy) bson_destroy(copy);
-      mongoc_change_stream_destroy(cs);
       cs = next;
       if (mongoc_change_stream_error_document(cs, &err, &errdoc)) {
         if (tries >= REOPENS) {
@@ -600,14 +601,19 @@ static int l_watch_wait(lua_State *L) {
   pthread_cond_broadcast(&s->cv);
   for (;;) {
     if (s->state == ST_FAILED) {
-      lua_pushnil(L);
-      lua_pushstring(L, s->errmsg);
-      if (s->errcode) lua_pushinteger(L, (lua_Integer)s->errcode);
-      else lua_pushnil(L);
+      /* copied out, and pushed with watch_mu released: a push may run the
+       * collector, whose finalizers (a client's close) take watch_mu */
+      char msg[sizeof s->errmsg];
+      uint32_t code = s->errcode;
+      memcpy(msg, s->errmsg, sizeof msg);
       s->waiters--;
       s->idle_since = ml_monotonic();
       pthread_mutex_unlock(&watch_mu);
       bson_destroy(&key);
+      lua_pushnil(L);
+      lua_pushstring(L, msg);
+      if (code) lua_pushinteger(L, (lua_Integer)code);
+      else lua_pushnil(L);
       return 3;
     }
     if (s->state == ST_DONE) { res = "retry"; break; }

@@ -1,0 +1,94 @@
+-- #integration: the change-stream thread and the waiters share watch_mu
+-- (csrc/watch.c); nothing that can run the collector or wait for the
+-- server happens under it.
+--
+-- The failed-stream case runs against a private stand-in that reports a
+-- standalone server (no change streams), started by the spec itself, also
+-- when MONGODB_URI names a real server.
+local helpers = require "helpers"
+local core = require "mongolock.core"
+local testing = require "mongolock.testing"
+
+local format = string.format
+
+-- A waiter of a failed stream is answered while clients whose streams
+-- exist become garbage: the answer's strings are pushed (which may run
+-- their finalizers, whose close stops those streams under watch_mu) only
+-- after watch_mu is released.  The collector runs a step at almost every
+-- allocation.
+local FAILED = [[
+local core = require "mongolock.core"
+local uri = ...
+local a = assert(core.connect(uri))
+collectgarbage("incremental", 0, 100, 1)
+local n = 0
+for k = 1, 300 do
+  local b = assert(core.connect(uri))
+  core.watch_wait(b, "mongolock_spec", "g", "owner", "x", 1, 1, 0)
+  b = nil                                             -- garbage, its stream open
+  for _ = 1, 10 do
+    n = n + 1
+    local r = core.watch_wait(a, "mongolock_spec", "c" .. n, "owner", "x", 1, 1, 2)
+    assert(r == nil, "a standalone server's stream did not fail")
+  end
+end
+print("done")
+]]
+
+describe("#integration change-stream thread", function()
+  it("answers a failed stream's waiter outside watch_mu, while clients with streams are collected",
+    function()
+      local log = os.tmpname()
+      local p = assert(io.popen(format("node %s --port 0 --standalone >%s 2>&1 & echo $!",
+        helpers.shell_quote(helpers.root .. "/tools/mongo-standin/server.js"),
+        helpers.shell_quote(log))))
+      local pid = tonumber(p:read("*l"))
+      p:close()
+      local addr
+      for _ = 1, 400 do
+        addr = (helpers.read_file(log) or ""):match("listening (%S+)")
+        if addr then break end
+        core.sleep(0.05)
+      end
+      assert(addr, "the stand-in did not start")
+      local path = helpers.script(FAILED)
+      local child = helpers.spawn(path, { format("mongodb://%s/?serverSelectionTimeoutMS=2000", addr) })
+      -- a deadlock never ends: the child is given a minute (it takes a few
+      -- seconds)
+      local got, err = child:wait_for("done", 60)
+      child:kill("KILL")
+      os.execute(format("kill -9 %d 2>/dev/null", pid))
+      os.remove(path)
+      os.remove(log)
+      assert.equal("done", got, err or child:output())
+    end)
+
+  it("reopens a stream without holding watch_mu across the old cursor's killCursors", function()
+    local app = helpers.unique("watch-killcursors")
+    local c = assert(core.connect(helpers.uri() .. (helpers.uri():find("?", 1, true) and "&" or "?")
+      .. "appname=" .. app .. "&socketTimeoutMS=4000"))     -- getMore awaits 2 s
+    local observer = helpers.connect()
+    local db, coll = helpers.database, helpers.unique("wk")
+    local r = assert(c:command(db, { ping = 1 }))
+    local t, i = r.operationTime.t, r.operationTime.i
+    assert.equal("timeout", (core.watch_wait(c, db, coll, "owner", "x", t, i, 0.2)))
+    -- every getMore fails (the stream reopens) and every killCursors of
+    -- the old cursor takes 2 s
+    assert(testing.failpoint(observer._core, { mode = "alwaysOn", commands = { "getMore", "killCursors" },
+      error_code = 2, block_ms = 2000, app_name = app }))
+    local worst, t0 = 0, core.monotonic()
+    local failed
+    while core.monotonic() - t0 < 10 do
+      local s = core.monotonic()
+      local a = core.watch_wait(c, db, coll, "owner", "x", t, i, 0.05)
+      worst = math.max(worst, core.monotonic() - s)
+      if a == nil then failed = true break end
+    end
+    assert(testing.failpoint(observer._core, { mode = "off" }))
+    -- a wait of 0.05 s is not held up by the server (2 s under watch_mu)
+    assert.is_true(worst < 1, format("longest wait: %.2f s", worst))
+    assert.is_true(testing.watch_stats(c).reopens >= 1 or failed, "the stream never reopened")
+    c:close()
+    observer:close()
+  end)
+end)
