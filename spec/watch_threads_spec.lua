@@ -20,7 +20,8 @@ local FAILED = [[
 local core = require "mongolock.core"
 local uri = ...
 local a = assert(core.connect(uri))
-collectgarbage("incremental", 0, 100, 1)
+if rawget(_G, "jit") then collectgarbage("setpause", 0); collectgarbage("setstepmul", 100)
+else collectgarbage("incremental", 0, 100, 1) end
 local n = 0
 for k = 1, 300 do
   local b = assert(core.connect(uri))
