@@ -387,9 +387,20 @@ static void renew_stop(ml_client *c) {
   free(st);
 }
 
+/*
+ * In this order: the renewal thread is joined (its connection is back in
+ * the pool) and the client's own connection pushed before the streams
+ * stop, because a stream in a getMore is detached and takes the pool with
+ * it: the last such thread destroys it, and nothing of the pool may be
+ * out then.
+ */
 void ml_bg_on_close(ml_client *c) {
-  ml_watch_stop(c);
   renew_stop(c);
+  if (c->client) {
+    mongoc_client_pool_push(c->pool, c->client);
+    c->client = NULL;
+  }
+  ml_watch_stop(c);
 }
 
 /* ---- what the specs read (mongolock.testing) -------------------------- */

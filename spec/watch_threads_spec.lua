@@ -36,7 +36,44 @@ end
 print("done")
 ]]
 
+-- close while the renewal thread is in a command (its update held up by
+-- the server) and the stream's thread in a getMore: the stream is
+-- detached and takes the pool, which its thread destroys when the getMore
+-- returns; the renewal's connection and the client's own must be back in
+-- the pool by then (they were not: the renewal thread read freed memory)
+local CLOSE_RACE = [[
+local core = require "mongolock.core"
+local testing = require "mongolock.testing"
+local base, app, db, coll = ...
+local c = assert(core.connect(base .. (base:find("?", 1, true) and "&" or "?")
+  .. "socketTimeoutMS=1000&appname=" .. app))
+local c2 = assert(core.connect(base))
+assert(c2:command(db, { ping = 1 }))
+assert(testing.failpoint(c2, { times = 1, commands = { "update" }, block_ms = 800, app_name = app }))
+local h = assert(c:acquire(db, coll, "A", 900, nil, true))   -- renewed every 0.3 s
+local t0 = core.monotonic()
+local r = assert(c:command(db, { ping = 1 }))
+core.watch_wait(c, db, coll, "owner", "B", r.operationTime.t, r.operationTime.i, 0.1)
+while core.monotonic() - t0 < 0.4 do core.sleep(0.01) end
+c:close()
+core.sleep(1.5)                     -- the detached getMore returns meanwhile
+testing.failpoint(c2, { mode = "off" })
+c2:close()
+print("alive " .. tostring(h ~= nil))
+]]
+
 describe("#integration change-stream thread", function()
+  it("close with a renewal in a command and a stream in a getMore frees nothing still in use",
+    function()
+      local path = helpers.script(CLOSE_RACE)
+      local out, ok, status = helpers.run(path, { helpers.uri(), helpers.unique("close-race"),
+        helpers.database, helpers.unique("cr") })
+      os.remove(path)
+      assert.is_true(ok, format("exit %s: %s", tostring(status), out))
+      assert.matches("alive true", out, 1, true)
+    end)
+
+
   it("answers a failed stream's waiter outside watch_mu, while clients with streams are collected",
     function()
       local log = os.tmpname()
