@@ -182,6 +182,13 @@ static int l_connect(lua_State *L) {
   ml_client *c;
   size_t len;
 
+  int arg;
+
+  /* every type check that can raise, before the URI is made (it would
+   * leak): the checks below see the same values again */
+  if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TSTRING) (void)luaL_checkinteger(L, 3);
+  for (arg = 4; arg <= 7; arg++)
+    if (!lua_isnoneornil(L, arg)) (void)luaL_checkinteger(L, arg);
   (void)lua_tolstring(L, 1, &len);
   if (strlen(s) != len) return ml_pushfail(L, "invalid URI: contains a NUL byte", 0);
   uri = mongoc_uri_new_with_error(s, &err);

@@ -194,19 +194,23 @@ int ml_m_doc_acquire(lua_State *L) {
   have_insert = !lua_isnoneornil(L, 10);
   if (have_insert) luaL_checktype(L, 10, LUA_TTABLE);
   renew = lua_toboolean(L, 11);
+  /* the _id first: it raises on a bad one (then nothing else is built),
+   * and what is built after it is given back on every way out */
+  arg_id(L, 4, &id);
+  r.id = &id;
   if (have_insert) {
     const char *bad = ml_doc_insert(L, 10, r.owner_field, r.time_field, &ins, err, sizeof err);
     if (bad) {
       bson_destroy(&ins);
+      bson_destroy(&id);
       return luaL_argerror(L, 10, bad);
     }
   }
   if (!ml_random_owner(owner)) {
     bson_destroy(&ins);
+    bson_destroy(&id);
     return ml_pushfail(L, "getrandom failed", 0);
   }
-  arg_id(L, 4, &id);   /* last: it allocates */
-  r.id = &id;
 
   ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
   bson_destroy(&ins);

@@ -430,7 +430,7 @@ static int l_op_command(lua_State *L) {
 }
 
 static int l_op_watch(lua_State *L) {
-  const char *db, *coll, *field, *tag, *tok;
+  const char *db, *coll, *field, *tag, *tok, *session;
   size_t len;
   lua_Number t, i;
   bson_t token;
@@ -444,35 +444,40 @@ static int l_op_watch(lua_State *L) {
   i = opt_num(L, "i", 0, 0);
   if (!(t >= 0 && t <= 4294967295.0 && i >= 0 && i <= 4294967295.0))
     bad(L, "t", "timestamp part out of range");
+  session = check_hex(L, "session", 32, 0);   /* before anything is built */
   tok = opt_str(L, "resume_token", 0, &len);
   if (tok) {
     lua_getfield(L, 1, "resume_token");
     arg_bson(L, lua_gettop(L), &token);
   }
   ml_build_watch(&op, db, coll, field, tag, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
-  op.session = check_hex(L, "session", 32, 0);
+  op.session = session;
   return push_op(L, &op);
 }
 
 static int l_op_getmore(lua_State *L) {
-  const char *db, *coll;
+  const char *db, *coll, *session;
   int64_t id, await;
   ml_op op;
   check_ns(L, &db, &coll);
   id = check_cursor_id(L);
   await = (int64_t)opt_num(L, "await_ms", 0, 1000);
   if (await < 0) bad(L, "await_ms", "must not be negative");
+  session = check_hex(L, "session", 32, 0);   /* before anything is built */
   ml_build_getmore(&op, db, coll, id, await);
-  op.session = check_hex(L, "session", 32, 0);
+  op.session = session;
   return push_op(L, &op);
 }
 
 static int l_op_killcursors(lua_State *L) {
-  const char *db, *coll;
+  const char *db, *coll, *session;
+  int64_t id;
   ml_op op;
   check_ns(L, &db, &coll);
-  ml_build_killcursors(&op, db, coll, check_cursor_id(L));
-  op.session = check_hex(L, "session", 32, 0);
+  id = check_cursor_id(L);
+  session = check_hex(L, "session", 32, 0);   /* before anything is built */
+  ml_build_killcursors(&op, db, coll, id);
+  op.session = session;
   return push_op(L, &op);
 }
 
@@ -723,11 +728,13 @@ static int share_end_or_extend(lua_State *L, int extend) {
   const char *db, *coll, *name, *owner;
   bson_t id;
   ml_op op;
+  int64_t ms;
   name = check_lock(L, &db, &coll, 1);
   owner = check_hex(L, "owner", 32, 1);
+  ms = extend ? check_ms(L, "ttl_ms") : 0;   /* before anything is built */
   bson_init(&id);
   BCON_APPEND(&id, "_id", BCON_UTF8(name));
-  if (extend) ml_build_share_extend(&op, db, coll, &id, owner, check_ms(L, "ttl_ms"));
+  if (extend) ml_build_share_extend(&op, db, coll, &id, owner, ms);
   else ml_build_share_release(&op, db, coll, &id, owner);
   bson_destroy(&id);
   return push_op(L, &op);

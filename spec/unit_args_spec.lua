@@ -52,6 +52,28 @@ describe("#unit mongolock.core", function()
   end)
 end)
 
+describe("#unit mongolock.core's argument checks", function()
+  -- each raises before (or gives back) what it had built: under make
+  -- test-valgrind a leak here is an error
+  it("raise without leaking what was built before the failing check", function()
+    assert.has_error(function() core.connect(DEAD, nil, nil, nil, "abc") end)
+    assert.has_error(function() core.connect(DEAD, nil, nil, "zz") end)
+    assert.has_error(function()
+      core.op_watch({ db = "d", coll = "c", tag = string.rep("a", 16), session = "bad" })
+    end)
+    assert.has_error(function()
+      core.op_getmore({ db = "d", coll = "c", cursor_id = 1, session = "bad" })
+    end)
+    assert.has_error(function()
+      core.op_killcursors({ db = "d", coll = "c", cursor_id = 1, session = "bad" })
+    end)
+    assert.has_error(function()
+      core.op_share_extend({ db = "d", coll = "c", name = string.rep("x", 600),
+        owner = string.rep("a", 32), ttl_ms = -1 })
+    end)
+  end)
+end)
+
 describe("#unit mongolock.connect", function()
   it("raises on wrong argument types", function()
     assert.has_error(function() mongolock.connect() end,
