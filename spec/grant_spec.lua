@@ -171,33 +171,42 @@ describe("#integration grant in the release", function()
   -- keeps what is left of the place counted from that attempt; counting
   -- from the release (the event's expiresAt - acquiredAt) loses the time
   -- between the two, and left this grant 0.2 s instead of 1.1 s.
-  it("a grant that comes late in the waiter's place leaves it the rest of its place", function()
-    local name = helpers.unique("g-late")
+  -- name held by another client, released `delay` seconds after this
+  -- waiter's first failed attempt (its place then set), which the release
+  -- grants to it: the handle, and its remaining time as acquire returned it
+  local function granted_after_first_attempt(name, delay, opts)
     local other = helpers.connect({ appname = "grant-holder" })
     local olocks = other:locks({ database = locks.database, collection = locks.collection, ttl = 60 })
     local holder = assert(olocks:try(name))
     local released
     local real = locks_mod.get_wait()
     locks_mod.set_wait({ check_mode = real.check_mode, sleep_until_retry = function(state)
-      -- after the waiter's first failed attempt: the release comes 0.9 s
-      -- into its 2 s place
       if not released then
-        core.sleep(0.9)
+        if delay > 0 then core.sleep(delay) end
         released = holder:release()
       end
       return real.sleep_until_retry(state)
     end })
-    local ok, h = pcall(locks.acquire, locks, name, { timeout = 10, wait = "watch", queue_ttl = 2 })
+    local o = { timeout = 10, wait = "watch" }
+    for k, v in pairs(opts) do o[k] = v end
+    local ok, h = pcall(locks.acquire, locks, name, o)
     local left = ok and h and h:remaining()
     locks_mod.set_wait(real)
+    other:close()
     assert(ok, h)
     assert.is_true(released)
     assert.truthy(h, "acquired")
+    return h, left
+  end
+
+  it("a grant that comes late in the waiter's place leaves it the rest of its place", function()
+    local name = helpers.unique("g-late")
+    -- the release comes 0.9 s into the waiter's 2 s place
+    local h, left = granted_after_first_attempt(name, 0.9, { queue_ttl = 2 })
     assert.is_true(left > 0.8, "left " .. tostring(left))
     local st = assert(locks:status(name))
     assert.is_true(h:remaining() <= st.remaining + 0.001)
     assert.is_true(h:release())
-    other:close()
   end)
 
   -- A place shorter than the ttl cuts the grant short: without renewal,
@@ -205,21 +214,7 @@ describe("#integration grant in the release", function()
   -- 2 s of a ttl of 2.5 s, is over two thirds of it, which renewal keeps)
   it("a grant cut short by a place shorter than the ttl is topped up without renewal", function()
     local name = helpers.unique("g-bounded")
-    local other = helpers.connect({ appname = "grant-holder" })
-    local olocks = other:locks({ database = locks.database, collection = locks.collection, ttl = 60 })
-    local holder = assert(olocks:try(name))
-    local released
-    local real = locks_mod.get_wait()
-    locks_mod.set_wait({ check_mode = real.check_mode, sleep_until_retry = function(state)
-      if not released then released = holder:release() end
-      return real.sleep_until_retry(state)
-    end })
-    local ok, h = pcall(locks.acquire, locks, name,
-      { timeout = 10, wait = "watch", queue_ttl = 2, ttl = 2.5, renew = false })
-    locks_mod.set_wait(real)
-    assert(ok, h)
-    assert.is_true(released)
-    assert.truthy(h, "acquired")
+    local h = granted_after_first_attempt(name, 0, { queue_ttl = 2, ttl = 2.5, renew = false })
     local st = assert(locks:status(name))
     assert.is_true(st.remaining <= 2, "server " .. st.remaining)
     assert.is_true(h:remaining() <= st.remaining + 0.001)
@@ -229,7 +224,6 @@ describe("#integration grant in the release", function()
       return s2.held and s2.remaining > 2.05
     end, 3))
     assert.is_true(h:release())
-    other:close()
   end)
 
   it("the granted handle's remaining time never exceeds the server's, and is topped up to the ttl",

@@ -22,22 +22,23 @@ local function mongolock(args)
 end
 
 describe("#integration mongolock exec --shared / --permits", function()
-  local client, coll, rw, sems, base
+  local client, coll, rw, sems
   setup(function()
     client = helpers.connect({ appname = "kinds-cli" })
     coll = helpers.unique("cli")
     rw = client:rwlocks({ database = helpers.database, collection = coll })
     sems = client:semaphores({ database = helpers.database, collection = coll, permits = 2 })
-    base = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll, "exec" }
   end)
   teardown(function() client:close() end)
 
-  local function exec(...)
-    local args = {}
-    for _, a in ipairs(base) do args[#args + 1] = a end
+  -- the command with this spec's server and collection, then args
+  local function run(...)
+    local args = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll }
     for _, a in ipairs({ ... }) do args[#args + 1] = a end
     return mongolock(args)
   end
+
+  local function exec(...) return run("exec", ...) end
 
   it("--shared runs the command beside other readers, not beside a writer", function()
     local name = helpers.unique("shared")
@@ -100,13 +101,6 @@ describe("#integration mongolock exec --shared / --permits", function()
     assert.equal(64, code)
   end)
   it("wait waits for readers and permits too, and release --force ends them", function()
-    local cli = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll }
-    local function run(...)
-      local args = {}
-      for _, a in ipairs(cli) do args[#args + 1] = a end
-      for _, a in ipairs({ ... }) do args[#args + 1] = a end
-      return mongolock(args)
-    end
     local rname, sname = helpers.unique("wait-r"), helpers.unique("wait-p")
     local r = assert(rw:try_read(rname, { ttl = 60 }))
     local p = assert(sems:try(sname, { ttl = 60 }))
@@ -127,13 +121,6 @@ describe("#integration mongolock exec --shared / --permits", function()
   end)
 
   it("status and list show shares and permits in use, their holders and waiters", function()
-    local cli = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll }
-    local function run(...)
-      local args = {}
-      for _, a in ipairs(cli) do args[#args + 1] = a end
-      for _, a in ipairs({ ... }) do args[#args + 1] = a end
-      return mongolock(args)
-    end
     local pid = tostring(require("mongolock.core").getpid())
     -- a reader-writer lock held by two readers, nobody writing
     local rname = helpers.unique("readers")
