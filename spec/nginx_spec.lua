@@ -932,6 +932,39 @@ describe("#integration nginx with resty.mongolock", function()
     assert.is_truthy(log:find("was won after its caller gave up: released", 1, true), log)
   end)
 
+  it("lets a worker's next waiter in when the one waiting at the server went away", function()
+    local conns, mine, count = open_pingers(nginx.port, 1, 2), {}, {}
+    for _, p in ipairs(conns) do count[p.pid] = (count[p.pid] or 0) + 1 end
+    for _, p in ipairs(conns) do
+      if count[p.pid] == 2 then mine[#mine + 1] = p.sock else p.sock:close() end
+    end
+    local key = helpers.unique("gone-owner")
+    -- held from outside the worker, so that its first waiter owns the
+    -- worker's gate while it waits at the server
+    local olocks = observer:locks({ database = observer:default_database(),
+      collection = "nginx_gate_spec" })
+    local held = assert(olocks:acquire(key, { ttl = 30 }))
+    local function send(sock, timeout)
+      assert(sock:send(format("GET /hold-abortable?key=%s&ms=0&timeout=%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        key, timeout)))
+    end
+    send(mine[1], 30)
+    socket.sleep(0.5)
+    mine[1]:close()                    -- the gate's owner gone
+    local t0 = socket.gettime()
+    send(mine[2], 10)
+    socket.sleep(0.5)
+    assert.is_true(held:release())      -- granted to the waiter that went away
+    mine[2]:settimeout(15)
+    local code, body = nx.keepalive_read(mine[2])
+    local took = socket.gettime() - t0
+    assert.equal(200, code)
+    -- the gate within a beat (queue_ttl / 2 + 2 s), the dead waiter's
+    -- grant within its place (queue_ttl): not the 30 s of its timeout
+    assert.equal("locked", body, format("after %.2f s", took))
+    mine[2]:close()
+  end)
+
   it("lets a worker's next waiter in when the waiters ahead of it went away", function()
     -- five keep-alive connections to one worker
     local conns, mine, count = open_pingers(nginx.port, 1, 5), {}, {}

@@ -386,9 +386,18 @@ function _M.lock(self, key)
       gate_leave(self)
       return nil, "timeout"
     end
+    -- while it waits at the server the gate's owner keeps the gate by
+    -- looking in at every attempt (at least every queue_ttl / 2): a
+    -- request killed meanwhile (aborted: its coroutine gone, nothing run)
+    -- leaves the gate to this worker's next waiter within a beat
+    local on_step
+    if gate then
+      local beat = nlocks.defaults.queue_ttl / 2 + 2
+      on_step = function() gate.deadline = math_min(deadline, monotonic() + beat) end
+    end
     local lease, err, code = nlocks.acquire(locks.ngx, key, { ttl = self.exptime,
       timeout = math_max(0, left), step = self.step, ratio = self.ratio,
-      max_step = self.max_step, wake = nlocks.wake })
+      max_step = self.max_step, wake = nlocks.wake, on_step = on_step })
     if not lease then
       gate_leave(self)
       if err == "busy" or err == "timeout" then return nil, "timeout" end

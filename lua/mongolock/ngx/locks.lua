@@ -267,6 +267,8 @@ function _M.acquire(ctx, name, opts)
   local c = stats(pid)
   local attempts = 0
   while true do
+    -- the caller's sign of life, at every attempt
+    if opts.on_step then opts.on_step() end
     attempts = attempts + 1
     local started = monotonic()
     attempt.polling = waiter and polling or nil
