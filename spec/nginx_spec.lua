@@ -1146,6 +1146,20 @@ describe("#integration nginx with resty.mongolock", function()
     wake("rw")
   end)
 
+  it("a waiter whose attempt got no reply leaves the queue", function()
+    local key = helpers.unique("noreply")
+    failpoint({ times = 2, commands = { "findAndModify" }, close_connection = true,
+      app_name = "resty.mongolock" })
+    local before = helpers.opcounters(observer).update
+    local code, body = get(nginx.port, "/hold-abortable?ms=0&timeout=5&key=" .. key)
+    failpoint({ mode = "off" })
+    assert.equal(200, code, body)
+    assert.equal("timeout", body)
+    assert.truthy(helpers.eventually(function()
+      return helpers.opcounters(observer).update - before >= 1
+    end, 5), "no leave")
+  end)
+
   it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()
     local conns = open_pingers(nginx.port, 2, 1)
     for _, p in ipairs(conns) do

@@ -130,14 +130,27 @@ local function leave(ctx, name, waiter, tag)
   return run(ctx.spec, core.op_leave{ db = ctx.db, coll = ctx.coll, name = name, waiter = waiter, tag = tag })
 end
 
--- leave the queue without waiting for it (the caller's time is up)
-local function leave_later(ctx, name, waiter, tag)
+-- runs op without waiting for it (the caller's time is up)
+local function run_later(ctx, op)
   local ngx = rawget(_G, "ngx")
   if transport.active() then
-    ngx.timer.at(0, function() pcall(leave, ctx, name, waiter, tag) end)
+    ngx.timer.at(0, function() pcall(run, ctx.spec, op) end)
   else
-    pcall(leave, ctx, name, waiter, tag)
+    pcall(run, ctx.spec, op)
   end
+end
+
+-- leave the queue without waiting for it
+local function leave_later(ctx, name, waiter, tag)
+  run_later(ctx, core.op_leave{ db = ctx.db, coll = ctx.coll, name = name, waiter = waiter, tag = tag })
+end
+
+-- an error without the server's reply (none, or libmongoc's own for a
+-- connection closed: errorLabels, no ok): the write may have been applied
+local function no_reply(ereply)
+  if type(ereply) ~= "string" then return true end
+  local ok, r = pcall(core.bson_decode, ereply)
+  return not (ok and type(r) == "table" and r.ok ~= nil)
 end
 
 -- the outcome of an attempt nobody waits for any more: the lock it won
@@ -284,6 +297,11 @@ function _M.acquire(ctx, name, opts)
       -- a write concern error comes after the write: a reply showing us as
       -- the owner is released again
       release_if_won(ctx, name, owner, ereply)
+      -- no reply: the attempt may have queued the waiter, or taken the
+      -- lock, under owner all the same (a lost reply)
+      if no_reply(ereply) then
+        if waiter then queued = true else run_later(ctx, release_op(ctx, name, owner)) end
+      end
       return give_up(aerr, acode)
     end
     local info, perr = core.parse_acquire(reply, owner)
