@@ -228,6 +228,16 @@ local function open_pingers(port, workers, per)
   error("could not open " .. per .. " keep-alive connections to each of " .. workers .. " workers")
 end
 
+-- n keep-alive connections to one worker (its sockets)
+local function one_worker(port, n)
+  local conns, mine, count = open_pingers(port, 1, n), {}, {}
+  for _, p in ipairs(conns) do count[p.pid] = (count[p.pid] or 0) + 1 end
+  for _, p in ipairs(conns) do
+    if count[p.pid] == n then mine[#mine + 1] = p.sock else p.sock:close() end
+  end
+  return mine
+end
+
 local function close_pingers(pingers)
   for _, p in ipairs(pingers) do p.sock:close() end
 end
@@ -345,6 +355,7 @@ _M.sh = sh
 _M.poll = poll
 _M.get = get
 _M.open_pingers = open_pingers
+_M.one_worker = one_worker
 _M.keepalive_get = keepalive_get
 _M.keepalive_read = keepalive_read
 _M.load = load

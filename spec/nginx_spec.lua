@@ -933,11 +933,7 @@ describe("#integration nginx with resty.mongolock", function()
   end)
 
   it("lets a worker's next waiter in when the one waiting at the server went away", function()
-    local conns, mine, count = open_pingers(nginx.port, 1, 2), {}, {}
-    for _, p in ipairs(conns) do count[p.pid] = (count[p.pid] or 0) + 1 end
-    for _, p in ipairs(conns) do
-      if count[p.pid] == 2 then mine[#mine + 1] = p.sock else p.sock:close() end
-    end
+    local mine = nx.one_worker(nginx.port, 2)
     local key = helpers.unique("gone-owner")
     -- held from outside the worker, so that its first waiter owns the
     -- worker's gate while it waits at the server
@@ -967,11 +963,7 @@ describe("#integration nginx with resty.mongolock", function()
 
   it("lets a worker's next waiter in when the waiters ahead of it went away", function()
     -- five keep-alive connections to one worker
-    local conns, mine, count = open_pingers(nginx.port, 1, 5), {}, {}
-    for _, p in ipairs(conns) do count[p.pid] = (count[p.pid] or 0) + 1 end
-    for _, p in ipairs(conns) do
-      if count[p.pid] == 5 then mine[#mine + 1] = p.sock else p.sock:close() end
-    end
+    local mine = nx.one_worker(nginx.port, 5)
     local key = helpers.unique("gone")
     local function send(sock, ms, timeout)
       assert(sock:send(format("GET /hold-abortable?key=%s&ms=%d&timeout=%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
