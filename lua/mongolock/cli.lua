@@ -398,12 +398,18 @@ local function shares_text(shares)
   return s
 end
 
--- the soonest end of a live share or permit, as "in 12.3 s"
-local function shares_until(shares)
+-- seconds until the soonest live share or permit ends, or nil
+local function soonest_end(shares)
   local soonest
   for _, h in ipairs(shares.holders) do
     if h.remaining and (not soonest or h.remaining < soonest) then soonest = h.remaining end
   end
+  return soonest
+end
+
+-- the soonest end of a live share or permit, as "in 12.3 s"
+local function shares_until(shares)
+  local soonest = soonest_end(shares)
   return soonest and format("in %.1f s", soonest) or "-"
 end
 
@@ -601,11 +607,8 @@ local function cmd_wait(args)
     -- due to end
     local nap = step
     local rem = st and st.held and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
-    if shared then
-      for _, h in ipairs(shares.holders) do
-        if h.remaining and (not rem or h.remaining < rem) then rem = h.remaining end
-      end
-    end
+    local share_end = shared and soonest_end(shares)
+    if share_end and (not rem or share_end < rem) then rem = share_end end
     if rem and rem > 0 then nap = min(nap, rem + 0.005) end
     core.sleep(min(nap, deadline - now))
     step = min(step * 2, 0.5)
