@@ -49,6 +49,8 @@
  * This file also holds the Lua tables that parsed replies make, shared by
  * those methods and the parse_* functions.
  */
+#include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -248,18 +250,31 @@ static int64_t check_ms(lua_State *L, const char *key) {
 }
 
 /* a cursor id: a decimal string (exact under LuaJIT), or an integer */
+/* a cursor id: a decimal string (ids use all 64 bits; mongolock.ngx passes
+ * them so), or a number that holds the id exactly: an integer, or a float
+ * with no fraction up to 2^53 (beyond it a float has lost digits) */
 static int64_t check_cursor_id(lua_State *L) {
   int64_t id = 0;
   lua_getfield(L, 1, "cursor_id");
   if (lua_type(L, -1) == LUA_TSTRING) {
     char *end;
     const char *s = lua_tostring(L, -1);
+    errno = 0;
     id = (int64_t)strtoll(s, &end, 10);
-    if (!*s || *end) bad(L, "cursor_id", "a decimal string expected");
+    if (!*s || *end || errno == ERANGE) bad(L, "cursor_id", "a 64-bit decimal string expected");
   } else if (lua_type(L, -1) == LUA_TNUMBER) {
-    id = (int64_t)lua_tonumber(L, -1);
+#if LUA_VERSION_NUM >= 503
+    if (lua_isinteger(L, -1)) id = (int64_t)lua_tointeger(L, -1);
+    else
+#endif
+    {
+      double d = lua_tonumber(L, -1);
+      if (!(d == floor(d) && fabs(d) <= 9007199254740992.0))
+        bad(L, "cursor_id", "an integer up to 2^53 expected (a larger id as a decimal string)");
+      id = (int64_t)d;
+    }
   } else {
-    bad(L, "cursor_id", "string expected");
+    bad(L, "cursor_id", "a decimal string or an integer expected");
   }
   lua_pop(L, 1);
   return id;

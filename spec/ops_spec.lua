@@ -114,6 +114,20 @@ describe("#unit ops (builders, no server)", function()
     local g = decode(core.op_getmore{ db = "d", coll = "c", cursor_id = "9007199254740993" })
     assert.equal("c", g.cmd.collection)
     assert.equal("9007199254740993", tostring(g.cmd.getMore):match("%d+"))
+    -- ids use all 64 bits: a string or an integer keeps every digit, a
+    -- float that may have lost some is refused, and so is a string past
+    -- 64 bits (strtoll would clamp it to another cursor's id)
+    local big = "9223372036854775807"
+    assert.equal(big, tostring(decode(core.op_getmore{ db = "d", coll = "c", cursor_id = big }).cmd.getMore):match("%d+"))
+    if math.type then
+      local i = math.tointeger(big + 0) or 9223372036854775807
+      assert.equal(big, tostring(decode(core.op_getmore{ db = "d", coll = "c", cursor_id = i }).cmd.getMore):match("%d+"))
+    end
+    assert.equal("4096", tostring(decode(core.op_killcursors{ db = "d", coll = "c", cursor_id = 4096.0 }).cmd.cursors[1]):match("%d+"))
+    for _, bad in ipairs({ 2^53 + 2, 1.5, 0/0, "9223372036854775808", "12x", "" }) do
+      assert.has_error(function() core.op_getmore{ db = "d", coll = "c", cursor_id = bad } end)
+      assert.has_error(function() core.op_killcursors{ db = "d", coll = "c", cursor_id = bad } end)
+    end
     local k = decode(core.op_killcursors{ db = "d", coll = "c", cursor_id = "12" })
     assert.is_nil(k.session)
     local key = ("ab"):rep(16)
