@@ -81,6 +81,7 @@ int ml_m_share_acquire(lua_State *L) {
   s.token = r.token;
   s.started = started;
   s.renew = lua_toboolean(L, 9);
+  s.once = a.waiter == NULL;    /* a try's random owner */
   pushed = ml_push_won(L, c, ok, r.won, &s, &err);
   if (pushed) {
     bson_destroy(&id);

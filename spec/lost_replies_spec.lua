@@ -14,6 +14,7 @@
 -- may write (the observer only reads).
 local helpers = require "helpers"
 local core = require "mongolock.core"
+local testing = require "mongolock.testing"
 
 local null = core.null
 local unpack = table.unpack or rawget(_G, "unpack")
@@ -21,9 +22,10 @@ local function pack(...) return { n = select("#", ...), ... } end
 
 describe("#integration lost replies", function()
   local client, locks, observer, olocks
+  local APP = helpers.unique("lost")
 
   setup(function()
-    client = helpers.connect({ appname = helpers.unique("lost") })
+    client = helpers.connect({ appname = APP })
     locks = helpers.locks(client)
     assert(locks:try("warm")):release()       -- index made, connection open
     observer = helpers.connect()
@@ -31,6 +33,7 @@ describe("#integration lost replies", function()
   end)
   teardown(function()
     observer._core:command("admin", { configureFailPoint = "onPrimaryTransactionalWrite" }, { mode = "off" })
+    observer._core:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })
     client:close()
     observer:close()
   end)
@@ -50,6 +53,44 @@ describe("#integration lost replies", function()
     local after = set("off")
     assert.equal(1, after - before, "the fail point fired once")
     return unpack(r, 1, r.n)
+  end
+
+  -- runs fn with the next committed write's reply lost and libmongoc's
+  -- retry of it lost too: failCommand lets the first findAndModify of this
+  -- client through and closes the connection of the next, before it runs
+  local function lost_twice(fn)
+    local fp = { configureFailPoint = "failCommand" }
+    assert(observer._core:command("admin", fp, { mode = { skip = 1 },
+      data = { failCommands = { "findAndModify" }, closeConnection = true, appName = APP } }))
+    local before = set({ times = 1 })
+    local r = pack(fn())
+    local after = set("off")
+    assert(observer._core:command("admin", fp, { mode = "off" }))
+    -- the client finds its server again (after two closed connections
+    -- libmongoc marked it unknown) before the next test arms a fail point
+    assert(client._core:command("admin", { ping = 1 }))
+    assert.equal(1, after - before, "the write committed")
+    return unpack(r, 1, r.n)
+  end
+
+  -- a try's owner is its own: when neither its reply nor the retry's
+  -- arrives, the lock it took is given back in the background
+  for _, kind in ipairs({ "locks", "rwlocks", "semaphores" }) do
+    it("a try whose reply and retry are both lost leaves no " .. kind .. " entry held by nobody", function()
+      local name = helpers.unique("twice")
+      local obj = kind == "locks" and locks
+        or client[kind](client, { database = locks.database, collection = helpers.unique(kind),
+          permits = kind == "semaphores" and 2 or nil })
+      local try = kind == "rwlocks" and function() return obj:try_read(name) end
+        or function() return obj:try(name) end
+      local h, err = lost_twice(try)
+      assert.is_nil(h)
+      assert.is_string(err)
+      assert.is_true(testing.renew_flush(client._core))
+      local st = assert(obj:status(name), "the try's write was applied")
+      if kind == "locks" then assert.is_false(st.held, "still held")
+      else assert.equal(0, st.in_use, "still held") end
+    end)
   end
 
   it("an acquire whose reply is lost wins with the token it was given", function()
@@ -114,7 +155,19 @@ describe("#integration lost replies", function()
     setup(function()
       DB = helpers.database
       docs = client:documents(DB, helpers.unique("lostdocs"))
-      assert(client._core:command(DB, { insert = docs.coll }, { documents = { { _id = "o1", n = 0 } } }))
+      assert(client._core:command(DB, { insert = docs.coll },
+        { documents = { { _id = "o1", n = 0 }, { _id = "o2", n = 0 } } }))
+    end)
+
+    it("a lock whose reply and retry are both lost leaves the document unlocked", function()
+      local d, err = lost_twice(function() return docs:try("o2") end)
+      assert.is_nil(d)
+      assert.is_string(err)
+      assert.is_true(testing.renew_flush(client._core))
+      assert.equal(null, get("o2").lockId)
+      local d2, h2 = docs:try("o2")
+      assert.is_table(d2, h2)
+      assert.is_true(h2:release())
     end)
 
     it("a lock and a write-and-unlock whose replies are lost: locked once, written once, unlocked", function()
