@@ -7,6 +7,8 @@
  * connection are abandoned (libmongoc forbids destroying them in a child)
  * and new ones are made on first use.
  */
+#define _GNU_SOURCE             /* dladdr */
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -141,6 +143,46 @@ void ml_client_append_wc(const ml_client *c, bson_t *opts) {
   mongoc_write_concern_append(c->wc, opts);
 }
 
+/* ---- a closed client's pool, still used by detached threads ----------- */
+
+static pthread_mutex_t orphan_mu = PTHREAD_MUTEX_INITIALIZER;
+
+ml_orphan *ml_orphan_take(ml_client *c) {
+  ml_orphan *o = c->orphan;
+  if (!o) {
+    o = (ml_orphan *)calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->pool = c->pool;
+    o->refs = 1;                /* close's own, dropped as it ends */
+    c->orphan = o;
+  }
+  pthread_mutex_lock(&orphan_mu);
+  o->refs++;
+  pthread_mutex_unlock(&orphan_mu);
+  return o;
+}
+
+void ml_orphan_drop(ml_orphan *o) {
+  int last;
+  pthread_mutex_lock(&orphan_mu);
+  last = --o->refs == 0;
+  pthread_mutex_unlock(&orphan_mu);
+  if (last) {
+    ml_pool_destroy(o->pool);
+    free(o);
+  }
+}
+
+static pthread_once_t pin_once = PTHREAD_ONCE_INIT;
+static void pin(void) {
+  Dl_info info;
+  if (dladdr((const void *)&orphan_mu, &info) && info.dli_fname)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NODELETE | RTLD_NOLOAD);
+}
+void ml_pin_library(void) {
+  pthread_once(&pin_once, pin);
+}
+
 /* idempotent; safe in a forked child (abandons instead of destroying) */
 static void client_close(ml_client *c) {
   if (c->closed) return;
@@ -148,7 +190,9 @@ static void client_close(ml_client *c) {
   if (c->pool && c->pid == getpid()) {
     if (c->on_close) c->on_close(c);
     if (c->client) mongoc_client_pool_push(c->pool, c->client);
-    if (!c->pool_adopted) ml_pool_destroy(c->pool);
+    if (c->orphan) ml_orphan_drop(c->orphan);
+    else ml_pool_destroy(c->pool);
+    c->orphan = NULL;
   }
   c->pool = NULL;
   c->client = NULL;
@@ -318,6 +362,15 @@ static int l_writable(lua_State *L) {
   return 1;
 }
 
+/* client:request_scan() -> boolean: asks the background thread for a server
+ * selection (renew.c, ml_renew_scan), which makes libmongoc check its
+ * servers now; returns at once (false: no thread could be started) */
+static int l_request_scan(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  lua_pushboolean(L, ml_renew_scan(L, c));
+  return 1;
+}
+
 /* client:closed() -> boolean */
 static int l_closed(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
@@ -423,6 +476,7 @@ static const luaL_Reg client_methods[] = {
   {"close", l_close},
   {"closed", l_closed},
   {"writable", l_writable},
+  {"request_scan", l_request_scan},
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},

@@ -99,10 +99,32 @@ typedef struct ml_client {
    */
   void (*on_close)(struct ml_client *c);
   void *renew_state;
-  int pool_adopted;             /* on_close handed the pool to change-stream
-                                   threads still in a getMore (watch.c): the
-                                   last of them destroys it, not close */
+  struct ml_orphan *orphan;     /* on_close handed the pool to background
+                                   threads still inside a call (a getMore, a
+                                   server selection): the last holder
+                                   destroys it, not close */
 } ml_client;
+
+/*
+ * A closing client's pool that background threads still use: close hands
+ * it over when a thread is inside a call it cannot interrupt, and detaches
+ * that thread.  Each holder (close until it ends, each such thread) has
+ * one reference; the last one dropped destroys the pool.
+ */
+typedef struct ml_orphan {
+  mongoc_client_pool_t *pool;
+  int refs;
+} ml_orphan;
+
+/* c's orphan (made on first use, with close's own reference), with one
+ * more reference for the caller; NULL when out of memory.  From close's
+ * on_close only. */
+ml_orphan *ml_orphan_take(ml_client *c);
+/* drops one reference; the last destroys the pool */
+void ml_orphan_drop(ml_orphan *o);
+/* keeps this library loaded for the rest of the process: a detached
+ * thread may outlive every client, and lua_close unloads the library */
+void ml_pin_library(void);
 
 /* raises unless idx is an open mongolock.Client */
 ml_client *ml_checkclient(lua_State *L, int idx);
@@ -444,6 +466,15 @@ void ml_watch_open(lua_State *L);
  * thread could be started (l->renew is then cleared).
  */
 int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
+
+/*
+ * Asks c's background thread in this process (started when needed) for one
+ * server selection for writes: libmongoc then checks its servers at once,
+ * where after a connection error it would otherwise look again only after
+ * heartbeatFrequencyMS.  Never blocks the caller.  Raises on a closed
+ * client; returns 1, or 0 when no thread could be started.
+ */
+int ml_renew_scan(lua_State *L, ml_client *c);
 
 /* c->on_close of a client with a renewal thread or change streams: stops
  * them (pending releases are sent first) while the pool is still valid */

@@ -1,6 +1,6 @@
 /*
- * Background renewal of leases, and the release of handles collected while
- * held.
+ * Background renewal of leases, the release of handles collected while
+ * held, and the server selections that waiters ask for (ml_renew_scan).
  *
  * One renewal thread per client and process, started on the first lease
  * that asks for renewal (or the first handle collected while held) and
@@ -55,6 +55,11 @@ typedef struct ml_renew {
   pthread_cond_t done;          /* a release was sent (ml_renew_flush) */
   renew_item *items;
   renew_item *busy;             /* item whose command runs outside renew_mu */
+  int scan;                     /* a server selection is asked for */
+  int scanning;                 /* the thread is inside it (do_scan) */
+  ml_orphan *orphan;            /* detached by close inside a selection:
+                                   the thread frees this state and drops
+                                   the pool when it returns */
   int stop;
   /* counters for ml_renew_stats */
   long renewals, failures, lost, released;
@@ -208,6 +213,23 @@ static void do_work(ml_renew *st, mongoc_client_t *mc, renew_item *it) {
   }
 }
 
+/*
+ * A server selection for writes, for a waiter that found no writable server
+ * among the monitors' descriptions (private.lua, await_server).  After a
+ * connection error libmongoc marks the server unknown, and its monitor
+ * looks again only after heartbeatFrequencyMS (10 s by default) unless a
+ * selection asks for a check, which this one does (the monitor then checks
+ * within minHeartbeatFrequencyMS, 500 ms).  It holds this thread until a
+ * server is found or serverSelectionTimeoutMS passes; the description of
+ * an unknown server carries no id to send to directly
+ * (mongoc_client_get_server_descriptions leaves unknown servers out).
+ */
+static void do_scan(mongoc_client_t *mc) {
+  bson_error_t err;
+  mongoc_server_description_t *sd = mongoc_client_select_server(mc, true, NULL, &err);
+  if (sd) mongoc_server_description_destroy(sd);
+}
+
 static void *renew_main(void *arg) {
   ml_renew *st = (ml_renew *)arg;
   mongoc_client_t *mc = NULL;
@@ -217,7 +239,7 @@ static void *renew_main(void *arg) {
   for (;;) {
     double now = ml_monotonic();
     renew_item *work;
-    if (!mc && st->items) {
+    if (!mc && (st->items || st->scan)) {
       /* try_pop: a pool exhausted by the Lua side must not block close */
       pthread_mutex_unlock(&renew_mu);
       mc = mongoc_client_pool_try_pop(st->pool);
@@ -228,17 +250,36 @@ static void *renew_main(void *arg) {
       do_work(st, mc, work);
       continue;
     }
+    if (st->scan && mc && !st->stop) {
+      st->scan = 0;
+      st->scanning = 1;
+      pthread_mutex_unlock(&renew_mu);
+      do_scan(mc);
+      pthread_mutex_lock(&renew_mu);
+      st->scanning = 0;
+      continue;
+    }
     if (st->stop) {
       /* no connection for the releases left: those leases expire */
       while (st->items) item_drop(st, st->items);
       pthread_cond_broadcast(&st->done);
       break;
     }
-    if (work || (!mc && st->items)) wake = now + 0.1;   /* no connection yet */
+    if (work || (!mc && (st->items || st->scan))) wake = now + 0.1;   /* no connection yet */
     wait_until(&st->cv, wake);
   }
-  pthread_mutex_unlock(&renew_mu);
-  if (mc) mongoc_client_pool_push(st->pool, mc);
+  {
+    ml_orphan *o = st->orphan;
+    pthread_mutex_unlock(&renew_mu);
+    if (mc) mongoc_client_pool_push(st->pool, mc);
+    if (o) {
+      /* detached by close: nobody else sees this state any more */
+      pthread_cond_destroy(&st->cv);
+      pthread_cond_destroy(&st->done);
+      free(st);
+      ml_orphan_drop(o);
+    }
+  }
   return NULL;
 }
 
@@ -323,6 +364,20 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
   return 1;
 }
 
+int ml_renew_scan(lua_State *L, ml_client *c) {
+  mongoc_client_pool_t *pool = ml_client_pool(L, c);   /* raises if closed */
+  ml_renew *st;
+  pthread_once(&atfork_once, install_atfork);
+  pthread_mutex_lock(&renew_mu);
+  st = state_get(c, pool);
+  if (st) {
+    st->scan = 1;
+    pthread_cond_signal(&st->cv);
+  }
+  pthread_mutex_unlock(&renew_mu);
+  return st != NULL;
+}
+
 /*
  * ml_gc_handoff: the handle of a held lease was collected.  Takes over the
  * handle's reference and queues the release for the thread; returns 0 (the
@@ -371,6 +426,23 @@ static void renew_stop(ml_client *c) {
   }
   st->stop = 1;
   pthread_cond_signal(&st->cv);
+  if (st->scanning && !st->items && (st->orphan = ml_orphan_take(c)) != NULL) {
+    /* inside a server selection, which may wait for a server that is gone
+     * up to serverSelectionTimeoutMS, with nothing left to release: close
+     * does not wait for it.  The thread frees its state and drops its
+     * reference to the pool when the selection returns. */
+    for (p = &states; *p; p = &(*p)->next) {
+      if (*p == st) {
+        *p = st->next;
+        break;
+      }
+    }
+    c->renew_state = NULL;
+    pthread_detach(st->thread);
+    pthread_mutex_unlock(&renew_mu);
+    ml_pin_library();
+    return;
+  }
   pthread_mutex_unlock(&renew_mu);
   pthread_join(st->thread, NULL);
   pthread_mutex_lock(&renew_mu);

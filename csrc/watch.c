@@ -40,15 +40,13 @@
  *   after IDLE seconds without a waiter.  Close does not wait for a
  *   getMore in flight (in_call): it unlinks the stream and detaches the
  *   thread, which frees the stream when the getMore returns (an event, or
- *   AWAIT_MS); the pool is then handed to those threads (c->pool_adopted,
- *   orphan_pool): the last one pushes its connection and destroys it.
+ *   AWAIT_MS); the pool is then handed to those threads (ml_orphan,
+ *   client.c): the last holder destroys it.
  *   Otherwise close joins the thread.  The library stays loaded (pinned)
  *   while such a thread may still run.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
  *   streams without touching them (their threads do not exist there).
  */
-#define _GNU_SOURCE             /* dladdr */
-#include <dlfcn.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,8 +79,8 @@ typedef struct ml_stream {
   struct ml_stream *next;
   ml_client *c;
   mongoc_client_pool_t *pool;
-  struct orphan_pool *orphan;   /* detached: the pool it shares with the
-                                   other detached streams of its client */
+  ml_orphan *orphan;            /* detached: the closed client's pool it
+                                   shares with its other detached threads */
   pid_t pid;
   char *db, *coll, *field;
   char tag[17];                 /* the process tag its $match routes on */
@@ -110,12 +108,6 @@ typedef struct ml_stream {
   long events, reopens, getmores;
 } ml_stream;
 
-/* a closed client's pool, destroyed by the last detached stream thread */
-typedef struct orphan_pool {
-  mongoc_client_pool_t *pool;
-  int refs;                     /* detached threads still running (watch_mu) */
-} orphan_pool;
-
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static ml_stream *streams;      /* (watch_mu) */
 
@@ -138,12 +130,9 @@ static void fork_child(void) {
 }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void install_atfork(void) {
-  Dl_info info;
   pthread_atfork(fork_prepare, fork_parent, fork_child);
-  /* a detached stream thread may outlive every client (and lua_close,
-   * which unloads this library): keep the library loaded */
-  if (dladdr((const void *)&streams, &info) && info.dli_fname)
-    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NODELETE | RTLD_NOLOAD);
+  /* a detached stream thread may outlive every client */
+  ml_pin_library();
 }
 
 /* ---- the thread -------------------------------------------------------- */
@@ -319,21 +308,14 @@ done:
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
-    orphan_pool *o = s->orphan;
+    ml_orphan *o = s->orphan;
     pthread_mutex_unlock(&watch_mu);
     mongoc_change_stream_destroy(cs);
     mongoc_collection_destroy(coll);
     if (mc) mongoc_client_pool_push(s->pool, mc);
     if (detached) {
-      int last;
       stream_free(s);           /* unlinked by close: nobody else sees it */
-      pthread_mutex_lock(&watch_mu);
-      last = o && --o->refs == 0;
-      pthread_mutex_unlock(&watch_mu);
-      if (last) {
-        ml_pool_destroy(o->pool);
-        free(o);
-      }
+      if (o) ml_orphan_drop(o);
     }
   }
   return NULL;
@@ -447,7 +429,6 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
 void ml_watch_stop(ml_client *c) {
   ml_stream *s;
   pid_t pid = getpid();
-  orphan_pool *o = NULL;
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == pid) {
@@ -455,17 +436,15 @@ void ml_watch_stop(ml_client *c) {
       pthread_cond_broadcast(&s->cv);
     }
   for (s = streams; s;) {
+    ml_orphan *o;
     if (s->c == c && s->pid == pid && s->in_call && s->joinable &&
-        (o || (o = (orphan_pool *)calloc(1, sizeof *o)) != NULL)) {
+        (o = ml_orphan_take(c)) != NULL) {
       /* in a getMore (or opening): do not wait for it, the thread frees
        * the stream when the call returns, the last one the pool */
       ml_stream **p;
       for (p = &streams; *p != s; p = &(*p)->next) {}
       *p = s->next;
-      o->pool = s->pool;
-      o->refs++;
       s->orphan = o;
-      c->pool_adopted = 1;
       s->detached = 1;
       s->joinable = 0;
       pthread_detach(s->thread);

@@ -160,6 +160,22 @@ describe("#integration server errors", function()
     assert(locks:try(name)):release()
   end)
 
+  it("an acquire right after a connection error finds the live server within its timeout", function()
+    -- the closed connection marks the server unknown, and libmongoc's
+    -- monitor looks again only after its heartbeat (10 s), unless a server
+    -- selection asks it to: the waiter asks through the background thread
+    local name = helpers.unique("after-close")
+    fail({ times = 2, commands = { "find" }, close_connection = true })
+    local r, err = client._core:command(locks.database, { find = locks.collection }, { filter = { _id = name } })
+    assert(testing.failpoint(observer._core, { mode = "off" }))
+    assert.is_nil(r)
+    assert.is_string(err)
+    assert.is_false(client._core:writable(), "the server is marked unknown")
+    local h, aerr = locks:acquire(name, { timeout = 3 })
+    assert.is_truthy(h, aerr)
+    assert.is_true(h:release())
+  end)
+
   it("a failed release keeps the handle held, so that release can be retried", function()
     local name = helpers.unique("rel-error")
     local h = assert(locks:acquire(name))

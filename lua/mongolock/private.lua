@@ -257,14 +257,22 @@ _M.NO_SERVER = "No suitable servers found: no server that takes writes was reach
 _M.NO_SERVER_CODE = 13053
 
 -- Waits until the client's monitors know a writable server (true), or until
--- `until_` (monotonic) passes (false).  No round trip: an attempt started
--- now would block in server selection for up to the client's
--- server_timeout, past a caller's deadline.
+-- `until_` (monotonic) passes (false).  No round trip here: an attempt
+-- started now would block in server selection for up to the client's
+-- server_timeout, past a caller's deadline.  The background thread is asked
+-- for that selection instead (client:request_scan): after a connection
+-- error libmongoc's monitors would otherwise look at the server again only
+-- after their heartbeat (10 s), and a live server would stay unknown.
 local function await_server(core_client, until_)
   local step = 0.002
+  local asked = false
   while true do
     if core_client:closed() then return true end      -- the attempt says "closed"
     if core_client:writable() then return true end
+    if not asked then
+      asked = true
+      pcall(core_client.request_scan, core_client)
+    end
     local left = until_ - monotonic()
     if left <= 0 then return false end
     _M.sleep(math_min(step, left))
