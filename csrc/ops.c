@@ -249,7 +249,6 @@ static int64_t check_ms(lua_State *L, const char *key) {
   return ms;
 }
 
-/* a cursor id: a decimal string (exact under LuaJIT), or an integer */
 /* a cursor id: a decimal string (ids use all 64 bits; mongolock.ngx passes
  * them so), or a number that holds the id exactly: an integer, or a float
  * with no fraction up to 2^53 (beyond it a float has lost digits) */

@@ -415,9 +415,21 @@ static int renew_handoff(ml_client *c, ml_lease *l) {
   return 1;
 }
 
+/* renew_mu held: takes st out of the process's states and off c */
+static void state_unlink(ml_client *c, ml_renew *st) {
+  ml_renew **p;
+  for (p = &states; *p; p = &(*p)->next) {
+    if (*p == st) {
+      *p = st->next;
+      break;
+    }
+  }
+  c->renew_state = NULL;
+}
+
 /* stops c's renewal thread in this process, if any (pool still valid) */
 static void renew_stop(ml_client *c) {
-  ml_renew *st, **p;
+  ml_renew *st;
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
   if (!st || st->pid != getpid()) {
@@ -431,13 +443,7 @@ static void renew_stop(ml_client *c) {
      * up to serverSelectionTimeoutMS, with nothing left to release: close
      * does not wait for it.  The thread frees its state and drops its
      * reference to the pool when the selection returns. */
-    for (p = &states; *p; p = &(*p)->next) {
-      if (*p == st) {
-        *p = st->next;
-        break;
-      }
-    }
-    c->renew_state = NULL;
+    state_unlink(c, st);
     pthread_detach(st->thread);
     pthread_mutex_unlock(&renew_mu);
     ml_pin_library();
@@ -446,13 +452,7 @@ static void renew_stop(ml_client *c) {
   pthread_mutex_unlock(&renew_mu);
   pthread_join(st->thread, NULL);
   pthread_mutex_lock(&renew_mu);
-  for (p = &states; *p; p = &(*p)->next) {
-    if (*p == st) {
-      *p = st->next;
-      break;
-    }
-  }
-  c->renew_state = NULL;
+  state_unlink(c, st);
   pthread_mutex_unlock(&renew_mu);
   pthread_cond_destroy(&st->cv);
   pthread_cond_destroy(&st->done);

@@ -271,7 +271,7 @@ local function await_server(core_client, until_)
     if core_client:writable() then return true end
     if not asked then
       asked = true
-      pcall(core_client.request_scan, core_client)
+      core_client:request_scan()
     end
     local left = until_ - monotonic()
     if left <= 0 then return false end
