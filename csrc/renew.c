@@ -55,6 +55,9 @@ typedef struct ml_renew {
   pthread_cond_t done;          /* a release was sent (ml_renew_flush) */
   renew_item *items;
   renew_item *busy;             /* item whose command runs outside renew_mu */
+  double wake_at;               /* the thread sleeps until then (0: it is
+                                   not sleeping; it looks at every item
+                                   before it does) */
   int scan;                     /* a server selection is asked for */
   int scanning;                 /* the thread is inside it (do_scan) */
   ml_orphan *orphan;            /* detached by close inside a selection:
@@ -127,6 +130,15 @@ static double retry_delay(int64_t ttl_ms) {
   return d;
 }
 
+/* l->mu held: when a held, renewed (or topped-up) lease is due for its
+ * renewal */
+static double renew_at(const ml_lease *l) {
+  double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
+  /* a grant's short lease is extended to the ttl once (ml_lock_new) */
+  if (!l->renew || (l->topup_at && l->topup_at < at)) at = l->topup_at;
+  return at;
+}
+
 /*
  * renew_mu held.  Drops items whose lease no longer wants renewal, marks
  * leases past their deadline lost, and returns the item to work on now (a
@@ -151,9 +163,7 @@ static renew_item *next_work(ml_renew *st, double now, double *wake) {
       l->lost = 1;
       drop = 1;
     } else {
-      double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
-      /* a grant's short lease is extended to the ttl once (ml_lock_new) */
-      if (!l->renew || (l->topup_at && l->topup_at < at)) at = l->topup_at;
+      double at = renew_at(l);
       if (at < it->retry_at) at = it->retry_at;
       if (at <= now) {
         if (!due) due = it;
@@ -266,7 +276,9 @@ static void *renew_main(void *arg) {
       break;
     }
     if (work || (!mc && (st->items || st->scan))) wake = now + 0.1;   /* no connection yet */
+    st->wake_at = wake;
     wait_until(&st->cv, wake);
+    st->wake_at = 0;
   }
   {
     ml_orphan *o = st->orphan;
@@ -353,7 +365,17 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
       st->items = it;
     }
   }
-  if (it) pthread_cond_signal(&st->cv);
+  if (it) {
+    /* wake the thread only when it sleeps past the time this lease is
+     * due: a wake-up costs the caller (an acquire returning) a system
+     * call and the thread's run beside it */
+    double due;
+    pthread_mutex_lock(&l->mu);
+    due = renew_at(l);
+    if (l->deadline < due) due = l->deadline;
+    pthread_mutex_unlock(&l->mu);
+    if (st->wake_at == 0 || due < st->wake_at) pthread_cond_signal(&st->cv);
+  }
   pthread_mutex_unlock(&renew_mu);
   if (!it) {
     pthread_mutex_lock(&l->mu);

@@ -140,7 +140,7 @@ static void install_atfork(void) {
 static void stream_free(ml_stream *s);
 
 /* watch_mu held: appends an event (key may be NULL: wakes everyone; next
- * NULL or "": wakes every waiter of key) */
+ * NULL or "": wakes every waiter of key); the caller broadcasts s->cv */
 static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_event *ev) {
   const char *next = ev->next;
   watch_event *e = &s->ring[s->seq % RING];
@@ -172,7 +172,7 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_eve
   e->i = ev->i;
   s->seq++;
   s->events++;
-  pthread_cond_broadcast(&s->cv);
+  /* the thread broadcasts it once watch_mu is released (watch_main) */
 }
 
 /* watch_mu held */
@@ -223,7 +223,7 @@ static void *watch_main(void *arg) {
   mongoc_change_stream_t *cs = NULL;
   bson_error_t err;
   const bson_t *doc, *errdoc;
-  int tries;
+  int tries, recorded = 0;
 
   memset(&err, 0, sizeof err);
   for (tries = 0; !mc && tries < 50; tries++) {
@@ -253,12 +253,20 @@ static void *watch_main(void *arg) {
     if (s->waiters == 0 && ml_monotonic() >= s->polled_until) {
       /* nobody waits: send no getMore (events queue in the server's
        * cursor and are read when a waiter comes); close when idle */
+      if (recorded) pthread_cond_broadcast(&s->cv);
+      recorded = 0;
       if (ml_monotonic() - s->idle_since > IDLE) break;
       cv_wait_until(&s->cv, s->idle_since + IDLE + 0.01);
       continue;
     }
     s->in_call = 1;
     pthread_mutex_unlock(&watch_mu);
+    if (recorded) {
+      /* after the unlock: a waiter woken while watch_mu is held would
+       * block on it at once and need a second wake-up */
+      pthread_cond_broadcast(&s->cv);
+      recorded = 0;
+    }
     got = mongoc_change_stream_next(cs, &doc);
     pthread_mutex_lock(&watch_mu);
     s->in_call = 0;
@@ -266,6 +274,7 @@ static void *watch_main(void *arg) {
     if (s->stop) break;
     if (got) {
       event_from(s, doc);
+      recorded = 1;
       tries = 0;
       continue;
     }

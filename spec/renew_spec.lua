@@ -42,6 +42,29 @@ describe("#integration background renewal", function()
     other:close()
   end)
 
+  it("renews a short lease taken while the thread sleeps for a long one", function()
+    -- the thread sleeps until the long lease's renewal (20 s away); the
+    -- short one, due much sooner, must wake it
+    local long = helpers.locks(client, { ttl = 30 })
+    local short = client:locks({ database = long.database, collection = long.collection, ttl = 1 })
+    local other = helpers.connect({ appname = "renew-other" })
+    local ol = other:locks({ database = long.database, collection = long.collection })
+    local hl = assert(long:acquire("long-lease", { renew = true }))
+    core.sleep(0.2)
+    local hs = assert(short:acquire("short-lease", { renew = true }))
+    for _ = 1, 3 do
+      core.sleep(1)
+      local h2, err, info = ol:try("short-lease")
+      assert.is_nil(h2)
+      assert.equal("busy", err)
+      assert.equal(hs.token, info.token)
+      assert.is_false(hs:lost())
+    end
+    assert.is_true(hs:release())
+    assert.is_true(hl:release())
+    other:close()
+  end)
+
   it("without renew the same lease ends", function()
     local locks = helpers.locks(client, { ttl = 1 })
     local other = helpers.connect()
