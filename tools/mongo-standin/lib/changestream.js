@@ -144,6 +144,8 @@ class ChangeStream {
   read(limit) {
     const log = this.engine.store.log;
     let lo = 0, hi = log.length;
+    // a stream that kept up has the newest event alone to read
+    if (hi > 1 && log[hi - 2].tsBig <= this.after) lo = hi - 1;
     while (lo < hi) {
       const mid = (lo + hi) >> 1;
       if (log[mid].tsBig <= this.after) lo = mid + 1; else hi = mid;
@@ -168,7 +170,7 @@ class ChangeStream {
       }
     }
     if (i >= log.length && !this.invalidated) {
-      const now = tsBig(this.engine.store.clock.now());
+      const now = this.engine.store.clock.nowBig();
       if (now > this.after) this.after = now;
     }
     if (docs.length && (i < log.length || this.invalidated)) return { docs, token: docs[docs.length - 1]._id };

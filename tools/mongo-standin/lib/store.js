@@ -38,16 +38,23 @@ function valueKey(v) {
 }
 
 class Clock {
-  constructor() { this.t = 0; this.i = 0; }
+  constructor() { this.t = 0; this.i = 0; this.big = undefined; }
   // Next cluster time: seconds of the wall clock, increment within a second.
   tick() {
     const s = Math.floor(Date.now() / 1000);
     if (s > this.t) { this.t = s; this.i = 1; } else this.i += 1;
+    this.big = undefined;
     return Timestamp.fromBits(this.i, this.t);
   }
   now() {
     if (this.t === 0) return this.tick();
     return Timestamp.fromBits(this.i, this.t);
+  }
+  // tsBig(now()), made once per tick: every stream a write wakes reads it
+  nowBig() {
+    if (this.t === 0) this.tick();
+    if (this.big === undefined) this.big = (BigInt(this.t) << 32n) | BigInt(this.i);
+    return this.big;
   }
 }
 
