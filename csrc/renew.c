@@ -55,9 +55,9 @@ typedef struct ml_renew {
   pthread_cond_t done;          /* a release was sent (ml_renew_flush) */
   renew_item *items;
   renew_item *busy;             /* item whose command runs outside renew_mu */
-  double wake_at;               /* the thread sleeps until then (0: it is
-                                   not sleeping; it looks at every item
-                                   before it does) */
+  double wake_at;               /* the thread sleeps until then; 0 while it
+                                   runs (it looks at every item before it
+                                   sleeps again) */
   int scan;                     /* a server selection is asked for */
   int scanning;                 /* the thread is inside it (do_scan) */
   ml_orphan *orphan;            /* detached by close inside a selection:
@@ -367,14 +367,15 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
   }
   if (it) {
     /* wake the thread only when it sleeps past the time this lease is
-     * due: a wake-up costs the caller (an acquire returning) a system
-     * call and the thread's run beside it */
+     * due (a running one sees it before it sleeps): a wake-up costs the
+     * caller (an acquire returning) a system call and the thread's run
+     * beside it */
     double due;
     pthread_mutex_lock(&l->mu);
     due = renew_at(l);
     if (l->deadline < due) due = l->deadline;
     pthread_mutex_unlock(&l->mu);
-    if (st->wake_at == 0 || due < st->wake_at) pthread_cond_signal(&st->cv);
+    if (due < st->wake_at) pthread_cond_signal(&st->cv);
   }
   pthread_mutex_unlock(&renew_mu);
   if (!it) {

@@ -253,8 +253,7 @@ static void *watch_main(void *arg) {
     if (s->waiters == 0 && ml_monotonic() >= s->polled_until) {
       /* nobody waits: send no getMore (events queue in the server's
        * cursor and are read when a waiter comes); close when idle */
-      if (recorded) pthread_cond_broadcast(&s->cv);
-      recorded = 0;
+      recorded = 0;             /* no waiter blocks on s->cv to hear it */
       if (ml_monotonic() - s->idle_since > IDLE) break;
       cv_wait_until(&s->cv, s->idle_since + IDLE + 0.01);
       continue;

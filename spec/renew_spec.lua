@@ -10,6 +10,16 @@ local testing = require "mongolock.testing"
 describe("#integration background renewal", function()
   local client
 
+  -- a second contender (ol) finds name held by h's acquisition (token)
+  local function assert_held(ol, name, h, token)
+    local h2, err, info = ol:try(name)
+    assert.is_nil(h2)
+    assert.equal("busy", err)
+    assert.equal(h.owner, info.owner)
+    assert.equal(token, info.token)
+    assert.is_false(h:lost())
+  end
+
   setup(function()
     client = helpers.connect({ appname = "renew-spec" })
   end)
@@ -24,14 +34,8 @@ describe("#integration background renewal", function()
     local token = h.token
     for _ = 1, 5 do
       core.sleep(1)
-      -- a second contender finds it held by the same acquisition
-      local h2, err, info = ol:try("long")
-      assert.is_nil(h2)
-      assert.equal("busy", err)
-      assert.equal(h.owner, info.owner)
-      assert.equal(token, info.token)
+      assert_held(ol, "long", h, token)
       assert.is_true(h:check())
-      assert.is_false(h:lost())
     end
     local st = testing.renew_stats(client._core)
     assert.is_true(st.running)
@@ -43,7 +47,7 @@ describe("#integration background renewal", function()
   end)
 
   it("renews a short lease taken while the thread sleeps for a long one", function()
-    -- the thread sleeps until the long lease's renewal (20 s away); the
+    -- the thread sleeps until the long lease's renewal (10 s away); the
     -- short one, due much sooner, must wake it
     local long = helpers.locks(client, { ttl = 30 })
     local short = client:locks({ database = long.database, collection = long.collection, ttl = 1 })
@@ -54,11 +58,7 @@ describe("#integration background renewal", function()
     local hs = assert(short:acquire("short-lease", { renew = true }))
     for _ = 1, 3 do
       core.sleep(1)
-      local h2, err, info = ol:try("short-lease")
-      assert.is_nil(h2)
-      assert.equal("busy", err)
-      assert.equal(hs.token, info.token)
-      assert.is_false(hs:lost())
+      assert_held(ol, "short-lease", hs, hs.token)
     end
     assert.is_true(hs:release())
     assert.is_true(hl:release())

@@ -265,16 +265,12 @@ _M.NO_SERVER_CODE = 13053
 -- after their heartbeat (10 s), and a live server would stay unknown.
 local function await_server(core_client, until_)
   local step = 0.002
-  local asked = false
   while true do
     if core_client:closed() then return true end      -- the attempt says "closed"
     if core_client:writable() then return true end
-    if not asked then
-      asked = true
-      core_client:request_scan()
-    end
     local left = until_ - monotonic()
     if left <= 0 then return false end
+    if step == 0.002 then core_client:request_scan() end   -- the first look only
     _M.sleep(math_min(step, left))
     step = math_min(step * 2, 0.05)
   end

@@ -52,8 +52,7 @@ class Clock {
   }
   // tsBig(now()), made once per tick: every stream a write wakes reads it
   nowBig() {
-    if (this.t === 0) this.tick();
-    if (this.big === undefined) this.big = (BigInt(this.t) << 32n) | BigInt(this.i);
+    if (this.big === undefined) this.big = tsBig(this.now());
     return this.big;
   }
 }
