@@ -47,12 +47,18 @@ typedef struct ml_value {
   bson_value_t v;
 } ml_value;
 
-/* [-0, +1] pushes a new typed value owning a deep copy of v */
-static ml_value *push_value(lua_State *L, const bson_value_t *v) {
+/* [-0, +1] pushes a new typed value, null until it is given its own */
+static ml_value *new_value(lua_State *L) {
   ml_value *u = (ml_value *)ml_newuserdata(L, sizeof *u);
-  u->v.value_type = BSON_TYPE_NULL;   /* safe for __gc until the copy */
+  u->v.value_type = BSON_TYPE_NULL;   /* safe for __gc until then */
   luaL_getmetatable(L, VALUE_MT);
   lua_setmetatable(L, -2);
+  return u;
+}
+
+/* [-0, +1] pushes a new typed value owning a deep copy of v */
+static ml_value *push_value(lua_State *L, const bson_value_t *v) {
+  ml_value *u = new_value(L);
   bson_value_copy(v, &u->v);
   return u;
 }
@@ -161,6 +167,15 @@ static int v_tostring(lua_State *L) {
     lua_pushfstring(L, "/%s/%s", v->value.v_regex.regex,
                     v->value.v_regex.options ? v->value.v_regex.options : "");
     break;
+  case BSON_TYPE_DOCUMENT: {
+    bson_t b;
+    char *json = NULL;
+    if (bson_init_static(&b, v->value.v_doc.data, v->value.v_doc.data_len))
+      json = bson_as_canonical_extended_json(&b, NULL);
+    lua_pushstring(L, json ? json : "{}");
+    bson_free(json);
+    break;
+  }
   default:
     lua_pushfstring(L, "mongolock.Value (%s)", type_name(v->value_type));
   }
@@ -216,9 +231,9 @@ static int v_gc(lua_State *L) {
 
 /*
  * Fields: type (every value); ObjectId: hex, time (seconds); Date: ms;
- * Binary: data, subtype; Timestamp: t, i; Int64: value (an integer under
- * Lua 5.4, a number under LuaJIT, inexact beyond 2^53); Regex: pattern,
- * options.  Unknown fields are nil.
+ * Binary: data, subtype; Document: data (its bytes); Timestamp: t, i;
+ * Int64: value (an integer under Lua 5.4, a number under LuaJIT, inexact
+ * beyond 2^53); Regex: pattern, options.  Unknown fields are nil.
  */
 static int v_index(lua_State *L) {
   ml_value *u = check_value(L, 1);
@@ -236,6 +251,12 @@ static int v_index(lua_State *L) {
     break;
   case BSON_TYPE_DATE_TIME:
     if (!strcmp(k, "ms")) { ml_pushint64(L, v->value.v_datetime); return 1; }
+    break;
+  case BSON_TYPE_DOCUMENT:
+    if (!strcmp(k, "data")) {
+      lua_pushlstring(L, (const char *)v->value.v_doc.data, v->value.v_doc.data_len);
+      return 1;
+    }
     break;
   case BSON_TYPE_BINARY:
     if (!strcmp(k, "data")) {
@@ -828,28 +849,100 @@ static int l_encode(lua_State *L) {
   return 1;
 }
 
+/* are the strings of doc (at most limit levels deep) UTF-8?  libbson's
+ * bson_validate checks the keys only */
+static int strings_valid(const bson_t *doc, int limit) {
+  bson_iter_t it;
+  if (!bson_iter_init(&it, doc)) return 0;
+  while (bson_iter_next(&it)) {
+    if (BSON_ITER_HOLDS_UTF8(&it)) {
+      uint32_t len;
+      const char *str = bson_iter_utf8(&it, &len);
+      if (!bson_utf8_validate(str, len, true)) return 0;
+    } else if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+      const uint8_t *data;
+      uint32_t len;
+      bson_t sub;
+      if (limit <= 1) return 0;
+      if (BSON_ITER_HOLDS_DOCUMENT(&it)) bson_iter_document(&it, &len, &data);
+      else bson_iter_array(&it, &len, &data);
+      if (!bson_init_static(&sub, data, len) || !strings_valid(&sub, limit - 1)) return 0;
+    }
+  }
+  return 1;
+}
+
+/* NULL when s (len bytes) is one well-formed BSON document (lengths,
+ * terminators, UTF-8 keys and strings, nesting at most 100 levels), b
+ * then reading it in place; otherwise what is wrong, in msg */
+static const char *check_bytes(const char *s, size_t len, bson_t *b, char *msg, size_t msglen) {
+  size_t off;
+  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(b, (const uint8_t *)s, len))
+    return "malformed BSON: bad length";
+  if (!bson_validate(b, BSON_VALIDATE_UTF8 | BSON_VALIDATE_UTF8_ALLOW_NULL, &off)) {
+    snprintf(msg, msglen, "malformed BSON at byte %d", (int)off);
+    return msg;
+  }
+  if (bson_depth(b, MAX_DEPTH) > MAX_DEPTH) return "malformed BSON: nested deeper than 100 levels";
+  if (!strings_valid(b, MAX_DEPTH)) return "malformed BSON: a string is not UTF-8";
+  return NULL;
+}
+
 /* decode(bytes) -> table | nil, message (the bytes are validated first:
- * lengths, terminators, UTF-8, nesting at most 100 levels) */
+ * check_bytes) */
 static int l_decode(lua_State *L) {
-  size_t len, off;
-  const char *s = luaL_checklstring(L, 1, &len);
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len), *msg;
+  char buf[64];
   bson_t b;
-  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(&b, (const uint8_t *)s, len)) {
+  if ((msg = check_bytes(s, len, &b, buf, sizeof buf)) != NULL) {
     lua_pushnil(L);
-    lua_pushliteral(L, "malformed BSON: bad length");
-    return 2;
-  }
-  if (!bson_validate(&b, BSON_VALIDATE_UTF8 | BSON_VALIDATE_UTF8_ALLOW_NULL, &off)) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "malformed BSON at byte %d", (int)off);
-    return 2;
-  }
-  if (bson_depth(&b, MAX_DEPTH) > MAX_DEPTH) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "malformed BSON: nested deeper than 100 levels");
+    lua_pushstring(L, msg);
     return 2;
   }
   ml_pushbson(L, &b);
+  return 1;
+}
+
+/* Document(t | bytes) -> a typed value written as that document wherever
+ * a value goes | nil, message.  A table is encoded once, here (nil,
+ * message as bson_encode answers); bytes (bson_encode's, a reply's) are
+ * validated as decode does.  For a document sent more than once, or
+ * checked before it is sent. */
+static int l_document(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TTABLE) {
+    bson_t b = BSON_INITIALIZER;
+    char err[512];
+    ml_value *u = new_value(L);         /* first: nothing to free if it raises */
+    if (!ml_tobson(L, 1, &b, err, sizeof err)) {
+      bson_destroy(&b);
+      lua_pushnil(L);
+      lua_pushstring(L, err);
+      return 2;
+    }
+    u->v.value.v_doc.data = bson_destroy_with_steal(&b, true, &u->v.value.v_doc.data_len);
+    if (!u->v.value.v_doc.data) return luaL_error(L, "Document: out of memory");
+    u->v.value_type = BSON_TYPE_DOCUMENT;
+  } else {
+    size_t len;
+    const char *s, *msg;
+    char buf[64];
+    bson_t b;
+    bson_value_t v;
+    if (lua_type(L, 1) != LUA_TSTRING)
+      return luaL_argerror(L, 1, lua_pushfstring(L, "table or BSON bytes expected, got %s",
+                                                 luaL_typename(L, 1)));
+    s = lua_tolstring(L, 1, &len);
+    if ((msg = check_bytes(s, len, &b, buf, sizeof buf)) != NULL) {
+      lua_pushnil(L);
+      lua_pushstring(L, msg);
+      return 2;
+    }
+    v.value_type = BSON_TYPE_DOCUMENT;
+    v.value.v_doc.data = (uint8_t *)(uintptr_t)s;   /* copied by push_value */
+    v.value.v_doc.data_len = (uint32_t)len;
+    push_value(L, &v);
+  }
   return 1;
 }
 
@@ -894,6 +987,7 @@ static const luaL_Reg bson_funcs[] = {
   {"bsontype", l_bsontype},
   {"bson_encode", l_encode},
   {"bson_decode", l_decode},
+  {"Document", l_document},
   {"bson_tojson", l_tojson},
   {NULL, NULL}
 };

@@ -205,9 +205,10 @@ _M.client_mt = client_mt
 
 -- BSON values Lua has no type for (csrc/bson.c): mongolock.null,
 -- mongolock.array(t) (an array, even when empty), ObjectId, Date, Binary,
--- Timestamp, Decimal128, Int64, Regex, MinKey, MaxKey
+-- Timestamp, Decimal128, Int64, Regex, MinKey, MaxKey, and Document (BSON
+-- bytes written as is)
 for _, k in ipairs({ "null", "array", "is_array", "ObjectId", "Date", "Binary", "Timestamp",
-                     "Decimal128", "Int64", "Regex", "MinKey", "MaxKey" }) do
+                     "Decimal128", "Int64", "Regex", "MinKey", "MaxKey", "Document" }) do
   _M[k] = core[k]
 end
 

@@ -207,6 +207,34 @@ describe("#unit BSON mapping", function()
       assert.not_equal(core.Binary("\1\2", 0), b)
     end)
 
+    it("Document: a table or BSON bytes, written as that document, unchanged", function()
+      local t = { a = 1, s = "x", list = { 1, 2 }, sub = { d = core.Date(5) } }
+      local bytes = assert(enc(t))
+      for _, d in ipairs({ core.Document(bytes), core.Document(t) }) do
+        assert.equal("document", d.type)
+        assert.equal("document", core.bsontype(d))
+        assert.equal(bytes, d.data)
+        -- inside a table, in a document or an array: the same bytes as the table
+        assert.equal(assert(enc({ v = t, w = { t } })), assert(enc({ v = d, w = { d } })))
+        assert.is_true(same(t, assert(dec(assert(enc({ v = d })))).v))
+        assert.equal(core.Document(bytes), d)
+        assert.not_equal(core.Document({ a = 2 }), d)
+        assert.equal(assert(core.bson_tojson(t)), tostring(d))
+      end
+      assert.equal("{ }", tostring(core.Document({})))
+      -- a table BSON cannot hold, and bytes that are not one well-formed
+      -- document: nil, message, as bson_encode and bson_decode answer
+      assert.same({ enc({ f = print }) }, { core.Document({ f = print }) })
+      assert.same({ nil, "malformed BSON: bad length" }, { core.Document("") })
+      assert.is_nil(core.Document(bytes .. "x"))
+      assert.is_nil(core.Document(bytes:sub(1, -2)))
+      assert.same({ nil, "malformed BSON: a string is not UTF-8" },
+        { core.Document((bytes:gsub("x", "\255"))) })
+      assert.has_error(function() core.Document(5) end,
+        "bad argument #1 to 'Document' (table or BSON bytes expected, got number)")
+      assert.has_error(function() core.Document() end)
+    end)
+
     it("Timestamp, Decimal128, Int64, Regex, null, MinKey", function()
       local t = core.Timestamp(10, 3)
       assert.equal(10, t.t)
@@ -342,7 +370,9 @@ describe("#unit BSON mapping", function()
       { "bad type byte", le32(12) .. "\127a\0\0\0\0\0\0" },
       { "string length past end", le32(14) .. "\2a\0" .. le32(99) .. "x\0\0" },
       { "string without NUL", le32(14) .. "\2a\0" .. le32(2) .. "xy\0" },
-      { "invalid UTF-8 string", le32(15) .. "\2a\0" .. le32(2) .. "\255\0\0" },
+      { "invalid UTF-8 string", le32(14) .. "\2a\0" .. le32(2) .. "\255\0\0", "not UTF-8" },
+      { "invalid UTF-8 string in an array", le32(22) .. "\4a\0" .. le32(14) .. "\0020\0" .. le32(2)
+        .. "\255\0\0\0", "not UTF-8" },
       { "invalid UTF-8 key", le32(13) .. "\8\255\0\1\0\0" },
     }
     -- every prefix of a valid document is malformed
@@ -359,7 +389,8 @@ describe("#unit BSON mapping", function()
       it(c[1], function()
         local t, err = dec(c[2])
         assert.is_nil(t)
-        assert.is_truthy(err:find("malformed BSON", 1, true), err)
+        assert.is_truthy(err:find(c[3] or "malformed BSON", 1, true), err)
+        assert.same({ nil, err }, { core.Document(c[2]) })
       end)
     end
     it("decodes the valid one", function()

@@ -218,6 +218,24 @@ describe("#integration versioned", function()
       assert.has_error(function() vc:update(nil, { ["$inc"] = { a = 1 } }) end)
     end)
 
+    it("update and delete send only _id and the version: other fields need not be BSON", function()
+      local vc = fresh()
+      local obj = { _id = "o", n = 1 }
+      assert(vc:insert(obj))
+      -- an object with methods: only what is sent must be BSON
+      obj.bump = function(self) return self.n + 1 end
+      assert.is_true(vc:update(obj, { ["$inc"] = { n = 1 } }))
+      assert.equal(2, obj.version)
+      local back = assert(vc:get("o"))
+      assert.equal(2, back.n)
+      assert.equal(2, back.version)
+      local results = vc:update_many({ obj }, { ["$inc"] = { n = 1 } })
+      assert.same({ true }, results)
+      assert.equal(3, obj.version)
+      assert.is_true(vc:delete(obj))
+      assert.same({ nil, "not found" }, { vc:get("o") })
+    end)
+
     it("delete: true; conflict with the current document; not found", function()
       local vc = fresh()
       local d = { _id = "d", n = 1 }
@@ -304,7 +322,12 @@ describe("#integration versioned", function()
       local c = helpers.connect()
       local vc = c:versioned(DB, helpers.unique("vc"))
       c:close()
-      assert.same({ nil, "closed" }, { vc:insert({ a = 1 }) })
+      -- a document not inserted is left as it was
+      local d, many = { a = 1 }, { { a = 1 }, { _id = 7, version = 3 } }
+      assert.same({ nil, "closed" }, { vc:insert(d) })
+      assert.same({ a = 1 }, d)
+      assert.same({ nil, "closed" }, { vc:insert_many(many) })
+      assert.same({ { a = 1 }, { _id = 7, version = 3 } }, many)
       assert.same({ nil, "closed" }, { vc:replace({ _id = 1, version = 1 }) })
       assert.same({ nil, "closed" }, { vc:get(1) })
     end)
@@ -339,6 +362,22 @@ describe("#integration versioned", function()
       raises(function() vc:update_many({ { _id = 1, version = 1 } }, { ["$set"] = { x = f } }) end,
         "bad argument #2 to 'update_many' (update cannot be written as BSON")
       raises(function() vc:get(f) end, "bad argument #1 to 'get' (_id cannot be written as BSON")
+      -- what is sent of a document: all of it (insert, replace), its _id
+      local obj = { name = "n", fn = f }
+      raises(function() vc:insert(obj) end, "bad argument #1 to 'insert' (document cannot be written as BSON")
+      assert.same({ name = "n", fn = f }, obj)
+      assert(vc:insert({ _id = "r", n = 1 }))
+      raises(function() vc:replace({ _id = "r", version = 1, fn = f }) end,
+        "bad argument #1 to 'replace' (document cannot be written as BSON")
+      raises(function() vc:replace_many({ { _id = "r", version = 1 }, { _id = "s", version = 1, fn = f } }) end,
+        "bad argument #1 to 'replace_many' (document 2 cannot be written as BSON")
+      raises(function() vc:update({ _id = f, version = 1 }, { ["$set"] = { x = 1 } }) end,
+        "bad argument #1 to 'update' (document cannot be written as BSON")
+      raises(function() vc:delete({ _id = f, version = 1 }) end,
+        "bad argument #1 to 'delete' (document cannot be written as BSON")
+      local back = assert(vc:get("r"))
+      assert.equal(1, back.version)
+      assert.equal(1, back.n)
       raises(function() vc:modify(f, function(d) return d end) end,
         "bad argument #1 to 'modify' (_id cannot be written as BSON")
       raises(function() vc:delete_many({ { _id = f, version = 1 } }) end,

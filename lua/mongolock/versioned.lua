@@ -109,9 +109,10 @@ end
 
 local function is_null(v) return v == nil or v == null end
 
--- the _id and version of doc, or raises at the caller of fname
 -- raises at the caller of the caller's caller (level) unless doc can be
--- written as BSON (cycles, functions, mixed keys, bad UTF-8, ...)
+-- written as BSON (cycles, functions, mixed keys, bad UTF-8, ...).  A
+-- document that is sent is encoded once, as a core.Document, and that
+-- is its check (stamp, replace_stages)
 local function check_bson(doc, n, fname, level, what)
   local ok, err = core.bson_encode(doc)
   if not ok then
@@ -120,6 +121,9 @@ local function check_bson(doc, n, fname, level, what)
   end
 end
 
+-- the _id and version of doc, or raises at the caller of fname.  Only the
+-- _id of doc is sent with its version (replace sends the other fields,
+-- encoded there): the rest is not encoded to be checked
 local function check_doc(self, doc, n, fname)
   if type(doc) ~= "table" then
     argerror(n, fname, "document expected, got " .. type(doc), 3)
@@ -129,8 +133,27 @@ local function check_doc(self, doc, n, fname)
   if type(v) ~= "number" or v % 1 ~= 0 then
     argerror(n, fname, string_format("document has no integer %s (got %s)", self.field, type(v)), 3)
   end
-  check_bson(doc, n, fname, 3)
+  check_bson({ _id = doc._id }, n, fname, 3)
   return doc._id, v
+end
+
+-- gives doc its _id (a new ObjectId when it has none) and version 1: doc
+-- encoded (a core.Document) and the _id and version it had before | nil,
+-- message (doc cannot be written as BSON; it has them back)
+local function stamp(self, doc)
+  local old_id, old_v = doc._id, doc[self.field]
+  if old_id == nil then doc._id = core.ObjectId() end
+  doc[self.field] = 1
+  local encoded, err = core.Document(doc)
+  if not encoded then
+    doc._id, doc[self.field] = old_id, old_v
+    return nil, err
+  end
+  return encoded, old_id, old_v
+end
+
+local function unstamp(self, doc, old_id, old_v)
+  doc._id, doc[self.field] = old_id, old_v
 end
 
 -- MATCH: the stored version equals v
@@ -292,28 +315,38 @@ local function pipeline(self, v, change, mode)
 end
 
 -- a replacement as a change: every field of doc but _id and the version
--- (which the final stage sets)
-local function replace_stages(self, doc)
+-- (which the final stage sets), encoded once here; raises (a message)
+-- when those fields cannot be written as BSON
+local function replace_stages(self, doc, what)
   local new = {}
   for k, val in pairs(doc) do
     if k ~= self.field and k ~= "_id" then new[k] = val end
   end
   if new[STASH] ~= nil then error("field " .. STASH .. " is reserved", 0) end
+  local encoded, err = core.Document(new)
+  if not encoded then error(what .. " cannot be written as BSON: " .. tostring(err), 0) end
   return { { ["$replaceWith"] = { ["$mergeObjects"] = {
-    { _id = "$_id", [STASH] = "$" .. STASH, [self.field] = "$" .. self.field }, lit(new) } } } }
+    { _id = "$_id", [STASH] = "$" .. STASH, [self.field] = "$" .. self.field },
+    lit(encoded) } } } }
 end
 
--- one findAndModify: true | nil, "conflict", current | nil, "not found"
+-- one findAndModify: true | nil, "conflict", current | nil, "not found".
+-- The document as it was comes back only on a conflict (the same MATCH as
+-- the pipeline's decides): a write that wins is answered with {cur = null}
+local function write_fields(self, v)
+  return { _id = 0, cur = { ["$cond"] = { match(self, v), null, "$$ROOT" } } }
+end
+
 function _M._write_one(self, id, v, change)
   local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
     query = { _id = id }, update = pipeline(self, v, change, "single"),
-    new = false, upsert = false,
+    new = false, upsert = false, fields = write_fields(self, v),
   })
   if not r then return nil, err, code end
   local pre = r.value
   if is_null(pre) then return nil, "not found" end
-  if pre[self.field] == v then return true end
-  return nil, "conflict", pre
+  if is_null(pre.cur) then return true end
+  return nil, "conflict", pre.cur
 end
 
 -- ---- single documents ------------------------------------------------------
@@ -322,12 +355,16 @@ end
 -- ObjectId when it has none), then inserts it
 function _M.insert(self, doc)
   check_type(doc, "table", 1, "insert")
-  check_bson(doc, 1, "insert", 2)
-  if self.core:closed() then return nil, "closed" end
-  if doc._id == nil then doc._id = core.ObjectId() end
-  local old = doc[self.field]
-  doc[self.field] = 1
-  local r, err, code = command(self, self.db, { insert = self.coll }, { documents = { doc } })
+  local encoded, old_id, old = stamp(self, doc)
+  if not encoded then
+    argerror(1, "insert", "document cannot be written as BSON: " .. tostring(old_id), 2)
+  end
+  if self.core:closed() then
+    unstamp(self, doc, old_id, old)
+    return nil, "closed"
+  end
+  local r, err, code = command(self, self.db, { insert = self.coll },
+    { documents = { encoded } })
   if not r then
     doc[self.field] = old
     return nil, err, code
@@ -340,7 +377,7 @@ end
 function _M.replace(self, doc)
   local id, v = check_doc(self, doc, 1, "replace")
   if self.core:closed() then return nil, "closed" end
-  local ok, change = pcall(replace_stages, self, doc)
+  local ok, change = pcall(replace_stages, self, doc, "document")
   if not ok then argerror(1, "replace", change) end
   local r, err, cur = self:_write_one(id, v, change)
   if r then doc[self.field] = v + 1 end
@@ -369,7 +406,7 @@ function _M.delete(self, doc)
   if self.core:closed() then return nil, "closed" end
   local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
     query = { _id = id, ["$expr"] = { ["$cond"] = { match(self, v), true, raise_expr("conflict") } } },
-    remove = true,
+    remove = true, fields = { _id = 1 },
   })
   if r then
     if is_null(r.value) then return nil, "not found" end
@@ -438,21 +475,28 @@ end
 -- results[i] = true | error message of docs[i]
 function _M.insert_many(self, docs)
   check_type(docs, "table", 1, "insert_many")
-  -- every document checked before any is given an _id and a version
   for i, d in ipairs(docs) do
     if type(d) ~= "table" then argerror(1, "insert_many", "document expected at " .. i) end
-    check_bson(d, 1, "insert_many", 2, "document " .. i)
   end
-  if self.core:closed() then return nil, "closed" end
-  if #docs == 0 then return true, {} end
-  local olds = {}
+  -- each document is given an _id and a version and encoded; when one
+  -- cannot be, those before it are given back what they had
+  local olds, old_ids, encoded = {}, {}, {}
   for i, d in ipairs(docs) do
-    if d._id == nil then d._id = core.ObjectId() end
-    olds[i] = d[self.field]
-    d[self.field] = 1
+    local one, old_id, old_v = stamp(self, d)
+    if not one then
+      for j = 1, i - 1 do unstamp(self, docs[j], old_ids[j], olds[j]) end
+      argerror(1, "insert_many", "document " .. i .. " cannot be written as BSON: "
+        .. tostring(old_id), 2)
+    end
+    encoded[i], old_ids[i], olds[i] = one, old_id, old_v
   end
+  if self.core:closed() then
+    for i, d in ipairs(docs) do unstamp(self, d, old_ids[i], olds[i]) end
+    return nil, "closed"
+  end
+  if #docs == 0 then return true, {} end
   local r, err, code, reply = command(self, self.db, { insert = self.coll },
-    { documents = docs, ordered = false })
+    { documents = encoded, ordered = false })
   local results = {}
   for i = 1, #docs do results[i] = true end
   reply = r or reply
@@ -536,7 +580,7 @@ local function check_docs(self, docs, fname)
     if type(v) ~= "number" or v % 1 ~= 0 then
       argerror(1, fname, string_format("document %d has no integer %s", i, self.field), 3)
     end
-    check_bson(d, 1, fname, 3, "document " .. i)
+    check_bson({ _id = d._id }, 1, fname, 3, "document " .. i)
   end
 end
 
@@ -549,7 +593,7 @@ function _M.replace_many(self, docs)
   if #docs == 0 then return {}, {} end
   local changes = {}
   for i, d in ipairs(docs) do
-    local ok, ch = pcall(replace_stages, self, d)
+    local ok, ch = pcall(replace_stages, self, d, "document " .. i)
     if not ok then argerror(1, "replace_many", ch) end
     changes[i] = ch
   end
