@@ -91,10 +91,12 @@ describe("#integration versioned", function()
       local back = assert(vc:get(d._id))
       assert.equal(1, back.version)
       assert.equal("a", back.name)
-      local ok, err, code = vc:insert({ _id = d._id })
+      local dup = { _id = d._id, version = 7 }
+      local ok, err, code = vc:insert(dup)
       assert.is_nil(ok)
       assert.equal(11000, code)
       assert.is_string(err)
+      assert.equal(7, dup.version)
     end)
 
     it("replace: true and a bumped version; conflict with the current document; not found", function()
@@ -400,12 +402,14 @@ describe("#integration versioned", function()
       assert.same({ insert = 3, update = 0, delete = 0, query = 0, command = 0 }, d)
       assert.is_true(r[1])
       for _, doc in ipairs(docs) do assert.equal(1, doc.version) end
-      local again = { { _id = 4 }, { _id = 2 } }
+      local again = { { _id = 4 }, { _id = 2, version = 7 } }
       local ok, results = vc:insert_many(again)
       assert.is_nil(ok)
       assert.is_true(results[1])
       assert.is_truthy(results[2]:find("duplicate", 1, true))
       assert.equal(1, again[1].version)
+      -- the one not inserted has its version back
+      assert.equal(7, again[2].version)
     end)
 
     it("replace_many / update_many: one round trip when nothing conflicts", function()

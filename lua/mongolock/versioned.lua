@@ -137,23 +137,24 @@ local function check_doc(self, doc, n, fname)
   return doc._id, v
 end
 
--- gives doc its _id (a new ObjectId when it has none) and version 1: doc
--- encoded (a core.Document) and the _id and version it had before | nil,
--- message (doc cannot be written as BSON; it has them back)
+-- puts back the _id and version doc had before stamp
+local function unstamp(self, doc, old)
+  doc._id, doc[self.field] = old.id, old.v
+end
+
+-- gives doc its _id (a new ObjectId when it has none) and version 1:
+-- encoded, old (doc as a core.Document; the _id and version it had) |
+-- nil, nil, message (doc cannot be written as BSON; it has them back)
 local function stamp(self, doc)
-  local old_id, old_v = doc._id, doc[self.field]
-  if old_id == nil then doc._id = core.ObjectId() end
+  local old = { id = doc._id, v = doc[self.field] }
+  if old.id == nil then doc._id = core.ObjectId() end
   doc[self.field] = 1
   local encoded, err = core.Document(doc)
   if not encoded then
-    doc._id, doc[self.field] = old_id, old_v
-    return nil, err
+    unstamp(self, doc, old)
+    return nil, nil, err
   end
-  return encoded, old_id, old_v
-end
-
-local function unstamp(self, doc, old_id, old_v)
-  doc._id, doc[self.field] = old_id, old_v
+  return encoded, old
 end
 
 -- MATCH: the stored version equals v
@@ -355,18 +356,18 @@ end
 -- ObjectId when it has none), then inserts it
 function _M.insert(self, doc)
   check_type(doc, "table", 1, "insert")
-  local encoded, old_id, old = stamp(self, doc)
+  local encoded, old, berr = stamp(self, doc)
   if not encoded then
-    argerror(1, "insert", "document cannot be written as BSON: " .. tostring(old_id), 2)
+    argerror(1, "insert", "document cannot be written as BSON: " .. tostring(berr), 2)
   end
   if self.core:closed() then
-    unstamp(self, doc, old_id, old)
+    unstamp(self, doc, old)
     return nil, "closed"
   end
   local r, err, code = command(self, self.db, { insert = self.coll },
     { documents = { encoded } })
   if not r then
-    doc[self.field] = old
+    doc[self.field] = old.v
     return nil, err, code
   end
   return true
@@ -480,18 +481,18 @@ function _M.insert_many(self, docs)
   end
   -- each document is given an _id and a version and encoded; when one
   -- cannot be, those before it are given back what they had
-  local olds, old_ids, encoded = {}, {}, {}
+  local olds, encoded = {}, {}
   for i, d in ipairs(docs) do
-    local one, old_id, old_v = stamp(self, d)
+    local one, old, berr = stamp(self, d)
     if not one then
-      for j = 1, i - 1 do unstamp(self, docs[j], old_ids[j], olds[j]) end
+      for j = 1, i - 1 do unstamp(self, docs[j], olds[j]) end
       argerror(1, "insert_many", "document " .. i .. " cannot be written as BSON: "
-        .. tostring(old_id), 2)
+        .. tostring(berr), 2)
     end
-    encoded[i], old_ids[i], olds[i] = one, old_id, old_v
+    encoded[i], olds[i] = one, old
   end
   if self.core:closed() then
-    for i, d in ipairs(docs) do unstamp(self, d, old_ids[i], olds[i]) end
+    for i, d in ipairs(docs) do unstamp(self, d, olds[i]) end
     return nil, "closed"
   end
   if #docs == 0 then return true, {} end
@@ -501,7 +502,7 @@ function _M.insert_many(self, docs)
   for i = 1, #docs do results[i] = true end
   reply = r or reply
   if not r and not (reply and reply.writeErrors) then
-    for i, d in ipairs(docs) do d[self.field] = olds[i] end
+    for i, d in ipairs(docs) do d[self.field] = olds[i].v end
     return nil, err, code
   end
   local all = true
@@ -509,7 +510,7 @@ function _M.insert_many(self, docs)
     for _, we in ipairs(reply.writeErrors) do
       local i = we.index + 1
       results[i] = we.errmsg or "write error"
-      docs[i][self.field] = olds[i]
+      docs[i][self.field] = olds[i].v
       all = false
     end
   end
