@@ -230,7 +230,6 @@ int ml_m_doc_acquire(lua_State *L) {
   s.started = started;
   s.renew = renew;
   s.kind = ML_KIND_DOCUMENT;
-  s.once = 1;                   /* every attempt has an owner of its own */
   /* a write concern error after a won write: ml_push_won gives it back */
   pushed = ml_push_won(L, c, ok ? 1 : 0, found > 0 && ar.won, &s, &e);
   if (pushed == 1) ml_pushbson(L, &ar.value);     /* [.. h doc] */

@@ -228,12 +228,14 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
       bson_error_t err2;
       spec_release(&op, s);
       (void)ml_run_update(ml_client_get(L, c), c, &op, &err2);
-    } else if (s->once && err->domain == MONGOC_ERROR_STREAM && ml_gc_handoff) {
+    } else if (err->domain == MONGOC_ERROR_STREAM && ml_gc_handoff) {
       /* No reply, even to libmongoc's retry: the write may have been
-       * applied, taking the lock under an owner nobody will use again.
-       * Its release goes to the background thread, as a collected
-       * handle's does (it matches nothing when the write was not
-       * applied); the caller does not wait for a server that may be gone. */
+       * applied, taking the lock under an owner nobody will use again (a
+       * try's or a document lock attempt's own, or a waiter's, whose
+       * acquire ends with this error).  Its release goes to the background
+       * thread, as a collected handle's does (it matches nothing when the
+       * write was not applied); the caller does not wait for a server that
+       * may be gone. */
       ml_lease *l = lease_new(s);
       if (!ml_gc_handoff(c, l)) ml_lease_unref(l);
     }

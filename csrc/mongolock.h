@@ -197,10 +197,6 @@ typedef struct ml_lease_spec {
   int grant_bounded;            /* with grant_ms: the waiter's place was
                                    shorter than ttl_ms, so it may have cut
                                    the grant short */
-  int once;                     /* owner is this attempt's alone (a try's,
-                                   a document lock's): no later attempt
-                                   writes it, so a release under it can
-                                   only end what this attempt took */
 } ml_lease_spec;
 
 /*

@@ -100,9 +100,10 @@ int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
  * place (1 = first).
  * One findAndModify.  A network error is retried once with the same owner
  * id, so that an attempt the server applied but whose reply was lost is
- * recognised as won instead of leaving the lock held by nobody; a try
- * whose retry has no reply either has its release sent in the background
- * (ml_push_won).
+ * recognised as won instead of leaving the lock held by nobody; an
+ * attempt whose retry has no reply either has its release sent in the
+ * background (ml_push_won): a try's owner is its own, and a waiter's acquire
+ * ends with that error, so nothing else may hold the lock under its id.
  */
 int ml_m_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
@@ -143,7 +144,6 @@ int ml_m_acquire(lua_State *L) {
     s.grant_bounded = a.waiter != NULL && a.queue_ms < a.ttl_ms;
   }
   s.renew = lua_toboolean(L, 7);
-  s.once = a.waiter == NULL;    /* a try's random owner */
   pushed = ml_push_won(L, c, ok, r.won, &s, &err);
   if (pushed) {
     bson_destroy(&id);

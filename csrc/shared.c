@@ -32,7 +32,9 @@ static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
  *                                 semaphore of another N: nothing written
  *    | nil, message, code
  * One findAndModify, retried once after a network error with the same
- * owner id (an applied attempt is then found won).
+ * owner id (an applied attempt is then found won); without a reply to the
+ * retry either, a share it may have taken is released in the background
+ * (ml_push_won).
  */
 int ml_m_share_acquire(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
@@ -81,7 +83,6 @@ int ml_m_share_acquire(lua_State *L) {
   s.token = r.token;
   s.started = started;
   s.renew = lua_toboolean(L, 9);
-  s.once = a.waiter == NULL;    /* a try's random owner */
   pushed = ml_push_won(L, c, ok, r.won, &s, &err);
   if (pushed) {
     bson_destroy(&id);

@@ -70,24 +70,28 @@ describe("#integration lost replies", function()
     return unpack(r, 1, r.n)
   end
 
-  -- a try's owner is its own: when neither its reply nor the retry's
-  -- arrives, the lock it took is given back in the background
+  -- a try's owner is its own, and a waiter's is its own once its acquire
+  -- has failed: when neither the reply nor the retry's arrives, the lock
+  -- it took is given back in the background
   for _, kind in ipairs({ "locks", "rwlocks", "semaphores" }) do
-    it("a try whose reply and retry are both lost leaves no " .. kind .. " entry held by nobody", function()
-      local name = helpers.unique("twice")
-      local obj = kind == "locks" and locks
-        or client[kind](client, { database = locks.database, collection = helpers.unique(kind),
-          permits = kind == "semaphores" and 2 or nil })
-      local try = kind == "rwlocks" and function() return obj:try_read(name) end
-        or function() return obj:try(name) end
-      local h, err = lost_twice(try)
-      assert.is_nil(h)
-      assert.is_string(err)
-      assert.is_true(testing.renew_flush(client._core))
-      local st = assert(obj:status(name), "the try's write was applied")
-      if kind == "locks" then assert.is_false(st.held, "still held")
-      else assert.equal(0, st.in_use, "still held") end
-    end)
+    for _, call in ipairs({ "try", "acquire" }) do
+      it("a" .. (call == "try" and " try" or "n acquire") .. " whose reply and retry are both lost leaves no "
+          .. kind .. " entry held by nobody", function()
+        local name = helpers.unique("twice")
+        local obj = kind == "locks" and locks
+          or client[kind](client, { database = locks.database, collection = helpers.unique(kind),
+            permits = kind == "semaphores" and 2 or nil })
+        local method = kind == "rwlocks" and (call == "try" and "try_read" or "read") or call
+        local opts = call == "acquire" and { timeout = 5 } or nil
+        local h, err = lost_twice(function() return obj[method](obj, name, opts) end)
+        assert.is_nil(h)
+        assert.is_string(err)
+        assert.is_true(testing.renew_flush(client._core))
+        local st = assert(obj:status(name), "the write was applied")
+        if kind == "locks" then assert.is_false(st.held, "still held")
+        else assert.equal(0, st.in_use, "still held") end
+      end)
+    end
   end
 
   it("an acquire whose reply is lost wins with the token it was given", function()

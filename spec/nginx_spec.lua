@@ -29,6 +29,29 @@ local SPEC_LOCATIONS = [[
             content_by_lua_file share_api_spec.lua;
         }
 
+        # ?kind=rw|sem&call=try|acquire&key=: one try or acquire of a share,
+        # answered "held" or "nil <err>"
+        location = /share-once {
+            content_by_lua_block {
+                local mongolock = require "mongolock"
+                package.loaded.share_once_client = package.loaded.share_once_client
+                  or assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "share-once-spec" }))
+                local c = package.loaded.share_once_client
+                local key, sem = ngx.var.arg_key, ngx.var.arg_kind == "sem"
+                local obj = sem and c:semaphores({ collection = "nginx_share_once_spec", permits = 2 })
+                  or c:rwlocks({ collection = "nginx_share_once_spec" })
+                local h, err
+                if ngx.var.arg_call == "try" then
+                  if sem then h, err = obj:try(key) else h, err = obj:try_read(key) end
+                elseif sem then h, err = obj:acquire(key, { timeout = 5 })
+                else h, err = obj:read(key, { timeout = 5 }) end
+                local body = h and "held" or ("nil " .. tostring(err))
+                if h then h:release() end
+                ngx.header.content_length = #body
+                ngx.print(body)
+            }
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
@@ -1150,6 +1173,33 @@ describe("#integration nginx with resty.mongolock", function()
     assert.truthy(helpers.eventually(function()
       return helpers.opcounters(observer).update - before >= 1
     end, 5), "no leave")
+  end)
+
+  it("a share whose attempt and its retry both got no reply is given back (try and acquire)", function()
+    local admin = observer._core
+    local function fp(name, mode, data)
+      assert(admin:command("admin", { configureFailPoint = name }, { mode = mode, data = data }))
+    end
+    for _, kind in ipairs({ "rw", "sem" }) do
+      for _, call in ipairs({ "try", "acquire" }) do
+        local key = helpers.unique("share-once")
+        -- the attempt commits and its connection closes instead of the
+        -- reply; the retry's connection closes before it runs
+        fp("failCommand", { skip = 1 }, { failCommands = { "findAndModify" }, closeConnection = true,
+          appName = "share-once-spec" })
+        fp("onPrimaryTransactionalWrite", { times = 1 })
+        local code, body = get(nginx.port, "/share-once?kind=" .. kind .. "&call=" .. call .. "&key=" .. key)
+        fp("onPrimaryTransactionalWrite", "off")
+        fp("failCommand", "off")
+        assert.equal(200, code, body)
+        assert.matches("^nil ", body)
+        local obj = kind == "sem" and observer:semaphores({ collection = "nginx_share_once_spec", permits = 2 })
+          or observer:rwlocks({ collection = "nginx_share_once_spec" })
+        local st = assert(obj:status(key), "the attempt was applied")
+        assert.truthy(helpers.eventually(function() return assert(obj:status(key)).in_use == 0 end, 5),
+          kind .. " " .. call .. ": still held by nobody (" .. tostring(st.in_use) .. ")")
+      end
+    end
   end)
 
   it("in log_by_lua (no yield possible) locks and commands keep working, blocking", function()

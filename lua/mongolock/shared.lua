@@ -185,20 +185,24 @@ local function wait_for(self, mode, name, o)
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
-  local queued = false
+  -- queued: an attempt answered with this waiter's place; unsure: one
+  -- failed without saying what it wrote (a lost reply may hide a place;
+  -- a share it took under the waiter's id is released by the core)
+  local queued, unsure = false, false
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
     wait = locks_mod.get_wait(), poll = o.wait == "poll", refresh = o.queue_ttl / 2,
     attempt = function(polling)
       local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling)
-      if err == "busy" then queued = queued or info.position ~= nil end
+      if err == "busy" then queued = queued or info.position ~= nil
+      elseif not h and err ~= "closed" then unsure = true end
       return h, err, info
     end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     give_up = function(...)
       -- as named locks: only with a server to tell (the place lapses after queue_ttl)
-      if queued and not self.core:closed() and self.core:writable() then
+      if (queued or unsure) and not self.core:closed() and self.core:writable() then
         pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, waiter)
       end
       return nil, ...

@@ -139,6 +139,7 @@ local function run_later(ctx, op)
     pcall(run, ctx.spec, op)
   end
 end
+_M.run_later = run_later
 
 -- leave the queue without waiting for it
 local function leave_later(ctx, name, waiter, tag)
@@ -152,6 +153,7 @@ local function no_reply(ereply)
   local ok, r = pcall(core.bson_decode, ereply)
   return not (ok and type(r) == "table" and r.ok ~= nil)
 end
+_M.no_reply = no_reply
 
 -- the outcome of an attempt nobody waits for any more: the lock it won
 -- is released, the queue it joined left
