@@ -29,9 +29,10 @@ local SPEC_LOCATIONS = [[
             content_by_lua_file share_api_spec.lua;
         }
 
-        # ?kind=rw|sem&call=try|acquire&key=: one try or acquire of a share,
-        # answered "held" or "nil <err>"
-        location = /share-once {
+        # ?kind=rw|sem|doc&call=try|acquire&key=: one try or acquire of a
+        # share, or of a document's lock (the document made first), answered
+        # "held" or "nil <err>"
+        location = /attempt-once {
             content_by_lua_block {
                 local mongolock = require "mongolock"
                 package.loaded.share_once_client = package.loaded.share_once_client
@@ -41,7 +42,12 @@ local SPEC_LOCATIONS = [[
                 local obj = sem and c:semaphores({ collection = "nginx_share_once_spec", permits = 2 })
                   or c:rwlocks({ collection = "nginx_share_once_spec" })
                 local h, err
-                if ngx.var.arg_call == "try" then
+                if ngx.var.arg_kind == "doc" then
+                  local docs = c:documents("mongolock_test", "nginx_doc_once_spec")
+                  local d
+                  if ngx.var.arg_call == "try" then d, h = docs:try(key) else d, h = docs:lock(key, { timeout = 5 }) end
+                  if not d then err = h; h = nil end
+                elseif ngx.var.arg_call == "try" then
                   if sem then h, err = obj:try(key) else h, err = obj:try_read(key) end
                 elseif sem then h, err = obj:acquire(key, { timeout = 5 })
                 else h, err = obj:read(key, { timeout = 5 }) end
@@ -1175,29 +1181,40 @@ describe("#integration nginx with resty.mongolock", function()
     end, 5), "no leave")
   end)
 
-  it("a share whose attempt and its retry both got no reply is given back (try and acquire)", function()
+  it("a share or a document's lock whose attempt and its retry both got no reply is given back (try, acquire)",
+     function()
     local admin = observer._core
     local function fp(name, mode, data)
       assert(admin:command("admin", { configureFailPoint = name }, { mode = mode, data = data }))
     end
-    for _, kind in ipairs({ "rw", "sem" }) do
+    local docs = observer:documents("mongolock_test", "nginx_doc_once_spec")
+    for _, kind in ipairs({ "rw", "sem", "doc" }) do
       for _, call in ipairs({ "try", "acquire" }) do
         local key = helpers.unique("share-once")
+        if kind == "doc" then
+          assert(observer:command("mongolock_test", { insert = "nginx_doc_once_spec" },
+            { documents = { { _id = key } } }))
+        end
         -- the attempt commits and its connection closes instead of the
         -- reply; the retry's connection closes before it runs
         fp("failCommand", { skip = 1 }, { failCommands = { "findAndModify" }, closeConnection = true,
           appName = "share-once-spec" })
         fp("onPrimaryTransactionalWrite", { times = 1 })
-        local code, body = get(nginx.port, "/share-once?kind=" .. kind .. "&call=" .. call .. "&key=" .. key)
+        local code, body = get(nginx.port, "/attempt-once?kind=" .. kind .. "&call=" .. call .. "&key=" .. key)
         fp("onPrimaryTransactionalWrite", "off")
         fp("failCommand", "off")
         assert.equal(200, code, body)
         assert.matches("^nil ", body)
-        local obj = kind == "sem" and observer:semaphores({ collection = "nginx_share_once_spec", permits = 2 })
-          or observer:rwlocks({ collection = "nginx_share_once_spec" })
-        local st = assert(obj:status(key), "the attempt was applied")
-        assert.truthy(helpers.eventually(function() return assert(obj:status(key)).in_use == 0 end, 5),
-          kind .. " " .. call .. ": still held by nobody (" .. tostring(st.in_use) .. ")")
+        if kind == "doc" then
+          assert.truthy(helpers.eventually(function() return not assert(docs:status(key)).held end, 5),
+            "doc " .. call .. ": still locked by nobody")
+        else
+          local obj = kind == "sem" and observer:semaphores({ collection = "nginx_share_once_spec", permits = 2 })
+            or observer:rwlocks({ collection = "nginx_share_once_spec" })
+          local st = assert(obj:status(key), "the attempt was applied")
+          assert.truthy(helpers.eventually(function() return assert(obj:status(key)).in_use == 0 end, 5),
+            kind .. " " .. call .. ": still held by nobody (" .. tostring(st.in_use) .. ")")
+        end
       end
     end
   end)
