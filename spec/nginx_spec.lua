@@ -1185,8 +1185,9 @@ describe("#integration nginx with resty.mongolock", function()
   it("a share or a document's lock whose attempt and its retry both got no reply is given back",
      function()
     local admin = observer._core
+    -- the fail point's count of times it fired (mongod's timesEntered)
     local function fp(name, mode, data)
-      assert(admin:command("admin", { configureFailPoint = name }, { mode = mode, data = data }))
+      return assert(admin:command("admin", { configureFailPoint = name }, { mode = mode, data = data })).count
     end
     local docs = observer:documents("mongolock_test", "nginx_doc_once_spec")
     for _, kind in ipairs({ "rw", "doc" }) do
@@ -1200,10 +1201,12 @@ describe("#integration nginx with resty.mongolock", function()
         -- reply; the retry's connection closes before it runs
         fp("failCommand", { skip = 1 }, { failCommands = { "findAndModify" }, closeConnection = true,
           appName = "share-once-spec" })
-        fp("onPrimaryTransactionalWrite", { times = 1 })
+        local before = fp("onPrimaryTransactionalWrite", { times = 1 })
         local code, body = get(nginx.port, "/attempt-once?kind=" .. kind .. "&call=" .. call .. "&key=" .. key)
-        fp("onPrimaryTransactionalWrite", "off")
+        local after = fp("onPrimaryTransactionalWrite", "off")
         fp("failCommand", "off")
+        -- the attempt was applied, its reply dropped (not another write's)
+        assert.equal(1, after - before, "the fail point fired once")
         assert.equal(200, code, body)
         assert.matches("^nil ", body)
         if kind == "doc" then

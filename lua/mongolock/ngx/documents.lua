@@ -131,12 +131,9 @@ function _M.attempt(docs, id, o, deadline, fname)
     -- a write concern error comes after the write: a lock it shows as ours
     -- is released again
     if ereply then orphaned({ spec = ctx.spec, ref = ref, owner = owner }, nil, nil, nil, ereply) end
-    -- no reply: the attempt may have locked the document under owner all
-    -- the same (a lost reply), and owner is this attempt's alone: released
-    -- from a timer (a transport timeout leaves it to orphaned)
-    if not (err == "timeout" and code == nil) and nlocks.no_reply(ereply) then
-      nlocks.run_later({ spec = ctx.spec }, core.op_doc_release(with(ref, { owner = owner })))
-    end
+    -- no reply: a lock taken under owner all the same (this attempt's
+    -- alone) is released
+    nlocks.release_unanswered(ctx.spec, err, code, ereply, core.op_doc_release(with(ref, { owner = owner })))
     return nil, err, code
   end
   local r, perr = core.parse_doc_acquire(reply, owner, ref.owner_field, ref.owner_type)

@@ -139,7 +139,6 @@ local function run_later(ctx, op)
     pcall(run, ctx.spec, op)
   end
 end
-_M.run_later = run_later
 
 -- leave the queue without waiting for it
 local function leave_later(ctx, name, waiter, tag)
@@ -153,7 +152,17 @@ local function no_reply(ereply)
   local ok, r = pcall(core.bson_decode, ereply)
   return not (ok and type(r) == "table" and r.ok ~= nil)
 end
-_M.no_reply = no_reply
+
+-- after an attempt that failed with err, code, ereply: when it got no
+-- reply, even to the retry (not the transport's own timeout, which leaves
+-- the outcome to the orphaned callback), it may have taken what it asked
+-- for under an owner nobody uses again: release (the op releasing it) runs
+-- from a timer.  True when it was sent.  Every kind's attempt uses it.
+function _M.release_unanswered(spec, err, code, ereply, release)
+  if (err == "timeout" and code == nil) or not no_reply(ereply) then return false end
+  run_later({ spec = spec }, release)
+  return true
+end
 
 -- the outcome of an attempt nobody waits for any more: the lock it won
 -- is released, the queue it joined left
@@ -300,10 +309,10 @@ function _M.acquire(ctx, name, opts)
       -- the owner is released again
       release_if_won(ctx, name, owner, ereply)
       -- no reply: the attempt may have queued the waiter, or taken the
-      -- lock, under owner all the same (a lost reply)
-      if no_reply(ereply) then
-        if waiter then queued = true else run_later(ctx, release_op(ctx, name, owner)) end
-      end
+      -- lock, under owner all the same (a lost reply); a waiter's leave
+      -- (give_up) passes on a lock taken under its id
+      if waiter then queued = queued or no_reply(ereply)
+      else _M.release_unanswered(ctx.spec, aerr, acode, ereply, release_op(ctx, name, owner)) end
       return give_up(aerr, acode)
     end
     local info, perr = core.parse_acquire(reply, owner)

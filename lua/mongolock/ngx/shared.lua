@@ -114,14 +114,11 @@ function P.share_acquire(p, db, coll, name, mode, permits, ttl_ms, app, renew, w
     -- a write concern error comes after the write: what it took is given back
     if ereply then orphaned({ spec = p.spec, db = db, coll = coll, name = name, owner = owner, mode = mode,
                               permits = permits }, nil, nil, nil, ereply) end
-    -- no reply: the attempt may have taken a share under owner all the
-    -- same (a lost reply), and owner is used no more (a try's own, or a
-    -- waiter's whose acquire ends with this error): released from a timer
-    -- (the queue a waiter may have joined is left by mongolock.shared)
-    if not (err == "timeout" and code == nil) and nlocks.no_reply(ereply) then
-      nlocks.run_later({ spec = p.spec }, core.op_share_release{ db = db, coll = coll, name = name,
-        owner = owner })
-    end
+    -- no reply: a share taken under owner all the same (a try's own, or a
+    -- waiter's whose acquire ends with this error) is released; the queue
+    -- a waiter may have joined is left by mongolock.shared
+    nlocks.release_unanswered(p.spec, err, code, ereply,
+      core.op_share_release{ db = db, coll = coll, name = name, owner = owner })
     return nil, err, code
   end
   local r, perr = core.parse_share_acquire(reply, owner, mode, permits)
