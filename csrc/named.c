@@ -119,6 +119,7 @@ int ml_m_acquire(lua_State *L) {
   ml_lease_spec s;
   double started;
   int ok, pushed;
+  char keeper[17];
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
@@ -126,6 +127,7 @@ int ml_m_acquire(lua_State *L) {
   a.ttl_ms = ml_arg_ttl_ms(L, 5);
   if (!ml_arg_attempt(L, c, 6, 8, &a, &t)) return ml_pushfail(L, "getrandom failed", 0);
   mc = ml_client_get(L, c);
+  if (lua_toboolean(L, 7)) a.keeper = ml_renew_keeper(L, c, keeper);
 
   ml_build_acquire(&op, &a);
   started = ml_monotonic();

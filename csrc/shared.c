@@ -53,6 +53,7 @@ int ml_m_share_acquire(lua_State *L) {
   ml_lease_spec s;
   double started;
   int ok, pushed;
+  char keeper[17];
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
@@ -69,6 +70,7 @@ int ml_m_share_acquire(lua_State *L) {
   a.ttl_ms = ml_arg_ttl_ms(L, 7);
   if (!ml_arg_attempt(L, c, 8, 10, &a, &t)) return ml_pushfail(L, "getrandom failed", 0);
   mc = ml_client_get(L, c);
+  if (lua_toboolean(L, 9)) a.keeper = ml_renew_keeper(L, c, keeper);
 
   ml_build_share_acquire(&op, &a, mode, permits);
   started = ml_monotonic();
