@@ -14,7 +14,8 @@
  *   named.c     the named-lock commands (acquire, status, list, ...)
  *   documents.c the document-lock commands and a release's changes
  *   command.c   client:command
- *   renew.c     background lease renewal (a thread per client and process)
+ *   renew.c     the lease engine: renewal in batches, queued releases, and its
+ *               adapters (a thread per client and process; Lua, inside nginx)
  *   watch.c     change-stream waits
  *   bson.c      Lua value <-> BSON, and the typed values (null, ObjectId, ...)
  *   core.c      luaopen_mongolock_core: module table, clock, ids
