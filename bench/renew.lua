@@ -52,7 +52,7 @@ for _, case in ipairs(cases) do
     if not (st and st.held and st.owner == hs[i].owner) and hs[i]:check() then lost = lost + 1 end
   end
   print(string.format("| %d | %g | %.2f | %d | %.2f us |", case.n, case.ttl,
-    (u1 - u0 - 2) / (t1 - t0), lost, (cpu1 - cpu0) * 1e6 / (case.n * (t1 - t0))))
+    (u1 - u0) / (t1 - t0), lost, (cpu1 - cpu0) * 1e6 / (case.n * (t1 - t0))))
   io.stdout:flush()
   io.stderr:write("bench: renew: releasing\n")
   hs = nil

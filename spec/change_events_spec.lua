@@ -131,11 +131,11 @@ describe("#integration change events of the lock writes", function()
     woken({})
   end)
 
-  it("extend: expiresAt alone; wakes nobody", function()
+  it("extend: expiresAt and the lease's new length; wakes nobody", function()
     assert.equal(1, core.parse_update(run(core.op_extend({ db = DB, coll = coll, name = name, owner = WA,
       ttl_ms = 120000 }))))
     local ev = event()
-    assert.same({ "expiresAt" }, keys(ev.updateDescription.updatedFields))
+    assert.same({ "expiresAt", "ttl" }, keys(ev.updateDescription.updatedFields))
     woken({})
   end)
 
@@ -147,8 +147,9 @@ describe("#integration change events of the lock writes", function()
     -- the holder document is B's entry's, equal to A's here: not reported;
     -- [B, C] to [C]: element 0 takes C's differing fields and the array is
     -- cut (smaller than the whole array of these larger entries)
+    -- ttl: B's lease length (A's was extended to 120 s)
     assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue.0.t", "queue.0.until", "queue.0.w",
-      "token" }, keys(u))
+      "token", "ttl" }, keys(u))
     assert.same({ { field = "queue", newSize = 1 } }, ev.updateDescription.truncatedArrays)
     assert.equal(WB, u.owner)
     assert.equal(TB .. WB, u.next)
