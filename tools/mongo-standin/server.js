@@ -21,7 +21,7 @@ const { Connection } = require('./lib/wire');
 const { parseUserFlag, ROLES } = require('./lib/auth');
 
 const USAGE = `usage: node server.js [--port N] [--bind ADDR] [--replset NAME | --standalone] [--ttl-monitor-secs S]
-       [--auth] [--user NAME:PASSWORD:ROLE@DB[,ROLE@DB...]]... [--tls-cert FILE --tls-key FILE]
+       [--auth] [--user NAME:PASSWORD:ROLE@DB[,ROLE@DB...]]... [--users-file FILE] [--tls-cert FILE --tls-key FILE]
   --port N               TCP port (0 picks a free one; default 27017)
   --bind ADDR            address to listen on (default 127.0.0.1)
   --replset NAME         report a replica-set primary of set NAME (default rs0)
@@ -31,6 +31,7 @@ const USAGE = `usage: node server.js [--port N] [--bind ADDR] [--replset NAME | 
   --user N:P:ROLE@DB,..  a user N of database admin with password P and these roles (read, readWrite,
                          userAdmin on a database; readAnyDatabase, readWriteAnyDatabase,
                          userAdminAnyDatabase, root on admin); implies --auth; may be repeated
+  --users-file FILE      the same users, one N:P:ROLE@DB,.. a line (no password on the command line)
   --tls-cert FILE        serve TLS only, with this PEM certificate (chain) ...
   --tls-key FILE         ... and this PEM private key`;
 
@@ -71,6 +72,24 @@ function parseArgs(argv) {
         if (!u) usage('bad --user: expected NAME:PASSWORD:ROLE@DB[,ROLE@DB...]');
         if (u[2].some((r) => !ROLES[r.role])) usage(`bad --user: unknown role in ${v.slice(v.lastIndexOf(':') + 1)}`);
         o.users.push(u);
+        o.auth = true;
+        break;
+      }
+      case '--users-file': {
+        // the same, one per line, from a file: no password on a command line
+        const f = need(i, a); i++;
+        let text;
+        try {
+          text = fs.readFileSync(f, 'utf8');
+        } catch (e) {
+          usage(`--users-file: ${e.message}`);
+        }
+        for (const line of text.split('\n')) {
+          if (!line.trim()) continue;
+          const u = parseUserFlag(line.replace(/\r$/, ''));
+          if (!u || u[2].some((r) => !ROLES[r.role])) usage(`bad line in ${f}: expected NAME:PASSWORD:ROLE@DB[,ROLE@DB...]`);
+          o.users.push(u);
+        }
         o.auth = true;
         break;
       }

@@ -185,6 +185,23 @@ test('libmongoc 1.23 authenticates over TLS with SCRAM-SHA-256 and SCRAM-SHA-1 (
   assert.match(r.stdout, /^ping error 11 Authentication failed\.$/m);
 });
 
+test('--users-file reads the same users, one a line', { skip }, async () => {
+  const f = path.join(certs, 'users');
+  fs.writeFileSync(f, 'a:pw:with:colons:readWrite@app,read@other\n\nb:x:read@app\n');
+  const s = await startStandin(['--users-file', f]);
+  try {
+    await withClient(uri(s, 'a', 'pw:with:colons'), (c) => c.db('app').collection('t').insertOne({}));
+    await withClient(uri(s, 'b', 'x'), async (c) => {
+      await assert.rejects(c.db('app').collection('t').insertOne({}), (e) => e.code === 13);
+    });
+  } finally {
+    await s.stop();
+  }
+  fs.writeFileSync(f, 'nonsense\n');
+  const r = spawnSync(process.execPath, [SERVER, '--port', '0', '--users-file', f], { encoding: 'utf8' });
+  assert.equal(r.status, 2);
+});
+
 test('--user and --tls-* refuse bad values', { skip }, () => {
   for (const args of [['--user', 'x'], ['--user', 'x::read@app'], ['--user', 'x:p:nosuchrole@app'], ['--user', 'x:p:root@app'],
     ['--tls-cert', '/nonexistent'], ['--tls-cert', '/nonexistent', '--tls-key', '/nonexistent']]) {
