@@ -220,13 +220,14 @@ static void client_close(ml_client *c) {
 static int uri_usable(lua_State *L, const mongoc_uri_t *uri) {
   static const char *const files[] = {MONGOC_URI_TLSCAFILE, MONGOC_URI_TLSCERTIFICATEKEYFILE};
   const mongoc_host_list_t *h;
+  const char *srv = mongoc_uri_get_srv_hostname(uri); /* NULL unless mongodb+srv:// */
+  int at = srv && strchr(srv, '@');
   size_t k;
-  for (h = mongoc_uri_get_hosts(uri); h; h = h->next) {
-    if (strchr(h->host_and_port, '@')) {
-      lua_pushliteral(L, "invalid URI: an '@' in a host name; an '@' in a user name or password must be "
-                         "written %40");
-      return 0;
-    }
+  for (h = mongoc_uri_get_hosts(uri); h && !at; h = h->next) at = strchr(h->host_and_port, '@') != NULL;
+  if (at) {
+    lua_pushliteral(L, "invalid URI: an '@' in a host name; an '@' in a user name or password must be "
+                       "written %40");
+    return 0;
   }
   for (k = 0; k < sizeof files / sizeof files[0]; k++) {
     const char *path = mongoc_uri_get_option_as_utf8(uri, files[k], NULL);
