@@ -207,6 +207,46 @@ static void client_close(ml_client *c) {
 /* ---- Lua functions ----------------------------------------------------- */
 
 /*
+ * What libmongoc accepts but would only report later, at the first call,
+ * in words that may quote a secret or hide the cause.  On failure pushes
+ * the message ("invalid URI: ...") and returns 0; never names the user
+ * name, the password or tlsCertificateKeyFilePassword.
+ *  - an '@' left unescaped in a user name or password: libmongoc splits
+ *    the URI at the first '@' and takes the rest of the password for a
+ *    host name, which its server-selection errors print;
+ *  - tlsCAFile or tlsCertificateKeyFile that this process cannot read:
+ *    libmongoc says only "Failed initialize TLS state."
+ */
+static int uri_usable(lua_State *L, const mongoc_uri_t *uri) {
+  static const char *const files[] = {MONGOC_URI_TLSCAFILE, MONGOC_URI_TLSCERTIFICATEKEYFILE};
+  const mongoc_host_list_t *h;
+  const char *srv = mongoc_uri_get_srv_hostname(uri); /* NULL unless mongodb+srv:// */
+  int at = srv && strchr(srv, '@');
+  size_t k;
+  for (h = mongoc_uri_get_hosts(uri); h && !at; h = h->next) at = strchr(h->host_and_port, '@') != NULL;
+  if (at) {
+    lua_pushliteral(L, "invalid URI: an '@' in a host name; an '@' in a user name or password must be "
+                       "written %40");
+    return 0;
+  }
+  for (k = 0; k < sizeof files / sizeof files[0]; k++) {
+    const char *path = mongoc_uri_get_option_as_utf8(uri, files[k], NULL);
+    FILE *f;
+    if (!path) continue;
+    f = fopen(path, "r");
+    if (!f) {
+      char buf[128];
+      int e = errno;
+      lua_pushfstring(L, "invalid URI: %s %s: %s", k == 0 ? "tlsCAFile" : "tlsCertificateKeyFile", path,
+                      bson_strerror_r(e, buf, sizeof buf));
+      return 0;
+    }
+    fclose(f);
+  }
+  return 1;
+}
+
+/*
  * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms, bound_ms)
  *   -> client | nil, message
  * w: "majority", an integer >= 0, or nil for "majority".  appname,
@@ -239,6 +279,12 @@ static int l_connect(lua_State *L) {
   if (!uri) {
     lua_pushnil(L);
     lua_pushfstring(L, "invalid URI: %s", err.message);
+    return 2;
+  }
+  if (!uri_usable(L, uri)) {
+    mongoc_uri_destroy(uri);
+    lua_pushnil(L);
+    lua_insert(L, -2);
     return 2;
   }
   if (appname) {

@@ -149,7 +149,8 @@ end
 
 print(("%d worker processes, %d increments each (read, sleep %g s, write); expected count %d")
   :format(WORKERS, N, SLEEP, EXPECTED))
-print(("server: %s   database: %s"):format(URI, db))
+-- (the URI without its password)
+print(("server: %s   database: %s"):format((URI:gsub("^(%a[%w+.-]*://[^:/@]*):[^/@]*@", "%1:***@")), db))
 local locked, tl = run("locked", "with the lock")
 local unlocked, tu = run("unlocked", "without a lock")
 print()

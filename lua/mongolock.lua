@@ -24,7 +24,15 @@ local seconds = private.seconds
 local _M = { _VERSION = "0.1.0", core = core }
 
 local client_mt = {}
-client_mt.__index = client_mt
+
+-- A client's URI (its credentials included) is kept out of the client's
+-- own fields, so that a dump of the client (a logger's inspect, a test
+-- failure's message) never shows a password; client.uri still reads it.
+local uris = setmetatable({}, { __mode = "k" })
+client_mt.__index = function(self, k)
+  if k == "uri" then return uris[self] end
+  return client_mt[k]
+end
 
 -- ---- connect ------------------------------------------------------------
 
@@ -105,9 +113,11 @@ function _M.connect(uri, opts)
   local selection = uri_selection_timeout(uri) or (sst and sst / 1000) or bound
   -- read once: a closed client still names it (client:locks() on a closed
   -- client makes an object whose calls answer "closed")
-  return setmetatable({ _core = c, uri = uri, appname = appname, connect_opts = connect_opts,
-                        _database = c:default_database(),
-                        server_bound = selection }, client_mt)
+  local client = setmetatable({ _core = c, appname = appname, connect_opts = connect_opts,
+                                _database = c:default_database(),
+                                server_bound = selection }, client_mt)
+  uris[client] = uri
+  return client
 end
 
 -- ---- the client ---------------------------------------------------------

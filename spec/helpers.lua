@@ -100,7 +100,6 @@ end
 
 -- ---- the server -----------------------------------------------------------
 
-local standin_pid, standin_log
 local uri = getenv("MONGODB_URI")
 if uri == "" then uri = nil end
 helpers.standin = getenv("MONGOLOCK_STANDIN") == "1"
@@ -118,44 +117,52 @@ local function read_file(path)
 end
 helpers.read_file = read_file
 
-local function start_standin()
+-- starts a stand-in with extra arguments (a list, quoted here); returns
+-- its address "127.0.0.1:PORT" and records its pid for the reaper
+local standins, files_to_remove = {}, {}
+local function start_standin(args)
   local server = helpers.root .. "/tools/mongo-standin/server.js"
-  standin_log = tmpname()
+  local log = tmpname()
+  files_to_remove[#files_to_remove + 1] = log
+  local extra = {}
+  for i, a in ipairs(args or {}) do extra[i] = shell_quote(a) end
   -- In the shell started by popen, $PPID is this Lua process: the watchdog
   -- stops the server when this process goes away without running its __gc.
   local cmd = format([[
-node %s --port 0 >%s 2>&1 &
+node %s --port 0 %s >%s 2>&1 &
 n=$!
 echo $n
 L=$PPID
 ( while kill -0 $L 2>/dev/null && kill -0 $n 2>/dev/null; do sleep 1; done; kill $n 2>/dev/null ) \
   >/dev/null 2>&1 </dev/null &
-]], shell_quote(server), shell_quote(standin_log))
+]], shell_quote(server), table.concat(extra, " "), shell_quote(log))
   local p = assert(io.popen(cmd, "r"))
-  standin_pid = tonumber(p:read("*l"))
+  local pid = tonumber(p:read("*l"))
   p:close()
-  assert(standin_pid, "could not start the stand-in")
+  assert(pid, "could not start the stand-in")
+  standins[#standins + 1] = pid
   for _ = 1, 400 do
-    local out = read_file(standin_log) or ""
+    local out = read_file(log) or ""
     local addr = out:match("listening (%S+)")
-    if addr then
-      return format("mongodb://%s/?replicaSet=rs0", addr)
-    end
-    if not os.execute(format("kill -0 %d 2>/dev/null", standin_pid)) then
+    if addr then return addr end
+    if not os.execute(format("kill -0 %d 2>/dev/null", pid)) then
       break
     end
     sleep(0.05)
   end
-  error("the stand-in did not start: " .. (read_file(standin_log) or "no output"))
+  error("the stand-in did not start: " .. (read_file(log) or "no output"))
 end
 
 -- stops the stand-in we started, when the Lua state closes
 local reaper = setmetatable({}, { __gc = function()
-  if standin_pid then
-    os.execute(format("kill %d 2>/dev/null", standin_pid))
-    standin_pid = nil
+  for i, pid in ipairs(standins) do
+    os.execute(format("kill %d 2>/dev/null", pid))
+    standins[i] = nil
   end
-  if standin_log then os.remove(standin_log) end
+  for i, f in ipairs(files_to_remove) do
+    os.execute(format("rm -rf %s", shell_quote(f)))
+    files_to_remove[i] = nil
+  end
 end })
 helpers._reaper = reaper
 
@@ -166,7 +173,7 @@ function helpers.uri()
     if getenv("MONGOLOCK_NO_SERVER") == "1" then
       error("MONGOLOCK_NO_SERVER=1 and no MONGODB_URI: a test without a server asked for one", 2)
     end
-    uri = start_standin()
+    uri = format("mongodb://%s/?replicaSet=rs0", start_standin())
     helpers.standin = true
     -- children spawned by the specs find the same server
     helpers.child_env = "MONGODB_URI=" .. shell_quote(uri) .. " MONGOLOCK_STANDIN=1 "
@@ -184,6 +191,91 @@ function helpers.uri_with(opts)
   table.sort(parts)
   local sep = u:find("?", 1, true) and "&" or (u:match("/$") and "?" or "/?")
   return u .. sep .. table.concat(parts, "&")
+end
+
+-- ---- a server with credentials and TLS (spec/auth_spec.lua) ----------------
+--
+-- helpers.secure() -> s | nil, why.  s.uri: a URI with the credentials of a
+-- user who may read and write helpers.database (and the nginx example's
+-- database) and tls=true&tlsCAFile=...; s.ro_uri: the same for a user who
+-- may only read helpers.database (nil: not given); s.password: the first
+-- user's password (what must never show); s.wrong_password_uri: s.uri with
+-- another password; s.untrusted_uri: s.uri with a CA that signed nothing.
+--   - MONGODB_AUTH_URI (and MONGODB_AUTH_RO_URI) set: those (a real MongoDB
+--     with its users and certificates made by hand);
+--   - else, when the specs run against the stand-in (MONGODB_URI unset, or
+--     set by tools/with-standin): a second stand-in with --user and TLS, on
+--     a certificate authority made now by make-test-certs;
+--   - else (a real MongoDB without MONGODB_AUTH_URI): nil, why.
+
+local function pct_encode(s)
+  return (s:gsub("[^%w%-%._~]", function(c) return format("%%%02X", c:byte()) end))
+end
+local function pct_decode(s)
+  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+helpers.pct_encode = pct_encode
+
+local function random_hex(n)
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local b = f:read(n)
+  f:close()
+  return (b:gsub(".", function(c) return format("%02x", c:byte()) end))
+end
+
+-- uri with its password replaced by pwd, or its tlsCAFile by ca
+local function with_password(u, pwd)
+  return (u:gsub("^(mongodb%+?s?r?v?://[^:/@]*:)[^@/]*@", function(head) return head .. pct_encode(pwd) .. "@" end))
+end
+local function with_ca(u, ca)
+  return (u:gsub("([?&][tT][lL][sS][cC][aA][fF][iI][lL][eE]=)[^&]*", "%1" .. pct_encode(ca):gsub("%%", "%%%%")))
+end
+
+local secure, secure_why
+function helpers.secure()
+  if secure ~= nil or secure_why then return secure, secure_why end
+  local given = getenv("MONGODB_AUTH_URI")
+  local certs = tmpname()
+  os.remove(certs)
+  files_to_remove[#files_to_remove + 1] = certs
+  local function make_certs()
+    local ok = os.execute(format("%s/tools/mongo-standin/make-test-certs %s",
+      shell_quote(helpers.root), shell_quote(certs)))
+    assert(ok == true or ok == 0, "make-test-certs failed")
+  end
+  if given and given ~= "" then
+    make_certs()      -- only other-ca.pem is used
+    local pwd = given:match("^mongodb%+?s?r?v?://[^:/@]*:([^@/]*)@")
+    assert(pwd, "MONGODB_AUTH_URI has no password")
+    local ro = getenv("MONGODB_AUTH_RO_URI")
+    secure = { uri = given, ro_uri = ro ~= "" and ro or nil, password = pct_decode(pwd) }
+  elseif uri and not helpers.standin then
+    secure_why = "a real MongoDB (MONGODB_URI) without MONGODB_AUTH_URI: set MONGODB_AUTH_URI (a user that "
+      .. "may read and write " .. helpers.database .. ", with tls=true&tlsCAFile=...) and MONGODB_AUTH_RO_URI"
+    return nil, secure_why
+  else
+    make_certs()
+    -- passwords with characters a URI must escape
+    local pwd, ro_pwd = "pw:" .. random_hex(8) .. "/@%", "ro:" .. random_hex(8)
+    local roles = format("readWrite@%s,readWrite@mongolock_example,readWrite@mongolock", helpers.database)
+    -- the users from a file: no password on any command line
+    local users = certs .. "/users"
+    local f = assert(io.open(users, "w"))
+    f:write("locker:", pwd, ":", roles, "\n", "reader:", ro_pwd, ":read@", helpers.database, "\n")
+    f:close()
+    local addr = start_standin({ "--users-file", users,
+      "--tls-cert", certs .. "/server.pem", "--tls-key", certs .. "/server-key.pem" })
+    local tls = "&tls=true&tlsCAFile=" .. pct_encode(certs .. "/ca.pem")
+    secure = {
+      uri = format("mongodb://locker:%s@%s/?replicaSet=rs0%s", pct_encode(pwd), addr, tls),
+      ro_uri = format("mongodb://reader:%s@%s/?replicaSet=rs0%s", pct_encode(ro_pwd), addr, tls),
+      password = pwd,
+    }
+  end
+  secure.wrong_password_uri = with_password(secure.uri, "wrong-" .. random_hex(4))
+  secure.untrusted_uri = with_ca(secure.uri, certs .. "/other-ca.pem")
+  assert(secure.wrong_password_uri ~= secure.uri and secure.untrusted_uri ~= secure.uri)
+  return secure
 end
 
 -- ---- names and clients ----------------------------------------------------

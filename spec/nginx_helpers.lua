@@ -44,7 +44,8 @@ local Nginx = {}
 Nginx.__index = Nginx
 
 -- a prefix directory whose lua/, build/ and examples/ are the tree's, with
--- the example's config on a free port.  opts.locations: text added before
+-- the example's config on a free port, against helpers.uri() or the URI in
+-- the file opts.uri_file.  opts.locations: text added before
 -- the example's /ping location; opts.files: name -> content written to the
 -- prefix; opts.edit(conf): the config changed further (returns it).
 local WORKER_PID = [[
@@ -83,8 +84,11 @@ local function start_nginx(opts)
     f:write(conf)
     f:close()
     -- the config alone decides where nginx's LuaJIT finds modules
+    -- opts.uri_file: a file holding the URI, read by the shell so that no
+    -- command line holds it (credentials)
+    local uri_word = opts.uri_file and format('"$(cat %s)"', q(opts.uri_file)) or q(helpers.uri())
     if sh(format("env -u LUA_PATH -u LUA_CPATH MONGODB_URI=%s nginx -p %s/ -c conf/nginx.conf -e logs/error.log",
-        q(helpers.uri()), q(prefix))) then
+        uri_word, q(prefix))) then
       local self = setmetatable({ prefix = prefix, port = port, log = log }, Nginx)
       self.pid = poll(function()
         return tonumber((helpers.read_file(prefix .. "/logs/nginx.pid") or ""):match("%d+"))

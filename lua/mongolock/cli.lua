@@ -830,9 +830,13 @@ local function cmd_demo(args, info)
   end
   local uri = args.uri or getenv("MONGODB_URI")
   if not uri or uri == "" then fail(EXIT.usage, "no server given: use --uri URI or set MONGODB_URI") end
-  -- the demo's processes find this process's modules and server
-  local argv = { "env", "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath, "MONGODB_URI=" .. uri,
-    interpreter(info.arg), script }
+  -- the demo's processes find this process's modules and server; a
+  -- MONGODB_URI of the environment is inherited, never written on a
+  -- command line (ps would show its password)
+  local argv = { "env", "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath }
+  if args.uri then argv[#argv + 1] = "MONGODB_URI=" .. uri end
+  argv[#argv + 1] = interpreter(info.arg)
+  argv[#argv + 1] = script
   for _, a in ipairs(args.args) do argv[#argv + 1] = a end
   load_proc().trap()
   local pid, tty, errno = proc.spawn(argv)

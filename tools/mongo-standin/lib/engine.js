@@ -15,6 +15,7 @@ const { ChangeStream } = require('./changestream');
 const { fail, MongoError, codeName, nonResumable } = require('./errors');
 const { memo } = require('./bsoncache');
 const shape = require('./shape');
+const auth = require('./auth');
 const { Int32, Long, ObjectId, Timestamp, Binary } = V;
 
 // Fields every command accepts (mongod's generic arguments).
@@ -144,6 +145,11 @@ class Engine {
     this.wakeScheduled = false;
     this.direct = null;       // the connection of the command being run, when its reply may be sent early
     this.electionId = new ObjectId('7fffffff0000000000000001');
+    // access control (--auth) and the users (--user NAME:PWD:ROLE@DB, or
+    // createUser): see auth.js
+    this.auth = !!opts.auth;
+    this.users = new auth.Users();
+    for (const [name, pwd, roles] of opts.users || []) this.users.create('admin', name, pwd, roles);
     this.scheduleTtl();
   }
 
@@ -234,6 +240,14 @@ class Engine {
     const m = this.commandMetric(name);
     m.total += 1;
     let r;
+    if (this.auth && (COMMANDS[name] || COMMANDS[ALIASES[name]])) {
+      try {
+        auth.check(this, ALIASES[name] || name, cmd, conn);
+      } catch (e) {
+        m.failed += 1;
+        return this.errorReply(e);
+      }
+    }
     const fp = this.failpoint && name !== 'configureFailPoint' ? this.failFor(name, conn) : null;
     if (fp) r = this.runFailing(fp, name, cmd, conn);
     else {
@@ -561,7 +575,9 @@ COMMANDS.hello = function (cmd, conn) {
     if (V.isPlainDoc(cmd.client) && V.isPlainDoc(cmd.client.application)) conn.appName = cmd.client.application.name;
     conn.handshaken = true;
   }
-  return helloReply(this, conn, false);
+  const r = helloReply(this, conn, false);
+  auth.helloExtras(this, cmd, conn, r);
+  return r;
 };
 COMMANDS.isMaster = function (cmd, conn) {
   const r = COMMANDS.hello.call(this, cmd, conn);
@@ -1325,5 +1341,7 @@ for (const name of ['abortTransaction', 'commitTransaction']) {
     fail(20, 'Transactions are not supported by this server');
   };
 }
+
+auth.install(COMMANDS);
 
 module.exports = { Engine, COMMANDS, CLUSTER_TIME, SENT };
