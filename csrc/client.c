@@ -193,7 +193,10 @@ static void client_close(ml_client *c) {
     if (c->orphan) ml_orphan_drop(c->orphan);
     else ml_pool_destroy(c->pool);
     c->orphan = NULL;
+  } else if (!c->pool && c->external && c->on_close) {
+    c->on_close(c);             /* an external engine without a pool */
   }
+  ml_held_forget(c);
   c->pool = NULL;
   c->client = NULL;
   if (c->uri) mongoc_uri_destroy(c->uri);

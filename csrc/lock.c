@@ -230,6 +230,7 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   h->lease = lease_new(spec);
   h->keep = h->lease;
   h->keep->refs++;              /* not yet visible to any other thread */
+  ml_held_link((ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
   /* a grant's lease shorter than two thirds of the ttl (what renewal
    * keeps), or one that the waiter's place may have cut short when nothing
    * renews it, is extended to the ttl once, in the background, shortly
@@ -518,6 +519,7 @@ static int l_gc(lua_State *L) {
   bson_error_t err;
   (void)lock_end(L, 1, h, NULL, 1, 1, &err);
   if (h->keep) {
+    ml_held_unlink(h->keep);    /* the list holds no reference of its own */
     ml_lease_unref(h->keep);
     h->keep = NULL;
   }

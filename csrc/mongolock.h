@@ -100,6 +100,9 @@ typedef struct ml_client {
    */
   void (*on_close)(struct ml_client *c);
   void *renew_state;
+  struct ml_lease *held;        /* (renew.c's mutex) the leases of handles
+                                   made on this client: close releases
+                                   those still held */
   int external;                 /* its lease engine is driven from Lua
                                    (client:set_external, renew.c) */
   struct ml_orphan *orphan;     /* on_close handed the pool to background
@@ -246,6 +249,9 @@ typedef struct ml_lease {
   int refs;                     /* (mu) 1 for the Lua handle, +1 for each
                                    thread holding it; freed at 0 */
   ml_kind kind;
+  struct ml_client *hc;         /* (renew.c's mutex) the client whose held
+                                   list has this lease, or NULL */
+  struct ml_lease *hprev, *hnext;
   double topup_at;              /* (mu) a grant's short lease: renew.c
                                    extends it to ttl_ms at this monotonic
                                    time, once; 0 when not needed */
@@ -484,6 +490,14 @@ const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]);
 
 /* client:set_methods(t) (lock.c) */
 int ml_m_set_methods(lua_State *L);
+
+/* the list of the leases of c's handles (close releases those held); a
+ * lease leaves it when its handle is collected or c closes (the list owns
+ * no reference: the handle's keeps the lease alive meanwhile) */
+void ml_held_link(ml_client *c, ml_lease *l);
+void ml_held_unlink(ml_lease *l);
+/* every lease leaves c's list (a closing client's, in any process) */
+void ml_held_forget(ml_client *c);
 
 /* client:engine_next(), client:engine_done(): the external adapter */
 int ml_m_engine_next(lua_State *L);

@@ -542,21 +542,39 @@ void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const cha
     "]", "cursor", "{", "}");
 }
 
-void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const char *const *owners,
-                        size_t n, int64_t ttl_ms) {
-  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, in, os;
+void ml_pairs_filter(bson_t *q, const char *owner_field, ml_owner_form form, const bson_t *ids,
+                     const char *const *owners, size_t n) {
+  bson_t in, os;
   size_t i;
-  BCON_APPEND(&q, "_id", "{", "$in", BCON_ARRAY(ids), "}");
-  BSON_APPEND_DOCUMENT_BEGIN(&q, r->owner_field, &in);
+  BCON_APPEND(q, "_id", "{", "$in", BCON_ARRAY(ids), "}");
+  BSON_APPEND_DOCUMENT_BEGIN(q, owner_field, &in);
   BSON_APPEND_ARRAY_BEGIN(&in, "$in", &os);
   for (i = 0; i < n; i++) {
     char k[24];
     const char *key;
     bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
-    ml_append_owner(&os, key, owners[i], r->owner_form);
+    ml_append_owner(&os, key, owners[i], form);
   }
   bson_append_array_end(&in, &os);
-  bson_append_document_end(&q, &in);
+  bson_append_document_end(q, &in);
+}
+
+void ml_build_release_many(ml_op *op, const ml_lockref *r, const bson_t *ids,
+                           const char *const *owners, size_t n) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  ml_pairs_filter(&q, r->owner_field, r->owner_form, ids, owners, n);
+  release_pipeline(&u, r);
+  ml_op_init(op, ML_RUN_UPDATE, r->db, r->coll);
+  BCON_APPEND(&op->cmd, "update", BCON_UTF8(r->coll), "updates", "[", "{",
+              "q", BCON_DOCUMENT(&q), "u", BCON_ARRAY(&u), "multi", BCON_BOOL(true), "}", "]");
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const char *const *owners,
+                        size_t n, int64_t ttl_ms) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  ml_pairs_filter(&q, r->owner_field, r->owner_form, ids, owners, n);
   live_filter(&q, r, ttl_ms);
   extend_update(&u, r, ttl_ms);
   ml_op_init(op, ML_RUN_UPDATE, r->db, r->coll);

@@ -165,6 +165,15 @@ void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const cha
  */
 void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const char *const *owners,
                         size_t n, int64_t ttl_ms);
+/*
+ * The release of several leases of one collection and kind in one update
+ * with multi (a closing client's, collected handles'): each listed
+ * (_id, owner) pair whose owner still holds the lock is released as
+ * ml_build_release releases it (a named lock handed to its first waiter);
+ * ids {"0": _id, ...} and owners of the same count.
+ */
+void ml_build_release_many(ml_op *op, const ml_lockref *r, const bson_t *ids,
+                           const char *const *owners, size_t n);
 /* name NULL: every lock of the collection, sorted by name */
 void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name);
 /* a document lock's status: owner and remainingMs of r's document */
@@ -293,6 +302,10 @@ int64_t ml_iter_int64(const bson_iter_t *it, int64_t dflt);
 
 /* {v: keeper id or null} in *doc (the caller destroys it), *it at v */
 void ml_keeper_value(bson_t *doc, bson_iter_t *it, const char *keeper);
+
+/* appends to q: _id among ids and owner_field among owners (n of them) */
+void ml_pairs_filter(bson_t *q, const char *owner_field, ml_owner_form form, const bson_t *ids,
+                     const char *const *owners, size_t n);
 
 /* an op of kind for db.coll with an empty command */
 void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll);

@@ -226,6 +226,31 @@ void ml_build_share_release(ml_op *op, const char *db, const char *coll, const b
   bson_destroy(&u);
 }
 
+void ml_build_share_release_many(ml_op *op, const char *db, const char *coll, const bson_t *ids,
+                                 const char *const *owners, size_t n) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, os = BSON_INITIALIZER;
+  size_t i;
+  ml_pairs_filter(&q, ML_F_HOLDERS ".o", ML_OWNER_HEX, ids, owners, n);
+  for (i = 0; i < n; i++) {
+    char k[24];
+    const char *key;
+    bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
+    BSON_APPEND_UTF8(&os, key, owners[i]);
+  }
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", ML_LIVE(ML_F_HOLDERS),
+           "cond", "{", "$not", "[", "{", "$in", "[", "$$this.o", "{", "$literal", BCON_ARRAY(&os), "}",
+           "]", "}", "]", "}", "}", "}", "}", "}",
+    "1", "{", "$set", "{", ML_F_HOLDERS, "$_mlh", ML_F_NEXT, NEXT_AFTER("$_mlh"), "}", "}",
+    "2", "{", "$unset", "[", "_mlh", "]", "}");
+  ml_op_init(op, ML_RUN_UPDATE, db, coll);
+  BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll), "updates", "[", "{",
+              "q", BCON_DOCUMENT(&q), "u", BCON_ARRAY(&u), "multi", BCON_BOOL(true), "}", "]");
+  bson_destroy(&q);
+  bson_destroy(&u);
+  bson_destroy(&os);
+}
+
 void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bson_t *id,
                            const char *owner, int64_t ttl_ms) {
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;

@@ -24,6 +24,10 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
 /* id: {_id: name} */
 void ml_build_share_release(ml_op *op, const char *db, const char *coll, const bson_t *id,
                             const char *owner);
+/* the release of several shares or permits of one collection (ids and
+ * owners: ml_build_release_many's) in one update with multi */
+void ml_build_share_release_many(ml_op *op, const char *db, const char *coll, const bson_t *ids,
+                                 const char *const *owners, size_t n);
 void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bson_t *id,
                            const char *owner, int64_t ttl_ms);
 void ml_build_share_leave(ml_op *op, const char *db, const char *coll, const char *name,

@@ -274,6 +274,52 @@ static void build_doc_renew(ml_renew *st, size_t first, ml_work *w) {
   bson_destroy(&ids);
 }
 
+/* leases released by one command: one collection, and the same kind of
+ * document (a document lock's: the same fields) */
+#define RELEASE_BATCH 1000
+static int same_release_group(const ml_lease *a, const ml_lease *b) {
+  int sa = a->kind == ML_KIND_SHARED || a->kind == ML_KIND_PERMIT;
+  int sb = b->kind == ML_KIND_SHARED || b->kind == ML_KIND_PERMIT;
+  if (!same_coll(a, b) || sa != sb || (a->kind == ML_KIND_NAMED) != (b->kind == ML_KIND_NAMED))
+    return 0;
+  return a->kind != ML_KIND_DOCUMENT ||
+         (!strcmp(a->owner_field, b->owner_field) && !strcmp(a->time_field, b->time_field) &&
+          a->time_mode == b->time_mode && a->owner_form == b->owner_form);
+}
+
+/* w->op: the release of w's leases (one: a retryable update of its own) */
+static void build_release(ml_work *w) {
+  ml_lease *l = w->set[0];
+  ml_lockref r;
+  lease_lockref(l, &r);
+  if (w->n == 1) {
+    if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
+      ml_build_share_release(&w->op, l->db, l->coll, &l->iddoc, l->owner);
+    else
+      ml_build_release(&w->op, &r, l->owner, NULL);
+  } else {
+    bson_t ids = BSON_INITIALIZER;
+    const char **owners = (const char **)malloc(w->n * sizeof *owners);
+    size_t i, k = 0;
+    for (i = 0; i < w->n && owners; i++) {
+      bson_iter_t it;
+      char key[24];
+      const char *kp;
+      if (!bson_iter_init_find(&it, &w->set[i]->iddoc, "_id")) continue;
+      bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
+      bson_append_iter(&ids, kp, -1, &it);
+      owners[k++] = w->set[i]->owner;
+    }
+    if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
+      ml_build_share_release_many(&w->op, l->db, l->coll, &ids, owners ? owners : &r.db, k);
+    else
+      ml_build_release_many(&w->op, &r, &ids, owners ? owners : &r.db, k);
+    free(owners);
+    bson_destroy(&ids);
+  }
+  w->has_op = 1;
+}
+
 /*
  * renew_mu held.  The next command to run now in *w (returns 1), or 0 and
  * in *wake when one may be due.  Drops items whose lease no longer wants
@@ -287,27 +333,27 @@ static int engine_next(ml_renew *st, double now, ml_work *w, double *wake) {
   memset(w, 0, sizeof *w);
   w->id = ++st->seq;
   if (st->nrel > 0) {
-    /* a release nobody waits for, oldest first */
-    ml_lease *l = st->rel[0];
-    ml_lockref r;
-    memmove(st->rel, st->rel + 1, --st->nrel * sizeof *st->rel);
-    w->kind = W_RELEASE;
-    w->set = (ml_lease **)malloc(sizeof *w->set);
-    if (!w->set) {
-      ml_lease_unref(l);
-      return 0;
+    /* releases nobody waits for, oldest first: those of the first one's
+     * collection and kind in one command */
+    ml_lease *l0 = st->rel[0];
+    size_t j, k = 0;
+    for (j = 0; j < st->nrel; j++) {
+      ml_lease *l = st->rel[j];
+      if (w->n < RELEASE_BATCH && same_release_group(l, l0)) {
+        if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) break;
+        w->set[w->n++] = l;     /* the queue's reference */
+        pthread_mutex_lock(&l->mu);
+        l->ending = 1;
+        pthread_mutex_unlock(&l->mu);
+      } else {
+        st->rel[k++] = l;
+      }
     }
-    w->set[0] = l;              /* the queue's reference */
-    w->n = w->cap = 1;
-    pthread_mutex_lock(&l->mu);
-    l->ending = 1;
-    pthread_mutex_unlock(&l->mu);
-    lease_lockref(l, &r);
-    if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-      ml_build_share_release(&w->op, l->db, l->coll, &l->iddoc, l->owner);
-    else
-      ml_build_release(&w->op, &r, l->owner, NULL);
-    w->has_op = 1;
+    for (; j < st->nrel; j++) st->rel[k++] = st->rel[j];
+    st->nrel = k;
+    if (w->n == 0) return 0;
+    w->kind = W_RELEASE;
+    build_release(w);
     return 1;
   }
   if (now < st->due_at) {
@@ -447,16 +493,17 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
   size_t i;
   (void)error;
   switch (w->kind) {
-  case W_RELEASE: {
-    ml_lease *l = w->set[0];
-    pthread_mutex_lock(&l->mu);
-    l->held = 0;                /* nobody waits for it: not sent is ended too */
-    if (n == 0) l->lost = 1;
-    pthread_mutex_unlock(&l->mu);
-    if (n == 1) st->released++;
+  case W_RELEASE:
+    for (i = 0; i < w->n; i++) {
+      ml_lease *l = w->set[i];
+      pthread_mutex_lock(&l->mu);
+      l->held = 0;              /* nobody waits for it: not sent is ended too */
+      if (n == 0) l->lost = 1;
+      pthread_mutex_unlock(&l->mu);
+    }
+    if (n > 0) st->released += (long)n;
     pthread_cond_broadcast(&st->done);
     break;
-  }
   case W_EXTEND: {
     ml_lease *l = w->set[0];
     pthread_mutex_lock(&l->mu);
@@ -785,9 +832,69 @@ static int renew_handoff(ml_client *c, ml_lease *l) {
     return 0;
   }
   st->rel[st->nrel++] = l;
+  pthread_mutex_lock(&l->mu);
+  l->ending = 1;                /* its release is under way */
+  pthread_mutex_unlock(&l->mu);
   if (!st->external) pthread_cond_signal(&st->cv);
   pthread_mutex_unlock(&renew_mu);
   return 1;
+}
+
+void ml_held_link(ml_client *c, ml_lease *l) {
+  pthread_mutex_lock(&renew_mu);
+  l->hc = c;
+  l->hprev = NULL;
+  l->hnext = c->held;
+  if (c->held) c->held->hprev = l;
+  c->held = l;
+  if (!c->on_close) c->on_close = ml_bg_on_close;
+  pthread_mutex_unlock(&renew_mu);
+}
+
+/* renew_mu held */
+static void held_unlink_locked(ml_lease *l) {
+  if (!l->hc) return;
+  if (l->hprev) l->hprev->hnext = l->hnext;
+  else l->hc->held = l->hnext;
+  if (l->hnext) l->hnext->hprev = l->hprev;
+  l->hc = NULL;
+  l->hprev = l->hnext = NULL;
+}
+
+void ml_held_unlink(ml_lease *l) {
+  pthread_mutex_lock(&renew_mu);
+  held_unlink_locked(l);
+  pthread_mutex_unlock(&renew_mu);
+}
+
+void ml_held_forget(ml_client *c) {
+  pthread_mutex_lock(&renew_mu);
+  while (c->held) held_unlink_locked(c->held);
+  pthread_mutex_unlock(&renew_mu);
+}
+
+/*
+ * renew_mu held.  A closing client's leases still held in this process go
+ * to the release queue (sent in batches before the engine stops); every
+ * lease leaves c's list.
+ */
+static void queue_held(ml_client *c, ml_renew *st) {
+  while (c->held) {
+    ml_lease *l = c->held;
+    int take;
+    held_unlink_locked(l);
+    pthread_mutex_lock(&l->mu);
+    take = st && l->held && !l->ending && l->pid == getpid();
+    if (take) {
+      l->ending = 1;
+      l->refs++;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (take) {
+      if (grow((void **)&st->rel, &st->caprel, st->nrel + 1, sizeof *st->rel)) st->rel[st->nrel++] = l;
+      else ml_lease_unref(l);
+    }
+  }
 }
 
 /* renew_mu held: takes st out of the process's states and off c */
@@ -813,11 +920,26 @@ static void state_free(ml_renew *st) {
   free(st);
 }
 
-/* stops c's engine in this process, if any (pool still valid) */
+/* stops c's engine in this process, if any (pool still valid), after the
+ * releases of what c's handles still hold are sent */
 static void renew_stop(ml_client *c) {
   ml_renew *st;
+  pthread_once(&atfork_once, install_atfork);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
+  if (!c->external && c->pool && c->pid == getpid()) {
+    int any = 0;
+    ml_lease *l;
+    for (l = c->held; l && !any; l = l->hnext) {
+      pthread_mutex_lock(&l->mu);
+      any = l->held && !l->ending && l->pid == getpid();
+      pthread_mutex_unlock(&l->mu);
+    }
+    if (any && (!st || st->pid != getpid())) st = state_get(c, c->pool);
+    queue_held(c, st && st->pid == getpid() ? st : NULL);
+  } else {
+    queue_held(c, NULL);
+  }
   if (!st || st->pid != getpid()) {
     pthread_mutex_unlock(&renew_mu);
     return;

@@ -101,6 +101,49 @@ describe("#integration renewal in batches", function()
   end)
 end)
 
+describe("#integration releases in batches", function()
+  local observer
+
+  setup(function() observer = helpers.connect({ appname = "release-observer" }) end)
+  teardown(function() observer:close() end)
+
+  it("client:close() releases what its handles hold, one command per collection and kind", function()
+    local c = helpers.connect({ appname = "release-close" })
+    local locks = helpers.locks(c, { ttl = 30 })
+    local rw = c:rwlocks({ database = locks.database, collection = locks.collection, ttl = 30 })
+    local hs = {}
+    for i = 1, 40 do hs[#hs + 1] = assert(locks:acquire("c" .. i, { renew = i % 2 == 0 })) end
+    for i = 1, 5 do hs[#hs + 1] = assert(rw:read("cr" .. i)) end
+    local before = helpers.opcounters(observer).update
+    c:close()
+    local updates = helpers.opcounters(observer).update - before
+    assert.is_true(updates <= 2, "release updates: " .. updates)
+    local ol = observer:locks({ database = locks.database, collection = locks.collection })
+    for i = 1, 40 do assert.is_false(assert(ol:status("c" .. i)).held, "c" .. i) end
+    local orw = observer:rwlocks({ database = locks.database, collection = locks.collection })
+    for i = 1, 5 do assert.equal(0, assert(orw:status("cr" .. i)).in_use, "cr" .. i) end
+    for _, h in ipairs(hs) do assert.same({ nil, "closed" }, { h:check() }) end
+  end)
+
+  it("collected handles are released together", function()
+    local c = helpers.connect({ appname = "release-gc" })
+    local locks = helpers.locks(c, { ttl = 30 })
+    local function take()
+      for i = 1, 60 do assert(locks:acquire("g" .. i)) end
+    end
+    take()
+    local before = helpers.opcounters(observer).update
+    collectgarbage()
+    collectgarbage()
+    assert.is_true(testing.renew_flush(c._core, 10))
+    local updates = helpers.opcounters(observer).update - before
+    assert.is_true(updates < 60, "release updates: " .. updates)
+    local ol = observer:locks({ database = locks.database, collection = locks.collection })
+    for i = 1, 60 do assert.is_false(assert(ol:status("g" .. i)).held, "g" .. i) end
+    c:close()
+  end)
+end)
+
 describe("#integration a held lease's ambiguous writes", function()
   local client, observer
 

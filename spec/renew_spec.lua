@@ -188,7 +188,7 @@ describe("#integration background renewal", function()
     assert.is_false(seen)
   end)
 
-  it("stops with the client: pending releases are sent first", function()
+  it("stops with the client: pending releases and what its handles hold are released first", function()
     local c2 = helpers.connect({ appname = "renew-close" })
     local locks = helpers.locks(c2, { ttl = 30 })
     local h = assert(locks:acquire("a", { renew = true }))
@@ -204,8 +204,8 @@ describe("#integration background renewal", function()
     assert.same({ nil, "closed" }, { h:release() })
     local l = client:locks({ database = locks.database, collection = locks.collection })
     assert.is_false(assert(l:status("b")).held)
-    -- "a" was not released (its handle lives): it ends at its expiry
-    assert.is_true(assert(l:status("a")).held)
+    -- "a" (its handle lives) is released by close too
+    assert.is_false(assert(l:status("a")).held)
   end)
 
   it("is fork-safe: the child never renews or releases the parent's locks", function()

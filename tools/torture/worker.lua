@@ -61,13 +61,17 @@ local kopts = { database = "mongolock_torture", collection = "locks", ttl = ttl,
 local rw = KIND == "rw" and client:rwlocks { database = kopts.database,
   collection = kopts.collection, ttl = ttl, timeout = 10 * ttl, queue_ttl = ttl / 2 }
 local sems = KIND == "semaphore" and client:semaphores(kopts)
+-- every other worker has its leases renewed by the lease engine (one
+-- batched update per renewal period): its long sections stay valid, and
+-- the harness's kills and update faults hit its renewals
+local RENEW = pid % 2 == 0
 local function take()
-  if sems then return "p", sems:acquire(name) end
+  if sems then return "p", sems:acquire(name, { renew = RENEW }) end
   if rw then
-    if random(4) == 1 then return "w", rw:write(name) end
-    return "s", rw:read(name)
+    if random(4) == 1 then return "w", rw:write(name, { renew = RENEW }) end
+    return "s", rw:read(name, { renew = RENEW })
   end
-  return "x", locks:acquire(name)
+  return "x", locks:acquire(name, { renew = RENEW })
 end
 io.stdout:write("ready ", pid, "\n")
 io.stdout:flush()
