@@ -64,9 +64,14 @@ local config = {
   enabled = true,            -- false: round trips stay on the event loop (blocking)
 }
 
--- Phases where a request can yield (ngx.sleep, ngx.semaphore): the
--- library's one table of them
-local yieldable = require("mongolock.private").yieldable
+-- phases of ngx_lua in which a request can yield (ngx.sleep,
+-- ngx.semaphore): the library's one table of them
+local yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+_M.yieldable = yieldable
 
 local semaphore
 local function ngx_api()
@@ -194,7 +199,7 @@ local function orphan(st, job)
   if not job.on_orphan then return end
   local ngx = rawget(_G, "ngx")
   local ok, err = ngx.timer.at(0, function()
-    local pok, perr = pcall(job.on_orphan, job.orphan_arg, unpack(job.result, 1, 4))
+    local pok, perr = pcall(job.on_orphan, job.orphan_arg, unpack(job.result, 1, 5))
     if not pok then ngx.log(ngx.ERR, "mongolock: ", tostring(perr)) end
   end)
   if not ok then ngx.log(ngx.ERR, "mongolock: cannot release what an abandoned job acquired: ", err) end
@@ -207,7 +212,7 @@ local function execute(st, job)
   st.stats.jobs = st.stats.jobs + 1
   local running = st.runners - #st.idle
   if running > st.stats.max_running then st.stats.max_running = running end
-  local ok, reply, err, code, ereply = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
+  local ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
     job.spec, job.op)
   if not ok and reply == "no available Lua vm" then
     -- other code holds VMs too, or lua_worker_thread_vm_pool_size is below
@@ -227,9 +232,9 @@ local function execute(st, job)
     if why:find("not found", 1, true) then
       why = why .. " (nginx.conf needs 'thread_pool " .. config.thread_pool .. " threads=N;')"
     end
-    reply, err, code, ereply = nil, "worker thread: " .. why, nil, nil
+    reply, err, code, ereply, domain = nil, "worker thread: " .. why, nil, nil, nil
   end
-  job.result = { reply, err, code, ereply }
+  job.result = { reply, err, code, ereply, domain }
   if job.state == "abandoned" then
     st.stats.abandoned = st.stats.abandoned + 1
     return orphan(st, job)
@@ -431,7 +436,7 @@ function _M.run(spec, op, deadline, on_orphan, arg)
   end
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
   job.state = "taken"
-  return unpack(job.result, 1, 4)
+  return unpack(job.result, 1, 5)
 end
 
 -- transport.track(lease): a lease won through here ({deadline, and
