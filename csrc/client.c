@@ -471,12 +471,37 @@ static int l_set_number(lua_State *L) {
 }
 
 /* every Client method, whichever file implements it */
+/* client:set_external(on) -> true: this process's lease engine of the
+ * client is driven from Lua (client:engine_next / engine_done, renew.c)
+ * instead of a thread of its own; set before the first lease */
+static int l_set_external(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  c->external = lua_toboolean(L, 2);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* client:keeper() -> the 16 hex digits the leases this client renews in
+ * this process carry (op_acquire's keeper) | nil, message */
+static int l_keeper(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  char k[17];
+  if (!ml_renew_keeper(L, c, k)) return ml_pushfail(L, "out of memory", 0);
+  lua_pushstring(L, k);
+  return 1;
+}
+
 static const luaL_Reg client_methods[] = {
   /* the client (this file) */
   {"close", l_close},
   {"closed", l_closed},
   {"writable", l_writable},
   {"request_scan", l_request_scan},
+  {"set_external", l_set_external},
+  {"keeper", l_keeper},
+  {"set_methods", ml_m_set_methods},
+  {"engine_next", ml_m_engine_next},
+  {"engine_done", ml_m_engine_done},
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},

@@ -41,6 +41,10 @@ void ml_lease_unref(ml_lease *l) {
   bson_free(l);
 }
 
+double ml_lease_deadline(double started, int64_t ms) {
+  return started + (double)ms / 1000.0 * (1.0 - 1e-3) - 0.002;
+}
+
 static ml_lease *lease_new(const ml_lease_spec *s) {
   ml_lease *l = (ml_lease *)bson_malloc0(sizeof *l);
   bson_iter_t it;
@@ -59,8 +63,8 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   l->token = s->token;
   l->pid = getpid();
   l->ttl_ms = s->ttl_ms;
-  l->deadline = s->started + (double)(s->grant_ms > 0 && s->grant_ms < s->ttl_ms
-                                      ? s->grant_ms : s->ttl_ms) / 1000.0;
+  l->deadline = ml_lease_deadline(s->started, s->grant_ms > 0 && s->grant_ms < s->ttl_ms
+                                                ? s->grant_ms : s->ttl_ms);
   l->held = 1;
   l->renew = s->renew;
   l->refs = 1;
@@ -94,20 +98,36 @@ int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op,
   return n;
 }
 
-int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bson_t *extra,
-                 bson_error_t *error) {
+/* the release of l (extra: a document lock's changes, may be NULL); marks
+ * it as ending first: a renewal that then matches nothing saw the release,
+ * not a loss */
+static void lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op) {
   ml_lockref r;
-  ml_op op;
-  int64_t n;
   pthread_mutex_lock(&l->mu);
   l->ending = 1;
   pthread_mutex_unlock(&l->mu);
   lease_ref(l, &r);
   if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-    ml_build_share_release(&op, l->db, l->coll, &l->iddoc, l->owner);
+    ml_build_share_release(op, l->db, l->coll, &l->iddoc, l->owner);
   else
-    ml_build_release(&op, &r, l->owner, extra);
-  n = ml_run_update(mc, c, &op, error);
+    ml_build_release(op, &r, l->owner, extra);
+}
+
+/*
+ * The documents a release matched, from its outcome: a write concern
+ * error comes after the write was applied on the primary, so its count
+ * says what the release did (were it rolled back, the lease would end at
+ * its ttl, as a release not sent does); -1 for any other error.
+ */
+static int64_t release_matched(int ok, const bson_t *reply) {
+  if (ok || bson_has_field(reply, "writeConcernError") || bson_has_field(reply, "writeConcernErrors"))
+    return ml_parse_matched(reply);
+  return -1;
+}
+
+/* l's state after its release matched n documents (-1: not sent, or no
+ * answer): 1 released, 0 it was no longer ours, -1 still held */
+static int lease_release_done(ml_lease *l, int64_t n) {
   pthread_mutex_lock(&l->mu);
   if (n >= 0) {
     l->held = 0;
@@ -116,30 +136,46 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
     l->ending = 0;              /* still held: renewal goes on */
   }
   pthread_mutex_unlock(&l->mu);
-  if (n < 0) return -1;
-  error->code = 0;
-  return n > 0 ? 1 : 0;
+  return n < 0 ? -1 : n > 0 ? 1 : 0;
 }
 
-int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
-                    int64_t ttl_ms, double started, bson_error_t *error) {
-  ml_lockref r;
+int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bson_t *extra,
+                 bson_error_t *error) {
   ml_op op;
+  bson_t reply;
   int64_t n;
+  int ok;
+  lease_release_op(l, extra, &op);
+  ok = ml_run(mc, c->wc, &op, &reply, error);
+  ml_op_destroy(&op);
+  n = release_matched(ok, &reply);
+  if (ok && n < 0)
+    bson_set_error(error, MONGOC_ERROR_PROTOCOL, MONGOC_ERROR_PROTOCOL_INVALID_REPLY,
+                   "update reply without matchedCount");
+  bson_destroy(&reply);
+  if (n >= 0) error->code = 0;
+  return lease_release_done(l, n);
+}
+
+static void lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op) {
+  ml_lockref r;
   lease_ref(l, &r);
   if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-    ml_build_share_extend(&op, l->db, l->coll, &l->iddoc, l->owner, ttl_ms);
+    ml_build_share_extend(op, l->db, l->coll, &l->iddoc, l->owner, ttl_ms);
   else
-    ml_build_extend(&op, &r, l->owner, ttl_ms);
-  n = ml_run_update(mc, c, &op, error);
+    ml_build_extend(op, &r, l->owner, ttl_ms);
+}
+
+/* l's state after an extend to ttl_ms begun at started matched n (-1: an
+ * error, nothing changes); returns 1 extended, 0 lost, -1 */
+static int lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started) {
   if (n < 0) return -1;
-  error->code = 0;
   pthread_mutex_lock(&l->mu);
   if (n > 0 && l->held && !l->lost) {
     /* locked-at documents expire at lockTime + the ttl every party uses:
      * the lease length does not change */
     if (l->time_mode == ML_TIME_EXPIRES_AT) l->ttl_ms = ttl_ms;
-    l->deadline = started + (double)l->ttl_ms / 1000.0;
+    l->deadline = ml_lease_deadline(started, l->ttl_ms);
     l->topup_at = 0;
   } else if (n == 0 && l->held && !l->ending) {
     /* a release under way or done is not a loss: it cleared the owner */
@@ -148,6 +184,16 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
   }
   pthread_mutex_unlock(&l->mu);
   return n > 0 ? 1 : 0;
+}
+
+int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
+                    int64_t ttl_ms, double started, bson_error_t *error) {
+  ml_op op;
+  int64_t n;
+  lease_extend_op(l, ttl_ms, &op);
+  n = ml_run_update(mc, c, &op, error);
+  if (n >= 0) error->code = 0;
+  return lease_extend_done(l, n, ttl_ms, started);
 }
 
 /* ---- the handle -------------------------------------------------------- */
@@ -300,7 +346,7 @@ static int lock_end(lua_State *L, int idx, ml_lock *h, const bson_t *extra, int 
   ml_client *c = NULL;
   ml_lease *l = h->lease;
   int st = lease_state(L, idx, h, &c), r = 1;
-  if (st == ST_HELD && c->pool && c->pid == getpid()) {
+  if (st == ST_HELD && ((c->pool && c->pid == getpid()) || c->external)) {
     if (from_gc && ml_gc_handoff && ml_gc_handoff(c, l)) {
       h->lease = NULL;          /* renew.c owns this reference now */
       return ST_HELD;
@@ -502,10 +548,37 @@ static void push_id(lua_State *L, const ml_lease *l) {
  * collection, renew, kind ("named" | "document").  Unknown keys give nil.
  * Upvalue 1: the methods table.
  */
+static int any_methods;        /* client:set_methods was ever called */
+#define ML_METHODS_KEY "mongolock.Lock.methods"
+
+/* [-0, +1] the methods set for the client of the handle at 1 (set_methods)
+ * under key 2, or nil */
+static void push_override(lua_State *L) {
+  lua_pushnil(L);
+  if (!any_methods) return;
+  lua_pop(L, 1);
+  lua_getfield(L, LUA_REGISTRYINDEX, ML_METHODS_KEY);   /* [t] */
+  ml_getuservalue(L, 1);                                /* [t, uv] */
+  lua_rawgeti(L, -1, 1);                                /* [t, uv, client] */
+  lua_rawget(L, -3);                                    /* [t, uv, methods] */
+  if (lua_istable(L, -1)) {
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);                                  /* [t, uv, methods, m] */
+    lua_replace(L, -4);
+    lua_pop(L, 2);
+    return;
+  }
+  lua_pop(L, 3);
+  lua_pushnil(L);
+}
+
 static int l_index(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   const char *k;
   ml_lease *l = h->keep;
+  push_override(L);
+  if (!lua_isnil(L, -1)) return 1;
+  lua_pop(L, 1);
   lua_pushvalue(L, 2);
   lua_rawget(L, lua_upvalueindex(1));
   if (!lua_isnil(L, -1) || lua_type(L, 2) != LUA_TSTRING) return 1;
@@ -538,6 +611,156 @@ static int l_index(lua_State *L) {
   return 1;
 }
 
+/* ---- the steps of a method, for a transport that runs them elsewhere --- */
+
+/*
+ * core.lease_step(h, what [, arg]) -> op, started | nil, state | true
+ * The command of h:release([changes]) (what "release"), h:extend([ttl])
+ * ("extend") or h:close() ("close"), as a BSON op string (ops.c) and the
+ * monotonic time it is handed out at; nil and the state's name when the
+ * method answers without a command; true for a close with nothing to send
+ * (the handle is closed then).  core.lease_done takes the outcome.
+ */
+static int l_lease_step(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  const char *what = luaL_checkstring(L, 2);
+  ml_client *c = NULL;
+  int st = lease_state(L, 1, h, &c);
+  ml_op op;
+  if (!strcmp(what, "close")) {
+    if (st != ST_HELD) {
+      bson_error_t err;
+      (void)lock_end(L, 1, h, NULL, 1, 0, &err);
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    lease_release_op(h->lease, NULL, &op);
+  } else if (!strcmp(what, "release")) {
+    bson_t extra = BSON_INITIALIZER;
+    char msg[512];
+    int has = !lua_isnoneornil(L, 3);
+    if (has) {
+      luaL_checktype(L, 3, LUA_TTABLE);
+      if (h->keep && h->keep->kind != ML_KIND_DOCUMENT)
+        return luaL_argerror(L, 3, "a named lock's release takes no changes");
+      if (h->lease && !ml_doc_changes(L, 3, h->lease, &extra, msg, sizeof msg)) {
+        bson_destroy(&extra);
+        return luaL_argerror(L, 3, msg);
+      }
+    }
+    if (st != ST_HELD) {
+      bson_destroy(&extra);
+      return push_state(L, st);
+    }
+    lease_release_op(h->lease, has ? &extra : NULL, &op);
+    bson_destroy(&extra);
+  } else if (!strcmp(what, "extend")) {
+    int64_t ttl_ms;
+    lua_settop(L, 3);
+    lua_remove(L, 2);           /* extend's argument at 2, as l_extend's */
+    ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
+    if (st != ST_HELD) return push_state(L, st);
+    pthread_mutex_lock(&h->lease->mu);
+    if (ttl_ms && h->lease->time_mode == ML_TIME_LOCKED_AT && ttl_ms != h->lease->ttl_ms) {
+      pthread_mutex_unlock(&h->lease->mu);
+      return luaL_error(L, "bad argument #1 to 'extend' (ttl is fixed per collection when "
+                           "time = \"locked\")");
+    }
+    if (!ttl_ms) ttl_ms = h->lease->ttl_ms;
+    h->lease->step_ttl = ttl_ms;
+    pthread_mutex_unlock(&h->lease->mu);
+    lease_extend_op(h->lease, ttl_ms, &op);
+  } else {
+    return luaL_argerror(L, 2, "\"release\", \"extend\" or \"close\" expected");
+  }
+  ml_push_op(L, &op);
+  ml_op_destroy(&op);
+  lua_pushnumber(L, ml_monotonic());
+  return 2;
+}
+
+/*
+ * core.lease_done(h, what, started, reply, err, code, ereply) -> what the
+ * method answers (true | nil, "lost" | nil, message, code): the outcome of
+ * the command lease_step gave (reply a BSON string; or nil, the error, its
+ * code and the server's reply when there was one), applied to h's state as
+ * the method itself applies it.
+ */
+static int l_lease_done(lua_State *L) {
+  ml_lock *h = ml_checklock(L, 1);
+  const char *what = luaL_checkstring(L, 2);
+  double started = luaL_checknumber(L, 3);
+  ml_lease *l = h->lease;
+  bson_t reply;
+  size_t len = 0;
+  const char *bytes = NULL;
+  int ok = 0, r, closing = !strcmp(what, "close");
+  int64_t n;
+  if (lua_type(L, 4) == LUA_TSTRING) {
+    bytes = lua_tolstring(L, 4, &len);
+    ok = 1;
+  } else if (lua_type(L, 7) == LUA_TSTRING) {
+    bytes = lua_tolstring(L, 7, &len);
+  }
+  if (!bytes || !bson_init_static(&reply, (const uint8_t *)bytes, len)) {
+    bson_init(&reply);
+    ok = 0;
+  }
+  if (!l) {
+    if (closing) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    return push_state(L, ST_CLOSED);
+  }
+  if (closing || !strcmp(what, "release")) {
+    n = release_matched(ok, &reply);
+    r = lease_release_done(l, n);
+    if (closing) {
+      if (r < 0) {
+        pthread_mutex_lock(&l->mu);
+        l->held = 0;            /* not sent: the lease ends at its ttl */
+        pthread_mutex_unlock(&l->mu);
+      }
+      h->lease = NULL;          /* mark closed */
+      ml_lease_unref(l);
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+  } else {
+    int64_t ttl;
+    n = ok ? ml_parse_matched(&reply) : -1;
+    pthread_mutex_lock(&l->mu);
+    ttl = l->step_ttl ? l->step_ttl : l->ttl_ms;
+    pthread_mutex_unlock(&l->mu);
+    r = lease_extend_done(l, n, ttl, started);
+  }
+  if (r > 0) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (r == 0) return push_state(L, ST_LOST);
+  lua_pushnil(L);
+  if (lua_isstring(L, 5)) lua_pushvalue(L, 5);
+  else lua_pushliteral(L, "update reply without matchedCount");
+  lua_pushvalue(L, 6);
+  return 3;
+}
+
+/* client:set_methods(t) -> true: the handles of this client look up
+ * methods in t first (a transport's release, extend and close) */
+static int l_set_methods(lua_State *L) {
+  (void)ml_checkclient(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_getfield(L, LUA_REGISTRYINDEX, ML_METHODS_KEY);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_rawset(L, -3);
+  any_methods = 1;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* ---- registration ------------------------------------------------------ */
 
 static const luaL_Reg lock_methods[] = {
@@ -566,7 +789,24 @@ void ml_lock_open(lua_State *L) {
   lua_pushliteral(L, ML_LOCK_MT);
   lua_setfield(L, -2, "__name");
   luaL_newlib(L, lock_methods);                  /* [module, mt, methods] */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -4, "lock_methods");           /* core.lock_methods */
   lua_pushcclosure(L, l_index, 1);               /* [module, mt, index] */
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);                                 /* [module] */
+  lua_pushcfunction(L, l_lease_step);
+  lua_setfield(L, -2, "lease_step");
+  lua_pushcfunction(L, l_lease_done);
+  lua_setfield(L, -2, "lease_done");
+  /* client -> methods, weak keys */
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, ML_METHODS_KEY);
+}
+
+int ml_m_set_methods(lua_State *L) {
+  return l_set_methods(L);
 }

@@ -99,6 +99,8 @@ typedef struct ml_client {
    */
   void (*on_close)(struct ml_client *c);
   void *renew_state;
+  int external;                 /* its lease engine is driven from Lua
+                                   (client:set_external, renew.c) */
   struct ml_orphan *orphan;     /* on_close handed the pool to background
                                    threads still inside a call (a getMore, a
                                    server selection): the last holder
@@ -231,6 +233,8 @@ typedef struct ml_lease {
   int64_t token;
   pid_t pid;
   int64_t ttl_ms;               /* (mu) last ttl sent (acquire or extend) */
+  int64_t step_ttl;             /* (mu) the ttl of an extend handed out by
+                                   core.lease_step, for core.lease_done */
   double deadline;              /* (mu) local monotonic lease end: the time
                                    just before the last successful acquire or
                                    extend was sent, plus ttl */
@@ -281,6 +285,15 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec);
  */
 int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec *s,
                 const bson_error_t *err);
+
+/*
+ * The local deadline of a lease of ms milliseconds whose command was sent
+ * at started (monotonic): the server set its end after that instant, so
+ * started + ms is never later than the server's end; a margin for a local
+ * clock that runs slow against the server's (1e-3 of the lease, NTP slews
+ * by at most 5e-4, plus 2 ms) is taken off.
+ */
+double ml_lease_deadline(double started, int64_t ms);
 
 /* raises unless idx is a mongolock.Lock (open or closed) */
 ml_lock *ml_checklock(lua_State *L, int idx);
@@ -511,6 +524,21 @@ void ml_watch_open(lua_State *L);
  */
 int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
 
+/* c's keeper id in this process (16 hex digits and a NUL in out), which
+ * the lease documents it renews carry (protocol.h); NULL when its engine
+ * cannot be made.  Raises on a closed client. */
+const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]);
+
+/* client:set_methods(t) (lock.c) */
+int ml_m_set_methods(lua_State *L);
+
+/* client:engine_next(), client:engine_done(): the external adapter */
+int ml_m_engine_next(lua_State *L);
+int ml_m_engine_done(lua_State *L);
+
+/* [-0, +1] pushes op as its envelope (a BSON string, ops.c) */
+void ml_push_op(lua_State *L, const ml_op *op);
+
 /*
  * Asks c's background thread in this process (started when needed) for one
  * server selection for writes: libmongoc then checks its servers at once,
@@ -532,7 +560,7 @@ void ml_watch_stop(ml_client *c);
 /* this process's renewal thread of a client */
 typedef struct ml_renew_counts {
   int running;
-  long leases, renewals, failures, lost, released;
+  long leases, renewals, failures, lost, released, batches, checks;
 } ml_renew_counts;
 
 /* this process's change streams of a client */

@@ -142,6 +142,7 @@ static int acquire(lua_State *L, ml_attempt_mode mode) {
   ml_lease_spec s;
   double started;
   int ok, pushed;
+  char keeper[17];
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
@@ -154,6 +155,7 @@ static int acquire(lua_State *L, ml_attempt_mode mode) {
     started = ml_arg_started(L, 12);
     ok = ml_arg_outcome(L, 13, &reply, &err);
   } else {
+    if (lua_toboolean(L, 7)) a.keeper = ml_renew_keeper(L, c, keeper);
     ml_build_acquire(&op, &a);
     if (mode == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
     {

@@ -283,16 +283,20 @@ static int64_t check_cursor_id(lua_State *L) {
 
 /* [-0, +1] pushes op as its envelope and destroys it; returns 1 */
 static int push_op(lua_State *L, ml_op *op) {
+  ml_push_op(L, op);
+  ml_op_destroy(op);
+  return 1;
+}
+
+void ml_push_op(lua_State *L, const ml_op *op) {
   bson_t env = BSON_INITIALIZER;
   BCON_APPEND(&env, "kind", BCON_UTF8(kinds[op->kind]), "retry", BCON_BOOL(op->retry != 0),
               "db", BCON_UTF8(op->db));
   if (op->coll) BCON_APPEND(&env, "coll", BCON_UTF8(op->coll));
   if (op->session) BCON_APPEND(&env, "session", BCON_UTF8(op->session));
   BCON_APPEND(&env, "cmd", BCON_DOCUMENT(&op->cmd));
-  ml_op_destroy(op);
   lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
   bson_destroy(&env);
-  return 1;
 }
 
 /* a BSON string argument as a view (raises when malformed) */
@@ -346,6 +350,7 @@ static void check_attempt(lua_State *L, ml_acquire_args *a) {
   a->pid = (int64_t)opt_num(L, "pid", 0, 0);
   a->app = opt_str(L, "app", 0, &len);
   if (a->app && !bson_utf8_validate(a->app, len, false)) bad(L, "app", "not valid UTF-8");
+  a->keeper = check_hex(L, "keeper", 16, 0);   /* client:keeper(): renewed by it */
   a->waiter = check_hex(L, "waiter", 32, 0);
   if (a->waiter) {
     a->tag = check_hex(L, "tag", 16, 1);

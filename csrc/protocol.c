@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "protocol.h"
+#include "protocol_shared.h"
 
 /* ---- fragments --------------------------------------------------------- */
 
@@ -43,10 +44,18 @@
 /* an exclusive waiter's queue entry: ML_ENTRY with the lease it asks for
  * (l, ms) and its holder document (h), which a release that grants it the
  * lock writes */
-#define GRANTABLE_ENTRY(W, T, Q, P, L, H)                                         \
+#define GRANTABLE_ENTRY(W, T, Q, P, L, H, K)                                      \
   "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                       \
        "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), \
-       "l", BCON_INT64(L), "h", "{", "$literal", BCON_DOCUMENT(H), "}", "}"
+       "l", BCON_INT64(L), "h", "{", "$literal", BCON_DOCUMENT(H), "}",            \
+       "k", K, "}"
+
+void ml_keeper_value(bson_t *doc, bson_iter_t *it, const char *keeper) {
+  bson_init(doc);
+  if (keeper) BCON_APPEND(doc, "v", BCON_UTF8(keeper));
+  else BCON_APPEND(doc, "v", BCON_NULL);
+  bson_iter_init_find(it, doc, "v");
+}
 
 /* the first live watching entry of the queue (an object), null when none:
  * ML_WATCHING(LIVE_QUEUE) in one pass */
@@ -186,6 +195,9 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
                   "$" ML_F_QUEUE, "]", "}",                                        \
     ML_F_NEXT, "{", "$cond", "[", "$_mlh", "{", "$concat", "[", "$_mlh.t", "$_mlh.w", "]", "}", \
                  IF_R(BCON_NULL, "$" ML_F_NEXT), "]", "}",                         \
+    ML_F_KEEPER, "{", "$cond", "[", "$_mlh", "{", "$ifNull", "[", "$_mlh.k", BCON_NULL, "]", "}", \
+                   IF_R(BCON_NULL, "$" ML_F_KEEPER), "]", "}",                     \
+    ML_F_TTL, "{", "$cond", "[", "$_mlh", "$_mlh.l", "$" ML_F_TTL, "]", "}",        \
   "}", "}"
 
 /*
@@ -231,10 +243,11 @@ static void k_field(const bson_t *part, const char *key, bson_iter_t *it) {
 }
 
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
-  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w;
+  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc;
   const bson_t *takes, *fields, *queue, *owned;
-  bson_iter_t token, acquired, q, next;
+  bson_iter_t token, acquired, q, next, kv;
   pthread_once(&k_once, k_init);
+  ml_keeper_value(&kdoc, &kv, a->keeper);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
   if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));
   if (a->waiter) {
@@ -260,9 +273,9 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
           "{", "$map", "{", "input", "$_mlq",
                "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                 GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder), "$$this", "]", "}", "}", "}",
+                 GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv)), "$$this", "]", "}", "}", "}",
           "{", "$concatArrays", "[", "$_mlq",
-                 "[", GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder), "]", "]", "}",
+                 "[", GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv)), "]", "]", "}",
         "]", "}", "]", "}");
     takes = &takes_w;
     fields = &fields_w;
@@ -298,11 +311,14 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         ML_F_HOLDER, ML_IF_TAKEN("$" ML_F_HOLDER, "{", "$literal", BCON_DOCUMENT(&holder), "}"),
         ML_F_QUEUE, BCON_ITER(&q),
         ML_F_NEXT, BCON_ITER(&next),
+        ML_F_KEEPER, ML_IF_TAKEN("$" ML_F_KEEPER, BCON_ITER(&kv)),
+        ML_F_TTL, ML_IF_TAKEN("$" ML_F_TTL, BCON_INT64(a->ttl_ms)),
       "}", "}",
       BCON_DOCUMENT(K.stage3),
     "]",
     "fields", BCON_DOCUMENT(fields));
   bson_destroy(&holder);
+  bson_destroy(&kdoc);
   if (a->waiter) {
     bson_destroy(&takes_w);
     bson_destroy(&fields_w);
@@ -438,15 +454,114 @@ void ml_build_release(ml_op *op, const ml_lockref *r, const char *owner, const b
   bson_destroy(&u);
 }
 
+/* appends to q: r's lease is still live by the server's clock ($expr) */
+static void live_filter(bson_t *q, const ml_lockref *r, int64_t ttl_ms) {
+  char tref[300];
+  field_ref(tref, sizeof tref, r->time_field);
+  if (r->time_mode == ML_TIME_EXPIRES_AT)
+    BCON_APPEND(q, "$expr", "{", "$gt", "[", BCON_UTF8(tref), "$$NOW", "]", "}");
+  else
+    BCON_APPEND(q, "$expr", "{", "$gt", "[", "{", "$add", "[", BCON_UTF8(tref), BCON_INT64(ttl_ms),
+                "]", "}", "$$NOW", "]", "}");
+}
+
+/* the update of a renewal or extend: the lease's end (or lock time) moved
+ * to the server's now; a named lock's ttl field set to the new length */
+static void extend_update(bson_t *u, const ml_lockref *r, int64_t ttl_ms) {
+  if (r->time_mode == ML_TIME_LOCKED_AT)
+    BCON_APPEND(u, "0", "{", "$set", "{", r->time_field, "$$NOW", "}", "}");
+  else if (r->queued)
+    BCON_APPEND(u, "0", "{", "$set", "{",
+                r->time_field, "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}",
+                ML_F_TTL, BCON_INT64(ttl_ms), "}", "}");
+  else
+    BCON_APPEND(u, "0", "{", "$set", "{",
+                r->time_field, "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "}", "}");
+}
+
+/* only a live lease of owner: an extend that arrives after the lease's end
+ * (a frozen client, a slow network) never brings it back */
 void ml_build_extend(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms) {
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   owner_filter(&q, r, owner);
-  if (r->time_mode == ML_TIME_EXPIRES_AT)
-    BCON_APPEND(&u, "0", "{", "$set", "{",
-                r->time_field, "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "}", "}");
-  else
-    BCON_APPEND(&u, "0", "{", "$set", "{", r->time_field, "$$NOW", "}", "}");
+  live_filter(&q, r, ttl_ms);
+  extend_update(&u, r, ttl_ms);
   ml_op_update(op, r->db, r->coll, &q, &u, 1);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+/* ---- renewal in batches ------------------------------------------------ */
+
+/* the live exclusive lease of keeper K */
+#define KEEPS_OWNER(K)                                                             \
+  "{", "$and", "[", "{", "$eq", "[", "$" ML_F_KEEPER, BCON_UTF8(K), "]", "}",      \
+                    "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}"
+/* the live holders' entries of keeper K */
+#define KEPT_HOLDERS(K)                                                            \
+  "{", "$filter", "{", "input", ML_ARR(ML_F_HOLDERS),                              \
+    "cond", "{", "$and", "[", "{", "$eq", "[", "$$this.k", BCON_UTF8(K), "]", "}",  \
+                             "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "]", "}", "}", "}"
+/* documents keeper K has a lease in (live or not) */
+#define KEEPER_DOCS(K)                                                             \
+  "$or", "[", "{", ML_F_KEEPER, BCON_UTF8(K), "}", "{", ML_F_HOLDERS ".k", BCON_UTF8(K), "}", "]"
+
+void ml_build_renew(ml_op *op, const char *db, const char *coll, const char *keeper) {
+  ml_op_init(op, ML_RUN_UPDATE, db, coll);
+  BCON_APPEND(&op->cmd, "update", BCON_UTF8(coll), "updates", "[", "{",
+    "q", "{", KEEPER_DOCS(keeper),
+              "$expr", "{", "$or", "[", KEEPS_OWNER(keeper),
+                "{", "$gt", "[", "{", "$size", KEPT_HOLDERS(keeper), "}", BCON_INT32(0), "]", "}",
+              "]", "}", "}",
+    "u", "[",
+      "{", "$set", "{",
+        ML_F_HOLDERS, "{", "$map", "{", "input", ML_ARR(ML_F_HOLDERS),
+          "in", "{", "$cond", "[",
+            "{", "$and", "[", "{", "$eq", "[", "$$this.k", BCON_UTF8(keeper), "]", "}",
+                             "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "]", "}",
+            "{", "$mergeObjects", "[", "$$this",
+              "{", "until", "{", "$add", "[", "$$NOW", "$$this.l", "]", "}", "}", "]", "}",
+            "$$this", "]", "}", "}", "}",
+        ML_F_EXPIRES, "{", "$cond", "[", KEEPS_OWNER(keeper),
+                        "{", "$add", "[", "$$NOW", "$" ML_F_TTL, "]", "}", "$" ML_F_EXPIRES, "]", "}",
+      "}", "}",
+      /* the lease end the TTL index reads covers every share */
+      "{", "$set", "{", ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
+                                        "{", "$max", "$" ML_F_HOLDERS ".until", "}", "]", "}", "}", "}",
+    "]",
+    "multi", BCON_BOOL(true), "}", "]");
+}
+
+void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const char *keeper) {
+  ml_op_init(op, ML_RUN_CURSOR, db, coll);
+  BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll), "pipeline", "[",
+    "{", "$match", "{", KEEPER_DOCS(keeper), "}", "}",
+    "{", "$project", "{", "_id", BCON_INT32(0),
+      "o", "{", "$cond", "[", KEEPS_OWNER(keeper), "$" ML_F_OWNER, BCON_NULL, "]", "}",
+      "h", "{", "$map", "{", "input", KEPT_HOLDERS(keeper), "in", "$$this.o", "}", "}", "}", "}",
+    "]", "cursor", "{", "}");
+}
+
+void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const char *const *owners,
+                        size_t n, int64_t ttl_ms) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, in, os;
+  size_t i;
+  BCON_APPEND(&q, "_id", "{", "$in", BCON_ARRAY(ids), "}");
+  BSON_APPEND_DOCUMENT_BEGIN(&q, r->owner_field, &in);
+  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &os);
+  for (i = 0; i < n; i++) {
+    char k[24];
+    const char *key;
+    bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
+    ml_append_owner(&os, key, owners[i], r->owner_form);
+  }
+  bson_append_array_end(&in, &os);
+  bson_append_document_end(&q, &in);
+  live_filter(&q, r, ttl_ms);
+  extend_update(&u, r, ttl_ms);
+  ml_op_init(op, ML_RUN_UPDATE, r->db, r->coll);
+  BCON_APPEND(&op->cmd, "update", BCON_UTF8(r->coll), "updates", "[", "{",
+              "q", BCON_DOCUMENT(&q), "u", BCON_ARRAY(&u), "multi", BCON_BOOL(true), "}", "]");
   bson_destroy(&q);
   bson_destroy(&u);
 }

@@ -29,6 +29,11 @@
 #define ML_F_QUEUE "queue"            /* [{w, t, until, p}] waiters */
 #define ML_F_NEXT "next"              /* the waiter a release was handed to:
                                          its process tag and id, 48 hex */
+#define ML_F_KEEPER "keeper"          /* the keeper id (16 hex digits) of the
+                                         client process that renews the
+                                         lease, null when nothing renews it */
+#define ML_F_TTL "ttl"                /* the lease's length (ms): what a
+                                         renewal extends it by */
 #define ML_TTL_INDEX "expiresAt_ttl"  /* name of the TTL index */
 
 #define ML_NAME_MAX 1024              /* bytes of a lock name */
@@ -116,6 +121,9 @@ typedef struct ml_acquire_args {
                                        kept after this attempt */
   int polling;                      /* with waiter: it polls (cannot be
                                        woken) */
+  const char *keeper;               /* 16 hex digits: the keeper id that
+                                       renews the lease (ml_build_renew),
+                                       NULL when nothing renews it */
 } ml_acquire_args;
 
 /* the builders; each initialises op->cmd (ml_op_destroy frees it) */
@@ -134,6 +142,29 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
  * and waiter) passed on to the expression handed_on.on */
 void ml_leave_stages(bson_t *u, const char *queue, const char *waiter, const char *tag,
                      const bson_t *handed_on);
+/*
+ * Renewal of every lease a keeper holds in db.coll, in one command: an
+ * update with multi that matches the lock documents where keeper holds a
+ * live lease (the exclusive one: keeper and expiresAt after $$NOW; or a
+ * live entry of holders with k = keeper) and sets each such lease's end to
+ * $$NOW plus its own ttl (ML_F_TTL, a holder's l).  A lease whose end has
+ * passed is never brought back.  matched = the documents renewed.
+ */
+void ml_build_renew(ml_op *op, const char *db, const char *coll, const char *keeper);
+/*
+ * What keeper still holds in db.coll, after a renewal that matched fewer
+ * documents than expected: an aggregate whose documents are {o: the owner
+ * of a live exclusive lease of keeper or null, h: [owners of its live
+ * shares and permits]}.
+ */
+void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const char *keeper);
+/*
+ * Renewal of document locks: every listed (_id, owner) pair of r's
+ * collection and fields whose lease is still live, in one update with
+ * multi; ids: {"0": _id, ...}, owners the same count of owner ids.
+ */
+void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const char *const *owners,
+                        size_t n, int64_t ttl_ms);
 /* name NULL: every lock of the collection, sorted by name */
 void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name);
 /* a document lock's status: owner and remainingMs of r's document */
@@ -259,6 +290,9 @@ int ml_owner_is(const bson_iter_t *it, const char *owner, ml_owner_form form);
 int64_t ml_iter_int64(const bson_iter_t *it, int64_t dflt);
 
 /* ---- for the builders only (protocol.c, protocol_shared.c) ------------- */
+
+/* {v: keeper id or null} in *doc (the caller destroys it), *it at v */
+void ml_keeper_value(bson_t *doc, bson_iter_t *it, const char *keeper);
 
 /* an op of kind for db.coll with an empty command */
 void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll);

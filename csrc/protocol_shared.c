@@ -43,7 +43,9 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
   bson_t holder = BSON_INITIALIZER, kind = BSON_INITIALIZER, room = BSON_INITIALIZER,
          turn = BSON_INITIALIZER, chain = BSON_INITIALIZER, queue = BSON_INITIALIZER,
          perm = BSON_INITIALIZER;
-  bson_iter_t ik, ir, it, ic, iq, ip;
+  bson_t kdoc;
+  bson_iter_t ik, ir, it, ic, iq, ip, kv;
+  ml_keeper_value(&kdoc, &kv, a->keeper);
   bson_snprintf(tw, sizeof tw, "%s%s", a->waiter ? a->tag : "", w);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
   if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));
@@ -148,7 +150,8 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
           "{", "o", BCON_UTF8(a->owner), "m", BCON_UTF8(p ? "p" : "s"),
                "until", "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}",
                "tk", ML_NEXT_TOKEN, "at", "$$NOW",
-               "h", "{", "$literal", BCON_DOCUMENT(&holder), "}", "}", "]", "]", "}"),
+               "h", "{", "$literal", BCON_DOCUMENT(&holder), "}",
+               "k", BCON_ITER(&kv), "l", BCON_INT64(a->ttl_ms), "}", "]", "]", "}"),
         ML_F_SQUEUE, BCON_ITER(&iq),
         ML_F_NEXT, "{", "$cond", "[", "$_mlt", BCON_ITER(&ic),
           "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_NULL,
@@ -184,6 +187,7 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
   bson_destroy(&chain);
   bson_destroy(&queue);
   bson_destroy(&perm);
+  bson_destroy(&kdoc);
 }
 
 /* ---- release, extend, leave, force release ----------------------------- */
@@ -235,7 +239,8 @@ void ml_build_share_extend(ml_op *op, const char *db, const char *coll, const bs
           "{", "$and", "[", "{", "$eq", "[", "$$this.o", BCON_UTF8(owner), "]", "}",
                            "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "]", "}",
           "{", "$mergeObjects", "[", "$$this",
-            "{", "until", "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "}", "]", "}",
+            "{", "until", "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}",
+                 "l", BCON_INT64(ttl_ms), "}", "]", "}",
           "$$this", "]", "}", "}", "}",
       ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
                       "{", "$add", "[", "$$NOW", BCON_INT64(ttl_ms), "]", "}", "]", "}",

@@ -10,7 +10,7 @@
 
 #include "protocol.h"
 
-#define ML_F_HOLDERS "holders"        /* [{o, m, until, tk, at, h}] shares */
+#define ML_F_HOLDERS "holders"        /* [{o, m, until, tk, at, h, k, l}] shares */
 #define ML_F_PERMITS "permits"        /* a semaphore's N, fixed at first use */
 #define ML_F_SQUEUE "squeue"          /* [{w, t, until, p}] waiting sharers */
 

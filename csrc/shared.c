@@ -53,6 +53,7 @@ static int share_acquire(lua_State *L, ml_attempt_mode how) {
   ml_lease_spec s;
   double started;
   int ok, pushed;
+  char keeper[17];
 
   memset(&a, 0, sizeof a);
   ml_arg_ns(L, 2, &a.db, &a.coll);
@@ -74,6 +75,7 @@ static int share_acquire(lua_State *L, ml_attempt_mode how) {
     started = ml_arg_started(L, 14);
     ok = ml_arg_outcome(L, 15, &reply, &err);
   } else {
+    if (lua_toboolean(L, 9)) a.keeper = ml_renew_keeper(L, c, keeper);
     ml_build_share_acquire(&op, &a, mode, permits);
     if (how == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
     mc = ml_client_get(L, c);

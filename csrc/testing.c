@@ -301,6 +301,8 @@ static int l_renew_stats(lua_State *L) {
     setint(L, "failures", n.failures);
     setint(L, "lost", n.lost);
     setint(L, "released", n.released);
+    setint(L, "batches", n.batches);
+    setint(L, "checks", n.checks);
   }
   return 1;
 }

@@ -29,13 +29,20 @@ static int run_update(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_
                       bson_t *reply, bson_error_t *error) {
   mongoc_collection_t *col;
   bson_t q, u, opts = BSON_INITIALIZER;
+  bson_iter_t it, m;
   int ok;
   if (!op->coll || !find_view(&op->cmd, "updates.0.q", &q) || !find_view(&op->cmd, "updates.0.u", &u))
     return bad_op(reply, error, "malformed update op");
   mongoc_write_concern_append(wc, &opts);
   BSON_APPEND_BOOL(&opts, "validate", false);   /* built by protocol.c */
   col = mongoc_client_get_collection(mc, op->db, op->coll);
-  ok = mongoc_collection_update_one(col, &q, &u, &opts, reply, error);
+  /* a renewal in a batch (multi): not a retryable write; the engine
+   * retries it, and its every statement only extends live leases */
+  if (bson_iter_init(&it, &op->cmd) && bson_iter_find_descendant(&it, "updates.0.multi", &m) &&
+      bson_iter_as_bool(&m))
+    ok = mongoc_collection_update_many(col, &q, &u, &opts, reply, error);
+  else
+    ok = mongoc_collection_update_one(col, &q, &u, &opts, reply, error);
   mongoc_collection_destroy(col);
   bson_destroy(&opts);
   return ok;
