@@ -1490,7 +1490,7 @@ describe("#integration nginx handle conformance", function()
                     }
                     package.loaded.conformance_env = env
                 end
-                local ok, err = pcall(cases.run, ngx.var.arg_case, env)
+                local ok, err = pcall(cases.run, ngx.unescape_uri(ngx.var.arg_case), env)
                 local body = ok and "ok" or tostring(err)
                 ngx.header.content_length = #body + 1
                 ngx.say(body)
