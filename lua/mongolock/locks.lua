@@ -225,7 +225,8 @@ function _M.acquire(self, name, opts)
 end
 
 -- locks_mod.acquire_stepping(locks, name, opts, on_step): locks:acquire,
--- with on_step() called before every attempt (resty.mongolock's gate)
+-- with on_step(waiting) called before every attempt and every wait
+-- (mongolock.private.acquire_loop; resty.mongolock's gate)
 function _M.acquire_stepping(self, name, opts, on_step)
   check_name(name, "acquire")
   local ttl_ms, o = call_opts(self, opts, "acquire")

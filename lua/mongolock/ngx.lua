@@ -43,11 +43,11 @@
 --   never used by another (a worker).
 -- - A worker that is shutting down keeps running jobs (its waits and
 --   sleeps keep their length, ngx.timer.at(0) still starts runners) and
---   keeps its janitor while a lease won through here is held (track).
+--   its janitor while a job or a result is pending.
 
 local core = require "mongolock.core"
 
-local type, pairs, tostring, error, pcall, setmetatable = type, pairs, tostring, error, pcall, setmetatable
+local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
 local rawget = rawget
 local monotonic = core.monotonic
 local getpid = core.getpid
@@ -166,8 +166,6 @@ local function get_state()
     runners = 0,                      -- runners alive
     idle = {},                        -- idle runners' semaphores, most recent last
     unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
-    released = {},                    -- release ops of collected locks (spec, op)
-    leases = setmetatable({}, { __mode = "k" }),  -- leases held through here (track)
     janitor = false,
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
               vm_refusals = 0 },
@@ -297,9 +295,8 @@ local function runner(premature, st)
   st.runners = st.runners - 1
 end
 
--- the janitor: results nobody took, and releases of collected locks
+-- the janitor: results nobody took
 local function sweep(st, all)
-  local ngx = rawget(_G, "ngx")
   local now = monotonic()
   local keep = {}
   for _, job in ipairs(st.unclaimed) do
@@ -314,36 +311,17 @@ local function sweep(st, all)
     end
   end
   st.unclaimed = keep
-  if #st.released > 0 then
-    local list = st.released
-    st.released = {}
-    for _, r in ipairs(list) do
-      local reply, err = _M.run(r.spec, r.op)
-      if not reply then ngx.log(ngx.WARN, "mongolock: release of a collected lock: ", tostring(err)) end
-    end
-  end
 end
 
--- is there anything the janitor may still have to do: a result or a
--- release waiting, a job queued or running, or a lease held (it may be
--- collected, and then released by the janitor)
+-- is there anything the janitor may still have to do: a result waiting, a
+-- job queued or running
 local function busy(st)
-  if #st.unclaimed > 0 or #st.released > 0 or st.first <= st.last or st.runners > #st.idle then return true end
-  local now = monotonic()
-  for lease in pairs(st.leases) do
-    if not (lease.released or lease.lost or lease.closed) and (lease.state == nil or lease.state == "held")
-        and lease.deadline > now then
-      return true
-    end
-  end
-  return false
+  return #st.unclaimed > 0 or st.first <= st.last or st.runners > #st.idle
 end
 
 -- a worker that is shutting down ends its timer.every timers (their
 -- callback runs once more, premature): the janitor goes on in a light
--- thread while it is busy, so that a lock collected then is still released
--- (the worker exits once the leases it holds are released or past their
--- deadline: their renewal stops with the worker's timers)
+-- thread while it is busy, so that a result is still taken
 local function drain(_, st)
   local ngx = rawget(_G, "ngx")
   repeat
@@ -437,22 +415,6 @@ function _M.run(spec, op, deadline, on_orphan, arg)
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
   job.state = "taken"
   return unpack(job.result, 1, 5)
-end
-
--- transport.track(lease): a lease won through here ({deadline, and
--- state, released, lost or closed when it ends}); a worker that is
--- shutting down keeps its janitor while such a lease is held
-function _M.track(lease)
-  local st = get_state()
-  st.leases[lease] = true
-  start_janitor(st)
-end
-
--- transport.release_later(spec, op): runs op (a release) from a timer
--- soon; for __gc, where nothing may yield
-function _M.release_later(spec, op)
-  local st = get_state()
-  st.released[#st.released + 1] = { spec = spec, op = op }
 end
 
 -- counters of this worker: jobs, abandoned, orphans, errors, max_queued,

@@ -305,8 +305,9 @@ The one acquire loop of named locks (mongolock.locks) and document locks
   new_state function(deadline) -> state
   refresh   seconds after an attempt a queued waiter comes back (nil: no queue)
   give_up   function(...) -> nil, ... (leaves the queue); nil: return nil, ...
-  on_step   nil, or function() called before every attempt (the caller's
-            sign of life)
+  on_step   nil, or function(waiting) called before every attempt
+            (waiting false) and every wait between attempts (true): the
+            caller's sign of life
 }
 Guarantee: no attempt starts after the deadline, no wait goes past it, and
 an attempt that starts with less than the server bound left first waits (up
@@ -327,7 +328,7 @@ function _M.acquire_loop(run)
     if timeout > 0 and deadline - started < run.bound and not await_server(run.core, deadline) then
       return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE)
     end
-    if run.on_step then run.on_step() end
+    if run.on_step then run.on_step(false) end
     started = monotonic()
     local polling = (run.poll or (state ~= nil and state.polling)) and true or false
     -- the attempt's reply is waited for up to the deadline (a try's, to
@@ -341,6 +342,7 @@ function _M.acquire_loop(run)
     state.attempt = (state.attempt or 0) + 1
     state.info = c
     state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
+    if run.on_step then run.on_step(true) end
     -- nil, err only when wait = "watch" finds no change stream
     local ok, serr, scode = run.wait.sleep_until_retry(state)
     -- a release granted the lock to this waiter (state.granted, from the

@@ -347,34 +347,33 @@ function _M.lock(self, key)
     if not entered then return nil, gerr or "timeout" end
   end
 
-  -- one try; when busy, the library's acquire for the time left: it
-  -- queues in the lock document (every worker and host in one order) and
-  -- waits for its turn with the change stream, looked at between
-  -- ngx.sleep steps (or by backoff polling: step, ratio, max_step)
-  local h, err, code = locks:try(key, topts)
-  if not h and err == "busy" then
-    local left = deadline - monotonic()
-    if left > 0 then
-      waited = true
-      -- while it waits at the server the gate's owner keeps the gate by
-      -- looking in at every attempt (at least every queue_ttl / 2): a
-      -- request killed meanwhile (aborted: its coroutine gone, nothing
-      -- run) leaves the gate to this worker's next waiter within a beat
-      local on_step
-      if gate then
-        local beat = locks.queue_ttl / 2 + 2
-        on_step = function() gate.deadline = math_min(deadline, monotonic() + beat) end
-      end
-      h, err, code = locks_mod.acquire_stepping(locks, key, { ttl = self.exptime, timeout = left,
-        step = self.step, ratio = self.ratio, max_step = self.max_step }, on_step)
-    end
-    if not h and (err == "busy" or err == "timeout") then
-      gate_leave(self)
-      return nil, "timeout"
-    end
+  -- timeout 0: one try.  Else the library's acquire for the time left
+  -- (its first attempt takes a free lock, and every attempt's reply is
+  -- waited for up to the deadline): it queues in the lock document (every
+  -- worker and host in one order) and waits for its turn with the change
+  -- stream (or by backoff polling: step, ratio, max_step).  While it waits
+  -- at the server the gate's owner keeps the gate by looking in at every
+  -- attempt (at least every queue_ttl / 2): a request killed meanwhile
+  -- (its coroutine gone, nothing run) leaves the gate to this worker's next
+  -- waiter within a beat.
+  local h, err, code
+  local left = deadline - monotonic()
+  if self.timeout == 0 then
+    h, err, code = locks:try(key, topts)
+  elseif left <= 0 then
+    err = "timeout"            -- the turn in this worker's queue came too late
+  else
+    local waits = false
+    h, err, code = locks_mod.acquire_stepping(locks, key, { ttl = self.exptime, timeout = left,
+      step = self.step, ratio = self.ratio, max_step = self.max_step }, function(waiting)
+        waits = waits or waiting
+        if gate then gate.deadline = math_min(deadline, monotonic() + locks.queue_ttl / 2 + 2) end
+      end)
+    waited = waited or waits
   end
   if not h then
     gate_leave(self)
+    if err == "busy" or err == "timeout" then return nil, "timeout" end
     return nil, err, code
   end
   self.handle = h

@@ -72,23 +72,28 @@ local function adapter(premature, p)
   local cc = p.cc
   local exiting_until
   while not cc:closed() do
-    local id, op = cc:engine_next()
-    if id ~= nil then
+    local ok, id, op = pcall(cc.engine_next, cc)
+    if not ok then
+      log("ERR", "lease engine: ", tostring(id))
+      break
+    elseif id ~= nil then
       local started = monotonic()
       local reply, err, code, ereply, domain = transport.run(p.spec, op)
-      cc:engine_done(id, started, reply, err, code, ereply, domain)
+      local dok, derr = pcall(cc.engine_done, cc, id, started, reply, err, code, ereply, domain)
+      if not dok then log("ERR", "lease engine: ", tostring(derr)) end
     else
       local seconds = op or math_huge
       if premature or ngx.worker.exiting() then
-        if not exiting_until then
-          exiting_until = monotonic()
-          for h in pairs(p.handles) do
-            local left = h:remaining()
-            if left then exiting_until = math_max(exiting_until, monotonic() + left) end
-          end
+        -- the handles made here that are held keep it up to the latest
+        -- of their local deadlines at the first look (renewal does not
+        -- keep a worker that is shutting down longer)
+        local now, held, latest = monotonic(), false, monotonic()
+        for h in pairs(p.handles) do
+          local left = h:remaining()
+          if left then held, latest = true, math_max(latest, now + left) end
         end
-        if seconds == math_huge and monotonic() >= exiting_until then break end
-        if monotonic() >= exiting_until + _M.CAP then break end
+        exiting_until = exiting_until or latest
+        if (seconds == math_huge and not held) or now >= exiting_until then break end
       end
       p.wake:wait(math_max(0.001, math_min(seconds, _M.CAP)))
     end

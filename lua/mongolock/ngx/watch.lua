@@ -1,8 +1,8 @@
 -- mongolock.ngx.watch: change-stream wake-ups for the waiters of one nginx
 -- worker, each getMore one job of mongolock.ngx (a worker thread), the
 -- waiting on the event loop (one ngx.semaphore per waiter).  Every kind
--- waits here inside nginx: named locks (mongolock.ngx.locks), document
--- locks and the shared kinds' readers and permits (through mongolock.wait).
+-- waits here inside nginx (through mongolock.wait): named locks, document
+-- locks and the shared kinds' readers and permits.
 --
 --   res, a, b = watch.wait(ctx, field, id, waiter, ot, seconds)
 --
@@ -17,11 +17,6 @@
 -- "timeout" | "retry" (attempt again at once) | nil, message (no stream:
 -- no replica set, or the stream failed lately; the caller polls, or with
 -- wait = "watch" gives up).
---
---   waited, res, token = watch.wake(ctx, name, waiter, info, seconds)
---
--- the same for mongolock.ngx.locks: true and wait's answer when it waited,
--- nil when there is no stream to wait on.
 --
 -- Invariants (the same as csrc/watch.c's, per worker instead of per
 -- process):
@@ -350,15 +345,6 @@ function _M.wait(ctx, field, id, waiter, ot, seconds)
   local g = rec.grant
   if g then return "granted", g.token end
   return "event"
-end
-
--- for mongolock.ngx.locks (see the top of the file)
-function _M.wake(ctx, name, waiter, info, seconds)
-  local ot = info and info.operation_time
-  if not ot then return nil end
-  local res, token = _M.wait(ctx, "owner", name, waiter, ot, seconds)
-  if res == nil then return nil end
-  return true, res, token
 end
 
 -- the stream's context for a waiter of mongolock.wait whose round trips go
