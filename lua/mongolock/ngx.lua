@@ -127,15 +127,6 @@ function _M.active()
   return yieldable[ngx.get_phase()] == true
 end
 
--- true inside nginx in a phase that cannot yield (init_worker, set, header
--- and body filters, log, balancer, ...): round trips made there block
-function _M.blocking_phase()
-  local ngx = ngx_api()
-  if not ngx then return false end
-  local phase = ngx.get_phase()
-  return not yieldable[phase] and phase ~= "init"
-end
-
 -- spec = transport.spec(uri, opts): the plain description of a client
 -- (mongolock.connect's arguments) that a thread VM makes its client from;
 -- equal arguments give equal keys, so they share a client in each VM

@@ -352,12 +352,14 @@ end
 -- object, or a documents object's {client, database, collection}); nil
 -- elsewhere
 function _M.context(locks)
-  if type(locks) ~= "table" or not transport.active() then return nil end
-  local client = locks.client
-  if type(client) ~= "table" or client.connect_opts == nil or type(client.uri) ~= "string" then return nil end
+  if type(locks) ~= "table" then return nil end
+  -- where the client's round trips go to worker threads (the one place
+  -- that tells: mongolock.private)
+  local nc = require("mongolock.private").ngx_core(locks.client)
+  if not nc then return nil end
   local ctx = rawget(locks, "_ngx_watch")
   if ctx then return ctx end
-  ctx = { spec = transport.spec(client.uri, client.connect_opts), db = locks.database, coll = locks.collection }
+  ctx = { spec = nc.spec, db = locks.database, coll = locks.collection }
   rawset(locks, "_ngx_watch", ctx)
   return ctx
 end
