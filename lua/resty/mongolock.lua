@@ -8,13 +8,13 @@
 --   local ok, err = lock:unlock()            -- nil, "unlocked"
 --
 -- Invariants:
--- - Each library call below is one round trip to the server (try, release,
---   extend); a lock that is busy is waited for with the library's acquire,
---   which queues in the lock document (one order for every worker and
---   host) and looks at the change stream between ngx.sleep steps; waiting
---   on the gate is on an ngx.semaphore, so the worker keeps serving other
---   requests while it waits.  (The first use of a collection in a worker
---   adds the index check, once.)
+-- - lock() is client:locks()'s acquire (a try when timeout is 0): one
+--   round trip when the lock is free, else queued in the lock document
+--   (one order for every worker and host) and woken by the change stream;
+--   unlock() and expire() are the handle's release and extend.  The
+--   handle is the library's (inside nginx too: its round trips are worker
+--   threads' jobs, mongolock.ngx.core).  Waiting on the gate is on an
+--   ngx.semaphore, so the worker keeps serving other requests meanwhile.
 -- - The gate: in a worker, the lock objects waiting for one key queue in
 --   arrival order and only the gate's owner asks the server, so the server
 --   sees at most one waiter per worker and key, and a release hands over to
