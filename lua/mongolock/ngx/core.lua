@@ -122,8 +122,10 @@ end
 -- ---- the handles' methods where the caller can yield --------------------------
 
 -- release, extend and close of the client's handles: the lease's step
--- (what to send, or the answer), the job, the lease's answer to the reply
-local function lease_methods(p)
+-- (what to send, or the answer), the job, the lease's answer to the reply.
+-- (They keep spec, plain data, not the client: the core's table of them is
+-- weak on the client, and LuaJIT has no ephemerons.)
+local function lease_methods(spec)
   local C = core.lock_methods
   local function method(what)
     local plain = C[what]
@@ -131,7 +133,7 @@ local function lease_methods(p)
       if not transport.active() then return plain(h, arg) end
       local op, started = core.lease_step(h, what, arg)
       if op == nil or op == true then return op, started end
-      local reply, err, code, ereply, domain = transport.run(p.spec, op)
+      local reply, err, code, ereply, domain = transport.run(spec, op)
       return core.lease_done(h, what, started, reply, err, code, ereply, domain)
     end
   end
@@ -306,7 +308,7 @@ function _M.of(client)
                      wake = require("ngx.semaphore").new(0) }, mt)
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
-    cc:set_methods(lease_methods(p))
+    cc:set_methods(lease_methods(p.spec))
     cc:set_external(true)
     start_adapter(p)
   end
