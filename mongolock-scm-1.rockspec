@@ -57,12 +57,9 @@ build = {
     ["mongolock.shared"] = "lua/mongolock/shared.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
     ["mongolock.ngx"] = "lua/mongolock/ngx.lua",
-    ["mongolock.ngx.locks"] = "lua/mongolock/ngx/locks.lua",
-    ["mongolock.ngx.handle"] = "lua/mongolock/ngx/handle.lua",
     ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
     ["mongolock.ngx.watch"] = "lua/mongolock/ngx/watch.lua",
-    ["mongolock.ngx.documents"] = "lua/mongolock/ngx/documents.lua",
-    ["mongolock.ngx.shared"] = "lua/mongolock/ngx/shared.lua",
+    ["mongolock.ngx.core"] = "lua/mongolock/ngx/core.lua",
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",

@@ -556,6 +556,8 @@ static const luaL_Reg client_methods[] = {
   {"set_number", l_set_number},
   /* named locks (named.c) */
   {"acquire", ml_m_acquire},
+  {"acquire_op", ml_m_acquire_op},
+  {"take_acquire", ml_m_take_acquire},
   {"status", ml_m_status},
   {"list", ml_m_list},
   {"force_release", ml_m_force_release},
@@ -564,8 +566,12 @@ static const luaL_Reg client_methods[] = {
   {"ensure_index", ml_m_ensure_index},
   /* document locks (documents.c) */
   {"doc_acquire", ml_m_doc_acquire},
+  {"doc_acquire_op", ml_m_doc_acquire_op},
+  {"take_doc_acquire", ml_m_take_doc_acquire},
   {"doc_status", ml_m_doc_status},
   {"share_acquire", ml_m_share_acquire},
+  {"share_acquire_op", ml_m_share_acquire_op},
+  {"take_share_acquire", ml_m_take_share_acquire},
   {"share_leave", ml_m_share_leave},
   {"share_force_release", ml_m_share_force_release},
   {"share_status", ml_m_share_status},

@@ -177,7 +177,7 @@ int ml_push_doc_status(lua_State *L, const bson_t *reply) {
  *    | nil, "not found"            (no such document and no insert given)
  *    | nil, message, code
  */
-int ml_m_doc_acquire(lua_State *L) {
+static int doc_acquire(lua_State *L, ml_attempt_mode mode) {
   ml_client *c = ml_checkclient(L, 1);
   ml_lockref r;
   int64_t ttl_ms;
@@ -194,6 +194,12 @@ int ml_m_doc_acquire(lua_State *L) {
   have_insert = !lua_isnoneornil(L, 10);
   if (have_insert) luaL_checktype(L, 10, LUA_TTABLE);
   renew = lua_toboolean(L, 11);
+  started = 0;
+  if (mode == ML_ATTEMPT_TAKE) {
+    /* what may raise is checked before anything is allocated */
+    started = ml_arg_started(L, 13);
+    ml_arg_outcome(L, 14, NULL, NULL);
+  }
   /* the _id first: it raises on a bad one (then nothing else is built),
    * and what is built after it is given back on every way out */
   arg_id(L, 4, &id);
@@ -206,17 +212,39 @@ int ml_m_doc_acquire(lua_State *L) {
       return luaL_argerror(L, 10, bad);
     }
   }
-  if (!ml_random_owner(owner)) {
+  if (mode != ML_ATTEMPT_RUN && !lua_isnoneornil(L, 12)) {
+    size_t len;
+    const char *given = lua_tolstring(L, 12, &len);
+    if (!given || !ml_is_hex(given, len, 32)) {
+      bson_destroy(&ins);
+      bson_destroy(&id);
+      return luaL_argerror(L, 12, "owner must be 32 lowercase hex digits");
+    }
+    memcpy(owner, given, 33);
+  } else if (mode == ML_ATTEMPT_TAKE) {
+    bson_destroy(&ins);
+    bson_destroy(&id);
+    return luaL_argerror(L, 12, "the owner of the attempt expected");
+  } else if (!ml_random_owner(owner)) {
     bson_destroy(&ins);
     bson_destroy(&id);
     return ml_pushfail(L, "getrandom failed", 0);
   }
 
-  ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
-  bson_destroy(&ins);
-  started = ml_monotonic();
-  ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
-  ml_op_destroy(&op);
+  if (mode == ML_ATTEMPT_TAKE) {
+    bson_destroy(&ins);
+    ok = ml_arg_outcome(L, 14, &reply, &e);   /* checked above: no raise */
+  } else {
+    ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
+    bson_destroy(&ins);
+    if (mode == ML_ATTEMPT_OP) {
+      bson_destroy(&id);
+      return ml_push_op_owner(L, &op, owner);
+    }
+    started = ml_monotonic();
+    ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
+    ml_op_destroy(&op);
+  }
   found = ml_parse_acquire(&reply, owner, r.owner_field, r.owner_form, 1, &ar);
   if (ok && found <= 0) {
     bson_destroy(&id);
@@ -245,6 +273,15 @@ int ml_m_doc_acquire(lua_State *L) {
   bson_destroy(&reply);
   return 3;
 }
+
+int ml_m_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_RUN); }
+
+/* client:doc_acquire_op(<doc_acquire's arguments> [, owner]) -> op, owner;
+ * client:take_doc_acquire(<doc_acquire's arguments>, owner, started,
+ * reply, message, code, ereply, domain) -> doc_acquire's answers
+ * (ml_attempt_mode) */
+int ml_m_doc_acquire_op(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_OP); }
+int ml_m_take_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_TAKE); }
 
 /*
  * client:doc_status(db, coll, id, ttl_ms, owner_field, time_field,

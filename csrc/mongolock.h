@@ -363,6 +363,48 @@ typedef struct ml_attempt {
  * 0 when getrandom failed. */
 int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
                    ml_attempt *t);
+/* the same with the owner at owner_i (owner_i > 0): 32 lowercase hex
+ * digits, or nil for a new one; a waiter's must be nil or the waiter id */
+int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, int owner_i,
+                         ml_acquire_args *a, ml_attempt *t);
+
+/*
+ * How an attempt method (client:acquire, share_acquire, doc_acquire) runs.
+ * Each is split at its round trip, so that a transport other than
+ * libmongoc's pool on this thread (an nginx worker thread) runs the op and
+ * the same C code finishes it:
+ *   ML_ATTEMPT_RUN   the plain method: build, ml_run, finish;
+ *   ML_ATTEMPT_OP    client:X_op(<X's arguments>, [owner]) -> op, owner:
+ *                    the op X would send (core.op_* envelope), nothing sent;
+ *   ML_ATTEMPT_TAKE  client:take_X(<X's arguments>, owner, started, reply,
+ *                    message, code, ereply, domain) -> X's answers: the
+ *                    outcome of op, run elsewhere (started: core.monotonic()
+ *                    just before it was sent; the rest as client:run
+ *                    answers), finished as X finishes its own round trip:
+ *                    the handle made, a write concern error's win given
+ *                    back, a reply lost even to the retry released in the
+ *                    background.
+ */
+typedef enum { ML_ATTEMPT_RUN, ML_ATTEMPT_OP, ML_ATTEMPT_TAKE } ml_attempt_mode;
+
+/* a past reading of core.monotonic() at i (raises otherwise) */
+double ml_arg_started(lua_State *L, int i);
+
+/* [-0, +2] pushes op as its envelope (and destroys it), then owner;
+ * returns 2 */
+int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner);
+
+/*
+ * The outcome of a round trip run elsewhere, at i .. i + 4 as client:run
+ * answers it: reply (BSON string) | nil, message, code, ereply (BSON string
+ * or nil), domain (libmongoc's error domain, or nil).  Returns 1 with
+ * *reply a copy of reply, or 0 with *err set and *reply a copy of ereply
+ * (empty without one), as ml_run returns them.  An error without a domain
+ * (the transport's own, before or around the call) counts as one without a
+ * reply (MONGOC_ERROR_STREAM) unless ereply is the server's answer: what
+ * the op asked may have been applied.  Raises on malformed BSON.
+ */
+int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err);
 
 /* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
  * none when it matched nothing (none not NULL), or nil, message, code */
@@ -375,6 +417,8 @@ int ml_push_leave(lua_State *L, ml_leave_builder build);
 /* Client methods on locks, implemented next to what they make and
  * registered with the others in client.c: named.c (named locks) ... */
 int ml_m_acquire(lua_State *L);
+int ml_m_acquire_op(lua_State *L);
+int ml_m_take_acquire(lua_State *L);
 int ml_m_status(lua_State *L);
 int ml_m_list(lua_State *L);
 int ml_m_force_release(lua_State *L);
@@ -383,9 +427,13 @@ int ml_m_granted(lua_State *L);
 int ml_m_ensure_index(lua_State *L);
 /* ... documents.c (document locks) ... */
 int ml_m_doc_acquire(lua_State *L);
+int ml_m_doc_acquire_op(lua_State *L);
+int ml_m_take_doc_acquire(lua_State *L);
 int ml_m_doc_status(lua_State *L);
 /* ... shared.c (reader shares and permits) ... */
 int ml_m_share_acquire(lua_State *L);
+int ml_m_share_acquire_op(lua_State *L);
+int ml_m_take_share_acquire(lua_State *L);
 int ml_m_share_leave(lua_State *L);
 int ml_m_share_force_release(lua_State *L);
 int ml_m_share_status(lua_State *L);

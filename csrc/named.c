@@ -50,17 +50,27 @@ int64_t ml_arg_ttl_ms(lua_State *L, int i) {
   return ms;
 }
 
-int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
-                   ml_attempt *t) {
+int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, int owner_i,
+                         ml_acquire_args *a, ml_attempt *t) {
+  const char *given = NULL;
   a->app = luaL_optstring(L, app_i, NULL);
   t->tag[0] = '\0';
+  if (owner_i > 0 && !lua_isnoneornil(L, owner_i)) {
+    size_t len;
+    given = luaL_checklstring(L, owner_i, &len);
+    luaL_argcheck(L, ml_is_hex(given, len, 32), owner_i, "owner must be 32 lowercase hex digits");
+  }
   if (!lua_isnoneornil(L, waiter_i)) {
     a->waiter = ml_arg_waiter(L, waiter_i);
     a->queue_ms = ml_arg_ttl_ms(L, waiter_i + 1);
     a->polling = lua_toboolean(L, waiter_i + 2);
+    /* a waiter's attempts all write its id as the owner */
+    luaL_argcheck(L, !given || !strcmp(given, a->waiter), owner_i, "a waiter's owner is its id");
     memcpy(t->owner, a->waiter, 33);
     if (!ml_process_tag(t->tag)) return 0;
     a->tag = t->tag;
+  } else if (given) {
+    memcpy(t->owner, given, 33);
   } else if (!ml_random_owner(t->owner)) {
     return 0;
   }
@@ -72,6 +82,20 @@ int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acqui
   a->host = t->host;
   a->pid = (int64_t)getpid();
   return 1;
+}
+
+int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
+                   ml_attempt *t) {
+  return ml_arg_attempt_owner(L, c, app_i, waiter_i, 0, a, t);
+}
+
+double ml_arg_started(lua_State *L, int i) {
+  double started = luaL_checknumber(L, i);
+  /* a time of this process's monotonic clock, not in its future: a
+   * deadline is computed from it */
+  luaL_argcheck(L, started == started && started <= ml_monotonic() && started > 0, i,
+                "started must be a past reading of core.monotonic()");
+  return started;
 }
 
 int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
@@ -105,13 +129,12 @@ int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
  * background (ml_push_won): a try's owner is its own, and a waiter's acquire
  * ends with that error, so nothing else may hold the lock under its id.
  */
-int ml_m_acquire(lua_State *L) {
+static int acquire(lua_State *L, ml_attempt_mode mode) {
   ml_client *c = ml_checkclient(L, 1);
   ml_acquire_args a;
   size_t namelen;
   ml_attempt t;
   const char *owner = t.owner;
-  mongoc_client_t *mc;
   bson_t reply, id;
   bson_error_t err;
   ml_acquire_reply r;
@@ -125,14 +148,23 @@ int ml_m_acquire(lua_State *L) {
   ml_arg_ns(L, 2, &a.db, &a.coll);
   a.name = ml_arg_name(L, 4, &namelen);
   a.ttl_ms = ml_arg_ttl_ms(L, 5);
-  if (!ml_arg_attempt(L, c, 6, 8, &a, &t)) return ml_pushfail(L, "getrandom failed", 0);
-  mc = ml_client_get(L, c);
-  if (lua_toboolean(L, 7)) a.keeper = ml_renew_keeper(L, c, keeper);
-
-  ml_build_acquire(&op, &a);
-  started = ml_monotonic();
-  ok = ml_run(mc, c->wc, &op, &reply, &err);
-  ml_op_destroy(&op);
+  if (!ml_arg_attempt_owner(L, c, 6, 8, mode == ML_ATTEMPT_RUN ? 0 : 11, &a, &t))
+    return ml_pushfail(L, "getrandom failed", 0);
+  if (mode == ML_ATTEMPT_TAKE) {
+    luaL_argcheck(L, !lua_isnoneornil(L, 11), 11, "the owner of the attempt expected");
+    started = ml_arg_started(L, 12);
+    ok = ml_arg_outcome(L, 13, &reply, &err);
+  } else {
+    if (lua_toboolean(L, 7)) a.keeper = ml_renew_keeper(L, c, keeper);
+    ml_build_acquire(&op, &a);
+    if (mode == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
+    {
+      mongoc_client_t *mc = ml_client_get(L, c);
+      started = ml_monotonic();
+      ok = ml_run(mc, c->wc, &op, &reply, &err);
+    }
+    ml_op_destroy(&op);
+  }
   ok = ml_parse_acquire(&reply, owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) > 0 ? ok : ok ? -1 : 0;
 
   bson_init(&id);
@@ -159,6 +191,14 @@ int ml_m_acquire(lua_State *L) {
   bson_destroy(&reply);
   return 3;
 }
+
+int ml_m_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN); }
+
+/* client:acquire_op(<acquire's arguments> [, owner]) -> op, owner;
+ * client:take_acquire(<acquire's arguments>, owner, started, reply,
+ * message, code, ereply, domain) -> acquire's answers (ml_attempt_mode) */
+int ml_m_acquire_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP); }
+int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE); }
 
 /*
  * Runs a status op and pushes an array of status tables: one command when
@@ -250,11 +290,7 @@ int ml_m_granted(lua_State *L) {
   queue_ms = ml_arg_ttl_ms(L, 7);
   grant = queue_ms < ttl_ms ? queue_ms : ttl_ms;
   token = arg_token(L, 8);
-  started = luaL_checknumber(L, 9);
-  /* a time of this process's monotonic clock, not in its future: the
-   * deadline is computed from it */
-  luaL_argcheck(L, started == started && started <= ml_monotonic() && started > 0, 9,
-                "started must be a past reading of core.monotonic()");
+  started = ml_arg_started(L, 9);
   bson_init(&id);       /* after the arguments: it may allocate */
   bson_append_utf8(&id, "_id", 3, name, (int)namelen);
   ml_lease_spec_named(&s, ML_KIND_NAMED, db, coll, &id, ML_F_OWNER, w, ttl_ms);

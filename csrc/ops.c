@@ -647,13 +647,65 @@ int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
   return n;
 }
 
-/* client:run(op) -> reply | nil, message, code, reply (BSON strings);
- * registered in client.c */
+/* client:run(op) -> reply | nil, message, code, reply, domain (BSON
+ * strings; domain: libmongoc's error domain, which tells an error without
+ * a reply, MONGOC_ERROR_STREAM, from the others); registered in client.c */
 int ml_m_run(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
+  bson_t reply;
+  bson_error_t err;
   ml_op op;
+  int ok;
   arg_op(L, 2, &op);
-  return ml_push_run(L, c, &op, 0);
+  ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
+  if (ok) {
+    lua_pushlstring(L, (const char *)bson_get_data(&reply), reply.len);
+    bson_destroy(&reply);
+    return 1;
+  }
+  ml_pusherror(L, &err);
+  if (!bson_empty(&reply)) lua_pushlstring(L, (const char *)bson_get_data(&reply), reply.len);
+  else lua_pushnil(L);
+  lua_pushinteger(L, (lua_Integer)err.domain);
+  bson_destroy(&reply);
+  return 5;
+}
+
+int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner) {
+  push_op(L, op);
+  lua_pushstring(L, owner);
+  return 2;
+}
+
+/* a BSON string at i, or nil (0); raises when malformed */
+static int opt_bson(lua_State *L, int i, bson_t *view) {
+  if (lua_isnoneornil(L, i)) return 0;
+  arg_bson(L, i, view);
+  return 1;
+}
+
+int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err) {
+  bson_t r, e;
+  int has_reply = opt_bson(L, i, &r), has_ereply = opt_bson(L, i + 3, &e);
+  const char *msg = lua_isnoneornil(L, i + 1) ? NULL : luaL_checkstring(L, i + 1);
+  lua_Integer code = luaL_optinteger(L, i + 2, 0);
+  lua_Integer domain = luaL_optinteger(L, i + 4, 0);
+  if (!reply) return has_reply;            /* checked only */
+  if (has_reply) {
+    bson_copy_to(&r, reply);
+    return 1;
+  }
+  if (has_ereply) bson_copy_to(&e, reply);
+  else bson_init(reply);
+  if (domain <= 0) {
+    /* the transport's own error: without the server's answer (one has
+     * ok), what the op asked may have been applied */
+    bson_iter_t it;
+    domain = has_ereply && bson_iter_init_find(&it, &e, "ok") ? MONGOC_ERROR_SERVER
+                                                                : MONGOC_ERROR_STREAM;
+  }
+  bson_set_error(err, (uint32_t)domain, (uint32_t)code, "%s", msg ? msg : "unknown error");
+  return 0;
 }
 
 /* ---- parsers ----------------------------------------------------------- */

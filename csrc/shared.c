@@ -36,7 +36,7 @@ static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
  * retry either, a share it may have taken is released in the background
  * (ml_push_won).
  */
-int ml_m_share_acquire(lua_State *L) {
+static int share_acquire(lua_State *L, ml_attempt_mode how) {
   ml_client *c = ml_checkclient(L, 1);
   ml_acquire_args a;
   ml_attempt t;
@@ -68,14 +68,21 @@ int ml_m_share_acquire(lua_State *L) {
     permits = n;
   }
   a.ttl_ms = ml_arg_ttl_ms(L, 7);
-  if (!ml_arg_attempt(L, c, 8, 10, &a, &t)) return ml_pushfail(L, "getrandom failed", 0);
-  mc = ml_client_get(L, c);
-  if (lua_toboolean(L, 9)) a.keeper = ml_renew_keeper(L, c, keeper);
-
-  ml_build_share_acquire(&op, &a, mode, permits);
-  started = ml_monotonic();
-  ok = ml_run(mc, c->wc, &op, &reply, &err);
-  ml_op_destroy(&op);
+  if (!ml_arg_attempt_owner(L, c, 8, 10, how == ML_ATTEMPT_RUN ? 0 : 13, &a, &t))
+    return ml_pushfail(L, "getrandom failed", 0);
+  if (how == ML_ATTEMPT_TAKE) {
+    luaL_argcheck(L, !lua_isnoneornil(L, 13), 13, "the owner of the attempt expected");
+    started = ml_arg_started(L, 14);
+    ok = ml_arg_outcome(L, 15, &reply, &err);
+  } else {
+    if (lua_toboolean(L, 9)) a.keeper = ml_renew_keeper(L, c, keeper);
+    ml_build_share_acquire(&op, &a, mode, permits);
+    if (how == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
+    mc = ml_client_get(L, c);
+    started = ml_monotonic();
+    ok = ml_run(mc, c->wc, &op, &reply, &err);
+    ml_op_destroy(&op);
+  }
   ok = ml_parse_share_acquire(&reply, owner, mode, permits, &r) > 0 ? ok : ok ? -1 : 0;
 
   bson_init(&id);
@@ -99,6 +106,15 @@ int ml_m_share_acquire(lua_State *L) {
   bson_destroy(&reply);
   return 3;
 }
+
+int ml_m_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_RUN); }
+
+/* client:share_acquire_op(<share_acquire's arguments> [, owner]) -> op,
+ * owner; client:take_share_acquire(<share_acquire's arguments>, owner,
+ * started, reply, message, code, ereply, domain) -> share_acquire's
+ * answers (ml_attempt_mode) */
+int ml_m_share_acquire_op(lua_State *L) { return share_acquire(L, ML_ATTEMPT_OP); }
+int ml_m_take_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_TAKE); }
 
 /* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
 int ml_m_share_leave(lua_State *L) {

@@ -163,25 +163,18 @@ function client_mt:command(db, cmd, opts)
   if c:closed() then return nil, "closed" end
   -- inside nginx, where the request can yield: in a worker thread
   -- (mongolock.ngx), the reply decoded here
-  if rawget(_G, "ngx") then
-    local transport = require "mongolock.ngx"
-    if transport.active() then
-      local ok, op = pcall(core.op_command, db, cmd, opts)
-      if not ok then
-        if type(op) == "string" then
-          op = op:gsub("^[^\n]-:%d+: ", "", 1):gsub("'op_command'", "'command'", 1)
-        end
-        error(op, 2)
+  local nc = private.ngx_core(self)
+  if nc then
+    local ok, op = pcall(core.op_command, db, cmd, opts)
+    if not ok then
+      if type(op) == "string" then
+        op = op:gsub("^[^\n]-:%d+: ", "", 1):gsub("'op_command'", "'command'", 1)
       end
-      local spec = self.ngx_spec
-      if not spec then
-        spec = transport.spec(self.uri, self.connect_opts)
-        self.ngx_spec = spec
-      end
-      local reply, err, code, ereply = transport.run(spec, op)
-      if not reply then return nil, err, code, ereply and core.bson_decode(ereply) end
-      return core.bson_decode(reply)
+      error(op, 2)
     end
+    local reply, err, code, ereply = nc:run(op)
+    if not reply then return nil, err, code, ereply and core.bson_decode(ereply) end
+    return core.bson_decode(reply)
   end
   -- the core checks the rest (the database name, one command name, values
   -- that BSON can hold); its complaint is raised again at our caller

@@ -61,7 +61,7 @@ local function start_nginx(opts)
   local prefix = os.tmpname()
   os.remove(prefix)
   assert(sh(format("mkdir -p %s/logs %s/conf", q(prefix), q(prefix))))
-  for _, d in ipairs({ "lua", "build", "examples" }) do
+  for _, d in ipairs({ "lua", "build", "examples", "spec" }) do
     assert(sh(format("ln -s %s %s", q(root .. "/" .. d), q(prefix .. "/" .. d))))
   end
   local log = prefix .. "/logs/error.log"

@@ -164,25 +164,14 @@ local function check_id(id, fname)
   return id
 end
 
--- inside nginx, where the request can yield: mongolock.ngx.documents,
--- every round trip in a worker thread (nil elsewhere)
-local function ngx_docs(self)
-  if not rawget(_G, "ngx") then return nil end
-  local nd = require "mongolock.ngx.documents"
-  if nd.active(self) then return nd end
-  return nil
-end
-
 -- one attempt: doc, h | nil, "busy", info | nil, "not found" | nil, err,
 -- code.  deadline (monotonic, nil: none): inside nginx the caller stops
 -- waiting for the reply then
-local function attempt(self, id, o, deadline, fname)
-  local nd = ngx_docs(self)
-  if nd then return nd.attempt(self, id, o, deadline, fname) end
+local function attempt(self, id, o, deadline)
   if self.core:closed() then return nil, "closed" end
-  local h, doc, info = self.core:doc_acquire(self.db, self.coll, id, math_ceil(o.ttl * 1000),
-    self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex",
-    o.insert, o.renew)
+  local h, doc, info = private.core_of(self):doc_acquire(self.db, self.coll, id,
+    math_ceil(o.ttl * 1000), self.owner_field, self.time_field, self.time,
+    self.owner_type == "uuid" and "uuid" or "hex", o.insert, o.renew, deadline)
   if h then return doc, h end
   return nil, doc, info
 end
@@ -193,16 +182,14 @@ end
 function _M.try(self, id, opts)
   check_id(id, "try")
   local o = call_opts(self, opts, "try")
-  return attempt(self, id, o, nil, "try")
+  return attempt(self, id, o, nil)
 end
 
 -- the wait loop, once the arguments are checked
-local function wait_for(self, id, o, fname)
-  -- a try (timeout 0) waits for its one attempt's reply
-  local until_ = o.timeout > 0 and core.monotonic() + o.timeout or nil
+local function wait_for(self, id, o)
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod,
-    attempt = function() return attempt(self, id, o, until_, fname) end,
+    attempt = function(_, _, deadline) return attempt(self, id, o, deadline) end,
     new_state = function(deadline)
       return { locks = { core = self.core, database = self.db, collection = self.coll, client = self.client },
                name = id, field = self.owner_field, step = o.step, deadline = deadline,
@@ -219,7 +206,7 @@ end
 function _M.lock(self, id, opts)
   check_id(id, "lock")
   local o = call_opts(self, opts, "lock")
-  return wait_for(self, id, o, "lock")
+  return wait_for(self, id, o)
 end
 
 -- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err, code:
@@ -237,7 +224,7 @@ function _M.with(self, id, opts, fn, ...)
   -- fn may run longer than a ttl: with renews in the background unless
   -- told otherwise, as every kind's with does
   if opts == nil or opts.renew == nil then o.renew = true end
-  local doc, h, info = wait_for(self, id, o, "with")
+  local doc, h, info = wait_for(self, id, o)
   if not doc then return nil, h, info end
   local res = pack(pcall(fn, doc, h, ...))
   if not res[1] then
@@ -267,10 +254,8 @@ end
 -- (one aggregate; remaining by the server's clock)
 function _M.status(self, id)
   check_id(id, "status")
-  local nd = ngx_docs(self)
-  if nd then return nd.status(self, id) end
   if self.core:closed() then return nil, "closed" end
-  return self.core:doc_status(self.db, self.coll, id, math_ceil(self.ttl * 1000),
+  return private.core_of(self):doc_status(self.db, self.coll, id, math_ceil(self.ttl * 1000),
     self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex")
 end
 

@@ -18,7 +18,7 @@ local type = type
 local pcall = pcall
 local pairs = pairs
 local setmetatable = setmetatable
-local rawget = rawget
+local core_of = private.core_of
 local math_ceil = math.ceil
 local getpid = core.getpid
 
@@ -135,7 +135,7 @@ local indexed = {}
 local function ensure_index(self)
   local key = self.key
   if indexed[key] == getpid() then return true end
-  local ok, err, code = self.core:ensure_index(self.database, self.collection,
+  local ok, err, code = core_of(self):ensure_index(self.database, self.collection,
     math_ceil(self.expire_after))
   -- 85/86: an index on expiresAt exists with other options; it serves
   if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
@@ -153,38 +153,26 @@ local function call_opts(self, opts, fname, extra)
   return math_ceil(o.ttl * 1000), o
 end
 
--- inside nginx, where the request can yield: the handles of
--- mongolock.ngx.handle, every round trip in a worker thread (nil elsewhere)
-local function ngx_handles(self)
-  if not rawget(_G, "ngx") then return nil end
-  local nh = require "mongolock.ngx.handle"
-  if nh.active(self) then return nh end
-  return nil
-end
-
 -- one attempt: h | nil, "busy", info | nil, err, code.  waiter: the
--- acquire's id, which queues it (nil: a try)
-local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
+-- acquire's id, which queues it (nil: a try); deadline: inside nginx the
+-- caller stops waiting for the reply then
+local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
-  return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
-    waiter, queue_ms, polling)
+  return core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
+    waiter, queue_ms, polling, deadline)
 end
 
 -- h, err = locks:try(name, opts): one attempt; nil, "busy", info when held
 function _M.try(self, name, opts)
   check_name(name, "try")
   local ttl_ms, o = call_opts(self, opts, "try")
-  local nh = ngx_handles(self)
-  if nh then return nh.try(self, name, ttl_ms, o) end
   return attempt(self, name, ttl_ms, o)
 end
 
 -- the wait loop of acquire and with, once the arguments are checked
-local function wait_for(self, name, ttl_ms, o)
-  local nh = ngx_handles(self)
-  if nh then return nh.acquire(self, name, ttl_ms, o) end
+local function wait_for(self, name, ttl_ms, o, on_step)
   if o.timeout == 0 then
     -- one attempt, as try makes it: it takes no place in the queue
     local h, err, info = attempt(self, name, ttl_ms, o)
@@ -200,18 +188,18 @@ local function wait_for(self, name, ttl_ms, o)
   local queued, unsure = false, false
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait,
-    poll = o.wait == "poll", refresh = o.queue_ttl / 2,
+    poll = o.wait == "poll", refresh = o.queue_ttl / 2, on_step = on_step,
     -- a waiter that polls (wait = "poll", or no change stream) says so in
     -- its queue entry: it cannot be woken, and does not hold others up
-    attempt = function(polling)
-      local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
+    attempt = function(polling, _, deadline)
+      local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
       if err == "busy" then queued = queued or info.position ~= nil
       elseif not h and err ~= "closed" then unsure = true end
       return h, err, info
     end,
     -- a lock a release granted to this waiter (no command)
     granted = function(g, started)
-      return self.core:granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
+      return core_of(self):granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
         g.token, started, o.renew)
     end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
@@ -220,7 +208,8 @@ local function wait_for(self, name, ttl_ms, o)
     -- and only with a server to tell: the place lapses after queue_ttl)
     give_up = function(...)
       if (queued or unsure) and not self.core:closed() and self.core:writable() then
-        pcall(self.core.leave, self.core, self.database, self.collection, name, waiter)
+        local c = core_of(self)
+        pcall(c.leave, c, self.database, self.collection, name, waiter)
       end
       return nil, ...
     end,
@@ -233,6 +222,15 @@ function _M.acquire(self, name, opts)
   check_name(name, "acquire")
   local ttl_ms, o = call_opts(self, opts, "acquire")
   return wait_for(self, name, ttl_ms, o)
+end
+
+-- locks_mod.acquire_stepping(locks, name, opts, on_step): locks:acquire,
+-- with on_step(waiting) called before every attempt and every wait
+-- (mongolock.private.acquire_loop; resty.mongolock's gate)
+function _M.acquire_stepping(self, name, opts, on_step)
+  check_name(name, "acquire")
+  local ttl_ms, o = call_opts(self, opts, "acquire")
+  return wait_for(self, name, ttl_ms, o, on_step)
 end
 
 -- locks:with(name, opts, fn, ...) -> fn's results | nil, "lost" | nil, err:
@@ -262,9 +260,7 @@ end
 function _M.status(self, name)
   check_name(name, "status")
   if self.core:closed() then return nil, "closed" end
-  local nh = ngx_handles(self)
-  if nh then return nh.status(self, name) end
-  local st, err, code = self.core:status(self.database, self.collection, name)
+  local st, err, code = core_of(self):status(self.database, self.collection, name)
   if st == nil then return nil, err, code end
   return st
 end
@@ -272,9 +268,7 @@ end
 -- locks:list() -> { status, ... } sorted by name (each with .name)
 function _M.list(self)
   if self.core:closed() then return nil, "closed" end
-  local nh = ngx_handles(self)
-  if nh then return nh.list(self) end
-  return self.core:list(self.database, self.collection)
+  return core_of(self):list(self.database, self.collection)
 end
 
 -- locks:force_release(name) -> true | nil, "not held": frees the lock
@@ -283,9 +277,7 @@ end
 function _M.force_release(self, name)
   check_name(name, "force_release")
   if self.core:closed() then return nil, "closed" end
-  local nh = ngx_handles(self)
-  if nh then return nh.force_release(self, name) end
-  return self.core:force_release(self.database, self.collection, name)
+  return core_of(self):force_release(self.database, self.collection, name)
 end
 
 return _M

@@ -43,11 +43,11 @@
 --   never used by another (a worker).
 -- - A worker that is shutting down keeps running jobs (its waits and
 --   sleeps keep their length, ngx.timer.at(0) still starts runners) and
---   keeps its janitor while a lease won through here is held (track).
+--   its janitor while a job or a result is pending.
 
 local core = require "mongolock.core"
 
-local type, pairs, tostring, error, pcall, setmetatable = type, pairs, tostring, error, pcall, setmetatable
+local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
 local rawget = rawget
 local monotonic = core.monotonic
 local getpid = core.getpid
@@ -64,9 +64,14 @@ local config = {
   enabled = true,            -- false: round trips stay on the event loop (blocking)
 }
 
--- Phases where a request can yield (ngx.sleep, ngx.semaphore): the
--- library's one table of them
-local yieldable = require("mongolock.private").yieldable
+-- phases of ngx_lua in which a request can yield (ngx.sleep,
+-- ngx.semaphore): the library's one table of them
+local yieldable = {
+  rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+  server_rewrite = true, preread = true,
+}
+_M.yieldable = yieldable
 
 local semaphore
 local function ngx_api()
@@ -122,15 +127,6 @@ function _M.active()
   return yieldable[ngx.get_phase()] == true
 end
 
--- true inside nginx in a phase that cannot yield (init_worker, set, header
--- and body filters, log, balancer, ...): round trips made there block
-function _M.blocking_phase()
-  local ngx = ngx_api()
-  if not ngx then return false end
-  local phase = ngx.get_phase()
-  return not yieldable[phase] and phase ~= "init"
-end
-
 -- spec = transport.spec(uri, opts): the plain description of a client
 -- (mongolock.connect's arguments) that a thread VM makes its client from;
 -- equal arguments give equal keys, so they share a client in each VM
@@ -161,8 +157,6 @@ local function get_state()
     runners = 0,                      -- runners alive
     idle = {},                        -- idle runners' semaphores, most recent last
     unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
-    released = {},                    -- release ops of collected locks (spec, op)
-    leases = setmetatable({}, { __mode = "k" }),  -- leases held through here (track)
     janitor = false,
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
               vm_refusals = 0 },
@@ -194,7 +188,7 @@ local function orphan(st, job)
   if not job.on_orphan then return end
   local ngx = rawget(_G, "ngx")
   local ok, err = ngx.timer.at(0, function()
-    local pok, perr = pcall(job.on_orphan, job.orphan_arg, unpack(job.result, 1, 4))
+    local pok, perr = pcall(job.on_orphan, job.orphan_arg, unpack(job.result, 1, 5))
     if not pok then ngx.log(ngx.ERR, "mongolock: ", tostring(perr)) end
   end)
   if not ok then ngx.log(ngx.ERR, "mongolock: cannot release what an abandoned job acquired: ", err) end
@@ -207,7 +201,7 @@ local function execute(st, job)
   st.stats.jobs = st.stats.jobs + 1
   local running = st.runners - #st.idle
   if running > st.stats.max_running then st.stats.max_running = running end
-  local ok, reply, err, code, ereply = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
+  local ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
     job.spec, job.op)
   if not ok and reply == "no available Lua vm" then
     -- other code holds VMs too, or lua_worker_thread_vm_pool_size is below
@@ -227,9 +221,9 @@ local function execute(st, job)
     if why:find("not found", 1, true) then
       why = why .. " (nginx.conf needs 'thread_pool " .. config.thread_pool .. " threads=N;')"
     end
-    reply, err, code, ereply = nil, "worker thread: " .. why, nil, nil
+    reply, err, code, ereply, domain = nil, "worker thread: " .. why, nil, nil, nil
   end
-  job.result = { reply, err, code, ereply }
+  job.result = { reply, err, code, ereply, domain }
   if job.state == "abandoned" then
     st.stats.abandoned = st.stats.abandoned + 1
     return orphan(st, job)
@@ -292,9 +286,8 @@ local function runner(premature, st)
   st.runners = st.runners - 1
 end
 
--- the janitor: results nobody took, and releases of collected locks
+-- the janitor: results nobody took
 local function sweep(st, all)
-  local ngx = rawget(_G, "ngx")
   local now = monotonic()
   local keep = {}
   for _, job in ipairs(st.unclaimed) do
@@ -309,36 +302,17 @@ local function sweep(st, all)
     end
   end
   st.unclaimed = keep
-  if #st.released > 0 then
-    local list = st.released
-    st.released = {}
-    for _, r in ipairs(list) do
-      local reply, err = _M.run(r.spec, r.op)
-      if not reply then ngx.log(ngx.WARN, "mongolock: release of a collected lock: ", tostring(err)) end
-    end
-  end
 end
 
--- is there anything the janitor may still have to do: a result or a
--- release waiting, a job queued or running, or a lease held (it may be
--- collected, and then released by the janitor)
+-- is there anything the janitor may still have to do: a result waiting, a
+-- job queued or running
 local function busy(st)
-  if #st.unclaimed > 0 or #st.released > 0 or st.first <= st.last or st.runners > #st.idle then return true end
-  local now = monotonic()
-  for lease in pairs(st.leases) do
-    if not (lease.released or lease.lost or lease.closed) and (lease.state == nil or lease.state == "held")
-        and lease.deadline > now then
-      return true
-    end
-  end
-  return false
+  return #st.unclaimed > 0 or st.first <= st.last or st.runners > #st.idle
 end
 
 -- a worker that is shutting down ends its timer.every timers (their
 -- callback runs once more, premature): the janitor goes on in a light
--- thread while it is busy, so that a lock collected then is still released
--- (the worker exits once the leases it holds are released or past their
--- deadline: their renewal stops with the worker's timers)
+-- thread while it is busy, so that a result is still taken
 local function drain(_, st)
   local ngx = rawget(_G, "ngx")
   repeat
@@ -431,23 +405,7 @@ function _M.run(spec, op, deadline, on_orphan, arg)
   end
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
   job.state = "taken"
-  return unpack(job.result, 1, 4)
-end
-
--- transport.track(lease): a lease won through here ({deadline, and
--- state, released, lost or closed when it ends}); a worker that is
--- shutting down keeps its janitor while such a lease is held
-function _M.track(lease)
-  local st = get_state()
-  st.leases[lease] = true
-  start_janitor(st)
-end
-
--- transport.release_later(spec, op): runs op (a release) from a timer
--- soon; for __gc, where nothing may yield
-function _M.release_later(spec, op)
-  local st = get_state()
-  st.released[#st.released + 1] = { spec = spec, op = op }
+  return unpack(job.result, 1, 5)
 end
 
 -- counters of this worker: jobs, abandoned, orphans, errors, max_queued,

@@ -8,6 +8,7 @@
 -- function that calls the check (2: the caller of that function).
 
 local core = require "mongolock.core"
+local transport = require "mongolock.ngx"
 
 local type = type
 local next = next
@@ -43,11 +44,23 @@ _M.TTL_MAX = 365 * 24 * 3600
 -- ---- OpenResty -------------------------------------------------------------
 
 -- phases of ngx_lua in which ngx.sleep (and ngx.semaphore) yield
-_M.yieldable = {
-  rewrite = true, access = true, content = true, timer = true,
-  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
-  server_rewrite = true, preread = true,
-}
+_M.yieldable = transport.yieldable
+
+-- The one place that tells where a client's round trips go.  Inside an
+-- nginx worker, in a phase that can yield, with mongolock.ngx enabled: the
+-- stand-in of mongolock.ngx.core for client (the C client's methods, each
+-- round trip a worker thread's job); else nil (the C client itself, on
+-- this thread).
+function _M.ngx_core(client)
+  if type(client) ~= "table" or client.connect_opts == nil or not transport.active() then return nil end
+  return require("mongolock.ngx.core").of(client)
+end
+
+-- the core client obj's calls go to (obj: a locks, rwlocks, semaphores or
+-- documents object: obj.client, obj.core)
+function _M.core_of(obj)
+  return _M.ngx_core(obj.client) or obj.core
+end
 
 -- ngx when running in a phase where ngx.sleep yields, else nil
 function _M.cooperative()
@@ -282,14 +295,19 @@ The one acquire loop of named locks (mongolock.locks) and document locks
   core      the client's core (closed, writable)
   bound     the client's server selection bound (s)
   timeout   seconds: 0 makes one attempt, math.huge waits for ever
-  attempt   function(polling) -> first value non-nil on success (all are
-            returned) | nil, "busy", info | nil, err, code
+  attempt   function(polling, first, deadline) -> first value non-nil on
+            success (all are returned) | nil, "busy", info | nil, err, code;
+            deadline (nil for a try): the caller stops waiting for the
+            reply then
   wait      the wait module (sleep_until_retry(state))
   state     the wait state (mongolock.backoff documents it), made on the
             first busy answer by new_state(deadline)
   new_state function(deadline) -> state
   refresh   seconds after an attempt a queued waiter comes back (nil: no queue)
   give_up   function(...) -> nil, ... (leaves the queue); nil: return nil, ...
+  on_step   nil, or function(waiting) called before every attempt
+            (waiting false) and every wait between attempts (true): the
+            caller's sign of life
 }
 Guarantee: no attempt starts after the deadline, no wait goes past it, and
 an attempt that starts with less than the server bound left first waits (up
@@ -310,9 +328,12 @@ function _M.acquire_loop(run)
     if timeout > 0 and deadline - started < run.bound and not await_server(run.core, deadline) then
       return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE)
     end
+    if run.on_step then run.on_step(false) end
     started = monotonic()
     local polling = (run.poll or (state ~= nil and state.polling)) and true or false
-    local a, b, c = run.attempt(polling, first)
+    -- the attempt's reply is waited for up to the deadline (a try's, to
+    -- its end)
+    local a, b, c = run.attempt(polling, first, timeout > 0 and deadline or nil)
     first = false
     if a ~= nil then return a, b, c end
     if b ~= "busy" then return give_up(b, c) end
@@ -321,6 +342,7 @@ function _M.acquire_loop(run)
     state.attempt = (state.attempt or 0) + 1
     state.info = c
     state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
+    if run.on_step then run.on_step(true) end
     -- nil, err only when wait = "watch" finds no change stream
     local ok, serr, scode = run.wait.sleep_until_retry(state)
     -- a release granted the lock to this waiter (state.granted, from the

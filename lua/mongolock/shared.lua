@@ -103,13 +103,8 @@ function _M.new(client, kind, opts, fname)
 end
 
 -- the core, or inside nginx where the request can yield its stand-in
--- (mongolock.ngx.shared: every round trip in a worker thread)
-local function core_of(self)
-  if rawget(_G, "ngx") and require("mongolock.ngx.shared").active(self) then
-    return require("mongolock.ngx.shared").core(self)
-  end
-  return self.core
-end
+-- (mongolock.private.core_of: every round trip in a worker thread)
+local core_of = private.core_of
 
 -- the TTL index, once per collection and process
 local indexed = {}
@@ -160,12 +155,12 @@ local function mismatch(name, mode, o, info)
 end
 
 -- one attempt: h | nil, "busy", info | nil, message[, code | info]
-local function attempt(self, mode, name, o, waiter, queue_ms, polling)
+local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
-    o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling)
+    o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline)
   if h then return h end
   if e == "busy" then return nil, "busy", to_info(v) end
   if e == "mismatch" then return mismatch(name, mode, o, to_info(v)) end
@@ -193,8 +188,8 @@ local function wait_for(self, mode, name, o)
     core = self.core, bound = self.bound, timeout = o.timeout,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
     wait = locks_mod.get_wait(), poll = o.wait == "poll", refresh = o.queue_ttl / 2,
-    attempt = function(polling)
-      local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling)
+    attempt = function(polling, _, deadline)
+      local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
       if err == "busy" then queued = queued or info.position ~= nil
       elseif not h and err ~= "closed" then unsure = true end
       return h, err, info

@@ -103,7 +103,7 @@ end
 -- client:command, which runs its round trip in a worker thread
 -- (mongolock.ngx); elsewhere on the core
 local function command(self, ...)
-  if rawget(_G, "ngx") and require("mongolock.ngx").active() then return self.client:command(...) end
+  if private.ngx_core(self.client) then return self.client:command(...) end
   return self.core:command(...)
 end
 

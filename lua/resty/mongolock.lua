@@ -8,13 +8,13 @@
 --   local ok, err = lock:unlock()            -- nil, "unlocked"
 --
 -- Invariants:
--- - Each library call below is one round trip to the server (try, release,
---   extend); a lock that is busy is waited for with the library's acquire,
---   which queues in the lock document (one order for every worker and
---   host) and looks at the change stream between ngx.sleep steps; waiting
---   on the gate is on an ngx.semaphore, so the worker keeps serving other
---   requests while it waits.  (The first use of a collection in a worker
---   adds the index check, once.)
+-- - lock() is client:locks()'s acquire (a try when timeout is 0): one
+--   round trip when the lock is free, else queued in the lock document
+--   (one order for every worker and host) and woken by the change stream;
+--   unlock() and expire() are the handle's release and extend.  The
+--   handle is the library's (inside nginx too: its round trips are worker
+--   threads' jobs, mongolock.ngx.core).  Waiting on the gate is on an
+--   ngx.semaphore, so the worker keeps serving other requests meanwhile.
 -- - The gate: in a worker, the lock objects waiting for one key queue in
 --   arrival order and only the gate's owner asks the server, so the server
 --   sees at most one waiter per worker and key, and a release hands over to
@@ -32,15 +32,14 @@
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
 local private = require "mongolock.private"
+local locks_mod = require "mongolock.locks"
 local check_name = private.check_name
-local transport = require "mongolock.ngx"
-local nlocks = require "mongolock.ngx.locks"
 
 local ok_sema, semaphore = pcall(require, "ngx.semaphore")
 if not ok_sema then semaphore = nil end
 
 local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
-local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
+local setmetatable, rawget = setmetatable, rawget
 local math_min, math_max = math.min, math.max
 local table_remove = table.remove
 local getpid = core.getpid
@@ -107,10 +106,6 @@ local function locks_for(opts)
     local err
     locks, err = client:locks({ database = opts.database, collection = opts.collection, ttl = opts.exptime })
     if not locks then return nil, err end
-    -- inside nginx, the same locks through worker threads (mongolock.ngx):
-    -- a thread VM makes the client from the arguments the client was made with
-    locks.ngx = nlocks.context(transport.spec(client.uri, client.connect_opts), locks.database,
-      locks.collection, client.appname)
     cache.locks[key] = locks
   end
   return locks
@@ -306,31 +301,6 @@ local function gate_enter(self, gate, deadline)
   end
 end
 
--- a lease (mongolock.ngx.locks) held by obj; if obj is collected while
--- holding it, the lock is released from a timer (nothing may yield in
--- __gc).  newproxy: LuaJIT's tables have no __gc.
-local newproxy = rawget(_G, "newproxy")
-local function hold(self, lease)
-  self.lease = lease
-  transport.track(lease)
-  if not newproxy then return end
-  local p = newproxy(true)
-  getmetatable(p).__gc = function()
-    if not lease.released and not lease.lost then
-      lease.released = true
-      transport.release_later(lease.ctx.spec, core.op_release{ db = lease.ctx.db, coll = lease.ctx.coll,
-        name = lease.name, owner = lease.owner })
-    end
-  end
-  self.gc_proxy = p
-end
-
-local function unhold(self)
-  local lease = self.lease
-  self.lease, self.gc_proxy = nil, nil
-  return lease
-end
-
 -- syntax: elapsed, err = obj:lock(key)
 -- elapsed: seconds waited before the lock was won (0 at once).
 -- err: "timeout" (still held by another after opts.timeout), "locked"
@@ -364,7 +334,7 @@ end
 function _M.lock(self, key)
   -- a bad key raises here, before this object enters the gate
   check_name(key, "lock")
-  if self.handle or self.lease then return nil, "locked" end
+  if self.handle then return nil, "locked" end
   if self.shared then return lock_shared(self, key) end
   local locks, topts = self.locks, { ttl = self.exptime }
   local start = monotonic()
@@ -377,68 +347,38 @@ function _M.lock(self, key)
     if not entered then return nil, gerr or "timeout" end
   end
 
-  if transport.active() then
-    -- inside nginx: every round trip in a worker thread, the wait on the
-    -- event loop, the lock held as plain data (mongolock.ngx.locks)
-    local left = deadline - monotonic()
-    if left <= 0 and self.timeout > 0 then
-      -- the turn in this worker's queue came too late
-      gate_leave(self)
-      return nil, "timeout"
-    end
-    -- while it waits at the server the gate's owner keeps the gate by
-    -- looking in at every attempt (at least every queue_ttl / 2): a
-    -- request killed meanwhile (aborted: its coroutine gone, nothing run)
-    -- leaves the gate to this worker's next waiter within a beat
-    local on_step
-    if gate then
-      local beat = nlocks.defaults.queue_ttl / 2 + 2
-      on_step = function() gate.deadline = math_min(deadline, monotonic() + beat) end
-    end
-    local lease, err, code = nlocks.acquire(locks.ngx, key, { ttl = self.exptime,
-      timeout = math_max(0, left), step = self.step, ratio = self.ratio,
-      max_step = self.max_step, wake = nlocks.wake, on_step = on_step })
-    if not lease then
-      gate_leave(self)
-      if err == "busy" or err == "timeout" then return nil, "timeout" end
-      return nil, err, code
-    end
-    hold(self, lease)
-    if gate then gate.deadline = monotonic() + self.exptime end
-    return (waited or lease.waited) and (monotonic() - start) or 0
-  end
-
-  -- one try; when busy, the library's acquire for the time left: it
-  -- queues in the lock document (every worker and host in one order) and
-  -- waits for its turn with the change stream, looked at between
-  -- ngx.sleep steps (or by backoff polling: step, ratio, max_step)
-  local h, err, code = locks:try(key, topts)
-  if not h and err == "busy" then
-    local left = deadline - monotonic()
-    if left > 0 then
-      waited = true
-      h, err, code = locks:acquire(key, { ttl = self.exptime, timeout = left, step = self.step,
-        ratio = self.ratio, max_step = self.max_step })
-    end
-    if not h and (err == "busy" or err == "timeout") then
-      gate_leave(self)
-      return nil, "timeout"
-    end
+  -- timeout 0: one try.  Else the library's acquire for the time left
+  -- (its first attempt takes a free lock, and every attempt's reply is
+  -- waited for up to the deadline): it queues in the lock document (every
+  -- worker and host in one order) and waits for its turn with the change
+  -- stream (or by backoff polling: step, ratio, max_step).  While it waits
+  -- at the server the gate's owner keeps the gate by looking in at every
+  -- attempt (at least every queue_ttl / 2): a request killed meanwhile
+  -- (its coroutine gone, nothing run) leaves the gate to this worker's next
+  -- waiter within a beat.
+  local h, err, code
+  local left = deadline - monotonic()
+  if self.timeout == 0 then
+    h, err, code = locks:try(key, topts)
+  elseif left <= 0 then
+    err = "timeout"            -- the turn in this worker's queue came too late
+  else
+    local waits = false
+    h, err, code = locks_mod.acquire_stepping(locks, key, { ttl = self.exptime, timeout = left,
+      step = self.step, ratio = self.ratio, max_step = self.max_step }, function(waiting)
+        waits = waits or waiting
+        if gate then gate.deadline = math_min(deadline, monotonic() + locks.queue_ttl / 2 + 2) end
+      end)
+    waited = waited or waits
   end
   if not h then
     gate_leave(self)
+    if err == "busy" or err == "timeout" then return nil, "timeout" end
     return nil, err, code
   end
   self.handle = h
   if gate then gate.deadline = monotonic() + self.exptime end
   return waited and (monotonic() - start) or 0
-end
-
--- a lease of the nginx path whose local deadline has passed (or that an
--- extend found taken): it is lost for good, as a handle's lease is
-local function ended(lease)
-  if not lease.lost and monotonic() >= lease.deadline then lease.lost = true end
-  return lease.lost
 end
 
 -- syntax: ok, err = obj:unlock()
@@ -447,31 +387,11 @@ end
 -- force-released meanwhile: the critical section was not exclusive to its
 -- end).
 function _M.unlock(self)
-  local lease = self.lease
-  if lease and ended(lease) then
-    -- past its local deadline: lost, as a handle's lease is, without a
-    -- command (the server's lease ends no sooner)
-    unhold(self)
-    gate_leave(self)
-    return nil, "lost"
-  end
-  if lease then
-    local ok, err, code = nlocks.release(lease)
-    -- the lease had ended and the lock was taken or released meanwhile:
-    -- "lost", as the C handle answers
-    if err == "not held" then err = "lost" end
-    if ok or err == "lost" then
-      unhold(self)
-      gate_leave(self)
-    end
-    if not ok then return nil, err, code end
-    return 1
-  end
   local h = self.handle
   if not h then return nil, "unlocked" end
   local ok, err, code = h:release()
   -- a release that could not be sent keeps the handle (a second unlock
-  -- tries again), as the nginx path keeps its lease
+  -- tries again)
   if ok or err == "lost" or err == "not held" or err == "closed" then
     self.handle = nil
     gate_leave(self)
@@ -487,24 +407,6 @@ end
 function _M.expire(self, timeout)
   if timeout ~= nil then private.ttl(timeout, 1, "expire", "timeout", 2) end
   local t = timeout or self.exptime
-  local lease = self.lease
-  if lease and ended(lease) then
-    unhold(self)
-    gate_leave(self)
-    return nil, "lost"
-  end
-  if lease then
-    local ok, err, code = nlocks.extend(lease, t)
-    if not ok then
-      if err == "lost" then
-        unhold(self)
-        gate_leave(self)
-      end
-      return nil, err, code
-    end
-    if self.gate then self.gate.deadline = monotonic() + t end
-    return true
-  end
   local h = self.handle
   if not h then return nil, "unlocked" end
   local ok, err, code = h:extend(t)
@@ -523,7 +425,6 @@ end
 -- The fencing token of the lock held (nil when none): pass it to the
 -- resource the lock guards so that it can refuse a stale holder's writes.
 function _M.token(self)
-  if self.lease then return self.lease.token end
   local h = self.handle
   return h and h.token or nil
 end

@@ -1,8 +1,8 @@
 -- mongolock.ngx.watch: change-stream wake-ups for the waiters of one nginx
 -- worker, each getMore one job of mongolock.ngx (a worker thread), the
 -- waiting on the event loop (one ngx.semaphore per waiter).  Every kind
--- waits here inside nginx: named locks (mongolock.ngx.locks), document
--- locks and the shared kinds' readers and permits (through mongolock.wait).
+-- waits here inside nginx (through mongolock.wait): named locks, document
+-- locks and the shared kinds' readers and permits.
 --
 --   res, a, b = watch.wait(ctx, field, id, waiter, ot, seconds)
 --
@@ -17,11 +17,6 @@
 -- "timeout" | "retry" (attempt again at once) | nil, message (no stream:
 -- no replica set, or the stream failed lately; the caller polls, or with
 -- wait = "watch" gives up).
---
---   waited, res, token = watch.wake(ctx, name, waiter, info, seconds)
---
--- the same for mongolock.ngx.locks: true and wait's answer when it waited,
--- nil when there is no stream to wait on.
 --
 -- Invariants (the same as csrc/watch.c's, per worker instead of per
 -- process):
@@ -352,26 +347,19 @@ function _M.wait(ctx, field, id, waiter, ot, seconds)
   return "event"
 end
 
--- for mongolock.ngx.locks (see the top of the file)
-function _M.wake(ctx, name, waiter, info, seconds)
-  local ot = info and info.operation_time
-  if not ot then return nil end
-  local res, token = _M.wait(ctx, "owner", name, waiter, ot, seconds)
-  if res == nil then return nil end
-  return true, res, token
-end
-
 -- the stream's context for a waiter of mongolock.wait whose round trips go
 -- through worker threads: locks is the wait state's (a mongolock.shared
 -- object, or a documents object's {client, database, collection}); nil
 -- elsewhere
 function _M.context(locks)
-  if type(locks) ~= "table" or not transport.active() then return nil end
-  local client = locks.client
-  if type(client) ~= "table" or client.connect_opts == nil or type(client.uri) ~= "string" then return nil end
+  if type(locks) ~= "table" then return nil end
+  -- where the client's round trips go to worker threads (the one place
+  -- that tells: mongolock.private)
+  local nc = require("mongolock.private").ngx_core(locks.client)
+  if not nc then return nil end
   local ctx = rawget(locks, "_ngx_watch")
   if ctx then return ctx end
-  ctx = { spec = transport.spec(client.uri, client.connect_opts), db = locks.database, coll = locks.collection }
+  ctx = { spec = nc.spec, db = locks.database, coll = locks.collection }
   rawset(locks, "_ngx_watch", ctx)
   return ctx
 end
