@@ -250,7 +250,8 @@ describe("#unit mongolock command", function()
       { "exec", "--ttl", "40000000", "job", "--", "true" },   -- more than a year
       { "--server-timeout", "0", "status", "job" },
       { "--server-timeout", "100000", "status", "job" },    -- more than a day
-      { "exec", "job", "ls", "-l" },               -- option of CMD without --
+      { "exec", "-w", "1", "job" },                -- no command either
+      { "exec", "job", "--" },                     -- nothing after --
       { "status" },
       { "release", "job" },                        -- no --force
     }
@@ -260,6 +261,39 @@ describe("#unit mongolock command", function()
       assert.equal("", out)
       assert_one_line(err)
     end
+  end)
+
+  it("exec: everything after NAME is the command, whatever it looks like; -- still accepted", function()
+    local cli = require "mongolock.cli"
+    local args = assert(cli.parse({ "exec", "job", "./args.sh", "-n", "-v", "-w", "5", "--ttl", "5", "file" }))
+    assert.same({ "./args.sh", "-n", "-v", "-w", "5", "--ttl", "5", "file" }, args.cmd)
+    assert.equal("job", args.name)
+    assert.is_nil(args.nonblock)
+    assert.is_nil(args.verbose)
+    assert.is_nil(args.timeout)
+    assert.equal(30, args.ttl)
+    -- mongolock's own options go before NAME, in any form argparse knows
+    args = assert(cli.parse({ "--uri", "mongodb://h/", "exec", "-nv", "--ttl=7", "-E", "3", "job",
+      "sh", "-c", "echo \"$@\"", "--uri", "x" }))
+    assert.same({ "sh", "-c", "echo \"$@\"", "--uri", "x" }, args.cmd)
+    assert.is_true(args.nonblock)
+    assert.is_true(args.verbose)
+    assert.equal(7, args.ttl)
+    assert.equal(3, args.conflict_exit_code)
+    assert.equal("mongodb://h/", args.uri)
+    -- the old form: -- after NAME
+    args = assert(cli.parse({ "exec", "-w", "2", "job", "--", "rsync", "-n", "a", "b" }))
+    assert.same({ "rsync", "-n", "a", "b" }, args.cmd)
+    assert.equal(2, args.timeout)
+    -- a second -- belongs to the command
+    args = assert(cli.parse({ "exec", "job", "--", "--", "x" }))
+    assert.same({ "--", "x" }, args.cmd)
+    args = assert(cli.parse({ "exec", "--", "job", "ls", "-l" }))
+    assert.same({ "ls", "-l" }, args.cmd)
+    assert.equal("job", args.name)
+    -- a command word that is also a subcommand's name
+    args = assert(cli.parse({ "exec", "job", "git", "status", "--json" }))
+    assert.same({ "git", "status", "--json" }, args.cmd)
   end)
 
   it("says where the server should come from when there is none", function()
@@ -393,6 +427,22 @@ describe("#integration mongolock command", function()
       assert.is_false(st.held)
       code = mongolock(a("exec", "-n", name, "--", "true"))
       assert.equal(0, code)
+    end)
+
+    it("passes the command's own flags to it, not to mongolock (flock's and env's habit)", function()
+      local name = helpers.unique("flags")
+      local code, out, err = mongolock(a("exec", name, "echo", "-n", "hi"))
+      assert.equal(0, code, err)
+      assert.equal("hi", out)
+      code, out, err = mongolock(a("exec", name, "sh", "-c", 'printf "%s|" "$@"', "sh",
+        "-n", "-v", "-w", "5", "--ttl", "5", "--uri", "x", "file"))
+      assert.equal(0, code, err)
+      assert.equal("-n|-v|-w|5|--ttl|5|--uri|x|file|", out)
+      assert.equal("", err)           -- no verbose lines: -v was the command's
+      code, out, err = mongolock(a("exec", "-v", name, "--", "echo", "-n", "hi"))
+      assert.equal(0, code, err)
+      assert.equal("hi", out)
+      assert.matches("took " .. name, err, 1, true)
     end)
 
     it("gives the command its stdin, stdout and stderr", function()

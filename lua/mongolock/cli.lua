@@ -1,7 +1,7 @@
 -- The mongolock command: a flock(1) whose lock lives in MongoDB, so that a
 -- cron job or a backup runs on one machine of a fleet at a time.
 --
---   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME -- CMD [ARGS...]
+--   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME [--] CMD [ARGS...]
 --   mongolock status NAME [--json]      mongolock list [--json]
 --   mongolock release --force NAME [--yes]
 --   mongolock wait NAME [-w S]          mongolock demo [ARGS...]
@@ -111,16 +111,38 @@ executable, 127 not found, 128+N killed by signal N), except that a command
 that exited 0 gives 75 when the lease was lost while it ran and 69 when the
 release could not be sent.]]
 
+-- the options that take a value, per command ("" for the global ones):
+-- alias -> the option's long name; filled by option() as parser() runs
+local VALUED = {}
+
+-- cmd:option(names, ...), recording names (e.g. "-w --timeout") in VALUED
+local function option(cmd, key, names, ...)
+  local long = names:match("(%-%-%S+)$")
+  VALUED[key] = VALUED[key] or {}
+  for alias in names:gmatch("%S+") do VALUED[key][alias] = long end
+  local o = cmd:option(names, ...)
+  -- a bad value's message names the option: "--ttl: '0' is not ..."
+  local convert = o.convert
+  function o.convert(self, f)
+    return convert(self, function(v)
+      local r, err = f(v)
+      if r == nil and err then return nil, long .. ": " .. err end
+      return r
+    end)
+  end
+  return o
+end
+
 function _M.parser()
   local p = argparse("mongolock", "Distributed locks on MongoDB, from the shell.")
     :epilog(EPILOG)
     :command_target("command")
     :help_max_width(80)
-  p:option("--uri", "MongoDB connection string (default: $MONGODB_URI).")
-  p:option("--database", "Database of the lock collection.")
-  p:option("--collection", "Collection of the lock documents.", "locks")
-  p:option("--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
-  p:option("--server-timeout", "Seconds a call to the server may take before it fails "
+  option(p, "", "--uri", "MongoDB connection string (default: $MONGODB_URI).")
+  option(p, "", "--database", "Database of the lock collection.")
+  option(p, "", "--collection", "Collection of the lock documents.", "locks")
+  option(p, "", "--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
+  option(p, "", "--server-timeout", "Seconds a call to the server may take before it fails "
     .. "(default: $MONGOLOCK_SERVER_TIMEOUT, else " .. SERVER_TIMEOUT .. "; wait -w S: S if shorter, "
     .. "at least 1).")
     :convert(at_most(seconds, DAY, "a day"))
@@ -147,18 +169,19 @@ if the command exited 0) or "release not sent" (the lock frees at its ttl;
 exit 69 if the command exited 0).]])
     :summary("Run a command while holding a lock.")
   e:argument("name", "Lock name.")
-  e:argument("cmd", "The command and its arguments (put them after --).")
+  e:argument("cmd", "The command and its arguments: every word after NAME, whatever it looks like "
+    .. "(a -- right after NAME is skipped); mongolock's own options go before NAME.")
     :args("+")
   e:mutex(
-    e:option("-w --timeout", "Give up after waiting this many seconds (0: one attempt, as -n; "
+    option(e, "exec", "-w --timeout", "Give up after waiting this many seconds (0: one attempt, as -n; "
       .. "without -w or -n: wait for ever)."):convert(seconds_or_zero),
     e:flag("-n --nonblock", "Fail at once when the lock is held (one attempt).")
   )
-  e:option("--ttl", "Lease length in seconds (at most a year); renewed every ttl/3.", "30")
+  option(e, "exec", "--ttl", "Lease length in seconds (at most a year); renewed every ttl/3.", "30")
     :convert(at_most(seconds, YEAR, "a year"))
   e:mutex(
     e:flag("--shared", "Take a reader's share of NAME as a reader-writer lock (writers: without it)."),
-    e:option("--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
+    option(e, "exec", "--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
       :convert(function(v)
         local n = tonumber(v)
         if not n or n < 1 or n > 1000000 or n % 1 ~= 0 then
@@ -167,10 +190,10 @@ exit 69 if the command exited 0).]])
         return n
       end)
   )
-  e:option("-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
+  option(e, "exec", "-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
     :convert(exit_code)
-  e:option("--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
-  e:option("--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+  option(e, "exec", "--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
+  option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
 
@@ -196,9 +219,9 @@ next renewal.  Asks for confirmation on stdin unless --yes is given.]])
 
   local w = p:command("wait", "Wait until the lock NAME is free (without taking it).")
   w:argument("name", "Lock name.")
-  w:option("-w --timeout", "Give up after this many seconds (0: look once; without -w: wait for ever).")
+  option(w, "wait", "-w --timeout", "Give up after this many seconds (0: look once; without -w: wait for ever).")
     :convert(seconds_or_zero)
-  w:option("-E --conflict-exit-code", "Exit status when timed out.", "1")
+  option(w, "wait", "-E --conflict-exit-code", "Exit status when timed out.", "1")
     :convert(exit_code)
 
   local d = p:command("demo", "Run the demo: worker processes incrementing one counter, with and without the lock.")
@@ -858,6 +881,78 @@ local commands = {
   release = cmd_release, wait = cmd_wait, demo = cmd_demo,
 }
 
+-- The words for argparse: each option value joined to its option
+-- (--ttl=-1, -w-1), so that a value starting with "-" is read as a value;
+-- and for exec, "--" right after NAME, so that everything after NAME is the
+-- command (flock(1), env(1), timeout(1) stop at the command the same way).
+-- Also returns the command word found (for the help hint) and, when the
+-- last word is an option still missing its value, that option.
+local function prepare(list)
+  local out, where, i = {}, "", 1
+  local valued = VALUED[""]
+  while i <= #list do
+    local w = list[i]
+    if w == "--" then                          -- the rest is positional already
+      for j = i, #list do out[#out + 1] = list[j] end
+      break
+    elseif w:sub(1, 2) == "--" then
+      if valued[w] and list[i + 1] ~= nil then
+        w = w .. "=" .. list[i + 1]
+        i = i + 1
+      end
+      out[#out + 1] = w
+    elseif w:sub(1, 1) == "-" and #w > 1 then
+      -- short options bundled (-nv, -w5): a valued one takes the rest of
+      -- the word, else the next word
+      local last = "-" .. w:sub(-1)
+      local bundled = false
+      for k = 2, #w - 1 do
+        if valued["-" .. w:sub(k, k)] then bundled = true; break end
+      end
+      if not bundled and valued[last] and list[i + 1] ~= nil then
+        w = w .. list[i + 1]
+        i = i + 1
+      end
+      out[#out + 1] = w
+    elseif where == "" and commands[w] then
+      -- the command; the global options are still known after it
+      where = w
+      valued = {}
+      for k, v in pairs(VALUED[""]) do valued[k] = v end
+      for k, v in pairs(VALUED[w] or {}) do valued[k] = v end
+      out[#out + 1] = w
+    elseif where == "exec" then
+      -- NAME: what follows is the command, after one "--"
+      out[#out + 1] = w
+      if list[i + 1] ~= "--" then out[#out + 1] = "--" end
+      for j = i + 1, #list do out[#out + 1] = list[j] end
+      break
+    else
+      out[#out + 1] = w
+    end
+    i = i + 1
+  end
+  return out, where
+end
+
+-- parse(argv) -> args | nil, message, help: argv parsed as the command
+-- line of mongolock (help: the command whose --help to point at)
+function _M.parse(argv)
+  local list = {}
+  for i = 1, #argv do list[i] = argv[i] end
+  local parser = _M.parser()
+  local words, where = prepare(list)
+  local ok, args = parser:pparse(words)
+  if ok then return args end
+  local msg = args:gsub("\n", "; ")
+  -- an option of mongolock's own (not of the command) is explained by
+  -- mongolock --help
+  local opt = msg:match("^(%-%-[%w-]+): ") or msg:match("option '([^']+)'")
+  local help = where ~= "" and ("mongolock " .. where .. " --help") or "mongolock --help"
+  if opt and VALUED[""][opt] then help = "mongolock --help" end
+  return nil, msg, help
+end
+
 -- main(argv, info) -> exit status, quick.  argv: the arguments (arg of the
 -- script); info.root: the source tree the launcher runs from, if any.
 -- quick: nothing is held, the process may exit without closing the Lua
@@ -865,16 +960,9 @@ local commands = {
 function _M.main(argv, info)
   info = info or {}
   info.arg = info.arg or argv
-  local list = {}
-  for i = 1, #argv do list[i] = argv[i] end
-  local parser = _M.parser()
-  local ok, args = parser:pparse(list)
-  if not ok then
-    local help = "mongolock --help"
-    for _, a in ipairs(list) do
-      if commands[a] then help = "mongolock " .. a .. " --help"; break end
-    end
-    io.stderr:write(format("mongolock: %s (see '%s')\n", (args:gsub("\n", "; ")), help))
+  local args, msg, help = _M.parse(argv)
+  if not args then
+    io.stderr:write(format("mongolock: %s (see '%s')\n", msg, help))
     return EXIT.usage
   end
   local command = commands[args.command]
