@@ -155,11 +155,11 @@ lock as long as it takes, as flock(1) does; -w 0 is -n.
 The command runs in a process group of its own (given the terminal when
 mongolock has it, so ^C and ^Z reach it as usual), and every signal mongolock
 sends goes to that whole group: SIGINT, SIGTERM and SIGHUP sent to mongolock
-are forwarded; when the lease is lost (no renewal succeeded for a whole ttl,
-or the lock was taken), mongolock warns on stderr and, with --on-lost=kill,
-sends the group SIGTERM, then SIGKILL after --kill-after seconds (and SIGKILL
-to what remains of the group once the command has ended), so nothing it
-started goes on without the lock.  Processes that leave the group (setsid,
+are forwarded.  When the lease is lost (no renewal succeeded for a whole
+ttl, or the lock was released or taken by another), mongolock says why on
+stderr and, unless --on-lost=warn, sends the group SIGTERM, then SIGKILL
+after --kill-after seconds (and SIGKILL to what remains of the group once
+the command has ended), so nothing it started goes on without the lock.  Processes that leave the group (setsid,
 daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
 group runs on unsupervised and the lock frees at the end of its lease.
 
@@ -192,7 +192,8 @@ exit 69 if the command exited 0).]])
   )
   option(e, "exec", "-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
     :convert(exit_code)
-  option(e, "exec", "--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
+  option(e, "exec", "--on-lost", "What to do when the lease is lost: kill (end the command's process "
+    .. "group, as above) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
   option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
@@ -713,10 +714,30 @@ local function exec_acquire(args, locks)
   return h
 end
 
+-- why h was lost, in words, from the lock's status now (one call, bounded
+-- by the server timeout): taken by another holder, released by someone
+-- else (release --force), or not renewed in time (the lock still names
+-- this holder, or the server cannot be asked)
+local function lost_cause(args, h, locks)
+  local not_renewed = format("no renewal succeeded within its ttl (%g s)", args.ttl)
+  if type(locks.status) ~= "function" then
+    return "it was released by another process or no renewal succeeded within its ttl"
+  end
+  local ok, st, err = pcall(locks.status, locks, args.name)
+  if not ok or (st == nil and err ~= nil) then
+    return format("%s (the server: %s)", not_renewed, tostring(ok and err or st):match("^[^\n]*"))
+  end
+  if st and st.owner ~= nil and tostring(st.owner) == tostring(h.owner) then return not_renewed end
+  if st and st.held then
+    return format("it is now held by %s (token %s)", holder_text(st.holder), token_text(st.token))
+  end
+  return "it was released by another process (mongolock release --force)"
+end
+
 -- runs argv as a child holding h (a handle renewed in the background),
 -- until it ends; returns its exit status and whether the lease was lost
 -- (and said so) meanwhile
-local function supervise(args, h, argv)
+local function supervise(args, h, argv, locks)
   local pid, tty, errno = proc.spawn(argv)
   if not pid then
     warn("failed to execute %s", tty)
@@ -756,12 +777,12 @@ local function supervise(args, h, argv)
     if not lost and h:lost() then
       lost = true
       if args.on_lost == "kill" then
-        warn("lost the lock %s (its lease could not be renewed); terminating %s (process group %d)",
-          args.name, argv[1], pid)
         proc.kill(pid, "TERM")
         kill_at = core.monotonic() + args.kill_after
+        warn("lost the lock %s: %s; terminating %s (process group %d)",
+          args.name, lost_cause(args, h, locks), argv[1], pid)
       else
-        warn("lost the lock %s (its lease could not be renewed); %s keeps running", args.name, argv[1])
+        warn("lost the lock %s: %s; %s keeps running", args.name, lost_cause(args, h, locks), argv[1])
       end
     end
     if kill_at and core.monotonic() >= kill_at then
@@ -818,7 +839,7 @@ local function cmd_exec(args)
   local h, status = exec_acquire(args, locks)
   if not h then return status, true end
   if args.verbose then warn("took %s (token %s)", args.name, h:token_string()) end
-  local code, lost = supervise(args, h, args.cmd)
+  local code, lost = supervise(args, h, args.cmd, locks)
   return (finish_exec(args, h, code, lost)), true
 end
 
