@@ -6,7 +6,7 @@
  *   proc.trap()                  catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
  *   proc.untrap()                back to their default disposition
  *   proc.signals()               -> {{name=, tty=}, ...} caught since last call
- *   proc.spawn(argv)             -> pid, tty | nil, message, errno
+ *   proc.spawn(argv[, env])      -> pid, tty | nil, message, errno
  *   proc.wait(pid, timeout[, s]) -> "exit", code | "signal", name, signo | false
  *   proc.kill(pid, name)         -> true | nil, message, errno
  *
@@ -211,19 +211,69 @@ static int push_errno(lua_State *L, const char *what, int err) {
   return 3;
 }
 
-/* proc.spawn(argv) -> pid, tty | nil, message, errno.  argv: an array of
- * strings, argv[1] looked up in PATH.  The child leads a new process group;
- * tty is true when it was given the terminal (see the invariants).  errno
- * ENOENT / EACCES tell "not found" from "not executable". */
+/* is entry ("NAME=value") one of the names set in the table at index t? */
+static int overridden(lua_State *L, int t, const char *entry) {
+  const char *eq = strchr(entry, '=');
+  int found;
+  if (!eq) return 0;
+  lua_pushlstring(L, entry, (size_t)(eq - entry));
+  lua_rawget(L, t);
+  found = !lua_isnil(L, -1);
+  lua_pop(L, 1);
+  return found;
+}
+
+/* [-0, +2] pushes the child's environment: this process's environ, each
+ * name of the table at index t (string -> string) replaced or added; the
+ * array (a userdata, NULL-terminated) is at -1, the table of its
+ * "NAME=value" strings that keeps them alive at -2 */
+static char **child_environ(lua_State *L, int t) {
+  size_t n = 0, k = 0, i;
+  char **envp;
+  lua_newtable(L);                                  /* the strings */
+  for (i = 0; environ[i]; i++) n++;
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING ||
+        strchr(lua_tostring(L, -2), '=') || lua_tostring(L, -2)[0] == '\0')
+      luaL_argerror(L, 2, "table of NAME = string expected");
+    k++;
+    lua_pop(L, 1);
+  }
+  envp = (char **)lua_newuserdata(L, (n + k + 1) * sizeof *envp);
+  k = 0;
+  for (i = 0; i < n; i++)
+    if (!overridden(L, t, environ[i])) envp[k++] = environ[i];
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    lua_pushfstring(L, "%s=%s", lua_tostring(L, -2), lua_tostring(L, -1));
+    envp[k++] = (char *)lua_tostring(L, -1);
+    lua_rawseti(L, -5, (int)k);                     /* kept in the strings table */
+    lua_pop(L, 1);
+  }
+  envp[k] = NULL;
+  return envp;
+}
+
+/* proc.spawn(argv[, env]) -> pid, tty | nil, message, errno.  argv: an
+ * array of strings, argv[1] looked up in PATH; env: variables to set in the
+ * child's environment (the rest is this process's).  The child leads a new
+ * process group; tty is true when it was given the terminal (see the
+ * invariants).  errno ENOENT / EACCES tell "not found" from "not
+ * executable". */
 static int l_spawn(lua_State *L) {
   posix_spawnattr_t attr;
   posix_spawn_file_actions_t fa;
   sigset_t none, dflt;
-  char **argv;
+  char **argv, **envp = environ;
   size_t i, n;
   pid_t pid;
   int err, fd;
   luaL_checktype(L, 1, LUA_TTABLE);
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    envp = child_environ(L, 2);                     /* [-0, +2], kept on the stack */
+  }
   n = (size_t)lua_rawlen(L, 1);
   luaL_argcheck(L, n > 0, 1, "empty command");
   argv = (char **)lua_newuserdata(L, (n + 1) * sizeof *argv); /* kept on the stack */
@@ -258,7 +308,7 @@ static int l_spawn(lua_State *L) {
    * signal blocked, SIGTTOU included) */
   fd = foreground_tty();
   if (fd >= 0) posix_spawn_file_actions_addtcsetpgrp_np(&fa, fd);
-  err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+  err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, envp);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (err != 0) {

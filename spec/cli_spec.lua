@@ -149,6 +149,15 @@ describe("#unit mongolock.proc (the command's child processes)", function()
     assert.same({ "exit", 7 }, { proc.wait(pid, 10) })
   end)
 
+  it("sets the variables it is given in the child's environment, keeping the rest", function()
+    local home = os.getenv("HOME") or ""
+    local pid = assert(proc.spawn({ "sh", "-c", 'test "$X1" = "a b=c" && test "$LOGNAME" = "me" '
+      .. '&& test "$HOME" = ' .. q(home) }, { X1 = "a b=c", LOGNAME = "me" }))
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
+    assert.has_error(function() proc.spawn({ "true" }, { ["A=B"] = "x" }) end)
+    assert.has_error(function() proc.spawn({ "true" }, { A = 1 }) end)
+  end)
+
   it("reports death by a signal with its name and number", function()
     local pid = assert(proc.spawn({ "sleep", "30" }))
     assert.is_false(proc.wait(pid, 0))            -- still running
@@ -443,6 +452,24 @@ describe("#integration mongolock command", function()
       assert.equal(0, code, err)
       assert.equal("hi", out)
       assert.matches("took " .. name, err, 1, true)
+    end)
+
+    it("gives the command MONGOLOCK_NAME and MONGOLOCK_TOKEN, the token exact", function()
+      local name = helpers.unique("envtoken")
+      local inner = cli_words(a("status", "--json", name))
+      local code, out, err = mongolock(a("exec", name, "sh", "-c",
+        'echo "$MONGOLOCK_NAME $MONGOLOCK_TOKEN"; ' .. inner))
+      assert.equal(0, code, err)
+      local env_name, env_token, json = out:match("^(%S+) (%S+)\n(.*)$")
+      assert.equal(name, env_name)
+      local st = cjson.decode(json)
+      assert.equal(st.token, env_token)
+      assert.matches("^%d%d%d%d%d%d%d%d%d%d%d%d+$", env_token)   -- tokens have 16 digits
+      -- a reader's share has its own token
+      code, out, err = mongolock(a("exec", "--shared", name, "sh", "-c", 'echo "$MONGOLOCK_TOKEN"'))
+      assert.equal(0, code, err)
+      assert.matches("^%d+\n$", out)
+      assert.is_true(tonumber(out) > tonumber(env_token))
     end)
 
     it("gives the command its stdin, stdout and stderr", function()

@@ -163,7 +163,9 @@ the command has ended), so nothing it started goes on without the lock.  Process
 daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
 group runs on unsupervised and the lock frees at the end of its lease.
 
-The command's exit status is passed through.  When it ends, mongolock says
+The command runs with MONGOLOCK_NAME (NAME) and MONGOLOCK_TOKEN (the lock's
+fencing token, in decimal) in its environment.  Its exit status is passed
+through.  When it ends, mongolock says
 on stderr, unless the lock was released ("released" with -v): "lost" (exit 75
 if the command exited 0) or "release not sent" (the lock frees at its ttl;
 exit 69 if the command exited 0).]])
@@ -738,7 +740,9 @@ end
 -- until it ends; returns its exit status and whether the lease was lost
 -- (and said so) meanwhile
 local function supervise(args, h, argv, locks)
-  local pid, tty, errno = proc.spawn(argv)
+  -- the command learns which lock it runs under and its fencing token, to
+  -- pass to the resources it writes (exact: a decimal string)
+  local pid, tty, errno = proc.spawn(argv, { MONGOLOCK_NAME = args.name, MONGOLOCK_TOKEN = h:token_string() })
   if not pid then
     warn("failed to execute %s", tty)
     return (errno == 2) and EXIT.notfound or EXIT.noexec, false
