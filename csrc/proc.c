@@ -9,6 +9,7 @@
  *   proc.spawn(argv[, env])      -> pid, tty | nil, message, errno
  *   proc.wait(pid, timeout[, s]) -> "exit", code | "signal", name, signo | false
  *   proc.kill(pid, name)         -> true | nil, message, errno
+ *   proc.wait_group(pid, timeout) -> true (the group is empty) | false
  *
  * Invariants:
  * - A spawned child leads a process group of its own (pgid = its pid), and
@@ -439,6 +440,47 @@ static int l_wait(lua_State *L) {
   return 1;
 }
 
+/*
+ * proc.wait_group(pid, timeout) -> true | false, after proc.wait has reaped
+ * the child pid: true once the process group it led is empty (no process
+ * has that group id), false when a trapped signal is pending or timeout
+ * seconds have passed.  The kernel keeps a group's id from being reused
+ * while any process is in the group.  Members that became this process's
+ * children (as when it is a subreaper or pid 1) are reaped here, as a
+ * zombie still counts as a member.
+ */
+static int l_wait_group(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  double timeout = luaL_checknumber(L, 2), deadline;
+  luaL_argcheck(L, pid > 1, 1, "pid of a spawned child expected");
+  luaL_argcheck(L, timeout >= 0, 2, "non-negative number expected");
+  deadline = monotonic() + timeout;
+  for (;;) {
+    int st, ms;
+    double left;
+    struct pollfd pfd;
+    drain_pipe();
+    while (waitpid(-pid, &st, WNOHANG) > 0) {}
+    if (kill(-pid, 0) != 0 && errno == ESRCH) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    if (any_caught()) break;
+    left = deadline - monotonic();
+    if (left <= 0) break;
+    /* a member's exit wakes nothing here (it is not a child): look every
+     * 50 ms */
+    ms = left > 0.05 ? 50 : (int)(left * 1000) + 1;
+    pfd.fd = wake_pipe[0];
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, wake_pipe[0] < 0 ? 0 : 1, ms) < 0 && errno != EINTR)
+      return push_errno(L, "poll", errno);
+  }
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
 /* proc.kill(pid, name) -> true | nil, message, errno: signals the process
  * group that pid leads (every process spawn's child started in it) */
 static int l_kill(lua_State *L) {
@@ -461,6 +503,7 @@ static const luaL_Reg proc_funcs[] = {
   {"spawn", l_spawn},
   {"wait", l_wait},
   {"kill", l_kill},
+  {"wait_group", l_wait_group},
   {NULL, NULL}
 };
 

@@ -216,6 +216,15 @@ describe("#unit mongolock.proc (the command's child processes)", function()
     assert.is_true(gone(grandchild))
   end)
 
+  it("wait_group tells when the group the child led is empty, its background jobs included", function()
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 0.6 & exit 0" }))
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
+    assert.is_false(proc.wait_group(pid, 0))        -- the sleep is still in it
+    assert.is_true(proc.wait_group(pid, 10))
+    assert.has_error(function() proc.wait_group(1, 1) end)
+    assert.has_error(function() proc.wait_group(pid, -1) end)
+  end)
+
   it("raises on bad arguments", function()
     assert.has_error(function() proc.wait(1, 1, "NOPE") end)
     assert.has_error(function() proc.spawn({}) end)
@@ -470,6 +479,40 @@ describe("#integration mongolock command", function()
       assert.equal(0, code, err)
       assert.matches("^%d+\n$", out)
       assert.is_true(tonumber(out) > tonumber(env_token))
+    end)
+
+    it("holds the lock until the command's process group is empty, as flock's inherited descriptor", function()
+      local name = helpers.unique("group")
+      local go = os.tmpname(); os.remove(go)
+      -- sh exits at once; its background job goes on until go exists
+      local bg = background(a("exec", name, "sh", "-c",
+        "(i=0; while [ ! -e \"$1\" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; echo job-done) & "
+        .. "echo started; exit 3", "sh", go))
+      bg:wait_output("started")
+      core.sleep(0.5)                    -- sh has exited by now; its job runs on
+      assert.equal("", read(bg.rc))
+      assert.is_true(locks:status(name).held)
+      assert(os.execute("touch " .. q(go)))
+      local code, out, err = bg:wait()
+      os.remove(go)
+      assert.equal(3, code, err)         -- the command's own status
+      assert.equal("started\njob-done\n", out)
+      assert.is_false(locks:status(name).held)
+      bg:cleanup()
+    end)
+
+    it("--release-on-exit releases when the command exits, its background jobs going on", function()
+      local name = helpers.unique("groupexit")
+      local go = os.tmpname(); os.remove(go)
+      local code, out, err = mongolock(a("exec", "--release-on-exit", name, "sh", "-c",
+        "(i=0; while [ ! -e \"$1\" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done) >/dev/null 2>&1 & "
+        .. "echo started", "sh", go))
+      assert.equal(0, code, err)
+      assert.equal("started\n", out)
+      assert.is_false(locks:status(name).held)
+      assert(os.execute("touch " .. q(go)))
+      core.sleep(0.2)
+      os.remove(go)
     end)
 
     it("gives the command its stdin, stdout and stderr", function()

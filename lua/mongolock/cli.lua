@@ -165,7 +165,10 @@ group runs on unsupervised and the lock frees at the end of its lease.
 
 The command runs with MONGOLOCK_NAME (NAME) and MONGOLOCK_TOKEN (the lock's
 fencing token, in decimal) in its environment.  Its exit status is passed
-through.  When it ends, mongolock says
+through.  The lock is held until the command's process group is empty (its
+background jobs too, as flock(1)'s lock is held by every process that
+inherited its descriptor), or, with --release-on-exit, until the command
+itself exits.  When it ends, mongolock says
 on stderr, unless the lock was released ("released" with -v): "lost" (exit 75
 if the command exited 0) or "release not sent" (the lock frees at its ttl;
 exit 69 if the command exited 0).]])
@@ -198,6 +201,8 @@ exit 69 if the command exited 0).]])
     .. "group, as above) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
   option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
+  e:flag("--release-on-exit", "Release the lock as soon as the command exits, even while processes it "
+    .. "started go on in its process group (default: hold it until the group is empty).")
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
 
   local s = p:command("status", [[
@@ -755,16 +760,31 @@ local function supervise(args, h, argv, locks)
   -- how often h:lost() is looked at: a fraction of the renewal period
   local look = min(0.25, args.ttl / 6)
   local lost, kill_at = false, nil
+  -- the command's exit status once it has ended (its group may live on)
+  local status
 
   while true do
     local wait = look
     if kill_at then wait = min(wait, max(0, kill_at - core.monotonic())) end
-    -- once the lease is lost under --on-lost=kill, what the command leaves
-    -- in its group is killed when it ends
-    local how, code, signo = proc.wait(pid, wait, (lost and args.on_lost == "kill") and "KILL" or nil)
-    if how == "exit" then return code, lost end
-    if how == "signal" then return 128 + signo, lost end
-    if how == nil then fail(EXIT.software, "%s", tostring(code)) end
+    if status == nil then
+      -- once the lease is lost under --on-lost=kill, what the command
+      -- leaves in its group is killed when it ends
+      local how, code, signo = proc.wait(pid, wait, (lost and args.on_lost == "kill") and "KILL" or nil)
+      if how == "exit" then status = code end
+      if how == "signal" then status = 128 + signo end
+      if how == nil then fail(EXIT.software, "%s", tostring(code)) end
+      if status ~= nil then
+        -- the lock is held until the group is empty, as flock's descriptor
+        -- is held by every process that inherited it (unless
+        -- --release-on-exit)
+        if args.release_on_exit or proc.wait_group(pid, 0) then return status, lost end
+        if args.verbose then
+          warn("%s exited; %s is held until the rest of its process group %d ends", argv[1], args.name, pid)
+        end
+      end
+    elseif proc.wait_group(pid, wait) then
+      return status, lost
+    end
 
     for _, sig in ipairs(proc.signals()) do
       -- a terminal's key reached the child's group already when it has the
@@ -773,7 +793,7 @@ local function supervise(args, h, argv, locks)
         if args.verbose then warn("SIG%s came from the terminal, which sent it to %s too", sig.name, argv[1]) end
       else
         if args.verbose then warn("forwarding SIG%s to %s (process group %d)", sig.name, argv[1], pid) end
-        proc.kill(pid, sig.name)
+        proc.kill(pid, sig.name)       -- (nil, "...ESRCH": the group has just ended)
       end
     end
 
