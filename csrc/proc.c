@@ -68,6 +68,8 @@ static const int trapped[] = {SIGINT, SIGTERM, SIGHUP};
 #define NTRAPPED (sizeof trapped / sizeof trapped[0])
 
 static int wake_pipe[2] = {-1, -1};
+/* between proc.trap and proc.untrap: SIGCHLD writes to the pipe */
+static int trapping = 0;
 /* per trapped signal: sent by a process (kill) / by the kernel (a tty) */
 static volatile sig_atomic_t caught_user[NTRAPPED], caught_tty[NTRAPPED];
 
@@ -165,6 +167,7 @@ static int l_trap(lua_State *L) {
   sa.sa_handler = SIG_IGN;
   sa.sa_flags = 0;
   sigaction(SIGTTOU, &sa, NULL);
+  trapping = 1;
   return 0;
 }
 
@@ -181,6 +184,7 @@ static int l_untrap(lua_State *L) {
     sigaction(trapped[i], &sa, NULL);
   sigaction(SIGCHLD, &sa, NULL);
   sigaction(SIGTTOU, &sa, NULL);
+  trapping = 0;
   return 0;
 }
 
@@ -425,9 +429,10 @@ static int l_wait(lua_State *L) {
     if (any_caught()) break;
     left = deadline - monotonic();
     if (left <= 0) break;
-    /* without proc.trap there is no SIGCHLD wake-up: look every 50 ms */
+    /* without proc.trap (or after proc.untrap) there is no SIGCHLD
+     * wake-up: look every 50 ms */
     ms = left > 3600 ? 3600000 : (int)(left * 1000) + 1;
-    if (wake_pipe[0] < 0 && ms > 50) ms = 50;
+    if (!trapping && ms > 50) ms = 50;
     /* a stop makes no SIGCHLD (SA_NOCLDSTOP): look every 100 ms */
     if (tty_fd >= 0 && ms > 100) ms = 100;
     pfd.fd = wake_pipe[0];

@@ -217,7 +217,7 @@ describe("#unit mongolock.proc (the command's child processes)", function()
   end)
 
   it("wait_group tells when the group the child led is empty, its background jobs included", function()
-    local pid = assert(proc.spawn({ "sh", "-c", "sleep 0.6 & exit 0" }))
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 1.5 & exit 0" }))
     assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
     assert.is_false(proc.wait_group(pid, 0))        -- the sleep is still in it
     assert.is_true(proc.wait_group(pid, 10))

@@ -378,7 +378,10 @@ local jobs0 = transport.stats().jobs
 local r1 = assert(rw:try_read(key))
 local r2 = assert(rw:read(key, { timeout = 1 }))
 say("read", r1.kind, tostring(r1:held()), tostring(r2:held()), tostring(type(r1.token) == "number"))
-say("write", tostring(select(2, rw:try_write(key))))
+local _, werr, winfo = rw:try_write(key)
+say("write", tostring(werr), tostring(winfo.readers))
+local nst = assert(c:locks({ collection = "nginx_share_api_spec" }):status(key))
+say("named", tostring(nst.held), tostring(nst.state), tostring(nst.holders))
 say("status", tostring(assert(rw:status(key)).in_use))
 assert(r1:extend(10))
 say("extended", tostring(r1:remaining() > 5))
@@ -1067,7 +1070,8 @@ describe("#integration nginx with resty.mongolock", function()
      .. "handle) off the event loop", function()
     api_case("/share-api-spec?key=" .. helpers.unique("share"), "rwlocks and semaphores", {
       "read shared true true true",
-      "write busy",
+      "write busy 2",
+      "named true shared 2",
       "status 2",
       "extended true",
       "released true false not held",

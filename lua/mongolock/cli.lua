@@ -365,7 +365,8 @@ end
 -- gives one, else from held and owner (a released lock has no owner)
 local function state_of(st)
   if not st then return "free" end
-  if st.state == "held" or st.state == "expired" or st.state == "free" then return st.state end
+  if st.state == "held" or st.state == "expired" or st.state == "free" or st.state == "shared"
+     or st.state == "permits" then return st.state end
   if st.held then return "held" end
   if st.owner ~= nil and type(st.expires_at) == "number" then return "expired" end
   return "free"
@@ -574,7 +575,8 @@ local function cmd_release(args)
   local sst, serr = call(rw, "status", args.name)
   if sst == nil and serr ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(serr)) end
   local shares = shares_record(sst)
-  local held, shared = st and st.held, shares and shares.in_use > 0
+  -- held: by a writer (an exclusive owner); shared: by readers or permits
+  local held, shared = st and st.state == "held", shares and shares.in_use > 0
   if not (held or shared) then
     warn("%s is not held", args.name)
     client:close()
@@ -637,7 +639,7 @@ local function cmd_wait(args)
     -- back off, but look again when the lease (or the soonest share) is
     -- due to end
     local nap = step
-    local rem = st and st.held and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
+    local rem = st and st.state == "held" and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
     local share_end = shared and soonest_end(shares)
     if share_end and (not rem or share_end < rem) then rem = share_end end
     if rem and rem > 0 then nap = min(nap, rem + 0.005) end
@@ -735,7 +737,7 @@ local function lost_cause(args, h, locks)
     return format("%s (the server: %s)", not_renewed, tostring(ok and err or st):match("^[^\n]*"))
   end
   if st and st.owner ~= nil and tostring(st.owner) == tostring(h.owner) then return not_renewed end
-  if st and st.held then
+  if st and st.state == "held" then
     return format("it is now held by %s (token %s)", holder_text(st.holder), token_text(st.token))
   end
   return "it was released by another process (mongolock release --force)"
