@@ -353,6 +353,19 @@ describe("#unit mongolock command", function()
     end
   end)
 
+  it("exec -n and -w 0 against a refusing server answer within about a second, not the server timeout", function()
+    for _, w in ipairs({ { "-n" }, { "-w", "0" } }) do
+      local args = { "--uri", "mongodb://127.0.0.1:1/", "exec" }
+      for _, x in ipairs(w) do args[#args + 1] = x end
+      args[#args + 1] = "job"
+      args[#args + 1] = "true"
+      local took, code, _, err = timed(function() return mongolock(args) end)
+      assert.equal(69, code, err)
+      assert_one_line(err)
+      assert.is_true(took < 2, table.concat(w, " ") .. " took " .. took .. " s")
+    end
+  end)
+
   it("takes the server timeout from --server-timeout, else MONGOLOCK_SERVER_TIMEOUT; the URI's own wins", function()
     local refused = "mongodb://127.0.0.1:1/"
     local took, code = timed(function()

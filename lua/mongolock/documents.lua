@@ -193,6 +193,11 @@ end
 function _M.try(self, id, opts)
   check_id(id, "try")
   local o = call_opts(self, opts, "try")
+  if not ngx_docs(self) and not self.core:closed() then
+    -- one attempt: a dead server answers within a second
+    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    if not ready then return nil, err, code end
+  end
   return attempt(self, id, o, nil, "try")
 end
 

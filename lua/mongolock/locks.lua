@@ -166,6 +166,11 @@ end
 -- acquire's id, which queues it (nil: a try)
 local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
+  if not waiter then
+    -- one attempt (timeout = 0): a dead server answers within a second
+    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    if not ready then return nil, err, code end
+  end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
   return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
