@@ -343,9 +343,10 @@ local d3, h3 = docs:lock(key, { timeout = 5 })
 say("handed", tostring(d3 and d3.n), tostring(h3 and h3:held()), tostring(select(2, ngx.thread.wait(t))))
 h3:close()
 say("closed", tostring(select(2, h3:release())))
-local w = docs:with(key, function(d) return { n = d.n + 1 } end)
+-- fn writes by its own release; the table it returns is only returned
+local w = docs:with(key, function(d, hh) assert(hh:release({ n = d.n + 1 })); return { n = d.n + 1, ok = true } end)
 local d5, h5 = assert(docs:try(key))
-say("with", tostring(w and w.n), tostring(d5.n))
+say("with", tostring(w and w.n), tostring(d5.n), tostring(d5.ok))
 h5:release()
 
 -- a handle collected while it holds is released from a timer
@@ -1060,7 +1061,7 @@ describe("#integration nginx with resty.mongolock", function()
       "released true false not held",
       "handed 3 true true",
       "closed closed",
-      "with 4 4",
+      "with 4 4 nil",
       "collected true",
       "jobs true",
     })
