@@ -1467,3 +1467,28 @@ describe("#integration nginx saturated: one worker, 4 thread VMs", function()
     -- (/ping is timed above for the record; the slow-server cases assert it)
   end)
 end)
+
+describe("#integration nginx serving a tree in a directory only its owner may enter (mode 0700)", function()
+  local nginx, dir
+
+  setup(function()
+    -- a copy of what nginx loads (lua/, build/luajit/, examples/) inside a
+    -- private directory, as a checkout under root's home is
+    dir = assert(io.popen("mktemp -d")):read("*l")
+    assert(os.execute(string.format("chmod 700 %s && mkdir -p %s/tree/build && cp -a %s %s %s/tree/ && "
+      .. "cp -a %s %s/tree/build/", helpers.shell_quote(dir), helpers.shell_quote(dir),
+      helpers.shell_quote(root .. "/lua"), helpers.shell_quote(root .. "/examples"), helpers.shell_quote(dir),
+      helpers.shell_quote(root .. "/build/luajit"), helpers.shell_quote(dir))))
+    nginx = start_nginx({ root = dir .. "/tree" })
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+    if dir then os.execute("rm -rf " .. helpers.shell_quote(dir)) end
+  end)
+
+  it("its workers load the library from there and answer /incr", function()
+    local code, body = get(nginx.port, "/incr")
+    assert.equal(200, code, body .. (helpers.read_file(nginx.log) or ""))
+  end)
+end)
