@@ -177,7 +177,13 @@ function client_mt:command(db, cmd, opts)
   -- that BSON can hold); its complaint is raised again at our caller
   local ok, r, err, code, reply = pcall(function() return c:command(db, cmd, opts) end)
   if not ok then
-    if type(r) == "string" then r = r:gsub("^[^\n]-:%d+: ", "", 1) end
+    if type(r) == "string" then
+      r = r:gsub("^[^\n]-:%d+: ", "", 1)
+      -- LuaJIT names no method called from here ('?') and counts self:
+      -- the same words as Lua 5.4's, about the caller's argument
+      local n, rest = r:match("^bad argument #(%d+) to '%?'(.*)$")
+      if n then r = string.format("bad argument #%d to 'command'%s", tonumber(n) - 1, rest) end
+    end
     error(r, 2)
   end
   return r, err, code, reply

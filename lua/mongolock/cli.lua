@@ -87,6 +87,16 @@ local function at_most(convert, limit, limit_text)
 end
 local YEAR, DAY = 365 * 86400, 86400
 
+-- a lease of at least a second: a shorter one ends before a round trip
+-- and its renewal can keep it
+local function at_least_second(convert)
+  return function(s)
+    local n, err = convert(s)
+    if n and n < 1 then return nil, format("'%s' is less than a second, the shortest lease", s) end
+    return n, err
+  end
+end
+
 local function exit_code(s)
   local n = tonumber(s)
   if not n or n ~= floor(n) or n < 0 or n > 255 then
@@ -159,8 +169,8 @@ are forwarded.  When the lease is lost (no renewal succeeded for a whole
 ttl, or the lock was released or taken by another), mongolock says why on
 stderr and, unless --on-lost=warn, sends the group SIGTERM, then SIGKILL
 after --kill-after seconds (and SIGKILL to what remains of the group once
-the command has ended), so nothing it started goes on without the lock.  Processes that leave the group (setsid,
-daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
+the command has ended), so nothing it started goes on without the lock.
+Processes that leave the group (setsid, daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
 group runs on unsupervised and the lock frees at the end of its lease.
 
 The command runs with MONGOLOCK_NAME (NAME) and MONGOLOCK_TOKEN (the lock's
@@ -168,10 +178,12 @@ fencing token, in decimal) in its environment.  Its exit status is passed
 through.  The lock is held until the command's process group is empty (its
 background jobs too, as flock(1)'s lock is held by every process that
 inherited its descriptor), or, with --release-on-exit, until the command
-itself exits.  When it ends, mongolock says
-on stderr, unless the lock was released ("released" with -v): "lost" (exit 75
-if the command exited 0) or "release not sent" (the lock frees at its ttl;
-exit 69 if the command exited 0).]])
+itself exits.  Then mongolock says on stderr, unless the lock was released
+("released" with -v; also when only the release's reply was lost and the
+lock no longer names this holder): "lost" (exit 75 if the command exited 0),
+or that the release failed or is unconfirmed (the server could not be
+asked; the lock frees at the end of its lease at the latest): exit 69 if
+the command exited 0.]])
     :summary("Run a command while holding a lock.")
   e:argument("name", "Lock name.")
   e:argument("cmd", "The command and its arguments: every word after NAME, whatever it looks like "
@@ -182,8 +194,8 @@ exit 69 if the command exited 0).]])
       .. "without -w or -n: wait for ever)."):convert(seconds_or_zero),
     e:flag("-n --nonblock", "Fail at once when the lock is held (one attempt).")
   )
-  option(e, "exec", "--ttl", "Lease length in seconds (at most a year); renewed every ttl/3.", "30")
-    :convert(at_most(seconds, YEAR, "a year"))
+  option(e, "exec", "--ttl", "Lease length in seconds (1 to a year); renewed every ttl/3.", "30")
+    :convert(at_least_second(at_most(seconds, YEAR, "a year")))
   e:mutex(
     e:flag("--shared", "Take a reader's share of NAME as a reader-writer lock (writers: without it)."),
     option(e, "exec", "--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
@@ -275,6 +287,18 @@ local function server_timeout(args)
   return SERVER_TIMEOUT
 end
 
+-- the command's words for a library's complaint about an option value:
+-- "--collection: collection must be ..." rather than "cli.lua:295: bad
+-- argument #1 to 'locks' (collection must be ...)"
+local OPTION_OF = { collection = "--collection", database = "--database", appname = "--app",
+  app = "--app", server_timeout = "--server-timeout", ttl = "--ttl" }
+local function option_error(e)
+  local msg = tostring(e):match("^[^\n]*"):gsub("^[^:]*:%d+: ", "")
+  msg = msg:match("^bad argument #%d+ to '[^']*' %((.*)%)$") or msg
+  local opt = OPTION_OF[msg:match("^([%w_]+)")]
+  return opt and (opt .. ": " .. msg) or msg
+end
+
 local function open_locks(args)
   load_core()
   local uri = args.uri or getenv("MONGODB_URI")
@@ -285,7 +309,7 @@ local function open_locks(args)
   -- serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS
   local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app,
     server_timeout = server_timeout(args) })
-  if not ok then fail(EXIT.usage, "%s", tostring(client)) end
+  if not ok then fail(EXIT.usage, "%s", option_error(client)) end
   if not client then
     if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
     fail(EXIT.unavailable, "cannot connect: %s", tostring(err))
@@ -293,7 +317,7 @@ local function open_locks(args)
   local ok2, locks, err2 = pcall(client.locks, client, {
     database = args.database, collection = args.collection, ttl = args.ttl,
   })
-  if not ok2 then fail(EXIT.usage, "%s", tostring(locks)) end
+  if not ok2 then fail(EXIT.usage, "%s", option_error(locks)) end
   if not locks then fail(EXIT.unavailable, "%s", tostring(err2)) end
   return client, locks
 end
@@ -489,6 +513,9 @@ local function cmd_status(args)
   return rec.state == "held" and EXIT.ok or EXIT.free
 end
 
+-- the widest cell of list's NAME and HOLDER columns, in bytes
+local CELL_MAX = { 48, nil, nil, 120 }
+
 local function cmd_list(args)
   local client, locks = open_locks(args)
   if type(locks.list) ~= "function" then fail(EXIT.software, "this version of the library has no locks:list()") end
@@ -541,6 +568,19 @@ local function cmd_list(args)
         holder,
         expires,
       }
+    end
+    -- a cell of a long name or holder is cut (--json has it whole), so
+    -- that one row does not make every row hundreds of characters wide
+    for _, row in ipairs(rows) do
+      for i, c in ipairs(row) do
+        local most = CELL_MAX[i]
+        if most and #c > most then
+          local cut = most - 3
+          -- not inside a UTF-8 sequence
+          while cut > 0 and (c:byte(cut + 1) or 0) >= 0x80 and c:byte(cut + 1) < 0xC0 do cut = cut - 1 end
+          row[i] = c:sub(1, cut) .. "..."
+        end
+      end
     end
     local width = {}
     for _, row in ipairs(rows) do
@@ -818,24 +858,46 @@ local function supervise(args, h, argv, locks)
   end
 end
 
--- Ends the lease after the command: "released", "lost" or "not sent", and
+-- Ends the lease after the command: "released", "lost" or "not sent"
+-- (failed, or unconfirmed: the server could not be asked), and
 -- the exit status.  Says on stderr what happened unless it was a release
 -- (then only with -v) or a loss already reported.
-local function finish_exec(args, h, code, lost)
+-- After a release that failed without an answer: did it reach the server
+-- (its reply, and the retry's, may be what was lost)?  "applied" (the lock
+-- no longer names this holder), "not applied" (it still does, held) or nil
+-- (the server cannot be asked, or this kind has no status here).
+local function release_applied(h, locks, name)
+  if type(locks.status) ~= "function" then return nil end
+  local ok, st, err = pcall(locks.status, locks, name)
+  if not ok or (st == nil and err ~= nil) then return nil end
+  if st and st.state == "held" and tostring(st.owner) == tostring(h.owner) then return "not applied" end
+  return "applied"
+end
+
+local function finish_exec(args, h, code, lost, locks)
   local ok, err = h:release()
   local what
-  if ok then
+  local applied = not ok and not lost and err ~= "not held" and err ~= "lost" and not h:lost()
+    and release_applied(h, locks, args.name)
+  if ok or applied == "applied" then
     what = "released"
-    if args.verbose then warn("released %s", args.name) end
+    if args.verbose then
+      warn(ok and "released %s" or "released %s (the release's reply was lost; the lock no longer names "
+        .. "this holder)", args.name)
+    end
   elseif lost or err == "not held" or err == "lost" or h:lost() then
     what = "lost"
     if not lost then
       warn("lost the lock %s before the command ended (%s)", args.name, tostring(err))
     end
+  elseif applied == "not applied" then
+    what = "not sent"
+    warn("release of %s failed (%s); the lock frees at the end of its lease (ttl %g s)",
+      args.name, tostring(err), args.ttl)
   else
     what = "not sent"
-    warn("release of %s not sent (%s); the lock frees at the end of its lease (ttl %g s)",
-      args.name, tostring(err), args.ttl)
+    warn("release of %s unconfirmed (%s): if it did not reach the server, the lock frees at the end "
+      .. "of its lease (ttl %g s)", args.name, tostring(err), args.ttl)
   end
   if code == 0 and what == "lost" then code = EXIT.lost end
   if code == 0 and what == "not sent" then code = EXIT.unavailable end
@@ -866,7 +928,7 @@ local function cmd_exec(args)
   if not h then return status, true end
   if args.verbose then warn("took %s (token %s)", args.name, h:token_string()) end
   local code, lost = supervise(args, h, args.cmd, locks)
-  return (finish_exec(args, h, code, lost)), true
+  return (finish_exec(args, h, code, lost, locks)), true
 end
 
 -- ---- demo -------------------------------------------------------------------------------

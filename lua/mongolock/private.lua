@@ -86,6 +86,7 @@ end
 
 local function shown(v)
   if type(v) == "string" then return string_format("%q", v) end
+  if v ~= v then return "NaN" end          -- not the C library's "-nan" or "nan"
   if type(v) == "number" then return tostring(v) end
   return type(v)
 end
