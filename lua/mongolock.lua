@@ -209,6 +209,16 @@ end
 
 _M.client_mt = client_mt
 
+-- mongolock.sleep(s): ngx.sleep where it yields, else the core's blocking
+-- sleep; mongolock.monotonic(): seconds of CLOCK_MONOTONIC
+_M.sleep = function(s)
+  if type(s) ~= "number" or s ~= s or s < 0 or s == math.huge then
+    argerror(1, "sleep", "a finite number of seconds >= 0 expected, got " .. private.shown(s), 2)
+  end
+  return private.sleep(s)
+end
+_M.monotonic = core.monotonic
+
 -- BSON values Lua has no type for (csrc/bson.c): mongolock.null,
 -- mongolock.array(t) (an array, even when empty), ObjectId, Date, Binary,
 -- Timestamp, Decimal128, Int64, Regex, MinKey, MaxKey, and Document (BSON

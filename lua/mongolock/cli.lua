@@ -105,6 +105,12 @@ local function exit_code(s)
   return n
 end
 
+-- "mongolock 0.1.0 (Lua 5.4)": the command's version and the interpreter
+function _M.version_text()
+  local jit = rawget(_G, "jit")
+  return format("mongolock %s (%s)", _M._VERSION, jit and jit.version or _VERSION)
+end
+
 -- ---- the command tree ---------------------------------------------------------
 
 local EPILOG = [[
@@ -148,6 +154,12 @@ function _M.parser()
     :epilog(EPILOG)
     :command_target("command")
     :help_max_width(80)
+  p:flag("--version", "Print the version and exit.")
+    :action(function()
+      io.stdout:write(_M.version_text(), "\n")
+      io.stdout:flush()
+      os.exit(EXIT.ok)
+    end)
   option(p, "", "--uri", "MongoDB connection string (default: $MONGODB_URI).")
   option(p, "", "--database", "Database of the lock collection.")
   option(p, "", "--collection", "Collection of the lock documents.", "locks")
