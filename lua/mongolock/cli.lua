@@ -2,6 +2,9 @@
 -- cron job or a backup runs on one machine of a fleet at a time.
 --
 --   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME [--] CMD [ARGS...]
+--     (every word after NAME is CMD's; the command gets MONGOLOCK_NAME and
+--     MONGOLOCK_TOKEN; a lost lease ends it unless --on-lost=warn)
+--   mongolock --version
 --   mongolock status NAME [--json]      mongolock list [--json]
 --   mongolock release --force NAME [--yes]
 --   mongolock wait NAME [-w S]          mongolock demo [ARGS...]
@@ -18,8 +21,9 @@
 --
 -- Invariants: every failure leaves through fail() (one line on stderr, an
 -- exit code) and every lock this process acquired is released, or left to
--- expire when the lease was lost or the release could not be sent, before
--- main returns.  Every server call is bounded by the server timeout
+-- expire when the lease was lost or the release failed, before main
+-- returns.  exec holds its lock until the command's process group is empty
+-- (--release-on-exit: until the command exits).  Every server call is bounded by the server timeout
 -- (--server-timeout; the library's server_timeout connect option).
 
 local argparse = require "argparse"
@@ -125,7 +129,7 @@ status: free or expired; 64 bad usage; 69 server unreachable or failing; 70
 internal error; exec passes the command's status through (126 not
 executable, 127 not found, 128+N killed by signal N), except that a command
 that exited 0 gives 75 when the lease was lost while it ran and 69 when the
-release could not be sent.]]
+release failed or is unconfirmed.]]
 
 -- the options that take a value, per command ("" for the global ones):
 -- alias -> the option's long name; filled by option() as parser() runs
