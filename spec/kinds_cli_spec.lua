@@ -100,6 +100,19 @@ describe("#integration mongolock exec --shared / --permits", function()
     code = exec("--shared", "--permits", "2", name, "--", "true")
     assert.equal(64, code)
   end)
+  it("a reader's share released by another ends the command by default, saying so", function()
+    local name = helpers.unique("sharedlost")
+    local release = table.concat({ helpers.lua, q(BIN), "--uri", q(helpers.uri()), "--database",
+      q(helpers.database), "--collection", q(coll), "release", "--force", "--yes", q(name) }, " ")
+    -- the command has its share released, then runs on for up to 10 s
+    local code, out, err = exec("--shared", "--ttl", "1", name, "sh", "-c", release
+      .. " && echo forced; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; echo finished")
+    assert.equal(143, code, err)
+    assert.equal("forced\n", out)
+    assert.matches("lost the lock " .. name .. ": it was released by another process", err, 1, true)
+    assert.matches("terminating", err, 1, true)
+  end)
+
   it("wait waits for readers and permits too, and release --force ends them", function()
     local rname, sname = helpers.unique("wait-r"), helpers.unique("wait-p")
     local r = assert(rw:try_read(rname, { ttl = 60 }))

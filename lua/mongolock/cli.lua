@@ -779,18 +779,29 @@ local function exec_acquire(args, locks)
   return h
 end
 
+-- does the status of a reader-writer lock or semaphore (st) list h's
+-- share or permit among the live ones?
+local function holds_share(st, h)
+  for _, x in ipairs(st and st.holders or {}) do
+    if tostring(x.owner) == tostring(h.owner) then return true end
+  end
+  return false
+end
+
 -- why h was lost, in words, from the lock's status now (one call, bounded
 -- by the server timeout): taken by another holder, released by someone
 -- else (release --force), or not renewed in time (the lock still names
 -- this holder, or the server cannot be asked)
 local function lost_cause(args, h, locks)
   local not_renewed = format("no renewal succeeded within its ttl (%g s)", args.ttl)
-  if type(locks.status) ~= "function" then
-    return "it was released by another process or no renewal succeeded within its ttl"
-  end
   local ok, st, err = pcall(locks.status, locks, args.name)
   if not ok or (st == nil and err ~= nil) then
     return format("%s (the server: %s)", not_renewed, tostring(ok and err or st):match("^[^\n]*"))
+  end
+  if args.shared or args.permits then
+    -- a share's status lists the live ones only: gone is released or ended
+    if holds_share(st, h) then return not_renewed end
+    return "it was released by another process (mongolock release --force) or its lease ended"
   end
   if st and st.owner ~= nil and tostring(st.owner) == tostring(h.owner) then return not_renewed end
   if st and st.state == "held" then
@@ -882,10 +893,10 @@ end
 -- (its reply, and the retry's, may be what was lost)?  "applied" (the lock
 -- no longer names this holder), "not applied" (it still does, held) or nil
 -- (the server cannot be asked, or this kind has no status here).
-local function release_applied(h, locks, name)
-  if type(locks.status) ~= "function" then return nil end
-  local ok, st, err = pcall(locks.status, locks, name)
+local function release_applied(args, h, locks)
+  local ok, st, err = pcall(locks.status, locks, args.name)
   if not ok or (st == nil and err ~= nil) then return nil end
+  if args.shared or args.permits then return holds_share(st, h) and "not applied" or "applied" end
   if st and st.state == "held" and tostring(st.owner) == tostring(h.owner) then return "not applied" end
   return "applied"
 end
@@ -894,7 +905,7 @@ local function finish_exec(args, h, code, lost, locks)
   local ok, err = h:release()
   local what
   local applied = not ok and not lost and err ~= "not held" and err ~= "lost" and not h:lost()
-    and release_applied(h, locks, args.name)
+    and release_applied(args, h, locks)
   if ok or applied == "applied" then
     what = "released"
     if args.verbose then
@@ -936,7 +947,8 @@ local function cmd_exec(args)
     else
       local rw = client:rwlocks(o)
       locks = { try = function(_, ...) return rw:try_read(...) end,
-                acquire = function(_, ...) return rw:read(...) end }
+                acquire = function(_, ...) return rw:read(...) end,
+                status = function(_, ...) return rw:status(...) end }
     end
   end
   load_proc().trap()
