@@ -32,6 +32,10 @@
  * - proc.wait never misses a wake-up: it drains the pipe before it looks at
  *   the child and the flags, so a signal arriving after the look leaves a
  *   byte that makes the next poll() return at once.
+ * - This process is a child subreaper (Linux) once it has spawned: what
+ *   the child's processes leave orphaned is reparented here, not to pid 1,
+ *   and proc.wait_group reaps those of the child's group as they end, so an
+ *   ended member never lingers as a zombie of an init that reaps late.
  * - A spawned child starts with every signal unblocked and the trapped ones
  *   (and SIGTTOU, which proc.trap ignores) at their default disposition;
  *   the pipe is close-on-exec.
@@ -48,6 +52,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/wait.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "compat.h"
 
@@ -275,6 +282,9 @@ static int l_spawn(lua_State *L) {
   pid_t pid;
   int err, fd;
   luaL_checktype(L, 1, LUA_TTABLE);
+#ifdef PR_SET_CHILD_SUBREAPER
+  (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);  /* see the invariants */
+#endif
   if (!lua_isnoneornil(L, 2)) {
     luaL_checktype(L, 2, LUA_TTABLE);
     envp = child_environ(L, 2);                     /* [-0, +2], kept on the stack */
@@ -451,8 +461,8 @@ static int l_wait(lua_State *L) {
  * has that group id), false when a trapped signal is pending or timeout
  * seconds have passed.  The kernel keeps a group's id from being reused
  * while any process is in the group.  Members that became this process's
- * children (as when it is a subreaper or pid 1) are reaped here, as a
- * zombie still counts as a member.
+ * children (it is their subreaper) are reaped here, as a zombie still
+ * counts as a member.
  */
 static int l_wait_group(lua_State *L) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);

@@ -225,6 +225,18 @@ describe("#unit mongolock.proc (the command's child processes)", function()
     assert.has_error(function() proc.wait_group(pid, -1) end)
   end)
 
+  it("adopts what the child's processes leave orphaned (a subreaper), so their end is seen at once", function()
+    local f = os.tmpname()
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 1 & echo $! >" .. q(f) }))
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
+    local orphan = poll(function() return tonumber(read(f):match("%d+")) end, 10, "the orphan")
+    os.remove(f)
+    local stat = read("/proc/" .. orphan .. "/stat")
+    -- the fourth field of /proc/PID/stat is the parent's pid
+    assert.equal(core.getpid(), tonumber(stat:match("^%d+ %b() %a (%d+)")))
+    assert.is_true(proc.wait_group(pid, 10))
+  end)
+
   it("raises on bad arguments", function()
     assert.has_error(function() proc.wait(1, 1, "NOPE") end)
     assert.has_error(function() proc.spawn({}) end)
