@@ -20,12 +20,15 @@ SHELL := /bin/bash
 #
 # Each target installs the Debian packages it needs, and only those, with
 # apt-get when they are missing:  make build  the C compiler, libmongoc and
-# the Lua headers;  make run  also node/npm and the stand-in's npm packages;
+# the Lua headers;  make run  also the command's rocks (lua-argparse,
+# lua-cjson), node/npm and the stand-in's npm packages;
 # make test  also busted and what the specs start (faketime, nginx, wrk, ...);
 # make bench/torture/test-asan/test-valgrind  their own tools on top.
 
 PKGS_BUILD := gcc make pkg-config libmongoc-dev libbson-dev \
 	lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev
+# what the command (bin/mongolock) loads, for the README's next steps
+PKGS_RUN := lua-argparse lua-cjson
 PKGS_TEST := lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
 	faketime nginx libnginx-mod-http-lua wrk
 # the #unit specs under the other Lua versions the core supports
@@ -49,13 +52,17 @@ apt = @missing=$$(for p in $(1); do \
 STANDIN := tools/mongo-standin
 STANDIN_MODULES := $(STANDIN)/node_modules/.installed
 
-.PHONY: deps deps-apt deps-node deps-npm deps-test deps-luas deps-bench deps-torture deps-valgrind
-# what make run needs: the build's packages, node and the stand-in
-deps: deps-apt deps-npm
+.PHONY: deps deps-apt deps-run deps-node deps-npm deps-test deps-luas deps-bench deps-torture deps-valgrind
+# what make run needs: the build's packages, the command's, node and the
+# stand-in
+deps: deps-apt deps-run deps-npm
 
 # what building needs (the C build rules depend on it)
 deps-apt:
 	$(call apt,$(PKGS_BUILD))
+
+deps-run:
+	$(call apt,$(PKGS_RUN))
 
 deps-node:
 	$(call apt,nodejs npm)

@@ -129,16 +129,26 @@ void ml_push_acquire_info(lua_State *L, const ml_acquire_reply *r, const bson_t 
   lua_setfield(L, -2, "holder");
   set_int(L, r->queued >= 0, "queued", r->queued);
   set_int(L, r->position >= 0, "position", r->position + 1);
+  /* a named lock held by readers or permits: how many */
+  set_int(L, r->holders >= 0, "holders", r->holders);
+  set_int(L, r->readers >= 0, "readers", r->readers);
   ml_set_operation_time(L, reply);
 }
 
 /* [-0, +1] a status table */
 static void push_status(lua_State *L, const ml_status *st) {
-  lua_createtable(L, 0, 9);
+  /* held by readers' shares or permits, with no live exclusive owner */
+  int shared = !st->held && st->has_holders && st->holders > 0;
+  lua_createtable(L, 0, 12);
   set_str(L, "name", st->name);
-  lua_pushboolean(L, st->held);
+  lua_pushboolean(L, st->held || shared);
   lua_setfield(L, -2, "held");
-  set_str(L, "state", st->held ? "held" : st->owner ? "expired" : "free");
+  set_str(L, "state", st->held ? "held"
+                      : shared ? (st->has_permits ? "permits" : "shared")
+                      : st->owner ? "expired" : "free");
+  set_int(L, st->has_holders, "holders", st->holders);
+  set_int(L, st->has_readers, "readers", st->readers);
+  set_int(L, st->has_permits, "permits", st->permits);
   set_str(L, "owner", st->owner);
   set_int(L, st->has_token, "token", st->token);
   set_date(L, st->has_acquired, "acquired_at", st->acquired_ms);

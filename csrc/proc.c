@@ -6,9 +6,10 @@
  *   proc.trap()                  catch SIGINT, SIGTERM, SIGHUP (and SIGCHLD)
  *   proc.untrap()                back to their default disposition
  *   proc.signals()               -> {{name=, tty=}, ...} caught since last call
- *   proc.spawn(argv)             -> pid, tty | nil, message, errno
+ *   proc.spawn(argv[, env])      -> pid, tty | nil, message, errno
  *   proc.wait(pid, timeout[, s]) -> "exit", code | "signal", name, signo | false
  *   proc.kill(pid, name)         -> true | nil, message, errno
+ *   proc.wait_group(pid, timeout) -> true (the group is empty) | false
  *
  * Invariants:
  * - A spawned child leads a process group of its own (pgid = its pid), and
@@ -31,6 +32,10 @@
  * - proc.wait never misses a wake-up: it drains the pipe before it looks at
  *   the child and the flags, so a signal arriving after the look leaves a
  *   byte that makes the next poll() return at once.
+ * - This process is a child subreaper (Linux) once it has spawned: what
+ *   the child's processes leave orphaned is reparented here, not to pid 1,
+ *   and proc.wait_group reaps those of the child's group as they end, so an
+ *   ended member never lingers as a zombie of an init that reaps late.
  * - A spawned child starts with every signal unblocked and the trapped ones
  *   (and SIGTTOU, which proc.trap ignores) at their default disposition;
  *   the pipe is close-on-exec.
@@ -47,6 +52,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/wait.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "compat.h"
 
@@ -67,6 +75,8 @@ static const int trapped[] = {SIGINT, SIGTERM, SIGHUP};
 #define NTRAPPED (sizeof trapped / sizeof trapped[0])
 
 static int wake_pipe[2] = {-1, -1};
+/* between proc.trap and proc.untrap: SIGCHLD writes to the pipe */
+static int trapping = 0;
 /* per trapped signal: sent by a process (kill) / by the kernel (a tty) */
 static volatile sig_atomic_t caught_user[NTRAPPED], caught_tty[NTRAPPED];
 
@@ -164,6 +174,7 @@ static int l_trap(lua_State *L) {
   sa.sa_handler = SIG_IGN;
   sa.sa_flags = 0;
   sigaction(SIGTTOU, &sa, NULL);
+  trapping = 1;
   return 0;
 }
 
@@ -180,6 +191,7 @@ static int l_untrap(lua_State *L) {
     sigaction(trapped[i], &sa, NULL);
   sigaction(SIGCHLD, &sa, NULL);
   sigaction(SIGTTOU, &sa, NULL);
+  trapping = 0;
   return 0;
 }
 
@@ -211,19 +223,72 @@ static int push_errno(lua_State *L, const char *what, int err) {
   return 3;
 }
 
-/* proc.spawn(argv) -> pid, tty | nil, message, errno.  argv: an array of
- * strings, argv[1] looked up in PATH.  The child leads a new process group;
- * tty is true when it was given the terminal (see the invariants).  errno
- * ENOENT / EACCES tell "not found" from "not executable". */
+/* is entry ("NAME=value") one of the names set in the table at index t? */
+static int overridden(lua_State *L, int t, const char *entry) {
+  const char *eq = strchr(entry, '=');
+  int found;
+  if (!eq) return 0;
+  lua_pushlstring(L, entry, (size_t)(eq - entry));
+  lua_rawget(L, t);
+  found = !lua_isnil(L, -1);
+  lua_pop(L, 1);
+  return found;
+}
+
+/* [-0, +2] pushes the child's environment: this process's environ, each
+ * name of the table at index t (string -> string) replaced or added; the
+ * array (a userdata, NULL-terminated) is at -1, the table of its
+ * "NAME=value" strings that keeps them alive at -2 */
+static char **child_environ(lua_State *L, int t) {
+  size_t n = 0, k = 0, i;
+  char **envp;
+  lua_newtable(L);                                  /* the strings */
+  for (i = 0; environ[i]; i++) n++;
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING ||
+        strchr(lua_tostring(L, -2), '=') || lua_tostring(L, -2)[0] == '\0')
+      luaL_argerror(L, 2, "table of NAME = string expected");
+    k++;
+    lua_pop(L, 1);
+  }
+  envp = (char **)lua_newuserdata(L, (n + k + 1) * sizeof *envp);
+  k = 0;
+  for (i = 0; i < n; i++)
+    if (!overridden(L, t, environ[i])) envp[k++] = environ[i];
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    lua_pushfstring(L, "%s=%s", lua_tostring(L, -2), lua_tostring(L, -1));
+    envp[k++] = (char *)lua_tostring(L, -1);
+    lua_rawseti(L, -5, (int)k);                     /* kept in the strings table */
+    lua_pop(L, 1);
+  }
+  envp[k] = NULL;
+  return envp;
+}
+
+/* proc.spawn(argv[, env]) -> pid, tty | nil, message, errno.  argv: an
+ * array of strings, argv[1] looked up in PATH; env: variables to set in the
+ * child's environment (the rest is this process's).  The child leads a new
+ * process group; tty is true when it was given the terminal (see the
+ * invariants).  errno ENOENT / EACCES tell "not found" from "not
+ * executable". */
 static int l_spawn(lua_State *L) {
   posix_spawnattr_t attr;
   posix_spawn_file_actions_t fa;
   sigset_t none, dflt;
-  char **argv;
+  char **argv, **envp = environ;
   size_t i, n;
   pid_t pid;
   int err, fd;
   luaL_checktype(L, 1, LUA_TTABLE);
+#ifdef PR_SET_CHILD_SUBREAPER
+  (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);  /* see the invariants */
+#endif
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    envp = child_environ(L, 2);                     /* [-0, +2], kept on the stack */
+  }
   n = (size_t)lua_rawlen(L, 1);
   luaL_argcheck(L, n > 0, 1, "empty command");
   argv = (char **)lua_newuserdata(L, (n + 1) * sizeof *argv); /* kept on the stack */
@@ -258,7 +323,7 @@ static int l_spawn(lua_State *L) {
    * signal blocked, SIGTTOU included) */
   fd = foreground_tty();
   if (fd >= 0) posix_spawn_file_actions_addtcsetpgrp_np(&fa, fd);
-  err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+  err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, envp);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (err != 0) {
@@ -374,11 +439,53 @@ static int l_wait(lua_State *L) {
     if (any_caught()) break;
     left = deadline - monotonic();
     if (left <= 0) break;
-    /* without proc.trap there is no SIGCHLD wake-up: look every 50 ms */
+    /* without proc.trap (or after proc.untrap) there is no SIGCHLD
+     * wake-up: look every 50 ms */
     ms = left > 3600 ? 3600000 : (int)(left * 1000) + 1;
-    if (wake_pipe[0] < 0 && ms > 50) ms = 50;
+    if (!trapping && ms > 50) ms = 50;
     /* a stop makes no SIGCHLD (SA_NOCLDSTOP): look every 100 ms */
     if (tty_fd >= 0 && ms > 100) ms = 100;
+    pfd.fd = wake_pipe[0];
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, wake_pipe[0] < 0 ? 0 : 1, ms) < 0 && errno != EINTR)
+      return push_errno(L, "poll", errno);
+  }
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
+/*
+ * proc.wait_group(pid, timeout) -> true | false, after proc.wait has reaped
+ * the child pid: true once the process group it led is empty (no process
+ * has that group id), false when a trapped signal is pending or timeout
+ * seconds have passed.  The kernel keeps a group's id from being reused
+ * while any process is in the group.  Members that became this process's
+ * children (it is their subreaper) are reaped here, as a zombie still
+ * counts as a member.
+ */
+static int l_wait_group(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  double timeout = luaL_checknumber(L, 2), deadline;
+  luaL_argcheck(L, pid > 1, 1, "pid of a spawned child expected");
+  luaL_argcheck(L, timeout >= 0, 2, "non-negative number expected");
+  deadline = monotonic() + timeout;
+  for (;;) {
+    int st, ms;
+    double left;
+    struct pollfd pfd;
+    drain_pipe();
+    while (waitpid(-pid, &st, WNOHANG) > 0) {}
+    if (kill(-pid, 0) != 0 && errno == ESRCH) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    if (any_caught()) break;
+    left = deadline - monotonic();
+    if (left <= 0) break;
+    /* a member's exit wakes nothing here (it is not a child): look every
+     * 50 ms */
+    ms = left > 0.05 ? 50 : (int)(left * 1000) + 1;
     pfd.fd = wake_pipe[0];
     pfd.events = POLLIN;
     pfd.revents = 0;
@@ -411,6 +518,7 @@ static const luaL_Reg proc_funcs[] = {
   {"spawn", l_spawn},
   {"wait", l_wait},
   {"kill", l_kill},
+  {"wait_group", l_wait_group},
   {NULL, NULL}
 };
 

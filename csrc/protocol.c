@@ -144,6 +144,15 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
                          "{", "$lte", "[", "$$me", "$$fw", "]", "}", "]", "}", "]", "}", \
       "]", "}", "}", "}", "}"
 
+/* the live shares of the name (readers' shares and permits, the shared
+ * kinds' holders array): how many, how many are readers', and a
+ * semaphore's N (absent for a reader-writer lock) */
+#define SHARE_COUNTS                                                               \
+  "holders", "{", "$size", ML_LIVE("holders"), "}",                                \
+  "readers", "{", "$size", "{", "$filter", "{", "input", ML_LIVE("holders"),       \
+    "cond", "{", "$eq", "[", "$$this.m", "s", "]", "}", "}", "}", "}",             \
+  "permits", BCON_INT32(1)
+
 /* what the attempt returns: the lock document's fields, the holder's time
  * left by the server's clock, the queue's length and W's place in it */
 #define FIELDS(W)                                                                  \
@@ -151,6 +160,7 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
   ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1),                        \
   "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}",       \
   "queued", "{", "$size", QUEUE_ARRAY, "}",                                        \
+  SHARE_COUNTS,                                                                    \
   "position", "{", "$indexOfArray", "[",                                           \
     "{", "$cond", "[", "{", "$isArray", "$" ML_F_QUEUE, "}", "$" ML_F_QUEUE ".w", "[", "]", "]", "}", \
     BCON_UTF8(W), "]", "}"
@@ -645,7 +655,7 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
   "{", "$project", "{",                                                            \
     ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1), \
     ML_F_EXPIRES, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1),                       \
-    "waiting", "{", "$size", LIVE_QUEUE, "}",                                      \
+    "waiting", "{", "$size", LIVE_QUEUE, "}", SHARE_COUNTS,                        \
     "held", "{", "$and", "[",                                                      \
       "{", "$ne", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
       "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}",             \
@@ -873,6 +883,8 @@ int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_f
   memset(out, 0, sizeof *out);
   out->queued = -1;
   out->position = -1;
+  out->holders = -1;
+  out->readers = -1;
   if (!find_doc(reply, "value", &value) || !bson_iter_init(&it, &value)) return 0;
   out->value = value;
   /* one pass over the returned fields (a named lock's projection, or a
@@ -896,6 +908,10 @@ int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_f
       iter_number(&it, &out->position);
     } else if (!strcmp(k, ML_F_HOLDER)) {
       out->has_holder = iter_doc(&it, &out->holder);
+    } else if (!strcmp(k, "holders")) {
+      iter_number(&it, &out->holders);
+    } else if (!strcmp(k, "readers")) {
+      iter_number(&it, &out->readers);
     }
   }
   if (doc) {
@@ -940,6 +956,9 @@ void ml_parse_status(const bson_t *doc, ml_status *out) {
   out->has_remaining = find_int64(doc, "remainingMs", &out->remaining_ms);
   out->has_waiting = find_int64(doc, "waiting", &out->waiting);
   out->has_holder = find_doc(doc, ML_F_HOLDER, &out->holder);
+  out->has_holders = find_int64(doc, "holders", &out->holders);
+  out->has_readers = find_int64(doc, "readers", &out->readers);
+  out->has_permits = find_int64(doc, "permits", &out->permits);
 }
 
 int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id) {

@@ -221,6 +221,8 @@ typedef struct ml_acquire_reply {
   int64_t position;                 /* 0-based place of the waiter, -1 none */
   int has_holder;
   bson_t holder;                    /* view */
+  int64_t holders, readers;         /* live shares (readers' and permits),
+                                       readers' alone; -1 when not in the reply */
   bson_iter_t owner;                /* the owner field's value (when has_owner) */
   int has_owner;
 } ml_acquire_reply;
@@ -239,14 +241,19 @@ int64_t ml_parse_matched(const bson_t *reply);
 int ml_parse_operation_time(const bson_t *reply, uint32_t *t, uint32_t *i);
 
 /* one status document (a named lock's, from ml_build_status).  Its state:
- * held; expired (an owner whose lease ended unreleased: owner, holder and
- * expires_ms say whose and when); free (released, or never held) */
+ * held (a live exclusive owner); shared or permits (no live exclusive
+ * owner, holders > 0 live readers' shares or permits: a semaphore's when
+ * has_permits); expired (an owner whose lease ended unreleased: owner,
+ * holder and expires_ms say whose and when); free (released, or never
+ * held) */
 typedef struct ml_status {
   const char *name;                 /* NULL when not a string */
-  int held;
+  int held;                         /* a live exclusive owner */
   const char *owner;                /* NULL when free */
   int has_token, has_acquired, has_expires, has_remaining, has_waiting, has_holder;
+  int has_holders, has_readers, has_permits;
   int64_t token, acquired_ms, expires_ms, remaining_ms, waiting;
+  int64_t holders, readers, permits;
   bson_t holder;                    /* view */
 } ml_status;
 

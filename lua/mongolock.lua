@@ -180,7 +180,13 @@ function client_mt:command(db, cmd, opts)
   -- that BSON can hold); its complaint is raised again at our caller
   local ok, r, err, code, reply = pcall(function() return c:command(db, cmd, opts) end)
   if not ok then
-    if type(r) == "string" then r = r:gsub("^[^\n]-:%d+: ", "", 1) end
+    if type(r) == "string" then
+      r = r:gsub("^[^\n]-:%d+: ", "", 1)
+      -- LuaJIT names no method called from here ('?') and counts self:
+      -- the same words as Lua 5.4's, about the caller's argument
+      local n, rest = r:match("^bad argument #(%d+) to '%?'(.*)$")
+      if n then r = string.format("bad argument #%d to 'command'%s", tonumber(n) - 1, rest) end
+    end
     error(r, 2)
   end
   return r, err, code, reply
@@ -205,6 +211,16 @@ client_mt.__tostring = function(self)
 end
 
 _M.client_mt = client_mt
+
+-- mongolock.sleep(s): ngx.sleep where it yields, else the core's blocking
+-- sleep; mongolock.monotonic(): seconds of CLOCK_MONOTONIC
+_M.sleep = function(s)
+  if type(s) ~= "number" or s ~= s or s < 0 or s == math.huge then
+    argerror(1, "sleep", "a finite number of seconds >= 0 expected, got " .. private.shown(s), 2)
+  end
+  return private.sleep(s)
+end
+_M.monotonic = core.monotonic
 
 -- BSON values Lua has no type for (csrc/bson.c): mongolock.null,
 -- mongolock.array(t) (an array, even when empty), ObjectId, Date, Binary,

@@ -149,6 +149,15 @@ describe("#unit mongolock.proc (the command's child processes)", function()
     assert.same({ "exit", 7 }, { proc.wait(pid, 10) })
   end)
 
+  it("sets the variables it is given in the child's environment, keeping the rest", function()
+    local home = os.getenv("HOME") or ""
+    local pid = assert(proc.spawn({ "sh", "-c", 'test "$X1" = "a b=c" && test "$LOGNAME" = "me" '
+      .. '&& test "$HOME" = ' .. q(home) }, { X1 = "a b=c", LOGNAME = "me" }))
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
+    assert.has_error(function() proc.spawn({ "true" }, { ["A=B"] = "x" }) end)
+    assert.has_error(function() proc.spawn({ "true" }, { A = 1 }) end)
+  end)
+
   it("reports death by a signal with its name and number", function()
     local pid = assert(proc.spawn({ "sleep", "30" }))
     assert.is_false(proc.wait(pid, 0))            -- still running
@@ -207,6 +216,27 @@ describe("#unit mongolock.proc (the command's child processes)", function()
     assert.is_true(gone(grandchild))
   end)
 
+  it("wait_group tells when the group the child led is empty, its background jobs included", function()
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 1.5 & exit 0" }))
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
+    assert.is_false(proc.wait_group(pid, 0))        -- the sleep is still in it
+    assert.is_true(proc.wait_group(pid, 10))
+    assert.has_error(function() proc.wait_group(1, 1) end)
+    assert.has_error(function() proc.wait_group(pid, -1) end)
+  end)
+
+  it("adopts what the child's processes leave orphaned (a subreaper), so their end is seen at once", function()
+    local f = os.tmpname()
+    local pid = assert(proc.spawn({ "sh", "-c", "sleep 1 & echo $! >" .. q(f) }))
+    assert.same({ "exit", 0 }, { proc.wait(pid, 10) })
+    local orphan = poll(function() return tonumber(read(f):match("%d+")) end, 10, "the orphan")
+    os.remove(f)
+    local stat = read("/proc/" .. orphan .. "/stat")
+    -- the fourth field of /proc/PID/stat is the parent's pid
+    assert.equal(core.getpid(), tonumber(stat:match("^%d+ %b() %a (%d+)")))
+    assert.is_true(proc.wait_group(pid, 10))
+  end)
+
   it("raises on bad arguments", function()
     assert.has_error(function() proc.wait(1, 1, "NOPE") end)
     assert.has_error(function() proc.spawn({}) end)
@@ -250,7 +280,8 @@ describe("#unit mongolock command", function()
       { "exec", "--ttl", "40000000", "job", "--", "true" },   -- more than a year
       { "--server-timeout", "0", "status", "job" },
       { "--server-timeout", "100000", "status", "job" },    -- more than a day
-      { "exec", "job", "ls", "-l" },               -- option of CMD without --
+      { "exec", "-w", "1", "job" },                -- no command either
+      { "exec", "job", "--" },                     -- nothing after --
       { "status" },
       { "release", "job" },                        -- no --force
     }
@@ -260,6 +291,65 @@ describe("#unit mongolock command", function()
       assert.equal("", out)
       assert_one_line(err)
     end
+  end)
+
+  it("exec: everything after NAME is the command, whatever it looks like; -- still accepted", function()
+    local cli = require "mongolock.cli"
+    local args = assert(cli.parse({ "exec", "job", "./args.sh", "-n", "-v", "-w", "5", "--ttl", "5", "file" }))
+    assert.same({ "./args.sh", "-n", "-v", "-w", "5", "--ttl", "5", "file" }, args.cmd)
+    assert.equal("job", args.name)
+    assert.is_nil(args.nonblock)
+    assert.is_nil(args.verbose)
+    assert.is_nil(args.timeout)
+    assert.equal(30, args.ttl)
+    -- mongolock's own options go before NAME, in any form argparse knows
+    args = assert(cli.parse({ "--uri", "mongodb://h/", "exec", "-nv", "--ttl=7", "-E", "3", "job",
+      "sh", "-c", "echo \"$@\"", "--uri", "x" }))
+    assert.same({ "sh", "-c", "echo \"$@\"", "--uri", "x" }, args.cmd)
+    assert.is_true(args.nonblock)
+    assert.is_true(args.verbose)
+    assert.equal(7, args.ttl)
+    assert.equal(3, args.conflict_exit_code)
+    assert.equal("mongodb://h/", args.uri)
+    -- the old form: -- after NAME
+    args = assert(cli.parse({ "exec", "-w", "2", "job", "--", "rsync", "-n", "a", "b" }))
+    assert.same({ "rsync", "-n", "a", "b" }, args.cmd)
+    assert.equal(2, args.timeout)
+    -- a second -- belongs to the command
+    args = assert(cli.parse({ "exec", "job", "--", "--", "x" }))
+    assert.same({ "--", "x" }, args.cmd)
+    args = assert(cli.parse({ "exec", "--", "job", "ls", "-l" }))
+    assert.same({ "ls", "-l" }, args.cmd)
+    assert.equal("job", args.name)
+    -- a command word that is also a subcommand's name
+    args = assert(cli.parse({ "exec", "job", "git", "status", "--json" }))
+    assert.same({ "git", "status", "--json" }, args.cmd)
+  end)
+
+  it("says what was wrong in the command's words: the option, never a file or a Lua function", function()
+    local env = { env = "MONGODB_URI=" .. q(DEAD) }
+    local code, _, err = mongolock({ "--collection", "bad$", "status", "job" }, env)
+    assert.equal(64, code)
+    assert_one_line(err)
+    assert.matches("^mongolock: %-%-collection: collection must be", err)
+    assert.is_nil(err:find("cli.lua", 1, true), err)
+    assert.is_nil(err:find("bad argument", 1, true), err)
+    code, _, err = mongolock({ "--database", "a.b", "list" }, env)
+    assert.equal(64, code)
+    assert.matches("^mongolock: %-%-database: database must be", err)
+    -- a value that starts with "-" is the option's value, named as such
+    code, _, err = mongolock({ "exec", "-w", "-1", "job", "true" }, env)
+    assert.equal(64, code)
+    assert_one_line(err)
+    assert.matches("^mongolock: %-%-timeout: '%-1' is not a number of seconds %(see 'mongolock exec %-%-help'%)", err)
+    -- a global option's bad value points at mongolock --help, not the subcommand's
+    code, _, err = mongolock({ "--server-timeout", "-1", "status", "job" }, env)
+    assert.equal(64, code)
+    assert.matches("%-%-server%-timeout: .*%(see 'mongolock %-%-help'%)\n$", err)
+    -- a lease shorter than a round trip and its renewal is refused
+    code, _, err = mongolock({ "exec", "--ttl", "0.001", "job", "true" }, env)
+    assert.equal(64, code)
+    assert.matches("^mongolock: %-%-ttl: '0.001' is less than a second", err)
   end)
 
   it("says where the server should come from when there is none", function()
@@ -298,6 +388,19 @@ describe("#unit mongolock command", function()
       assert.equal("", out)
       assert_one_line(err)
       assert.is_true(took < 4, what .. " took " .. took .. " s")
+    end
+  end)
+
+  it("exec -n and -w 0 against a refusing server answer within about a second, not the server timeout", function()
+    for _, w in ipairs({ { "-n" }, { "-w", "0" } }) do
+      local args = { "--uri", "mongodb://127.0.0.1:1/", "exec" }
+      for _, x in ipairs(w) do args[#args + 1] = x end
+      args[#args + 1] = "job"
+      args[#args + 1] = "true"
+      local took, code, _, err = timed(function() return mongolock(args) end)
+      assert.equal(69, code, err)
+      assert_one_line(err)
+      assert.is_true(took < 2, table.concat(w, " ") .. " took " .. took .. " s")
     end
   end)
 
@@ -393,6 +496,74 @@ describe("#integration mongolock command", function()
       assert.is_false(st.held)
       code = mongolock(a("exec", "-n", name, "--", "true"))
       assert.equal(0, code)
+    end)
+
+    it("passes the command's own flags to it, not to mongolock (flock's and env's habit)", function()
+      local name = helpers.unique("flags")
+      local code, out, err = mongolock(a("exec", name, "echo", "-n", "hi"))
+      assert.equal(0, code, err)
+      assert.equal("hi", out)
+      code, out, err = mongolock(a("exec", name, "sh", "-c", 'printf "%s|" "$@"', "sh",
+        "-n", "-v", "-w", "5", "--ttl", "5", "--uri", "x", "file"))
+      assert.equal(0, code, err)
+      assert.equal("-n|-v|-w|5|--ttl|5|--uri|x|file|", out)
+      assert.equal("", err)           -- no verbose lines: -v was the command's
+      code, out, err = mongolock(a("exec", "-v", name, "--", "echo", "-n", "hi"))
+      assert.equal(0, code, err)
+      assert.equal("hi", out)
+      assert.matches("took " .. name, err, 1, true)
+    end)
+
+    it("gives the command MONGOLOCK_NAME and MONGOLOCK_TOKEN, the token exact", function()
+      local name = helpers.unique("envtoken")
+      local inner = cli_words(a("status", "--json", name))
+      local code, out, err = mongolock(a("exec", name, "sh", "-c",
+        'echo "$MONGOLOCK_NAME $MONGOLOCK_TOKEN"; ' .. inner))
+      assert.equal(0, code, err)
+      local env_name, env_token, json = out:match("^(%S+) (%S+)\n(.*)$")
+      assert.equal(name, env_name)
+      local st = cjson.decode(json)
+      assert.equal(st.token, env_token)
+      assert.matches("^%d%d%d%d%d%d%d%d%d%d%d%d+$", env_token)   -- tokens have 16 digits
+      -- a reader's share has its own token
+      code, out, err = mongolock(a("exec", "--shared", name, "sh", "-c", 'echo "$MONGOLOCK_TOKEN"'))
+      assert.equal(0, code, err)
+      assert.matches("^%d+\n$", out)
+      assert.is_true(tonumber(out) > tonumber(env_token))
+    end)
+
+    it("holds the lock until the command's process group is empty, as flock's inherited descriptor", function()
+      local name = helpers.unique("group")
+      local go = os.tmpname(); os.remove(go)
+      -- sh exits at once; its background job goes on until go exists
+      local bg = background(a("exec", name, "sh", "-c",
+        "(i=0; while [ ! -e \"$1\" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; echo job-done) & "
+        .. "echo started; exit 3", "sh", go))
+      bg:wait_output("started")
+      core.sleep(0.5)                    -- sh has exited by now; its job runs on
+      assert.equal("", read(bg.rc))
+      assert.is_true(locks:status(name).held)
+      assert(os.execute("touch " .. q(go)))
+      local code, out, err = bg:wait()
+      os.remove(go)
+      assert.equal(3, code, err)         -- the command's own status
+      assert.equal("started\njob-done\n", out)
+      assert.is_false(locks:status(name).held)
+      bg:cleanup()
+    end)
+
+    it("--release-on-exit releases when the command exits, its background jobs going on", function()
+      local name = helpers.unique("groupexit")
+      local go = os.tmpname(); os.remove(go)
+      local code, out, err = mongolock(a("exec", "--release-on-exit", name, "sh", "-c",
+        "(i=0; while [ ! -e \"$1\" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done) >/dev/null 2>&1 & "
+        .. "echo started", "sh", go))
+      assert.equal(0, code, err)
+      assert.equal("started\n", out)
+      assert.is_false(locks:status(name).held)
+      assert(os.execute("touch " .. q(go)))
+      core.sleep(0.2)
+      os.remove(go)
     end)
 
     it("gives the command its stdin, stdout and stderr", function()
@@ -648,10 +819,25 @@ describe("#integration mongolock command", function()
     -- the command waits for the file named by its $1 before it goes on
     local WAIT_GO = "echo ready; while [ ! -e \"$1\" ]; do sleep 0.05; done; echo finished; exit 5"
 
-    it("warns once on a lost lease and lets the command finish by default", function()
+    it("ends the command by default when its lock is lost, saying it was released by another", function()
+      local name = helpers.unique("lostdefault")
+      local bg = background(a("exec", "--ttl", "1", name, "sh", "-c",
+        "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"))
+      bg:wait_output("ready")
+      assert.is_true(locks:force_release(name))
+      local code, out, err = bg:wait()
+      assert.equal(7, code, err)
+      assert.equal("ready\ngot TERM\n", out)
+      assert.matches("lost the lock " .. name .. ": it was released by another process", err, 1, true)
+      assert.matches("terminating", err, 1, true)
+      assert.is_nil(err:find("could not be renewed", 1, true), err)
+      bg:cleanup()
+    end)
+
+    it("with --on-lost=warn, warns once on a lost lease and lets the command finish", function()
       local name = helpers.unique("lost")
       local go = os.tmpname(); os.remove(go)
-      local bg = background(a("exec", "--ttl", "1", name, "--", "sh", "-c", WAIT_GO, "sh", go))
+      local bg = background(a("exec", "--on-lost=warn", "--ttl", "1", name, "--", "sh", "-c", WAIT_GO, "sh", go))
       bg:wait_output("ready")
       assert.is_true(locks:force_release(name))
       -- the next renewal (every ttl/3) finds the lock gone
@@ -697,7 +883,7 @@ describe("#integration mongolock command", function()
       local code, out, err = bg:wait()
       assert.equal(7, code, err)
       assert.equal("ready\ngot TERM\n", out)
-      assert.matches("lost the lock", err, 1, true)
+      assert.matches("lost the lock " .. name .. ": no renewal succeeded", err, 1, true)
       bg:cleanup()
     end)
 
@@ -731,7 +917,7 @@ describe("#integration mongolock command", function()
     it("says the lock was lost and exits 75 when the command succeeded without it", function()
       local name = helpers.unique("lost75")
       local go = os.tmpname(); os.remove(go)
-      local bg = background(a("exec", "-v", "--ttl", "1", name, "--", "sh", "-c",
+      local bg = background(a("exec", "-v", "--on-lost=warn", "--ttl", "1", name, "--", "sh", "-c",
         "echo ready; while [ ! -e \"$1\" ]; do sleep 0.05; done", "sh", go))
       bg:wait_output("ready")
       assert.is_true(locks:force_release(name))
@@ -740,11 +926,39 @@ describe("#integration mongolock command", function()
       local code, _, err = bg:wait()
       os.remove(go)
       assert.equal(75, code, err)
-      assert.is_nil(err:find("released", 1, true), err)
+      assert.is_nil(err:find("released " .. name, 1, true), err)
       bg:cleanup()
     end)
 
-    it("a server that dies mid-run: says the release was not sent, exits 69, within the server timeout", function()
+    it("a release whose reply and retry are lost, applied: says released (not 'not sent') and exits 0", function()
+      local name = helpers.unique("relreply")
+      local app = helpers.unique("clirel"):sub(1, 60)
+      local go = os.tmpname(); os.remove(go)
+      local bg = background(a("--app", app, "exec", "-v", name, "sh", "-c",
+        "echo ready; while [ ! -e \"$1\" ]; do sleep 0.05; done", "sh", go))
+      bg:wait_output("ready")
+      -- the release commits and its reply is lost; libmongoc's retry finds
+      -- its connection closed (nothing else writes meanwhile)
+      local function fp(name_, mode, data)
+        assert(client._core:command("admin", { configureFailPoint = name_ }, { mode = mode, data = data }))
+      end
+      finally(function()
+        fp("onPrimaryTransactionalWrite", "off")
+        fp("failCommand", "off")
+      end)
+      fp("failCommand", { skip = 1 }, { failCommands = { "update" }, closeConnection = true, appName = app })
+      fp("onPrimaryTransactionalWrite", { times = 1 })
+      assert(os.execute("touch " .. q(go)))
+      local code, _, err = bg:wait()
+      os.remove(go)
+      assert.equal(0, code, err)
+      assert.is_nil(err:find("not sent", 1, true), err)
+      assert.matches("released " .. name, err, 1, true)
+      assert.is_false(locks:status(name).held)
+      bg:cleanup()
+    end)
+
+    it("a server that dies mid-run: says the release is unconfirmed, exits 69, within the server timeout", function()
       local server = private_server()
       finally(server.kill)
       local name = helpers.unique("dies")
@@ -759,7 +973,7 @@ describe("#integration mongolock command", function()
       local took = core.monotonic() - t0
       os.remove(go)
       assert.equal(69, code, err)
-      assert.matches("release of " .. name .. " not sent", err, 1, true)
+      assert.matches("release of " .. name .. " unconfirmed", err, 1, true)
       assert.matches("the lock frees at the end of its lease", err, 1, true)
       assert.is_nil(err:find("released", 1, true), err)
       assert.is_nil(err:find("lost", 1, true), err)
@@ -866,6 +1080,23 @@ describe("#integration mongolock command", function()
       code, out = mongolock({ b[1], b[2], b[3], b[4], b[5], b[6], "list", "--json" })
       assert.equal(0, code)
       assert.equal("expired", cjson.decode(out)[1].state)
+    end)
+
+    it("list keeps its rows readable for a long name; --json has it whole", function()
+      local name = helpers.unique("long") .. ("x"):rep(400)
+      local h = assert(locks:acquire(name))
+      local code, out, err = mongolock(a("list"))
+      assert.equal(0, code, err)
+      for line in out:gmatch("[^\n]+") do
+        assert.is_true(#line <= 160, #line .. " characters: " .. line:sub(1, 80))
+      end
+      assert.matches(name:sub(1, 20), out, 1, true)
+      code, out = mongolock(a("list", "--json"))
+      assert.equal(0, code)
+      local found
+      for _, rec in ipairs(cjson.decode(out)) do found = found or rec.name == name end
+      assert.is_true(found)
+      assert.is_true(h:release())
     end)
 
     it("status of a lock never taken is free", function()

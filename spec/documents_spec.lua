@@ -254,13 +254,14 @@ describe("#integration documents", function()
     end)
   end
 
-  it("with() runs fn holding the lock and writes what it returns", function()
+  it("with() runs fn holding the lock; fn's changes are written only by its own h:release(changes)", function()
     local docs = fresh()
-    local n = docs:with("w", { insert = { n = 0 } }, function(doc, h)
+    local a, b, c = docs:with("w", { insert = { n = 0 } }, function(doc, h)
       assert.is_true(h:held())
-      return { n = doc.n + 1 }
+      assert.is_true(h:release({ n = doc.n + 1 }))
+      return "done", nil, 3
     end)
-    assert.equal(1, n.n)
+    assert.same({ "done", nil, 3 }, { a, b, c })
     assert.equal(1, get(docs, "w").n)
     assert.is_false(assert(docs:status("w")).held)
     assert.has_error(function()
@@ -269,28 +270,46 @@ describe("#integration documents", function()
     assert.is_false(assert(docs:status("w")).held)
   end)
 
+  it("with() returns what fn returns, as locks:with, and never writes a table fn returns", function()
+    local docs = fresh()
+    local r, x = docs:with("plain", { insert = { n = 0 } }, function(doc)
+      return { ok = true, n = doc.n + 7 }, "second"
+    end)
+    assert.same({ ok = true, n = 7 }, r)
+    assert.equal("second", x)
+    local doc = get(docs, "plain")
+    assert.equal(0, doc.n)
+    assert.is_nil(doc.ok)
+    assert.is_false(assert(docs:status("plain")).held)
+  end)
+
   it("with() renews the lease while fn runs unless told not to, as every kind's with", function()
     local docs = fresh({ ttl = 1.5 })
     local n = docs:with("renewed", { insert = { n = 0 } }, function(doc, h)
       core.sleep(2.5)              -- longer than the ttl: renewed meanwhile
       assert.is_true(h:held())
-      return { n = doc.n + 1 }
+      assert.is_true(h:release({ n = doc.n + 1 }))
+      return doc.n + 1
     end)
-    assert.equal(1, n.n)
+    assert.equal(1, n)
+    assert.equal(1, get(docs, "renewed").n)
+    local released
     assert.same({ nil, "lost" }, { docs:with("unrenewed", { insert = { n = 0 }, renew = false },
-      function(doc)
+      function(doc, h)
         core.sleep(2.5)
-        return { n = doc.n + 1 }
+        released = { h:release({ n = doc.n + 1 }) }
+        return true
       end) })
+    assert.same({ nil, "lost" }, released)
+    assert.equal(0, get(docs, "unrenewed").n)
   end)
 
   it("with() unlocks without fn's changes, then raises, when the release refuses them", function()
     local docs = fresh()
-    local ok, err = pcall(docs.with, docs, "r", { insert = { n = 0 } }, function()
-      return { n = 5, lockId = "mine now" }
+    local ok, err = pcall(docs.with, docs, "r", { insert = { n = 0 } }, function(_, h)
+      h:release({ n = 5, lockId = "mine now" })
     end)
     assert.is_false(ok)
-    assert.is_truthy(tostring(err):find("with: the changes fn returned were not written", 1, true), err)
     assert.is_truthy(tostring(err):find("lockId", 1, true), err)
     assert.is_false(assert(docs:status("r")).held)
     assert.equal(0, get(docs, "r").n)

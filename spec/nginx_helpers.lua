@@ -43,9 +43,10 @@ end
 local Nginx = {}
 Nginx.__index = Nginx
 
--- a prefix directory whose lua/, build/ and examples/ are the tree's, with
--- the example's config on a free port, against helpers.uri() or the URI in
--- the file opts.uri_file.  opts.locations: text added before
+-- a prefix directory whose lua/, build/, examples/ and spec/ are the
+-- tree's (or opts.root's), with the example's config on a free port,
+-- against helpers.uri() or the URI in the file opts.uri_file.
+-- opts.locations: text added before
 -- the example's /ping location; opts.files: name -> content written to the
 -- prefix; opts.edit(conf): the config changed further (returns it).
 local WORKER_PID = [[
@@ -55,6 +56,18 @@ local WORKER_PID = [[
 
 ]]
 
+-- As root, nginx runs its workers as nobody, who may not read the tree (a
+-- checkout in a private directory: root's home is mode 0700 on Debian):
+-- then they run as the invoking user and group.  "" when not root (nginx
+-- does not change its workers' user then).
+local function user_directive()
+  local p = assert(io.popen("id -u; id -un; id -gn"))
+  local uid, user, group = p:read("*l"), p:read("*l"), p:read("*l")
+  p:close()
+  if uid ~= "0" then return "" end
+  return format("user %s %s;\n", user, group)
+end
+
 local function start_nginx(opts)
   opts = opts or {}
   local example = assert(helpers.read_file(EXAMPLE))
@@ -62,7 +75,10 @@ local function start_nginx(opts)
   os.remove(prefix)
   assert(sh(format("mkdir -p %s/logs %s/conf", q(prefix), q(prefix))))
   for _, d in ipairs({ "lua", "build", "examples", "spec" }) do
-    assert(sh(format("ln -s %s %s", q(root .. "/" .. d), q(prefix .. "/" .. d))))
+    local src = (opts.root or root) .. "/" .. d
+    if d ~= "spec" or not opts.root then
+      assert(sh(format("ln -s %s %s", q(src), q(prefix .. "/" .. d))))
+    end
   end
   local log = prefix .. "/logs/error.log"
   for name, content in pairs(opts.files or {}) do
@@ -78,6 +94,7 @@ local function start_nginx(opts)
     local locations = WORKER_PID .. (opts.locations or "")
     conf, n = conf:gsub("\n        location = /ping {", "\n" .. locations:gsub("%%", "%%%%") .. "%0")
     assert(n == 1, "the example's /ping location moved")
+    conf = user_directive() .. conf
     if opts.edit then conf = opts.edit(conf) end
     os.remove(log)         -- the last attempt's only
     local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))

@@ -343,9 +343,10 @@ local d3, h3 = docs:lock(key, { timeout = 5 })
 say("handed", tostring(d3 and d3.n), tostring(h3 and h3:held()), tostring(select(2, ngx.thread.wait(t))))
 h3:close()
 say("closed", tostring(select(2, h3:release())))
-local w = docs:with(key, function(d) return { n = d.n + 1 } end)
+-- fn writes by its own release; the table it returns is only returned
+local w = docs:with(key, function(d, hh) assert(hh:release({ n = d.n + 1 })); return { n = d.n + 1, ok = true } end)
 local d5, h5 = assert(docs:try(key))
-say("with", tostring(w and w.n), tostring(d5.n))
+say("with", tostring(w and w.n), tostring(d5.n), tostring(d5.ok))
 h5:release()
 
 -- a handle collected while it holds is released from a timer
@@ -378,7 +379,10 @@ local jobs0 = transport.stats().jobs
 local r1 = assert(rw:try_read(key))
 local r2 = assert(rw:read(key, { timeout = 1 }))
 say("read", r1.kind, tostring(r1:held()), tostring(r2:held()), tostring(type(r1.token) == "number"))
-say("write", tostring(select(2, rw:try_write(key))))
+local _, werr, winfo = rw:try_write(key)
+say("write", tostring(werr), tostring(winfo.readers))
+local nst = assert(c:locks({ collection = "nginx_share_api_spec" }):status(key))
+say("named", tostring(nst.held), tostring(nst.state), tostring(nst.holders))
 say("status", tostring(assert(rw:status(key)).in_use))
 assert(r1:extend(10))
 say("extended", tostring(r1:remaining() > 5))
@@ -1057,7 +1061,7 @@ describe("#integration nginx with resty.mongolock", function()
       "released true false not held",
       "handed 3 true true",
       "closed closed",
-      "with 4 4",
+      "with 4 4 nil",
       "collected true",
       "jobs true",
     })
@@ -1067,7 +1071,8 @@ describe("#integration nginx with resty.mongolock", function()
      .. "handle) off the event loop", function()
     api_case("/share-api-spec?key=" .. helpers.unique("share"), "rwlocks and semaphores", {
       "read shared true true true",
-      "write busy",
+      "write busy 2",
+      "named true shared 2",
       "status 2",
       "extended true",
       "released true false not held",
@@ -1522,4 +1527,29 @@ describe("#integration nginx handle conformance", function()
       assert.equal("ok\n", raw:match("\r\n\r\n(.*)$"), raw)
     end)
   end
+end)
+
+describe("#integration nginx serving a tree in a directory only its owner may enter (mode 0700)", function()
+  local nginx, dir
+
+  setup(function()
+    -- a copy of what nginx loads (lua/, build/luajit/, examples/) inside a
+    -- private directory, as a checkout under root's home is
+    dir = assert(io.popen("mktemp -d")):read("*l")
+    assert(os.execute(string.format("chmod 700 %s && mkdir -p %s/tree/build && cp -a %s %s %s/tree/ && "
+      .. "cp -a %s %s/tree/build/", helpers.shell_quote(dir), helpers.shell_quote(dir),
+      helpers.shell_quote(root .. "/lua"), helpers.shell_quote(root .. "/examples"), helpers.shell_quote(dir),
+      helpers.shell_quote(root .. "/build/luajit"), helpers.shell_quote(dir))))
+    nginx = start_nginx({ root = dir .. "/tree" })
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+    if dir then os.execute("rm -rf " .. helpers.shell_quote(dir)) end
+  end)
+
+  it("its workers load the library from there and answer /incr", function()
+    local code, body = get(nginx.port, "/incr")
+    assert.equal(200, code, body .. (helpers.read_file(nginx.log) or ""))
+  end)
 end)

@@ -21,6 +21,53 @@ describe("#integration reader-writer locks", function()
 
   local function doc(name) return helpers.lock_doc(client, coll, name) end
 
+  it("locks:status and try_write's busy info say a name held by readers or permits is held", function()
+    local locks = client:locks({ database = helpers.database, collection = coll })
+    local name = helpers.unique("status")
+    local r1, r2 = assert(rw:try_read(name)), assert(rw:try_read(name))
+    local st = assert(locks:status(name))
+    assert.is_true(st.held)
+    assert.equal("shared", st.state)
+    assert.equal(2, st.holders)
+    assert.equal(2, st.readers)
+    assert.is_nil(st.owner)                 -- no writer
+    local w, err, info = rw:try_write(name)
+    assert.is_nil(w)
+    assert.equal("busy", err)
+    assert.equal(2, info.readers)
+    assert.equal(2, info.holders)
+    assert.is_nil(info.owner)
+    -- the list says the same
+    local all = assert(locks:list())
+    local row
+    for _, x in ipairs(all) do if x.name == name then row = x end end
+    assert.equal("shared", row.state)
+    assert.is_true(row.held)
+    assert.is_true(r1:release())
+    assert.is_true(r2:release())
+    st = assert(locks:status(name))
+    assert.is_false(st.held)
+    assert.equal("free", st.state)
+    assert.equal(0, st.holders)
+    -- a permit of a semaphore
+    local sem = client:semaphores({ database = helpers.database, collection = coll, permits = 3 })
+    local sname = helpers.unique("status")
+    local p = assert(sem:try(sname))
+    st = assert(locks:status(sname))
+    assert.is_true(st.held)
+    assert.equal("permits", st.state)
+    assert.equal(1, st.holders)
+    assert.equal(3, st.permits)
+    assert.equal(0, st.readers)
+    assert.is_true(p:release())
+    -- a writer: held, as before
+    w = assert(rw:try_write(name))
+    st = assert(locks:status(name))
+    assert.equal("held", st.state)
+    assert.equal(0, st.holders)
+    assert.is_true(w:release())
+  end)
+
   it("readers share, each with its own owner, token and lease; a writer is alone", function()
     local name = helpers.unique("share")
     local r1 = assert(rw:try_read(name))

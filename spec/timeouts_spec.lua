@@ -213,6 +213,33 @@ describe("#integration a server that dies or hangs", function()
     client:close()
   end)
 
+  it("timeout = 0 (every kind's try) answers within about a second against a port that refuses", function()
+    local client = assert(mongolock.connect("mongodb://127.0.0.1:1/"))
+    assert.is_true(client.server_bound >= 2)    -- the default bound is longer than the answer
+    local locks = client:locks()
+    local rw = client:rwlocks()
+    local sem = client:semaphores({ permits = 2 })
+    local docs = client:documents("db", "orders")
+    local calls = {
+      ["locks:try"] = function() return locks:try("x") end,
+      ["locks:acquire"] = function() return locks:acquire("x", { timeout = 0 }) end,
+      ["locks:with"] = function() return locks:with("x", { timeout = 0 }, function() end) end,
+      ["rw:try_read"] = function() return rw:try_read("x") end,
+      ["rw:read"] = function() return rw:read("x", { timeout = 0 }) end,
+      ["rw:try_write"] = function() return rw:try_write("x") end,
+      ["sem:try"] = function() return sem:try("x") end,
+      ["docs:try"] = function() return docs:try(1) end,
+      ["docs:lock"] = function() return docs:lock(1, { timeout = 0 }) end,
+    }
+    for what, call in pairs(calls) do
+      local took, r = timed(call)
+      assert.is_nil(r[1], what)
+      assert.is_truthy(tostring(r[2]):match("No suitable servers"), what .. ": " .. tostring(r[2]))
+      assert.is_true(took < 2, format("%s: %.2f s", what, took))
+    end
+    client:close()
+  end)
+
   it("acquire with a timeout returns within it against a port that refuses", function()
     local client = assert(mongolock.connect("mongodb://127.0.0.1:1/"))
     local locks = client:locks()

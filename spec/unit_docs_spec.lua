@@ -55,3 +55,49 @@ describe("#unit README", function()
     end
   end)
 end)
+
+describe("#unit what a new user runs first", function()
+  it("mongolock --version prints the version, exit 0", function()
+    local p = assert(io.popen("cd " .. helpers.shell_quote(root) .. " && " .. helpers.lua
+      .. " bin/mongolock --version 2>&1; echo rc=$?"))
+    local out = p:read("*a")
+    p:close()
+    local cli = require "mongolock.cli"
+    assert.matches("^mongolock " .. cli._VERSION:gsub("%p", "%%%0") .. "[^\n]*\nrc=0\n$", out)
+  end)
+
+  it("make run installs what the command needs (lua-argparse, lua-cjson) with the rest", function()
+    local p = assert(io.popen("make -s -n -C " .. helpers.shell_quote(root) .. " deps 2>&1"))
+    local out = p:read("*a")
+    p:close()
+    assert.matches("lua%-argparse", out)
+    assert.matches("lua%-cjson", out)
+  end)
+
+  it("the demo (examples/counter.lua) uses the public API only", function()
+    local src = assert(helpers.read_file(root .. "/examples/counter.lua"))
+    assert.is_nil(src:find("_core", 1, true), "the demo reaches into client._core")
+    assert.is_nil(src:find("mongolock.core", 1, true), "the demo requires mongolock.core")
+  end)
+
+  it("the README's Synopsis releases every lock it takes, so that it can run twice", function()
+    local readme = assert(helpers.read_file(root .. "/README.md"))
+    local synopsis = assert(readme:match("\nSynopsis\n=+\n\n```lua\n(.-)```"))
+    -- the try's handle is released when it was taken
+    assert.matches('locks:try%("nightly%-report"%)\nif h then\n%s+h:release%(%)', synopsis)
+  end)
+end)
+
+describe("#integration tools/with-standin", function()
+  it("adds ?replicaSet=rs0 to the URI only when the stand-in is a replica set", function()
+    local function uri(standin_args)
+      local p = assert(io.popen("cd " .. helpers.shell_quote(root) .. " && env -u MONGODB_URI STANDIN_ARGS="
+        .. helpers.shell_quote(standin_args) .. " tools/with-standin sh -c 'echo \"$MONGODB_URI\"' 2>&1"))
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+    assert.matches("^mongodb://127%.0%.0%.1:%d+/%?replicaSet=rs0\n$", uri(""))
+    assert.matches("^mongodb://127%.0%.0%.1:%d+/\n$", uri("--standalone"))
+  end)
+end)

@@ -1,7 +1,10 @@
 -- The mongolock command: a flock(1) whose lock lives in MongoDB, so that a
 -- cron job or a backup runs on one machine of a fleet at a time.
 --
---   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME -- CMD [ARGS...]
+--   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME [--] CMD [ARGS...]
+--     (every word after NAME is CMD's; the command gets MONGOLOCK_NAME and
+--     MONGOLOCK_TOKEN; a lost lease ends it unless --on-lost=warn)
+--   mongolock --version
 --   mongolock status NAME [--json]      mongolock list [--json]
 --   mongolock release --force NAME [--yes]
 --   mongolock wait NAME [-w S]          mongolock demo [ARGS...]
@@ -18,8 +21,9 @@
 --
 -- Invariants: every failure leaves through fail() (one line on stderr, an
 -- exit code) and every lock this process acquired is released, or left to
--- expire when the lease was lost or the release could not be sent, before
--- main returns.  Every server call is bounded by the server timeout
+-- expire when the lease was lost or the release failed, before main
+-- returns.  exec holds its lock until the command's process group is empty
+-- (--release-on-exit: until the command exits).  Every server call is bounded by the server timeout
 -- (--server-timeout; the library's server_timeout connect option).
 
 local argparse = require "argparse"
@@ -87,12 +91,28 @@ local function at_most(convert, limit, limit_text)
 end
 local YEAR, DAY = 365 * 86400, 86400
 
+-- a lease of at least a second: a shorter one ends before a round trip
+-- and its renewal can keep it
+local function at_least_second(convert)
+  return function(s)
+    local n, err = convert(s)
+    if n and n < 1 then return nil, format("'%s' is less than a second, the shortest lease", s) end
+    return n, err
+  end
+end
+
 local function exit_code(s)
   local n = tonumber(s)
   if not n or n ~= floor(n) or n < 0 or n > 255 then
     return nil, format("'%s' is not an exit code (0-255)", s)
   end
   return n
+end
+
+-- "mongolock 0.1.0 (Lua 5.4)": the command's version and the interpreter
+function _M.version_text()
+  local jit = rawget(_G, "jit")
+  return format("mongolock %s (%s)", _M._VERSION, jit and jit.version or _VERSION)
 end
 
 -- ---- the command tree ---------------------------------------------------------
@@ -109,18 +129,46 @@ status: free or expired; 64 bad usage; 69 server unreachable or failing; 70
 internal error; exec passes the command's status through (126 not
 executable, 127 not found, 128+N killed by signal N), except that a command
 that exited 0 gives 75 when the lease was lost while it ran and 69 when the
-release could not be sent.]]
+release failed or is unconfirmed.]]
+
+-- the options that take a value, per command ("" for the global ones):
+-- alias -> the option's long name; filled by option() as parser() runs
+local VALUED = {}
+
+-- cmd:option(names, ...), recording names (e.g. "-w --timeout") in VALUED
+local function option(cmd, key, names, ...)
+  local long = names:match("(%-%-%S+)$")
+  VALUED[key] = VALUED[key] or {}
+  for alias in names:gmatch("%S+") do VALUED[key][alias] = long end
+  local o = cmd:option(names, ...)
+  -- a bad value's message names the option: "--ttl: '0' is not ..."
+  local convert = o.convert
+  function o.convert(self, f)
+    return convert(self, function(v)
+      local r, err = f(v)
+      if r == nil and err then return nil, long .. ": " .. err end
+      return r
+    end)
+  end
+  return o
+end
 
 function _M.parser()
   local p = argparse("mongolock", "Distributed locks on MongoDB, from the shell.")
     :epilog(EPILOG)
     :command_target("command")
     :help_max_width(80)
-  p:option("--uri", "MongoDB connection string (default: $MONGODB_URI).")
-  p:option("--database", "Database of the lock collection.")
-  p:option("--collection", "Collection of the lock documents.", "locks")
-  p:option("--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
-  p:option("--server-timeout", "Seconds a call to the server may take before it fails "
+  p:flag("--version", "Print the version and exit.")
+    :action(function()
+      io.stdout:write(_M.version_text(), "\n")
+      io.stdout:flush()
+      os.exit(EXIT.ok)
+    end)
+  option(p, "", "--uri", "MongoDB connection string (default: $MONGODB_URI).")
+  option(p, "", "--database", "Database of the lock collection.")
+  option(p, "", "--collection", "Collection of the lock documents.", "locks")
+  option(p, "", "--app", "Name shown as the holder's app in status and list.", "mongolock-cli")
+  option(p, "", "--server-timeout", "Seconds a call to the server may take before it fails "
     .. "(default: $MONGOLOCK_SERVER_TIMEOUT, else " .. SERVER_TIMEOUT .. "; wait -w S: S if shorter, "
     .. "at least 1).")
     :convert(at_most(seconds, DAY, "a day"))
@@ -133,32 +181,40 @@ lock as long as it takes, as flock(1) does; -w 0 is -n.
 The command runs in a process group of its own (given the terminal when
 mongolock has it, so ^C and ^Z reach it as usual), and every signal mongolock
 sends goes to that whole group: SIGINT, SIGTERM and SIGHUP sent to mongolock
-are forwarded; when the lease is lost (no renewal succeeded for a whole ttl,
-or the lock was taken), mongolock warns on stderr and, with --on-lost=kill,
-sends the group SIGTERM, then SIGKILL after --kill-after seconds (and SIGKILL
-to what remains of the group once the command has ended), so nothing it
-started goes on without the lock.  Processes that leave the group (setsid,
-daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
+are forwarded.  When the lease is lost (no renewal succeeded for a whole
+ttl, or the lock was released or taken by another), mongolock says why on
+stderr and, unless --on-lost=warn, sends the group SIGTERM, then SIGKILL
+after --kill-after seconds (and SIGKILL to what remains of the group once
+the command has ended), so nothing it started goes on without the lock.
+Processes that leave the group (setsid, daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
 group runs on unsupervised and the lock frees at the end of its lease.
 
-The command's exit status is passed through.  When it ends, mongolock says
-on stderr, unless the lock was released ("released" with -v): "lost" (exit 75
-if the command exited 0) or "release not sent" (the lock frees at its ttl;
-exit 69 if the command exited 0).]])
+The command runs with MONGOLOCK_NAME (NAME) and MONGOLOCK_TOKEN (the lock's
+fencing token, in decimal) in its environment.  Its exit status is passed
+through.  The lock is held until the command's process group is empty (its
+background jobs too, as flock(1)'s lock is held by every process that
+inherited its descriptor), or, with --release-on-exit, until the command
+itself exits.  Then mongolock says on stderr, unless the lock was released
+("released" with -v; also when only the release's reply was lost and the
+lock no longer names this holder): "lost" (exit 75 if the command exited 0),
+or that the release failed or is unconfirmed (the server could not be
+asked; the lock frees at the end of its lease at the latest): exit 69 if
+the command exited 0.]])
     :summary("Run a command while holding a lock.")
   e:argument("name", "Lock name.")
-  e:argument("cmd", "The command and its arguments (put them after --).")
+  e:argument("cmd", "The command and its arguments: every word after NAME, whatever it looks like "
+    .. "(a -- right after NAME is skipped); mongolock's own options go before NAME.")
     :args("+")
   e:mutex(
-    e:option("-w --timeout", "Give up after waiting this many seconds (0: one attempt, as -n; "
+    option(e, "exec", "-w --timeout", "Give up after waiting this many seconds (0: one attempt, as -n; "
       .. "without -w or -n: wait for ever)."):convert(seconds_or_zero),
     e:flag("-n --nonblock", "Fail at once when the lock is held (one attempt).")
   )
-  e:option("--ttl", "Lease length in seconds (at most a year); renewed every ttl/3.", "30")
-    :convert(at_most(seconds, YEAR, "a year"))
+  option(e, "exec", "--ttl", "Lease length in seconds (1 to a year); renewed every ttl/3.", "30")
+    :convert(at_least_second(at_most(seconds, YEAR, "a year")))
   e:mutex(
     e:flag("--shared", "Take a reader's share of NAME as a reader-writer lock (writers: without it)."),
-    e:option("--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
+    option(e, "exec", "--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
       :convert(function(v)
         local n = tonumber(v)
         if not n or n < 1 or n > 1000000 or n % 1 ~= 0 then
@@ -167,11 +223,14 @@ exit 69 if the command exited 0).]])
         return n
       end)
   )
-  e:option("-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
+  option(e, "exec", "-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
     :convert(exit_code)
-  e:option("--on-lost", "What to do when the lease is lost.", "warn"):choices({ "warn", "kill" })
-  e:option("--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+  option(e, "exec", "--on-lost", "What to do when the lease is lost: kill (end the command's process "
+    .. "group, as above) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
+  option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
+  e:flag("--release-on-exit", "Release the lock as soon as the command exits, even while processes it "
+    .. "started go on in its process group (default: hold it until the group is empty).")
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
 
   local s = p:command("status", [[
@@ -196,9 +255,9 @@ next renewal.  Asks for confirmation on stdin unless --yes is given.]])
 
   local w = p:command("wait", "Wait until the lock NAME is free (without taking it).")
   w:argument("name", "Lock name.")
-  w:option("-w --timeout", "Give up after this many seconds (0: look once; without -w: wait for ever).")
+  option(w, "wait", "-w --timeout", "Give up after this many seconds (0: look once; without -w: wait for ever).")
     :convert(seconds_or_zero)
-  w:option("-E --conflict-exit-code", "Exit status when timed out.", "1")
+  option(w, "wait", "-E --conflict-exit-code", "Exit status when timed out.", "1")
     :convert(exit_code)
 
   local d = p:command("demo", "Run the demo: worker processes incrementing one counter, with and without the lock.")
@@ -244,6 +303,18 @@ local function server_timeout(args)
   return SERVER_TIMEOUT
 end
 
+-- the command's words for a library's complaint about an option value:
+-- "--collection: collection must be ..." rather than "cli.lua:295: bad
+-- argument #1 to 'locks' (collection must be ...)"
+local OPTION_OF = { collection = "--collection", database = "--database", appname = "--app",
+  app = "--app", server_timeout = "--server-timeout", ttl = "--ttl" }
+local function option_error(e)
+  local msg = tostring(e):match("^[^\n]*"):gsub("^[^:]*:%d+: ", "")
+  msg = msg:match("^bad argument #%d+ to '[^']*' %((.*)%)$") or msg
+  local opt = OPTION_OF[msg:match("^([%w_]+)")]
+  return opt and (opt .. ": " .. msg) or msg
+end
+
 local function open_locks(args)
   load_core()
   local uri = args.uri or getenv("MONGODB_URI")
@@ -254,7 +325,7 @@ local function open_locks(args)
   -- serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS
   local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app,
     server_timeout = server_timeout(args) })
-  if not ok then fail(EXIT.usage, "%s", tostring(client)) end
+  if not ok then fail(EXIT.usage, "%s", option_error(client)) end
   if not client then
     if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
     fail(EXIT.unavailable, "cannot connect: %s", tostring(err))
@@ -262,7 +333,7 @@ local function open_locks(args)
   local ok2, locks, err2 = pcall(client.locks, client, {
     database = args.database, collection = args.collection, ttl = args.ttl,
   })
-  if not ok2 then fail(EXIT.usage, "%s", tostring(locks)) end
+  if not ok2 then fail(EXIT.usage, "%s", option_error(locks)) end
   if not locks then fail(EXIT.unavailable, "%s", tostring(err2)) end
   return client, locks
 end
@@ -334,7 +405,8 @@ end
 -- gives one, else from held and owner (a released lock has no owner)
 local function state_of(st)
   if not st then return "free" end
-  if st.state == "held" or st.state == "expired" or st.state == "free" then return st.state end
+  if st.state == "held" or st.state == "expired" or st.state == "free" or st.state == "shared"
+     or st.state == "permits" then return st.state end
   if st.held then return "held" end
   if st.owner ~= nil and type(st.expires_at) == "number" then return "expired" end
   return "free"
@@ -457,6 +529,9 @@ local function cmd_status(args)
   return rec.state == "held" and EXIT.ok or EXIT.free
 end
 
+-- the widest cell of list's NAME and HOLDER columns, in bytes
+local CELL_MAX = { 48, nil, nil, 120 }
+
 local function cmd_list(args)
   local client, locks = open_locks(args)
   if type(locks.list) ~= "function" then fail(EXIT.software, "this version of the library has no locks:list()") end
@@ -510,6 +585,19 @@ local function cmd_list(args)
         expires,
       }
     end
+    -- a cell of a long name or holder is cut (--json has it whole), so
+    -- that one row does not make every row hundreds of characters wide
+    for _, row in ipairs(rows) do
+      for i, c in ipairs(row) do
+        local most = CELL_MAX[i]
+        if most and #c > most then
+          local cut = most - 3
+          -- not inside a UTF-8 sequence
+          while cut > 0 and (c:byte(cut + 1) or 0) >= 0x80 and c:byte(cut + 1) < 0xC0 do cut = cut - 1 end
+          row[i] = c:sub(1, cut) .. "..."
+        end
+      end
+    end
     local width = {}
     for _, row in ipairs(rows) do
       for i, c in ipairs(row) do width[i] = max(width[i] or 0, #c) end
@@ -543,7 +631,8 @@ local function cmd_release(args)
   local sst, serr = call(rw, "status", args.name)
   if sst == nil and serr ~= nil then fail(EXIT.unavailable, "status of %s: %s", args.name, tostring(serr)) end
   local shares = shares_record(sst)
-  local held, shared = st and st.held, shares and shares.in_use > 0
+  -- held: by a writer (an exclusive owner); shared: by readers or permits
+  local held, shared = st and st.state == "held", shares and shares.in_use > 0
   if not (held or shared) then
     warn("%s is not held", args.name)
     client:close()
@@ -606,7 +695,7 @@ local function cmd_wait(args)
     -- back off, but look again when the lease (or the soonest share) is
     -- due to end
     local nap = step
-    local rem = st and st.held and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
+    local rem = st and st.state == "held" and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
     local share_end = shared and soonest_end(shares)
     if share_end and (not rem or share_end < rem) then rem = share_end end
     if rem and rem > 0 then nap = min(nap, rem + 0.005) end
@@ -690,11 +779,44 @@ local function exec_acquire(args, locks)
   return h
 end
 
+-- does the status of a reader-writer lock or semaphore (st) list h's
+-- share or permit among the live ones?
+local function holds_share(st, h)
+  for _, x in ipairs(st and st.holders or {}) do
+    if tostring(x.owner) == tostring(h.owner) then return true end
+  end
+  return false
+end
+
+-- why h was lost, in words, from the lock's status now (one call, bounded
+-- by the server timeout): taken by another holder, released by someone
+-- else (release --force), or not renewed in time (the lock still names
+-- this holder, or the server cannot be asked)
+local function lost_cause(args, h, locks)
+  local not_renewed = format("no renewal succeeded within its ttl (%g s)", args.ttl)
+  local ok, st, err = pcall(locks.status, locks, args.name)
+  if not ok or (st == nil and err ~= nil) then
+    return format("%s (the server: %s)", not_renewed, tostring(ok and err or st):match("^[^\n]*"))
+  end
+  if args.shared or args.permits then
+    -- a share's status lists the live ones only: gone is released or ended
+    if holds_share(st, h) then return not_renewed end
+    return "it was released by another process (mongolock release --force) or its lease ended"
+  end
+  if st and st.owner ~= nil and tostring(st.owner) == tostring(h.owner) then return not_renewed end
+  if st and st.state == "held" then
+    return format("it is now held by %s (token %s)", holder_text(st.holder), token_text(st.token))
+  end
+  return "it was released by another process (mongolock release --force)"
+end
+
 -- runs argv as a child holding h (a handle renewed in the background),
 -- until it ends; returns its exit status and whether the lease was lost
 -- (and said so) meanwhile
-local function supervise(args, h, argv)
-  local pid, tty, errno = proc.spawn(argv)
+local function supervise(args, h, argv, locks)
+  -- the command learns which lock it runs under and its fencing token, to
+  -- pass to the resources it writes (exact: a decimal string)
+  local pid, tty, errno = proc.spawn(argv, { MONGOLOCK_NAME = args.name, MONGOLOCK_TOKEN = h:token_string() })
   if not pid then
     warn("failed to execute %s", tty)
     return (errno == 2) and EXIT.notfound or EXIT.noexec, false
@@ -707,16 +829,31 @@ local function supervise(args, h, argv)
   -- how often h:lost() is looked at: a fraction of the renewal period
   local look = min(0.25, args.ttl / 6)
   local lost, kill_at = false, nil
+  -- the command's exit status once it has ended (its group may live on)
+  local status
 
   while true do
     local wait = look
     if kill_at then wait = min(wait, max(0, kill_at - core.monotonic())) end
-    -- once the lease is lost under --on-lost=kill, what the command leaves
-    -- in its group is killed when it ends
-    local how, code, signo = proc.wait(pid, wait, (lost and args.on_lost == "kill") and "KILL" or nil)
-    if how == "exit" then return code, lost end
-    if how == "signal" then return 128 + signo, lost end
-    if how == nil then fail(EXIT.software, "%s", tostring(code)) end
+    if status == nil then
+      -- once the lease is lost under --on-lost=kill, what the command
+      -- leaves in its group is killed when it ends
+      local how, code, signo = proc.wait(pid, wait, (lost and args.on_lost == "kill") and "KILL" or nil)
+      if how == "exit" then status = code end
+      if how == "signal" then status = 128 + signo end
+      if how == nil then fail(EXIT.software, "%s", tostring(code)) end
+      if status ~= nil then
+        -- the lock is held until the group is empty, as flock's descriptor
+        -- is held by every process that inherited it (unless
+        -- --release-on-exit)
+        if args.release_on_exit or proc.wait_group(pid, 0) then return status, lost end
+        if args.verbose then
+          warn("%s exited; %s is held until the rest of its process group %d ends", argv[1], args.name, pid)
+        end
+      end
+    elseif proc.wait_group(pid, wait) then
+      return status, lost
+    end
 
     for _, sig in ipairs(proc.signals()) do
       -- a terminal's key reached the child's group already when it has the
@@ -725,7 +862,7 @@ local function supervise(args, h, argv)
         if args.verbose then warn("SIG%s came from the terminal, which sent it to %s too", sig.name, argv[1]) end
       else
         if args.verbose then warn("forwarding SIG%s to %s (process group %d)", sig.name, argv[1], pid) end
-        proc.kill(pid, sig.name)
+        proc.kill(pid, sig.name)       -- (nil, "...ESRCH": the group has just ended)
       end
     end
 
@@ -733,12 +870,12 @@ local function supervise(args, h, argv)
     if not lost and h:lost() then
       lost = true
       if args.on_lost == "kill" then
-        warn("lost the lock %s (its lease could not be renewed); terminating %s (process group %d)",
-          args.name, argv[1], pid)
         proc.kill(pid, "TERM")
         kill_at = core.monotonic() + args.kill_after
+        warn("lost the lock %s: %s; terminating %s (process group %d)",
+          args.name, lost_cause(args, h, locks), argv[1], pid)
       else
-        warn("lost the lock %s (its lease could not be renewed); %s keeps running", args.name, argv[1])
+        warn("lost the lock %s: %s; %s keeps running", args.name, lost_cause(args, h, locks), argv[1])
       end
     end
     if kill_at and core.monotonic() >= kill_at then
@@ -748,24 +885,46 @@ local function supervise(args, h, argv)
   end
 end
 
--- Ends the lease after the command: "released", "lost" or "not sent", and
+-- Ends the lease after the command: "released", "lost" or "not sent"
+-- (failed, or unconfirmed: the server could not be asked), and
 -- the exit status.  Says on stderr what happened unless it was a release
 -- (then only with -v) or a loss already reported.
-local function finish_exec(args, h, code, lost)
+-- After a release that failed without an answer: did it reach the server
+-- (its reply, and the retry's, may be what was lost)?  "applied" (the lock
+-- no longer names this holder), "not applied" (it still does, held) or nil
+-- (the server cannot be asked, or this kind has no status here).
+local function release_applied(args, h, locks)
+  local ok, st, err = pcall(locks.status, locks, args.name)
+  if not ok or (st == nil and err ~= nil) then return nil end
+  if args.shared or args.permits then return holds_share(st, h) and "not applied" or "applied" end
+  if st and st.state == "held" and tostring(st.owner) == tostring(h.owner) then return "not applied" end
+  return "applied"
+end
+
+local function finish_exec(args, h, code, lost, locks)
   local ok, err = h:release()
   local what
-  if ok then
+  local applied = not ok and not lost and err ~= "not held" and err ~= "lost" and not h:lost()
+    and release_applied(args, h, locks)
+  if ok or applied == "applied" then
     what = "released"
-    if args.verbose then warn("released %s", args.name) end
+    if args.verbose then
+      warn(ok and "released %s" or "released %s (the release's reply was lost; the lock no longer names "
+        .. "this holder)", args.name)
+    end
   elseif lost or err == "not held" or err == "lost" or h:lost() then
     what = "lost"
     if not lost then
       warn("lost the lock %s before the command ended (%s)", args.name, tostring(err))
     end
+  elseif applied == "not applied" then
+    what = "not sent"
+    warn("release of %s failed (%s); the lock frees at the end of its lease (ttl %g s)",
+      args.name, tostring(err), args.ttl)
   else
     what = "not sent"
-    warn("release of %s not sent (%s); the lock frees at the end of its lease (ttl %g s)",
-      args.name, tostring(err), args.ttl)
+    warn("release of %s unconfirmed (%s): if it did not reach the server, the lock frees at the end "
+      .. "of its lease (ttl %g s)", args.name, tostring(err), args.ttl)
   end
   if code == 0 and what == "lost" then code = EXIT.lost end
   if code == 0 and what == "not sent" then code = EXIT.unavailable end
@@ -788,15 +947,16 @@ local function cmd_exec(args)
     else
       local rw = client:rwlocks(o)
       locks = { try = function(_, ...) return rw:try_read(...) end,
-                acquire = function(_, ...) return rw:read(...) end }
+                acquire = function(_, ...) return rw:read(...) end,
+                status = function(_, ...) return rw:status(...) end }
     end
   end
   load_proc().trap()
   local h, status = exec_acquire(args, locks)
   if not h then return status, true end
   if args.verbose then warn("took %s (token %s)", args.name, h:token_string()) end
-  local code, lost = supervise(args, h, args.cmd)
-  return (finish_exec(args, h, code, lost)), true
+  local code, lost = supervise(args, h, args.cmd, locks)
+  return (finish_exec(args, h, code, lost, locks)), true
 end
 
 -- ---- demo -------------------------------------------------------------------------------
@@ -862,6 +1022,78 @@ local commands = {
   release = cmd_release, wait = cmd_wait, demo = cmd_demo,
 }
 
+-- The words for argparse: each option value joined to its option
+-- (--ttl=-1, -w-1), so that a value starting with "-" is read as a value;
+-- and for exec, "--" right after NAME, so that everything after NAME is the
+-- command (flock(1), env(1), timeout(1) stop at the command the same way).
+-- Also returns the command word found (for the help hint) and, when the
+-- last word is an option still missing its value, that option.
+local function prepare(list)
+  local out, where, i = {}, "", 1
+  local valued = VALUED[""]
+  while i <= #list do
+    local w = list[i]
+    if w == "--" then                          -- the rest is positional already
+      for j = i, #list do out[#out + 1] = list[j] end
+      break
+    elseif w:sub(1, 2) == "--" then
+      if valued[w] and list[i + 1] ~= nil then
+        w = w .. "=" .. list[i + 1]
+        i = i + 1
+      end
+      out[#out + 1] = w
+    elseif w:sub(1, 1) == "-" and #w > 1 then
+      -- short options bundled (-nv, -w5): a valued one takes the rest of
+      -- the word, else the next word
+      local last = "-" .. w:sub(-1)
+      local bundled = false
+      for k = 2, #w - 1 do
+        if valued["-" .. w:sub(k, k)] then bundled = true; break end
+      end
+      if not bundled and valued[last] and list[i + 1] ~= nil then
+        w = w .. list[i + 1]
+        i = i + 1
+      end
+      out[#out + 1] = w
+    elseif where == "" and commands[w] then
+      -- the command; the global options are still known after it
+      where = w
+      valued = {}
+      for k, v in pairs(VALUED[""]) do valued[k] = v end
+      for k, v in pairs(VALUED[w] or {}) do valued[k] = v end
+      out[#out + 1] = w
+    elseif where == "exec" then
+      -- NAME: what follows is the command, after one "--"
+      out[#out + 1] = w
+      if list[i + 1] ~= "--" then out[#out + 1] = "--" end
+      for j = i + 1, #list do out[#out + 1] = list[j] end
+      break
+    else
+      out[#out + 1] = w
+    end
+    i = i + 1
+  end
+  return out, where
+end
+
+-- parse(argv) -> args | nil, message, help: argv parsed as the command
+-- line of mongolock (help: the command whose --help to point at)
+function _M.parse(argv)
+  local list = {}
+  for i = 1, #argv do list[i] = argv[i] end
+  local parser = _M.parser()
+  local words, where = prepare(list)
+  local ok, args = parser:pparse(words)
+  if ok then return args end
+  local msg = args:gsub("\n", "; ")
+  -- an option of mongolock's own (not of the command) is explained by
+  -- mongolock --help
+  local opt = msg:match("^(%-%-[%w-]+): ") or msg:match("option '([^']+)'")
+  local help = where ~= "" and ("mongolock " .. where .. " --help") or "mongolock --help"
+  if opt and VALUED[""][opt] then help = "mongolock --help" end
+  return nil, msg, help
+end
+
 -- main(argv, info) -> exit status, quick.  argv: the arguments (arg of the
 -- script); info.root: the source tree the launcher runs from, if any.
 -- quick: nothing is held, the process may exit without closing the Lua
@@ -869,16 +1101,9 @@ local commands = {
 function _M.main(argv, info)
   info = info or {}
   info.arg = info.arg or argv
-  local list = {}
-  for i = 1, #argv do list[i] = argv[i] end
-  local parser = _M.parser()
-  local ok, args = parser:pparse(list)
-  if not ok then
-    local help = "mongolock --help"
-    for _, a in ipairs(list) do
-      if commands[a] then help = "mongolock " .. a .. " --help"; break end
-    end
-    io.stderr:write(format("mongolock: %s (see '%s')\n", (args:gsub("\n", "; ")), help))
+  local args, msg, help = _M.parse(argv)
+  if not args then
+    io.stderr:write(format("mongolock: %s (see '%s')\n", msg, help))
     return EXIT.usage
   end
   local command = commands[args.command]

@@ -182,6 +182,11 @@ end
 function _M.try(self, id, opts)
   check_id(id, "try")
   local o = call_opts(self, opts, "try")
+  if not private.ngx_core(self.client) and not self.core:closed() then
+    -- one attempt: a dead server answers within a second
+    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    if not ready then return nil, err, code end
+  end
   return attempt(self, id, o, nil)
 end
 
@@ -209,13 +214,14 @@ function _M.lock(self, id, opts)
   return wait_for(self, id, o)
 end
 
--- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err, code:
--- runs fn(doc, h, ...) holding the lock; when fn returns a table first,
--- it is the changes written by the releasing command; always releases;
--- re-raises fn's error (after releasing without changes).  fn's results
--- come back only when the release (and its changes) reached the server
--- while the lock was still this holder's; nil, "lost" when the lease had
--- ended (expired, taken over): the changes were not written.
+-- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err,
+-- code, as locks:with: runs fn(doc, h, ...) holding the lock, then
+-- releases it; re-raises fn's error after the release.  Nothing fn returns
+-- is written: fn writes its changes itself, with the unlock, by
+-- h:release(changes) (and sees that call's answer); the release after fn
+-- then finds the handle released ("not held") and with returns fn's
+-- results.  nil, "lost" when the lease had ended before the release (fn's
+-- or with's); nil, err, code when the release could not be sent.
 function _M.with(self, id, opts, fn, ...)
   if type(opts) == "function" then return _M.with(self, id, nil, opts, fn, ...) end
   check_id(id, "with")
@@ -227,27 +233,14 @@ function _M.with(self, id, opts, fn, ...)
   local doc, h, info = wait_for(self, id, o)
   if not doc then return nil, h, info end
   local res = pack(pcall(fn, doc, h, ...))
-  if not res[1] then
-    pcall(h.release, h)
-    error(res[2], 0)
-  end
-  local changes = res[2]
-  if type(changes) ~= "table" then changes = nil end
-  local sent, ok, err, code = pcall(h.release, h, changes)
-  if not sent then
-    -- changes the release refuses (a lock field, _id, a value BSON cannot
-    -- hold): unlocked without them, then the caller is told
-    pcall(h.release, h)
-    pcall(h.close, h)
-    error(string_format("with: the changes fn returned were not written, the document was "
-      .. "unlocked without them: %s", tostring(ok)), 2)
-  end
-  if not ok then
-    pcall(h.close, h)
-    if err == "not held" or err == "lost" then return nil, "lost" end
-    return nil, err, code
-  end
-  return table_unpack(res, 2, res.n)
+  local sent, ok, err, code = pcall(h.release, h)
+  pcall(h.close, h)
+  if not res[1] then error(res[2], 0) end
+  if not sent then error(ok, 0) end
+  -- "not held": fn released it itself (its release said "lost" otherwise)
+  if ok or err == "not held" then return table_unpack(res, 2, res.n) end
+  if err == "lost" then return nil, "lost" end
+  return nil, err, code
 end
 
 -- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code

@@ -158,6 +158,11 @@ end
 -- caller stops waiting for the reply then
 local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
+  if not waiter and not private.ngx_core(self.client) then
+    -- one attempt (timeout = 0): a dead server answers within a second
+    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    if not ready then return nil, err, code end
+  end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
   return core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,

@@ -99,6 +99,7 @@ end
 
 local function shown(v)
   if type(v) == "string" then return string_format("%q", v) end
+  if v ~= v then return "NaN" end          -- not the C library's "-nan" or "nan"
   if type(v) == "number" then return tostring(v) end
   return type(v)
 end
@@ -289,6 +290,21 @@ local function await_server(core_client, until_)
   end
 end
 
+-- how long a call with timeout = 0 (one attempt: try, -n) waits for a
+-- server that takes writes, at most the client's server bound
+_M.ONE_ATTEMPT_WAIT = 1
+
+-- Before the one attempt of timeout = 0: true when a writable server is
+-- known or becomes known within ONE_ATTEMPT_WAIT (a fresh client's monitors
+-- find a live server in milliseconds), else nil, NO_SERVER, NO_SERVER_CODE.
+-- A dead server so costs about a second, where the attempt's own server
+-- selection would wait the whole server bound: never longer than a call
+-- with a longer timeout.
+function _M.one_attempt_ready(core_client, bound)
+  if await_server(core_client, monotonic() + math_min(_M.ONE_ATTEMPT_WAIT, bound)) then return true end
+  return nil, _M.NO_SERVER, _M.NO_SERVER_CODE
+end
+
 --[[
 The one acquire loop of named locks (mongolock.locks) and document locks
 (mongolock.documents).  run = {
@@ -312,7 +328,8 @@ The one acquire loop of named locks (mongolock.locks) and document locks
 Guarantee: no attempt starts after the deadline, no wait goes past it, and
 an attempt that starts with less than the server bound left first waits (up
 to the deadline) for a writable server, so an unreachable server costs no
-more than the timeout.  An attempt in flight when the server dies or stops
+more than the timeout; timeout = 0 waits for one up to ONE_ATTEMPT_WAIT
+(one_attempt_ready).  An attempt in flight when the server dies or stops
 answering ends within the server bound.
 ]]
 function _M.acquire_loop(run)
@@ -324,8 +341,9 @@ function _M.acquire_loop(run)
   local first = true
   while true do
     local started = monotonic()
-    -- timeout = 0 is one attempt however long its round trip takes
-    if timeout > 0 and deadline - started < run.bound and not await_server(run.core, deadline) then
+    if timeout == 0 then
+      if not _M.one_attempt_ready(run.core, run.bound) then return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE) end
+    elseif deadline - started < run.bound and not await_server(run.core, deadline) then
       return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE)
     end
     if run.on_step then run.on_step(false) end

@@ -157,6 +157,11 @@ end
 -- one attempt: h | nil, "busy", info | nil, message[, code | info]
 local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
+  if not waiter and not private.ngx_core(self.client) then
+    -- one attempt (timeout = 0): a dead server answers within a second
+    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    if not ready then return nil, err, code end
+  end
   local ok, err, code = ensure_index(self)
   if not ok then return nil, err, code end
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
