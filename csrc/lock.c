@@ -71,8 +71,7 @@ static ml_lease *lease_new(const ml_lease_spec *s) {
   return l;
 }
 
-/* the lock document of l, for the builders */
-static void lease_ref(const ml_lease *l, ml_lockref *r) {
+void ml_lease_lockref(const ml_lease *l, ml_lockref *r) {
   r->db = l->db;
   r->coll = l->coll;
   r->id = &l->iddoc;
@@ -101,12 +100,12 @@ int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op,
 /* the release of l (extra: a document lock's changes, may be NULL); marks
  * it as ending first: a renewal that then matches nothing saw the release,
  * not a loss */
-static void lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op) {
+void ml_lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op) {
   ml_lockref r;
   pthread_mutex_lock(&l->mu);
   l->ending = 1;
   pthread_mutex_unlock(&l->mu);
-  lease_ref(l, &r);
+  ml_lease_lockref(l, &r);
   if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
     ml_build_share_release(op, l->db, l->coll, &l->iddoc, l->owner);
   else
@@ -145,7 +144,7 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
   bson_t reply;
   int64_t n;
   int ok;
-  lease_release_op(l, extra, &op);
+  ml_lease_release_op(l, extra, &op);
   ok = ml_run(mc, c->wc, &op, &reply, error);
   ml_op_destroy(&op);
   n = release_matched(ok, &reply);
@@ -157,9 +156,9 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
   return lease_release_done(l, n);
 }
 
-static void lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op) {
+void ml_lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op) {
   ml_lockref r;
-  lease_ref(l, &r);
+  ml_lease_lockref(l, &r);
   if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
     ml_build_share_extend(op, l->db, l->coll, &l->iddoc, l->owner, ttl_ms);
   else
@@ -168,7 +167,7 @@ static void lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op) {
 
 /* l's state after an extend to ttl_ms begun at started matched n (-1: an
  * error, nothing changes); returns 1 extended, 0 lost, -1 */
-static int lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started) {
+int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started) {
   if (n < 0) return -1;
   pthread_mutex_lock(&l->mu);
   if (n > 0 && l->held && !l->lost) {
@@ -190,10 +189,10 @@ int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
                     int64_t ttl_ms, double started, bson_error_t *error) {
   ml_op op;
   int64_t n;
-  lease_extend_op(l, ttl_ms, &op);
+  ml_lease_extend_op(l, ttl_ms, &op);
   n = ml_run_update(mc, c, &op, error);
   if (n >= 0) error->code = 0;
-  return lease_extend_done(l, n, ttl_ms, started);
+  return ml_lease_extend_done(l, n, ttl_ms, started);
 }
 
 /* ---- the handle -------------------------------------------------------- */
@@ -410,6 +409,23 @@ static int64_t arg_extend_ttl(lua_State *L) {
 
 /* h:extend([ttl_seconds]) -> true | nil, "lost" | nil, "not held" |
  * nil, "closed" | nil, msg, code */
+/* the ttl of h:extend(ttl) (argument 2, nil: the lease's own) for a held
+ * lease, remembered for core.lease_done; raises at the caller when a
+ * locked-at document's would change */
+static int64_t extend_ttl(lua_State *L, ml_lock *h, int64_t ttl_ms) {
+  pthread_mutex_lock(&h->lease->mu);
+  /* a locked-at document's lease is the ttl every party uses */
+  if (ttl_ms && h->lease->time_mode == ML_TIME_LOCKED_AT && ttl_ms != h->lease->ttl_ms) {
+    pthread_mutex_unlock(&h->lease->mu);
+    luaL_error(L, "bad argument #1 to 'extend' (ttl is fixed per collection when "
+                  "time = \"locked\")");
+  }
+  if (!ttl_ms) ttl_ms = h->lease->ttl_ms;
+  h->lease->step_ttl = ttl_ms;
+  pthread_mutex_unlock(&h->lease->mu);
+  return ttl_ms;
+}
+
 static int l_extend(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   ml_client *c = NULL;
@@ -417,15 +433,7 @@ static int l_extend(lua_State *L) {
   int64_t ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
   int st = lease_state(L, 1, h, &c), r;
   if (st != ST_HELD) return push_state(L, st);
-  pthread_mutex_lock(&h->lease->mu);
-  /* a locked-at document's lease is the ttl every party uses */
-  if (ttl_ms && h->lease->time_mode == ML_TIME_LOCKED_AT && ttl_ms != h->lease->ttl_ms) {
-    pthread_mutex_unlock(&h->lease->mu);
-    return luaL_error(L, "bad argument #1 to 'extend' (ttl is fixed per collection when "
-                         "time = \"locked\")");
-  }
-  if (!ttl_ms) ttl_ms = h->lease->ttl_ms;
-  pthread_mutex_unlock(&h->lease->mu);
+  ttl_ms = extend_ttl(L, h, ttl_ms);
   r = ml_lease_extend(ml_client_get(L, c), c, h->lease, ttl_ms, ml_monotonic(), &err);
   if (r < 0) return ml_pusherror(L, &err);
   if (r == 0) return push_state(L, ST_LOST);
@@ -636,7 +644,7 @@ static int l_lease_step(lua_State *L) {
       lua_pushboolean(L, 1);
       return 1;
     }
-    lease_release_op(h->lease, NULL, &op);
+    ml_lease_release_op(h->lease, NULL, &op);
   } else if (!strcmp(what, "release")) {
     bson_t extra = BSON_INITIALIZER;
     char msg[512];
@@ -654,7 +662,7 @@ static int l_lease_step(lua_State *L) {
       bson_destroy(&extra);
       return push_state(L, st);
     }
-    lease_release_op(h->lease, has ? &extra : NULL, &op);
+    ml_lease_release_op(h->lease, has ? &extra : NULL, &op);
     bson_destroy(&extra);
   } else if (!strcmp(what, "extend")) {
     int64_t ttl_ms;
@@ -662,16 +670,8 @@ static int l_lease_step(lua_State *L) {
     lua_remove(L, 2);           /* extend's argument at 2, as l_extend's */
     ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
     if (st != ST_HELD) return push_state(L, st);
-    pthread_mutex_lock(&h->lease->mu);
-    if (ttl_ms && h->lease->time_mode == ML_TIME_LOCKED_AT && ttl_ms != h->lease->ttl_ms) {
-      pthread_mutex_unlock(&h->lease->mu);
-      return luaL_error(L, "bad argument #1 to 'extend' (ttl is fixed per collection when "
-                           "time = \"locked\")");
-    }
-    if (!ttl_ms) ttl_ms = h->lease->ttl_ms;
-    h->lease->step_ttl = ttl_ms;
-    pthread_mutex_unlock(&h->lease->mu);
-    lease_extend_op(h->lease, ttl_ms, &op);
+    ttl_ms = extend_ttl(L, h, ttl_ms);
+    ml_lease_extend_op(h->lease, ttl_ms, &op);
   } else {
     return luaL_argerror(L, 2, "\"release\", \"extend\" or \"close\" expected");
   }
@@ -735,7 +735,7 @@ static int l_lease_done(lua_State *L) {
     pthread_mutex_lock(&l->mu);
     ttl = l->step_ttl ? l->step_ttl : l->ttl_ms;
     pthread_mutex_unlock(&l->mu);
-    r = lease_extend_done(l, n, ttl, started);
+    r = ml_lease_extend_done(l, n, ttl, started);
   }
   if (r > 0) {
     lua_pushboolean(L, 1);

@@ -330,6 +330,16 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
 int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
                     int64_t ttl_ms, double started, bson_error_t *error);
 
+/* the steps of the lease's commands, shared by the handle's methods
+ * (lock.c) and the engine (renew.c): r for the builders; the release of l
+ * (marked as ending first; extra: a document lock's changes or NULL); the
+ * extend of l to ttl_ms; l's state after such an extend begun at started
+ * matched n documents (-1: an error): 1 extended, 0 lost, -1 */
+void ml_lease_lockref(const ml_lease *l, ml_lockref *r);
+void ml_lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op);
+void ml_lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op);
+int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started);
+
 /*
  * Hook for background renewal (renew.c): when set, __gc of a handle whose
  * lease is still held calls it instead of releasing synchronously, handing

@@ -224,18 +224,6 @@ static void item_drop(ml_renew *st, size_t i) {
   st->items[i] = st->items[--st->n];
 }
 
-/* the references of a lease's document for the builders */
-static void lease_lockref(const ml_lease *l, ml_lockref *r) {
-  r->db = l->db;
-  r->coll = l->coll;
-  r->id = &l->iddoc;
-  r->owner_field = l->owner_field;
-  r->time_field = l->time_field;
-  r->time_mode = l->time_mode;
-  r->owner_form = l->owner_form;
-  r->queued = l->kind == ML_KIND_NAMED;
-}
-
 /* renew_mu held: the batch of document locks like the item at i */
 static void build_doc_renew(ml_renew *st, size_t first, ml_work *w) {
   ml_lease *l0 = st->items[first].lease;
@@ -264,7 +252,7 @@ static void build_doc_renew(ml_renew *st, size_t first, ml_work *w) {
       k++;
     }
   }
-  lease_lockref(l0, &r);
+  ml_lease_lockref(l0, &r);
   w->kind = W_DOC_RENEW;
   w->ttl = l0->ttl_ms;
   ml_build_doc_renew(&w->op, &r, &ids, owners ? owners : (const char **)&l0->owner,
@@ -291,12 +279,9 @@ static int same_release_group(const ml_lease *a, const ml_lease *b) {
 static void build_release(ml_work *w) {
   ml_lease *l = w->set[0];
   ml_lockref r;
-  lease_lockref(l, &r);
+  ml_lease_lockref(l, &r);
   if (w->n == 1) {
-    if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-      ml_build_share_release(&w->op, l->db, l->coll, &l->iddoc, l->owner);
-    else
-      ml_build_release(&w->op, &r, l->owner, NULL);
+    ml_lease_release_op(l, NULL, &w->op);
   } else {
     bson_t ids = BSON_INITIALIZER;
     const char **owners = (const char **)malloc(w->n * sizeof *owners);
@@ -403,17 +388,12 @@ static int engine_next(ml_renew *st, double now, ml_work *w, double *wake) {
     pthread_mutex_unlock(&l->mu);
     if (alone) {
       /* a top-up, or a document lock to be renewed by itself */
-      ml_lockref r;
       (void)work_add(w, l);
       pthread_mutex_lock(&l->mu);
       w->ttl = l->ttl_ms;
       pthread_mutex_unlock(&l->mu);
       w->kind = W_EXTEND;
-      lease_lockref(l, &r);
-      if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-        ml_build_share_extend(&w->op, l->db, l->coll, &l->iddoc, l->owner, w->ttl);
-      else
-        ml_build_extend(&w->op, &r, l->owner, w->ttl);
+      ml_lease_extend_op(l, w->ttl, &w->op);
       w->has_op = 1;
       return 1;
     }
@@ -505,15 +485,7 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
     pthread_cond_broadcast(&st->done);
     break;
   case W_EXTEND: {
-    ml_lease *l = w->set[0];
-    pthread_mutex_lock(&l->mu);
-    if (n > 0) {
-      if (l->held && !l->lost && l->time_mode == ML_TIME_EXPIRES_AT) l->ttl_ms = w->ttl;
-      renewed(l, started);
-    } else if (n == 0) {
-      not_renewed(l);
-    }
-    pthread_mutex_unlock(&l->mu);
+    (void)ml_lease_extend_done(w->set[0], n, w->ttl, started);
     if (n > 0) st->renewals++;
     else if (n < 0) {
       st->failures++;
