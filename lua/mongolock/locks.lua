@@ -214,6 +214,16 @@ local function wait_for(self, name, ttl_ms, o)
       return self.core:granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
         g.token, started, o.renew)
     end,
+    -- no reply to an attempt, even to the driver's retry: the core gives
+    -- back in the background what the attempt may have taken under this
+    -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
+    -- wait under a new id (a place left behind lapses after queue_ttl)
+    network = function(state)
+      local w = core.waiter_id()
+      if not w then return end
+      waiter, queued, unsure = w, false, false
+      if state then state.waiter = w end
+    end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     -- a waiter that gives up takes its place out of the queue, and passes
     -- on a lock an attempt took without its reply arriving (best effort,

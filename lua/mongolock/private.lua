@@ -248,6 +248,56 @@ function _M.check_coll(v, db, n, fname, what, level)
   return v
 end
 
+-- ---- transient errors ------------------------------------------------------------
+
+-- What a replica set answers while it elects a primary or shuts one down
+-- (the retryable-writes specification's retryable codes: HostUnreachable,
+-- HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown,
+-- ExceededTimeLimit, SocketException, NotWritablePrimary,
+-- InterruptedAtShutdown, InterruptedDueToReplStateChange,
+-- NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary), and libmongoc's
+-- server selection failure (MONGOC_ERROR_SERVER_SELECTION_FAILURE: no
+-- writable primary known within the server timeout)
+local TRANSIENT_CODES = {
+  [6] = true, [7] = true, [89] = true, [91] = true, [189] = true, [262] = true, [9001] = true,
+  [10107] = true, [11600] = true, [11602] = true, [13435] = true, [13436] = true,
+  [13053] = true,
+}
+_M.TRANSIENT_CODES = TRANSIENT_CODES
+
+-- error labels a server puts on errors that a retry may overcome
+local TRANSIENT_LABELS = { RetryableWriteError = true, ResumableChangeStreamError = true }
+
+-- true when (code, message) is libmongoc's network error: no connection,
+-- or no reply (MONGOC_ERROR_STREAM: 3 name resolution, 4 socket, 5 connect,
+-- 6 not established).  A write whose reply is lost may have been applied.
+function _M.network_error(code, message)
+  if code ~= 3 and code ~= 4 and code ~= 5 and code ~= 6 then return false end
+  if type(message) ~= "string" then return false end
+  return (message:find("socket", 1, true) or message:find("connect", 1, true)
+    or message:find("stream", 1, true) or message:find("Failed to", 1, true)) ~= nil
+end
+
+-- The one place that tells a transient failure (the server or the network
+-- will be back: an election, a stepdown, a shutdown, a closed socket, no
+-- server found) from a permanent one (a bad name, authorization, a
+-- permit mismatch, a duplicate key, ...).  labels: the reply's
+-- errorLabels when known (a list of strings), else nil.
+function _M.transient(code, message, labels)
+  if type(labels) == "table" then
+    for _, l in pairs(labels) do
+      if TRANSIENT_LABELS[l] then return true end
+    end
+  end
+  if type(code) ~= "number" then return false end
+  if TRANSIENT_CODES[code] then return true end
+  return _M.network_error(code, message)
+end
+
+-- backoff between attempts that failed transiently: 50 ms, doubling, at
+-- most 1 s (an election takes 2 to 12 s)
+_M.outage_backoff = { step = 0.05, ratio = 2, max_step = 1 }
+
 -- ---- the acquire loop -----------------------------------------------------------
 
 -- the error of an acquire that found no server before its deadline, as
@@ -290,12 +340,19 @@ The one acquire loop of named locks (mongolock.locks) and document locks
   new_state function(deadline) -> state
   refresh   seconds after an attempt a queued waiter comes back (nil: no queue)
   give_up   function(...) -> nil, ... (leaves the queue); nil: return nil, ...
+  network   function(state): after a network error (no reply, even to the
+            driver's retry), before the next attempt (nil: nothing to do)
 }
 Guarantee: no attempt starts after the deadline, no wait goes past it, and
 an attempt that starts with less than the server bound left first waits (up
 to the deadline) for a writable server, so an unreachable server costs no
 more than the timeout.  An attempt in flight when the server dies or stops
 answering ends within the server bound.
+A transient failure (_M.transient: an election, a stepdown, a closed
+socket, no server found) of an attempt or of a wait step is retried after
+a backoff step (outage_backoff, through run.wait in "poll" mode, so that a
+wrapped wait step sees it) until the deadline; then the loop gives up with
+that failure.  A permanent one returns at once.
 ]]
 function _M.acquire_loop(run)
   local timeout = run.timeout
@@ -303,7 +360,19 @@ function _M.acquire_loop(run)
   local deadline = start + timeout
   local give_up = run.give_up or function(...) return nil, ... end
   local state
+  local outage      -- the backoff state while attempts fail transiently
   local first = true
+  -- one backoff step after a transient failure; nil, err, code when the
+  -- wait step says to stop (a signal, in the command)
+  local function pause()
+    if not outage then
+      local b = _M.outage_backoff
+      outage = { attempt = 0, deadline = deadline,
+                 opts = { wait = "poll", step = b.step, ratio = b.ratio, max_step = b.max_step } }
+    end
+    outage.attempt = outage.attempt + 1
+    return run.wait.sleep_until_retry(outage)
+  end
   while true do
     local started = monotonic()
     -- timeout = 0 is one attempt however long its round trip takes
@@ -315,19 +384,34 @@ function _M.acquire_loop(run)
     local a, b, c = run.attempt(polling, first)
     first = false
     if a ~= nil then return a, b, c end
-    if b ~= "busy" then return give_up(b, c) end
-    if monotonic() >= deadline then return give_up("timeout", c) end
-    if not state then state = run.new_state(deadline) end
-    state.attempt = (state.attempt or 0) + 1
-    state.info = c
-    state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
-    -- nil, err only when wait = "watch" finds no change stream
-    local ok, serr, scode = run.wait.sleep_until_retry(state)
-    -- a release granted the lock to this waiter (state.granted, from the
-    -- change event): the handle is made from it, measured from just before
-    -- the latest attempt, which the release followed
-    if state.granted and run.granted then return run.granted(state.granted, started) end
-    if ok == nil and serr ~= nil then return give_up(serr, scode) end
+    if b ~= "busy" then
+      -- timeout = 0 is one attempt; a permanent failure returns at once
+      if timeout == 0 or not _M.transient(c, b) or monotonic() >= deadline then
+        return give_up(b, c)
+      end
+      if run.network and _M.network_error(c, b) then run.network(state) end
+      local ok, serr, scode = pause()
+      if ok == nil and serr ~= nil then return give_up(serr, scode) end
+    else
+      outage = nil
+      if monotonic() >= deadline then return give_up("timeout", c) end
+      if not state then state = run.new_state(deadline) end
+      state.attempt = (state.attempt or 0) + 1
+      state.info = c
+      state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
+      -- nil, err only when wait = "watch" finds no change stream
+      local ok, serr, scode = run.wait.sleep_until_retry(state)
+      -- a release granted the lock to this waiter (state.granted, from the
+      -- change event): the handle is made from it, measured from just before
+      -- the latest attempt, which the release followed
+      if state.granted and run.granted then return run.granted(state.granted, started) end
+      if ok == nil and serr ~= nil then
+        -- wait = "watch": a stream that fails transiently is tried again
+        if not _M.transient(scode, serr) then return give_up(serr, scode) end
+        ok, serr, scode = pause()
+        if ok == nil and serr ~= nil then return give_up(serr, scode) end
+      end
+    end
   end
 end
 

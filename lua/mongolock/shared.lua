@@ -199,6 +199,16 @@ local function wait_for(self, mode, name, o)
       elseif not h and err ~= "closed" then unsure = true end
       return h, err, info
     end,
+    -- no reply to an attempt, even to the driver's retry: the core gives
+    -- back in the background what the attempt may have taken under this
+    -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
+    -- wait under a new id (a place left behind lapses after queue_ttl)
+    network = function(state)
+      local w = core.waiter_id()
+      if not w then return end
+      waiter, queued, unsure = w, false, false
+      if state then state.waiter = w end
+    end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     give_up = function(...)
       -- as named locks: only with a server to tell (the place lapses after queue_ttl)
