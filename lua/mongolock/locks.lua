@@ -20,7 +20,6 @@ local pairs = pairs
 local setmetatable = setmetatable
 local rawget = rawget
 local math_ceil = math.ceil
-local getpid = core.getpid
 
 local argerror = private.argerror
 local check_type = private.check_type
@@ -129,18 +128,12 @@ function _M.new(client, opts, fname, level)
 end
 
 -- the TTL index, once per server, collection and process: keyed by URI,
--- database and collection; a forked child makes it once more
-local indexed = {}
-
+-- database and collection; a forked child makes it once more.  Its
+-- failure fails no acquisition (mongolock.private.ensure_index).
 local function ensure_index(self)
-  local key = self.key
-  if indexed[key] == getpid() then return true end
-  local ok, err, code = self.core:ensure_index(self.database, self.collection,
-    math_ceil(self.expire_after))
-  -- 85/86: an index on expiresAt exists with other options; it serves
-  if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
-  indexed[key] = getpid()
-  return true
+  private.ensure_index(self.key, self.database .. "." .. self.collection, function()
+    return self.core:ensure_index(self.database, self.collection, math_ceil(self.expire_after))
+  end)
 end
 
 -- per-call options over the locks' own; returns ttl_ms and the options
@@ -166,8 +159,7 @@ end
 -- acquire's id, which queues it (nil: a try)
 local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
-  local ok, err, code = ensure_index(self)
-  if not ok then return nil, err, code end
+  ensure_index(self)
   return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
     waiter, queue_ms, polling)
 end

@@ -298,6 +298,57 @@ end
 -- most 1 s (an election takes 2 to 12 s)
 _M.outage_backoff = { step = 0.05, ratio = 2, max_step = 1 }
 
+-- ---- the TTL index --------------------------------------------------------------
+
+-- One line for a person reading the logs: ngx.log inside nginx, else
+-- standard error.  (Replaced by the specs to see what is reported.)
+function _M.log(msg)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.log then
+    ngx.log(ngx.WARN, msg)
+  else
+    io.stderr:write(msg, "\n")
+  end
+end
+
+-- seconds after a failed createIndexes before an acquire tries again
+_M.index_retry = 30
+-- createIndexes that failed in this process (every kind, every collection)
+_M.index_failures = 0
+
+-- key -> {pid, done, failed_at, reported}: the TTL index of a collection,
+-- made once per key (server, database, collection) and process
+local indexes = {}
+
+-- The TTL index (expire_after) only removes long-idle lock documents: no
+-- acquisition depends on it.  make() -> ok | nil, err, code sends the
+-- createIndexes.  A failure (a stepdown, a missing privilege) is reported
+-- once per key and process, counted, and tried again by the first
+-- acquisition index_retry seconds later; it never fails the acquisition.
+-- 85/86 (an index on the field exists with other options) serves.
+function _M.ensure_index(key, what, make)
+  local pid = core.getpid()
+  local s = indexes[key]
+  if not s or s.pid ~= pid then
+    s = { pid = pid }
+    indexes[key] = s
+  end
+  if s.done or (s.failed_at and monotonic() < s.failed_at + _M.index_retry) then return end
+  local ok, err, code = make()
+  if ok or code == 85 or code == 86 then
+    s.done = true
+    return
+  end
+  _M.index_failures = _M.index_failures + 1
+  s.failed_at = monotonic()
+  if not s.reported then
+    s.reported = true
+    _M.log(string_format("mongolock: the TTL index of %s was not created (%s%s); locks work "
+      .. "without it, and a later acquisition tries again", what, tostring(err),
+      code and (", code " .. tostring(code)) or ""))
+  end
+end
+
 -- ---- the acquire loop -----------------------------------------------------------
 
 -- the error of an acquire that found no server before its deadline, as

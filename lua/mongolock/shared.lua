@@ -31,7 +31,6 @@ local string_format = string.format
 local math_ceil = math.ceil
 local math_floor = math.floor
 local monotonic = core.monotonic
-local getpid = core.getpid
 local argerror = private.argerror
 local check_name = private.check_name
 
@@ -111,16 +110,13 @@ local function core_of(self)
   return self.core
 end
 
--- the TTL index, once per collection and process
-local indexed = {}
+-- the TTL index, once per collection and process; its failure fails no
+-- acquisition (mongolock.private.ensure_index)
 local function ensure_index(self)
-  local key = self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
-  if indexed[key] == getpid() then return true end
-  local ok, err, code = core_of(self):ensure_index(self.database, self.collection,
-    math_ceil(self.expire_after))
-  if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
-  indexed[key] = getpid()
-  return true
+  local key = "shared\0" .. self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
+  private.ensure_index(key, self.database .. "." .. self.collection, function()
+    return core_of(self):ensure_index(self.database, self.collection, math_ceil(self.expire_after))
+  end)
 end
 
 -- a field of the server's reply, nil for null (absent, as in the
@@ -162,8 +158,7 @@ end
 -- one attempt: h | nil, "busy", info | nil, message[, code | info]
 local function attempt(self, mode, name, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
-  local ok, err, code = ensure_index(self)
-  if not ok then return nil, err, code end
+  ensure_index(self)
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
     o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling)
   if h then return h end
