@@ -102,6 +102,24 @@ describe("#unit mongolock.connect", function()
     end
   end)
 
+  -- w = 0 sends writes without waiting for an answer: an acquire could not
+  -- tell whether it took the lock, and would leave it held by nobody
+  it("refuses an unacknowledged write concern, naming the option", function()
+    assert.has_error(function() mongolock.connect(DEAD, { write_concern = 0 }) end,
+      "bad argument #2 to 'connect' (write_concern 0 asks for unacknowledged writes: a lock needs "
+      .. "the server's answer; use \"majority\" or a number of nodes >= 1)")
+    assert.has_error(function() core.connect(DEAD, nil, 0) end)
+    for _, uri in ipairs({ DEAD .. "&w=0", "mongodb://127.0.0.1:9/?w=0", "mongodb://127.0.0.1:9/?W=0&journal=false" }) do
+      local c, err = mongolock.connect(uri)
+      assert.is_nil(c, uri)
+      assert.equal("invalid URI: w=0 asks for unacknowledged writes: a lock needs the server's answer; "
+        .. "use w=majority or w=1 or more (or the write_concern option)", err)
+    end
+    -- the option wins over the URI's w
+    assert(mongolock.connect("mongodb://127.0.0.1:9/?w=0", { write_concern = "majority" })):close()
+    assert(mongolock.connect("mongodb://127.0.0.1:9/?w=1")):close()
+  end)
+
   it("accepts good options without touching the network", function()
     local c = assert(mongolock.connect(DEAD, { appname = "unit", write_concern = 1,
       wtimeout = 2, pool_size = 4, server_selection_timeout = 0.2 }))
