@@ -109,7 +109,8 @@ describe("#unit mongolock.connect", function()
       "bad argument #2 to 'connect' (write_concern 0 asks for unacknowledged writes: a lock needs "
       .. "the server's answer; use \"majority\" or a number of nodes >= 1)")
     assert.has_error(function() core.connect(DEAD, nil, 0) end)
-    for _, uri in ipairs({ DEAD .. "&w=0", "mongodb://127.0.0.1:9/?w=0", "mongodb://127.0.0.1:9/?W=0&journal=false" }) do
+    for _, uri in ipairs({ DEAD .. "&w=0", "mongodb://127.0.0.1:9/?w=0",
+                           "mongodb://127.0.0.1:9/?W=0&journal=false" }) do
       local c, err = mongolock.connect(uri)
       assert.is_nil(c, uri)
       assert.equal("invalid URI: w=0 asks for unacknowledged writes: a lock needs the server's answer; "
