@@ -91,6 +91,7 @@ function intOf(v, def) { return v === undefined ? def : Math.trunc(V.num(v)); }
 const RETRYABLE_CODES = new Set([6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436]);
 const RETRYABLE_WRITES = new Set(['insert', 'update', 'delete', 'findAndModify']);
 const RETRIED_MAX = 10000; // sessions whose last retryable write is kept
+const READ_CONCERN_LEVELS = new Set(['local', 'majority', 'linearizable', 'available', 'snapshot']);
 
 // Commands only a writable primary runs, and reads that need one unless
 // the read preference allows a secondary.
@@ -299,6 +300,7 @@ class Engine {
       if (!fn) fail(59, `no such command: '${name}'`);
       if (typeof cmd.$db !== 'string' && !conn.legacy) fail(40571, 'OP_MSG requests require a $db argument');
       checkFields(ALIASES[name] || name, cmd);
+      if (cmd.readConcern !== undefined) this.checkReadConcern(cmd.readConcern);
       const rw = retryableWrite(name, cmd);
       this.txn = null;
       if (!this.isPrimary()) {
@@ -477,6 +479,22 @@ class Engine {
       return new Promise((resolve) => setTimeout(resolve, ms)).then(act);
     }
     return act();
+  }
+
+  // readConcern: {level} of mongod's levels. Every write the stand-in
+  // acknowledged is on its only member, so "majority" reads what "local"
+  // reads (as mongod answers it on a standalone); "linearizable" and
+  // "snapshot" need a replica set (123 NotAReplicaSet on --standalone).
+  checkReadConcern(rc) {
+    if (!V.isPlainDoc(rc)) fail(14, "BSON field 'readConcern' is the wrong type, expected type 'object'");
+    if (rc.level === undefined) return;
+    if (typeof rc.level !== 'string') fail(14, "BSON field 'readConcern.level' is the wrong type, expected type 'string'");
+    if (!READ_CONCERN_LEVELS.has(rc.level)) {
+      fail(2, `Enumeration value '${rc.level}' for field 'readConcern.level' is not a valid value.`);
+    }
+    if (!this.replset && (rc.level === 'linearizable' || rc.level === 'snapshot')) {
+      fail(123, 'node needs to be a replica set member to use read concern');
+    }
   }
 
   // ---- elections -------------------------------------------------------------
