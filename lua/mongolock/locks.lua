@@ -128,8 +128,9 @@ function _M.new(client, opts, fname, level)
 end
 
 -- the TTL index, once per server, collection and process: keyed by URI,
--- database and collection; a forked child makes it once more.  Its
--- failure fails no acquisition (mongolock.private.ensure_index).
+-- database and collection; a forked child makes it once more.  Made after
+-- an attempt the server answered (an unreachable server costs the attempt
+-- alone); its failure fails no acquisition (mongolock.private.ensure_index).
 local function ensure_index(self)
   private.ensure_index(self.key, self.database .. "." .. self.collection, function()
     return self.core:ensure_index(self.database, self.collection, math_ceil(self.expire_after))
@@ -159,9 +160,10 @@ end
 -- acquire's id, which queues it (nil: a try)
 local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
-  ensure_index(self)
-  return self.core:acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
-    waiter, queue_ms, polling)
+  local h, err, info = self.core:acquire(self.database, self.collection, name, ttl_ms, self.app,
+    o.renew, waiter, queue_ms, polling)
+  if h or err == "busy" then ensure_index(self) end
+  return h, err, info
 end
 
 -- h, err = locks:try(name, opts): one attempt; nil, "busy", info when held

@@ -110,8 +110,9 @@ local function core_of(self)
   return self.core
 end
 
--- the TTL index, once per collection and process; its failure fails no
--- acquisition (mongolock.private.ensure_index)
+-- the TTL index, once per collection and process, after an attempt the
+-- server answered; its failure fails no acquisition
+-- (mongolock.private.ensure_index)
 local function ensure_index(self)
   local key = "shared\0" .. self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
   private.ensure_index(key, self.database .. "." .. self.collection, function()
@@ -158,9 +159,9 @@ end
 -- one attempt: h | nil, "busy", info | nil, message[, code | info]
 local function attempt(self, mode, name, o, waiter, queue_ms, polling)
   if self.core:closed() then return nil, "closed" end
-  ensure_index(self)
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
     o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling)
+  if h or e == "busy" or e == "mismatch" then ensure_index(self) end
   if h then return h end
   if e == "busy" then return nil, "busy", to_info(v) end
   if e == "mismatch" then return mismatch(name, mode, o, to_info(v)) end
