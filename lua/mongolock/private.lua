@@ -412,6 +412,7 @@ function _M.acquire_loop(run)
   local give_up = run.give_up or function(...) return nil, ... end
   local state
   local outage      -- the backoff state while attempts fail transiently
+  local broken      -- {err, code} of the latest wait step that failed transiently
   local first = true
   -- one backoff step after a transient failure; nil, err, code when the
   -- wait step says to stop (a signal, in the command)
@@ -445,7 +446,11 @@ function _M.acquire_loop(run)
       if ok == nil and serr ~= nil then return give_up(serr, scode) end
     else
       outage = nil
-      if monotonic() >= deadline then return give_up("timeout", c) end
+      if monotonic() >= deadline then
+        -- wait = "watch" whose stream kept failing: what failed, not "timeout"
+        if broken then return give_up(broken[1], broken[2]) end
+        return give_up("timeout", c)
+      end
       if not state then state = run.new_state(deadline) end
       state.attempt = (state.attempt or 0) + 1
       state.info = c
@@ -456,9 +461,12 @@ function _M.acquire_loop(run)
       -- change event): the handle is made from it, measured from just before
       -- the latest attempt, which the release followed
       if state.granted and run.granted then return run.granted(state.granted, started) end
+      broken = nil
       if ok == nil and serr ~= nil then
         -- wait = "watch": a stream that fails transiently is tried again
+        -- (and its error returned at the deadline)
         if not _M.transient(scode, serr) then return give_up(serr, scode) end
+        broken = { serr, scode }
         ok, serr, scode = pause()
         if ok == nil and serr ~= nil then return give_up(serr, scode) end
       end
