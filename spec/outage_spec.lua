@@ -252,4 +252,52 @@ describe("#integration waits through outages and elections", function()
     assert.equal(4, fp("off").count - fired)
     client:close()
   end)
+
+  it("a waiter whose attempt got no reply goes on under a new id, and its old place leaves the queue", function()
+    local app = helpers.unique("noreply")
+    local name = helpers.unique("x")
+    -- the holder renews a 1.5 s lease, so the first waiter wakes (and
+    -- makes an attempt) at each lease end it saw; once the waiter is
+    -- queued, two answers to its findAndModify are closed connections (the
+    -- attempt and the driver's retry); the holder releases 5 s later
+    local holder = helpers.spawn(helpers.script([[
+      local mongolock = require "mongolock"
+      local core = require "mongolock.core"
+      local uri, db, coll, name, app = arg[1], arg[2], arg[3], arg[4], arg[5]
+      local c = assert(mongolock.connect(uri))
+      local locks = c:locks({ database = db, collection = coll, ttl = 1.5 })
+      local h = assert(locks:acquire(name, { renew = true }))
+      print("held"); io.stdout:flush()
+      while ((locks:status(name) or {}).waiting or 0) < 1 do core.sleep(0.02) end
+      assert(c:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 2 },
+        data = { failCommands = mongolock.array({ "findAndModify" }), closeConnection = true, appName = app } }))
+      core.sleep(5)
+      assert(h:release())
+      print("released " .. string.format("%.3f", core.monotonic())); io.stdout:flush()
+      c:close()
+    ]]), { helpers.uri(), helpers.database, coll, name, app })
+    finally(function() holder:kill("KILL"); holder:cleanup() end)
+    assert(holder:wait_for("held", 30))
+    local client = helpers.connect({ appname = app })
+    local observer = helpers.connect()
+    local locks = client:locks({ database = helpers.database, collection = coll })
+    local olocks = observer:locks({ database = helpers.database, collection = coll })
+    local fired = assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })).count
+    local h, err, code = locks:acquire(name, { timeout = 30, queue_ttl = 20 })
+    local got = core.monotonic()
+    local status, out = holder:wait(30)
+    assert.equal(0, status, out)
+    assert.truthy(h, format("acquire: %s %s; holder: %s", tostring(err), tostring(code), out))
+    -- the fault happened: count is mongod's timesEntered, which setting the
+    -- fail point again does not reset
+    local now = assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })).count
+    assert.equal(2, now - fired, "two closed connections")
+    -- the release went to this waiter, not to a place left behind
+    local released = tonumber(out:match("released ([%d.]+)"))
+    assert.truthy(got - released < 3, format("got the lock %.1f s after the release", got - released))
+    assert.equal(0, assert(olocks:status(name)).waiting)
+    assert.truthy(h:release())
+    client:close()
+    observer:close()
+  end)
 end)

@@ -192,6 +192,7 @@ local function wait_for(self, name, ttl_ms, o)
   -- failed without saying what it wrote (a lost reply may hide a place,
   -- or the lock itself, taken under the waiter's id)
   local queued, unsure = false, false
+  local stale = {}      -- earlier ids of this waiter (see network below)
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait,
     poll = o.wait == "poll", refresh = o.queue_ttl / 2,
@@ -201,6 +202,14 @@ local function wait_for(self, name, ttl_ms, o)
       local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling)
       if err == "busy" then queued = queued or info.position ~= nil
       elseif not h and err ~= "closed" then unsure = true end
+      -- the server answers again: the places left behind under earlier
+      -- ids leave the queue (passing on a lock granted to one of them)
+      if (h or err == "busy") and stale[1] then
+        for i = #stale, 1, -1 do
+          pcall(self.core.leave, self.core, self.database, self.collection, name, stale[i])
+          stale[i] = nil
+        end
+      end
       return h, err, info
     end,
     -- a lock a release granted to this waiter (no command)
@@ -211,10 +220,12 @@ local function wait_for(self, name, ttl_ms, o)
     -- no reply to an attempt, even to the driver's retry: the core gives
     -- back in the background what the attempt may have taken under this
     -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
-    -- wait under a new id (a place left behind lapses after queue_ttl)
+    -- wait under a new id; the old one's place leaves the queue once the
+    -- server answers again (else it lapses after queue_ttl)
     network = function(state)
       local w = core.waiter_id()
       if not w then return end
+      stale[#stale + 1] = waiter
       waiter, queued, unsure = w, false, false
       if state then state.waiter = w end
     end,
@@ -225,6 +236,11 @@ local function wait_for(self, name, ttl_ms, o)
     give_up = function(...)
       if (queued or unsure) and not self.core:closed() and self.core:writable() then
         pcall(self.core.leave, self.core, self.database, self.collection, name, waiter)
+      end
+      if stale[1] and not self.core:closed() and self.core:writable() then
+        for _, w in ipairs(stale) do
+          pcall(self.core.leave, self.core, self.database, self.collection, name, w)
+        end
       end
       return nil, ...
     end,
