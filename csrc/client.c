@@ -252,7 +252,8 @@ static int uri_usable(lua_State *L, const mongoc_uri_t *uri) {
 /*
  * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms, bound_ms)
  *   -> client | nil, message
- * w: "majority", an integer >= 0, or nil for "majority".  appname,
+ * w: "majority", an integer >= 1, or nil for the URI's w, else "majority";
+ * an unacknowledged write concern (the URI's w=0) is refused.  appname,
  * wtimeout_ms, pool_size and sst_ms may be nil (the URI's or libmongoc's).
  * bound_ms: serverSelectionTimeoutMS, connectTimeoutMS and socketTimeoutMS,
  * each unless the URI (or sst_ms) gives it, so that no round trip waits for
@@ -338,10 +339,10 @@ static int l_connect(lua_State *L) {
     mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
   } else if (!lua_isnoneornil(L, 3)) {
     lua_Integer w = luaL_checkinteger(L, 3);
-    if (w < 0 || w > 50) {
+    if (w < 1 || w > 50) {
       mongoc_write_concern_destroy(wc);
       mongoc_uri_destroy(uri);
-      return luaL_argerror(L, 3, "write concern w out of range");
+      return luaL_argerror(L, 3, "write concern w out of range (1 .. 50; 0 is unacknowledged)");
     }
     mongoc_write_concern_set_w(wc, (int32_t)w);
   } else if (mongoc_write_concern_get_w(wc) == MONGOC_WRITE_CONCERN_W_DEFAULT &&
@@ -352,6 +353,15 @@ static int l_connect(lua_State *L) {
     lua_Integer t = luaL_checkinteger(L, 4);
     if (t < 0) t = 0;
     mongoc_write_concern_set_wtimeout_int64(wc, (int64_t)t);
+  }
+  /* Invariant: every write is acknowledged.  Unacknowledged (the URI's
+   * w=0 with no write_concern given) an acquire could not tell whether it
+   * took the lock, nor a release whether it freed it. */
+  if (!mongoc_write_concern_is_acknowledged(wc)) {
+    mongoc_write_concern_destroy(wc);
+    mongoc_uri_destroy(uri);
+    return ml_pushfail(L, "invalid URI: w=0 asks for unacknowledged writes: a lock needs the server's "
+                          "answer; use w=majority or w=1 or more (or the write_concern option)", 0);
   }
 
   c = (ml_client *)ml_newuserdata(L, sizeof *c);

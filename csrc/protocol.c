@@ -661,18 +661,23 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
       "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}",             \
     "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "}", "}"
 
+/* status reads see what a majority of the replica set has: an acquisition
+ * a failover may still roll back is not reported as held (mongod takes it
+ * as "local" on a standalone, where every write is committed) */
+#define READ_MAJORITY "readConcern", "{", "level", "majority", "}"
+
 void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name) {
   ml_op_init(op, ML_RUN_CURSOR, db, coll);
   if (name)
     BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
                 "pipeline", "[", "{", "$match", "{", "_id", BCON_UTF8(name), "}", "}",
                                  STATUS_PROJECT, "]",
-                "cursor", "{", "}");
+                "cursor", "{", "}", READ_MAJORITY);
   else
     BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
                 "pipeline", "[", STATUS_PROJECT,
                                  "{", "$sort", "{", "_id", BCON_INT32(1), "}", "}", "]",
-                "cursor", "{", "}");
+                "cursor", "{", "}", READ_MAJORITY);
 }
 
 void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms) {
@@ -688,7 +693,7 @@ void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms) {
                   "{", "$project", "{", "_id", BCON_INT32(0), "owner", BCON_UTF8(oref),
                     "remainingMs", "{", "$subtract", "[", BCON_UTF8(tref), "$$NOW", "]", "}",
                   "}", "}", "]",
-                "cursor", "{", "}");
+                "cursor", "{", "}", READ_MAJORITY);
   else
     BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(r->coll),
                 "pipeline", "[", "{", "$match", "{", "_id", BCON_ITER(&id), "}", "}",
@@ -697,7 +702,7 @@ void ml_build_doc_status(ml_op *op, const ml_lockref *r, int64_t ttl_ms) {
                       "{", "$add", "[", BCON_UTF8(tref), BCON_INT64(ttl_ms), "]", "}", "$$NOW",
                     "]", "}",
                   "}", "}", "]",
-                "cursor", "{", "}");
+                "cursor", "{", "}", READ_MAJORITY);
 }
 
 void ml_build_ensure_index(ml_op *op, const char *db, const char *coll, int32_t expire_after) {

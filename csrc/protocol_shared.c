@@ -319,7 +319,7 @@ void ml_build_share_status(ml_op *op, const char *db, const char *coll, const ch
           "remainingMs", "{", "$subtract", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",
         "waiting", "{", "$size", ML_LIVE(ML_F_SQUEUE), "}",
         "writers", "{", "$size", ML_LIVE(ML_F_QUEUE), "}", "}", "}", "]",
-    "cursor", "{", "}");
+    "cursor", "{", "}", "readConcern", "{", "level", "majority", "}");
   bson_destroy(&match);
 }
 

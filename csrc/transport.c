@@ -52,13 +52,16 @@ static int run_cursor(mongoc_client_t *mc, const ml_op *op, bson_t *reply, bson_
   mongoc_collection_t *col;
   mongoc_cursor_t *cur;
   const bson_t *doc;
-  bson_t pipeline, cursor, batch;
+  bson_t pipeline, cursor, batch, rc, opts = BSON_INITIALIZER;
   uint32_t n = 0;
   int ok;
   if (!op->coll || !find_view(&op->cmd, "pipeline", &pipeline))
     return bad_op(reply, error, "malformed aggregate op");
+  /* the op's read concern goes with the aggregate */
+  if (find_view(&op->cmd, "readConcern", &rc)) BSON_APPEND_DOCUMENT(&opts, "readConcern", &rc);
   col = mongoc_client_get_collection(mc, op->db, op->coll);
-  cur = mongoc_collection_aggregate(col, MONGOC_QUERY_NONE, &pipeline, NULL, NULL);
+  cur = mongoc_collection_aggregate(col, MONGOC_QUERY_NONE, &pipeline, &opts, NULL);
+  bson_destroy(&opts);
   bson_init(reply);
   BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cursor);
   BSON_APPEND_ARRAY_BEGIN(&cursor, "firstBatch", &batch);

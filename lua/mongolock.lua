@@ -76,6 +76,12 @@ function _M.connect(uri, opts)
   if w ~= nil and w ~= "majority" and (type(w) ~= "number" or w ~= w or w < 0 or w % 1 ~= 0) then
     argerror(2, "connect", "write_concern must be \"majority\" or a non-negative integer")
   end
+  -- w = 0: the server does not answer writes, and an acquire could not
+  -- tell whether it took the lock (nor a release whether it freed it)
+  if w == 0 then
+    argerror(2, "connect", "write_concern 0 asks for unacknowledged writes: a lock needs the "
+      .. "server's answer; use \"majority\" or a number of nodes >= 1")
+  end
   local wtimeout, pool, sst
   if opts.wtimeout ~= nil then
     wtimeout = math_ceil(seconds(opts.wtimeout, 2, "connect", "wtimeout") * 1000)

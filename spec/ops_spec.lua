@@ -89,6 +89,23 @@ describe("#unit ops (builders, no server)", function()
     assert.same({ ping = 1, comment = "x" }, c.cmd)
   end)
 
+  -- a status read sees only what a majority has (a write a failover may
+  -- roll back is not reported as held)
+  it("reads status and lists with readConcern majority", function()
+    for what, op in pairs({
+      status = core.op_status{ db = "d", coll = "c", name = "n" },
+      list = core.op_status{ db = "d", coll = "c" },
+      share_status = core.op_share_status{ db = "d", coll = "c", name = "n" },
+      share_list = core.op_share_status{ db = "d", coll = "c" },
+      doc_status = core.op_doc_status{ db = "d", coll = "c", id = 7, owner_field = "lockId",
+                                       time_field = "lockExpires", ttl_ms = 1000 },
+    }) do
+      local o = decode(op)
+      assert.equal("cursor", o.kind, what)
+      assert.same({ level = "majority" }, o.cmd.readConcern, what)
+    end
+  end)
+
   it("builds the change stream's aggregate, getMore and killCursors", function()
     local w = decode(core.op_watch{ db = "d", coll = "c", tag = TAG, t = 5, i = 2 })
     assert.equal("c", w.cmd.aggregate)

@@ -102,6 +102,25 @@ describe("#unit mongolock.connect", function()
     end
   end)
 
+  -- w = 0 sends writes without waiting for an answer: an acquire could not
+  -- tell whether it took the lock, and would leave it held by nobody
+  it("refuses an unacknowledged write concern, naming the option", function()
+    assert.has_error(function() mongolock.connect(DEAD, { write_concern = 0 }) end,
+      "bad argument #2 to 'connect' (write_concern 0 asks for unacknowledged writes: a lock needs "
+      .. "the server's answer; use \"majority\" or a number of nodes >= 1)")
+    assert.has_error(function() core.connect(DEAD, nil, 0) end)
+    for _, uri in ipairs({ DEAD .. "&w=0", "mongodb://127.0.0.1:9/?w=0",
+                           "mongodb://127.0.0.1:9/?W=0&journal=false" }) do
+      local c, err = mongolock.connect(uri)
+      assert.is_nil(c, uri)
+      assert.equal("invalid URI: w=0 asks for unacknowledged writes: a lock needs the server's answer; "
+        .. "use w=majority or w=1 or more (or the write_concern option)", err)
+    end
+    -- the option wins over the URI's w
+    assert(mongolock.connect("mongodb://127.0.0.1:9/?w=0", { write_concern = "majority" })):close()
+    assert(mongolock.connect("mongodb://127.0.0.1:9/?w=1")):close()
+  end)
+
   it("accepts good options without touching the network", function()
     local c = assert(mongolock.connect(DEAD, { appname = "unit", write_concern = 1,
       wtimeout = 2, pool_size = 4, server_selection_timeout = 0.2 }))
@@ -180,13 +199,20 @@ describe("#unit locks arguments", function()
       "bad argument #3 to 'with' (function expected, got nil)")
   end)
 
-  it("answers an unreachable server with nil, message, code within the selection timeout", function()
+  it("answers an unreachable server with nil, message, code when its timeout ends", function()
     local t0 = core.monotonic()
-    local h, err, code = locks:acquire("x", { timeout = 5 })
+    local h, err, code = locks:acquire("x", { timeout = 1 })
     assert.is_nil(h)
     assert.is_truthy(err:match("No suitable servers"), err)
     assert.is_number(code)
-    -- an error is not "busy": acquire does not wait out its timeout
+    -- no server found is transient (an election): acquire tries again
+    -- until its timeout, and not past it by more than a selection timeout
+    local took = core.monotonic() - t0
+    assert.is_true(took >= 1 and took < 5, took)
+    t0 = core.monotonic()
+    h, err = locks:try("x")
+    assert.is_nil(h)
+    assert.is_truthy(err:match("No suitable servers"), err)
     assert.is_true(core.monotonic() - t0 < 5)
     local st, err2 = locks:status("x")
     assert.is_nil(st)

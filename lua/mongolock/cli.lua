@@ -671,36 +671,49 @@ local function cmd_wait(args)
   local rw = rwlocks_of(client, locks)
   local deadline = args.timeout and core.monotonic() + args.timeout or huge
   local step = 0.01
+  local private = require "mongolock.private"
+  -- a transient failure (an election, a closed socket, no server found:
+  -- mongolock.private.transient) is looked at again while a call (at most
+  -- the server timeout) still ends before the deadline
+  local bound = server_timeout(args)
+  local function failed(err, code)
+    if private.transient(code, err) and core.monotonic() + bound < deadline then return true end
+    fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
+  end
   while true do
-    local st, err = call(locks, "status", args.name)
-    if st == nil and err ~= nil then
-      fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
-    end
+    local st, err, code = call(locks, "status", args.name)
+    local sst, serr, scode
+    local retry = st == nil and err ~= nil and failed(err, code)
     -- free: no exclusive holder, and no reader's share or permit either
-    local sst, serr = call(rw, "status", args.name)
-    if sst == nil and serr ~= nil then
-      fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(serr))
+    if not retry then
+      sst, serr, scode = call(rw, "status", args.name)
+      retry = sst == nil and serr ~= nil and failed(serr, scode)
     end
-    local shares = shares_record(sst)
-    local shared = shares and shares.in_use > 0
-    if not (st and st.held) and not shared then
-      client:close()
-      return EXIT.ok
+    if retry then
+      core.sleep(min(step, max(deadline - core.monotonic(), 0)))
+      step = min(step * 2, 1)
+    else
+      local shares = shares_record(sst)
+      local shared = shares and shares.in_use > 0
+      if not (st and st.held) and not shared then
+        client:close()
+        return EXIT.ok
+      end
+      local now = core.monotonic()
+      if now >= deadline then
+        client:close()
+        return args.conflict_exit_code
+      end
+      -- back off, but look again when the lease (or the soonest share) is
+      -- due to end
+      local nap = step
+      local rem = st and st.state == "held" and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
+      local share_end = shared and soonest_end(shares)
+      if share_end and (not rem or share_end < rem) then rem = share_end end
+      if rem and rem > 0 then nap = min(nap, rem + 0.005) end
+      core.sleep(min(nap, deadline - now))
+      step = min(step * 2, 0.5)
     end
-    local now = core.monotonic()
-    if now >= deadline then
-      client:close()
-      return args.conflict_exit_code
-    end
-    -- back off, but look again when the lease (or the soonest share) is
-    -- due to end
-    local nap = step
-    local rem = st and st.state == "held" and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
-    local share_end = shared and soonest_end(shares)
-    if share_end and (not rem or share_end < rem) then rem = share_end end
-    if rem and rem > 0 then nap = min(nap, rem + 0.005) end
-    core.sleep(min(nap, deadline - now))
-    step = min(step * 2, 0.5)
   end
 end
 

@@ -20,7 +20,6 @@ local pairs = pairs
 local setmetatable = setmetatable
 local core_of = private.core_of
 local math_ceil = math.ceil
-local getpid = core.getpid
 
 local argerror = private.argerror
 local check_type = private.check_type
@@ -129,18 +128,13 @@ function _M.new(client, opts, fname, level)
 end
 
 -- the TTL index, once per server, collection and process: keyed by URI,
--- database and collection; a forked child makes it once more
-local indexed = {}
-
+-- database and collection; a forked child makes it once more.  Made after
+-- an attempt the server answered (an unreachable server costs the attempt
+-- alone); its failure fails no acquisition (mongolock.private.ensure_index).
 local function ensure_index(self)
-  local key = self.key
-  if indexed[key] == getpid() then return true end
-  local ok, err, code = core_of(self):ensure_index(self.database, self.collection,
-    math_ceil(self.expire_after))
-  -- 85/86: an index on expiresAt exists with other options; it serves
-  if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
-  indexed[key] = getpid()
-  return true
+  private.ensure_index(self.key, self.database .. "." .. self.collection, function()
+    return core_of(self):ensure_index(self.database, self.collection, math_ceil(self.expire_after))
+  end)
 end
 
 -- per-call options over the locks' own; returns ttl_ms and the options
@@ -163,10 +157,10 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
     local ready, err, code = private.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
-  local ok, err, code = ensure_index(self)
-  if not ok then return nil, err, code end
-  return core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app, o.renew,
-    waiter, queue_ms, polling, deadline)
+  local h, err, info = core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app,
+    o.renew, waiter, queue_ms, polling, deadline)
+  if h or err == "busy" then ensure_index(self) end
+  return h, err, info
 end
 
 -- h, err = locks:try(name, opts): one attempt; nil, "busy", info when held
@@ -191,6 +185,7 @@ local function wait_for(self, name, ttl_ms, o, on_step)
   -- failed without saying what it wrote (a lost reply may hide a place,
   -- or the lock itself, taken under the waiter's id)
   local queued, unsure = false, false
+  local stale = {}      -- earlier ids of this waiter (see network below)
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait,
     poll = o.wait == "poll", refresh = o.queue_ttl / 2, on_step = on_step,
@@ -200,12 +195,32 @@ local function wait_for(self, name, ttl_ms, o, on_step)
       local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
       if err == "busy" then queued = queued or info.position ~= nil
       elseif not h and err ~= "closed" then unsure = true end
+      -- the server answers again: the places left behind under earlier
+      -- ids leave the queue (passing on a lock granted to one of them)
+      if (h or err == "busy") and stale[1] then
+        for i = #stale, 1, -1 do
+          pcall(core_of(self).leave, core_of(self), self.database, self.collection, name, stale[i])
+          stale[i] = nil
+        end
+      end
       return h, err, info
     end,
     -- a lock a release granted to this waiter (no command)
     granted = function(g, started)
       return core_of(self):granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
         g.token, started, o.renew)
+    end,
+    -- no reply to an attempt, even to the driver's retry: the core gives
+    -- back in the background what the attempt may have taken under this
+    -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
+    -- wait under a new id; the old one's place leaves the queue once the
+    -- server answers again (else it lapses after queue_ttl)
+    network = function(state)
+      local w = core.waiter_id()
+      if not w then return end
+      stale[#stale + 1] = waiter
+      waiter, queued, unsure = w, false, false
+      if state then state.waiter = w end
     end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     -- a waiter that gives up takes its place out of the queue, and passes
@@ -215,6 +230,11 @@ local function wait_for(self, name, ttl_ms, o, on_step)
       if (queued or unsure) and not self.core:closed() and self.core:writable() then
         local c = core_of(self)
         pcall(c.leave, c, self.database, self.collection, name, waiter)
+      end
+      if stale[1] and not self.core:closed() and self.core:writable() then
+        for _, w in ipairs(stale) do
+          pcall(self.core.leave, self.core, self.database, self.collection, name, w)
+        end
       end
       return nil, ...
     end,

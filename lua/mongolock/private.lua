@@ -262,6 +262,107 @@ function _M.check_coll(v, db, n, fname, what, level)
   return v
 end
 
+-- ---- transient errors ------------------------------------------------------------
+
+-- What a replica set answers while it elects a primary or shuts one down
+-- (the retryable-writes specification's retryable codes: HostUnreachable,
+-- HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown,
+-- ExceededTimeLimit, SocketException, NotWritablePrimary,
+-- InterruptedAtShutdown, InterruptedDueToReplStateChange,
+-- NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary), and libmongoc's
+-- server selection failure (MONGOC_ERROR_SERVER_SELECTION_FAILURE: no
+-- writable primary known within the server timeout)
+local TRANSIENT_CODES = {
+  [6] = true, [7] = true, [89] = true, [91] = true, [189] = true, [262] = true, [9001] = true,
+  [10107] = true, [11600] = true, [11602] = true, [13435] = true, [13436] = true,
+  [13053] = true,
+}
+_M.TRANSIENT_CODES = TRANSIENT_CODES
+
+-- error labels a server puts on errors that a retry may overcome
+local TRANSIENT_LABELS = { RetryableWriteError = true, ResumableChangeStreamError = true }
+
+-- true when (code, message) is libmongoc's network error: no connection,
+-- or no reply (MONGOC_ERROR_STREAM: 3 name resolution, 4 socket, 5 connect,
+-- 6 not established).  A write whose reply is lost may have been applied.
+function _M.network_error(code, message)
+  if code ~= 3 and code ~= 4 and code ~= 5 and code ~= 6 then return false end
+  if type(message) ~= "string" then return false end
+  return (message:find("socket", 1, true) or message:find("connect", 1, true)
+    or message:find("stream", 1, true) or message:find("Failed to", 1, true)) ~= nil
+end
+
+-- The one place that tells a transient failure (the server or the network
+-- will be back: an election, a stepdown, a shutdown, a closed socket, no
+-- server found) from a permanent one (a bad name, authorization, a
+-- permit mismatch, a duplicate key, ...).  labels: the reply's
+-- errorLabels when known (a list of strings), else nil.
+function _M.transient(code, message, labels)
+  if type(labels) == "table" then
+    for _, l in pairs(labels) do
+      if TRANSIENT_LABELS[l] then return true end
+    end
+  end
+  if type(code) ~= "number" then return false end
+  if TRANSIENT_CODES[code] then return true end
+  return _M.network_error(code, message)
+end
+
+-- backoff between attempts that failed transiently: 50 ms, doubling, at
+-- most 1 s (an election takes 2 to 12 s)
+_M.outage_backoff = { step = 0.05, ratio = 2, max_step = 1 }
+
+-- ---- the TTL index --------------------------------------------------------------
+
+-- One line for a person reading the logs: ngx.log inside nginx, else
+-- standard error.  (Replaced by the specs to see what is reported.)
+function _M.log(msg)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.log then
+    ngx.log(ngx.WARN, msg)
+  else
+    io.stderr:write(msg, "\n")
+  end
+end
+
+-- seconds after a failed createIndexes before an acquire tries again
+_M.index_retry = 30
+-- createIndexes that failed in this process (every kind, every collection)
+_M.index_failures = 0
+
+-- key -> {pid, done, failed_at, reported}: the TTL index of a collection,
+-- made once per key (server, database, collection) and process
+local indexes = {}
+
+-- The TTL index (expire_after) only removes long-idle lock documents: no
+-- acquisition depends on it.  make() -> ok | nil, err, code sends the
+-- createIndexes.  A failure (a stepdown, a missing privilege) is reported
+-- once per key and process, counted, and tried again by the first
+-- acquisition index_retry seconds later; it never fails the acquisition.
+-- 85/86 (an index on the field exists with other options) serves.
+function _M.ensure_index(key, what, make)
+  local pid = core.getpid()
+  local s = indexes[key]
+  if not s or s.pid ~= pid then
+    s = { pid = pid }
+    indexes[key] = s
+  end
+  if s.done or (s.failed_at and monotonic() < s.failed_at + _M.index_retry) then return end
+  local ok, err, code = make()
+  if ok or code == 85 or code == 86 then
+    s.done = true
+    return
+  end
+  _M.index_failures = _M.index_failures + 1
+  s.failed_at = monotonic()
+  if not s.reported then
+    s.reported = true
+    _M.log(string_format("mongolock: the TTL index of %s was not created (%s%s); locks work "
+      .. "without it, and a later acquisition tries again", what, tostring(err),
+      code and (", code " .. tostring(code)) or ""))
+  end
+end
+
 -- ---- the acquire loop -----------------------------------------------------------
 
 -- the error of an acquire that found no server before its deadline, as
@@ -324,6 +425,8 @@ The one acquire loop of named locks (mongolock.locks) and document locks
   on_step   nil, or function(waiting) called before every attempt
             (waiting false) and every wait between attempts (true): the
             caller's sign of life
+  network   function(state): after a network error (no reply, even to the
+            driver's retry), before the next attempt (nil: nothing to do)
 }
 Guarantee: no attempt starts after the deadline, no wait goes past it, and
 an attempt that starts with less than the server bound left first waits (up
@@ -331,6 +434,11 @@ to the deadline) for a writable server, so an unreachable server costs no
 more than the timeout; timeout = 0 waits for one up to ONE_ATTEMPT_WAIT
 (one_attempt_ready).  An attempt in flight when the server dies or stops
 answering ends within the server bound.
+A transient failure (_M.transient: an election, a stepdown, a closed
+socket, no server found) of an attempt or of a wait step is retried after
+a backoff step (outage_backoff, through run.wait in "poll" mode, so that a
+wrapped wait step sees it) until the deadline; then the loop gives up with
+that failure.  A permanent one returns at once.
 ]]
 function _M.acquire_loop(run)
   local timeout = run.timeout
@@ -338,7 +446,20 @@ function _M.acquire_loop(run)
   local deadline = start + timeout
   local give_up = run.give_up or function(...) return nil, ... end
   local state
+  local outage      -- the backoff state while attempts fail transiently
+  local broken      -- {err, code} of the latest wait step that failed transiently
   local first = true
+  -- one backoff step after a transient failure; nil, err, code when the
+  -- wait step says to stop (a signal, in the command)
+  local function pause()
+    if not outage then
+      local b = _M.outage_backoff
+      outage = { attempt = 0, deadline = deadline,
+                 opts = { wait = "poll", step = b.step, ratio = b.ratio, max_step = b.max_step } }
+    end
+    outage.attempt = outage.attempt + 1
+    return run.wait.sleep_until_retry(outage)
+  end
   while true do
     local started = monotonic()
     if timeout == 0 then
@@ -354,20 +475,42 @@ function _M.acquire_loop(run)
     local a, b, c = run.attempt(polling, first, timeout > 0 and deadline or nil)
     first = false
     if a ~= nil then return a, b, c end
-    if b ~= "busy" then return give_up(b, c) end
-    if monotonic() >= deadline then return give_up("timeout", c) end
-    if not state then state = run.new_state(deadline) end
-    state.attempt = (state.attempt or 0) + 1
-    state.info = c
-    state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
-    if run.on_step then run.on_step(true) end
-    -- nil, err only when wait = "watch" finds no change stream
-    local ok, serr, scode = run.wait.sleep_until_retry(state)
-    -- a release granted the lock to this waiter (state.granted, from the
-    -- change event): the handle is made from it, measured from just before
-    -- the latest attempt, which the release followed
-    if state.granted and run.granted then return run.granted(state.granted, started) end
-    if ok == nil and serr ~= nil then return give_up(serr, scode) end
+    if b ~= "busy" then
+      -- timeout = 0 is one attempt; a permanent failure returns at once
+      if timeout == 0 or not _M.transient(c, b) or monotonic() >= deadline then
+        return give_up(b, c)
+      end
+      if run.network and _M.network_error(c, b) then run.network(state) end
+      local ok, serr, scode = pause()
+      if ok == nil and serr ~= nil then return give_up(serr, scode) end
+    else
+      outage = nil
+      if monotonic() >= deadline then
+        -- wait = "watch" whose stream kept failing: what failed, not "timeout"
+        if broken then return give_up(broken[1], broken[2]) end
+        return give_up("timeout", c)
+      end
+      if not state then state = run.new_state(deadline) end
+      state.attempt = (state.attempt or 0) + 1
+      state.info = c
+      state.refresh_at = (run.refresh and c and c.position) and started + run.refresh or nil
+      if run.on_step then run.on_step(true) end
+      -- nil, err only when wait = "watch" finds no change stream
+      local ok, serr, scode = run.wait.sleep_until_retry(state)
+      -- a release granted the lock to this waiter (state.granted, from the
+      -- change event): the handle is made from it, measured from just before
+      -- the latest attempt, which the release followed
+      if state.granted and run.granted then return run.granted(state.granted, started) end
+      broken = nil
+      if ok == nil and serr ~= nil then
+        -- wait = "watch": a stream that fails transiently is tried again
+        -- (and its error returned at the deadline)
+        if not _M.transient(scode, serr) then return give_up(serr, scode) end
+        broken = { serr, scode }
+        ok, serr, scode = pause()
+        if ok == nil and serr ~= nil then return give_up(serr, scode) end
+      end
+    end
   end
 end
 

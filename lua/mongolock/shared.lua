@@ -31,7 +31,6 @@ local string_format = string.format
 local math_ceil = math.ceil
 local math_floor = math.floor
 local monotonic = core.monotonic
-local getpid = core.getpid
 local argerror = private.argerror
 local check_name = private.check_name
 
@@ -106,16 +105,14 @@ end
 -- (mongolock.private.core_of: every round trip in a worker thread)
 local core_of = private.core_of
 
--- the TTL index, once per collection and process
-local indexed = {}
+-- the TTL index, once per collection and process, after an attempt the
+-- server answered; its failure fails no acquisition
+-- (mongolock.private.ensure_index)
 local function ensure_index(self)
-  local key = self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
-  if indexed[key] == getpid() then return true end
-  local ok, err, code = core_of(self):ensure_index(self.database, self.collection,
-    math_ceil(self.expire_after))
-  if not ok and code ~= 85 and code ~= 86 then return nil, err, code end
-  indexed[key] = getpid()
-  return true
+  local key = "shared\0" .. self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
+  private.ensure_index(key, self.database .. "." .. self.collection, function()
+    return core_of(self):ensure_index(self.database, self.collection, math_ceil(self.expire_after))
+  end)
 end
 
 -- a field of the server's reply, nil for null (absent, as in the
@@ -162,10 +159,9 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
     local ready, err, code = private.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
-  local ok, err, code = ensure_index(self)
-  if not ok then return nil, err, code end
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
     o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline)
+  if h or e == "busy" or e == "mismatch" then ensure_index(self) end
   if h then return h end
   if e == "busy" then return nil, "busy", to_info(v) end
   if e == "mismatch" then return mismatch(name, mode, o, to_info(v)) end
@@ -189,6 +185,7 @@ local function wait_for(self, mode, name, o)
   -- failed without saying what it wrote (a lost reply may hide a place;
   -- a share it took under the waiter's id is released by the core)
   local queued, unsure = false, false
+  local stale = {}      -- earlier ids of this waiter (see network below)
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
@@ -197,13 +194,38 @@ local function wait_for(self, mode, name, o)
       local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
       if err == "busy" then queued = queued or info.position ~= nil
       elseif not h and err ~= "closed" then unsure = true end
+      -- the server answers again: the places left behind under earlier
+      -- ids leave the queue (passing on a lock granted to one of them)
+      if (h or err == "busy") and stale[1] then
+        for i = #stale, 1, -1 do
+          pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, stale[i])
+          stale[i] = nil
+        end
+      end
       return h, err, info
+    end,
+    -- no reply to an attempt, even to the driver's retry: the core gives
+    -- back in the background what the attempt may have taken under this
+    -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
+    -- wait under a new id; the old one's place leaves the queue once the
+    -- server answers again (else it lapses after queue_ttl)
+    network = function(state)
+      local w = core.waiter_id()
+      if not w then return end
+      stale[#stale + 1] = waiter
+      waiter, queued, unsure = w, false, false
+      if state then state.waiter = w end
     end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     give_up = function(...)
       -- as named locks: only with a server to tell (the place lapses after queue_ttl)
       if (queued or unsure) and not self.core:closed() and self.core:writable() then
         pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, waiter)
+      end
+      if stale[1] and not self.core:closed() and self.core:writable() then
+        for _, w in ipairs(stale) do
+          pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, w)
+        end
       end
       return nil, ...
     end,

@@ -92,6 +92,26 @@ function intOf(v, def) { return v === undefined ? def : Math.trunc(V.num(v)); }
 const RETRYABLE_CODES = new Set([6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436]);
 const RETRYABLE_WRITES = new Set(['insert', 'update', 'delete', 'findAndModify']);
 const RETRIED_MAX = 10000; // sessions whose last retryable write is kept
+const READ_CONCERN_LEVELS = new Set(['local', 'majority', 'linearizable', 'available', 'snapshot']);
+
+// Commands only a writable primary runs, and reads that need one unless
+// the read preference allows a secondary.
+const WRITE_COMMANDS = new Set(['insert', 'update', 'delete', 'findAndModify', 'findandmodify', 'createIndexes',
+  'dropIndexes', 'create', 'drop', 'dropDatabase']);
+const READ_COMMANDS = new Set(['find', 'aggregate', 'count', 'distinct', 'listIndexes', 'listCollections',
+  'dbStats', 'collStats']);
+
+// The error mongod answers a command with on a node that is not a writable
+// primary, or null when the command runs there
+function notPrimary(name, cmd) {
+  if (WRITE_COMMANDS.has(name)) return new MongoError(10107, 'not primary');
+  if (READ_COMMANDS.has(name)) {
+    const rp = cmd.$readPreference;
+    const mode = rp && typeof rp.mode === 'string' ? rp.mode : 'primary';
+    if (mode === 'primary') return new MongoError(13435, 'not primary and secondaryOk=false');
+  }
+  return null;
+}
 
 // {session, txn} when cmd is a retryable write (a write with its session's
 // txnNumber, outside a transaction), else null
@@ -150,6 +170,9 @@ class Engine {
     this.auth = !!opts.auth;
     this.users = new auth.Users();
     for (const [name, pwd, roles] of opts.users || []) this.users.create('admin', name, pwd, roles);
+    this.term = 1;
+    this.steppedDownUntil = 0; // ms: not a writable primary before then (replSetStepDown)
+    this.stepdowns = 0;        // how many times it stepped down
     this.scheduleTtl();
   }
 
@@ -240,6 +263,7 @@ class Engine {
     const m = this.commandMetric(name);
     m.total += 1;
     let r;
+    this.arrivedAt = this.stepdowns;
     if (this.auth && (COMMANDS[name] || COMMANDS[ALIASES[name]])) {
       try {
         auth.check(this, ALIASES[name] || name, cmd, conn);
@@ -290,8 +314,16 @@ class Engine {
       if (!fn) fail(59, `no such command: '${name}'`);
       if (typeof cmd.$db !== 'string' && !conn.legacy) fail(40571, 'OP_MSG requests require a $db argument');
       checkFields(ALIASES[name] || name, cmd);
+      if (cmd.readConcern !== undefined) this.checkReadConcern(cmd.readConcern);
       const rw = retryableWrite(name, cmd);
       this.txn = null;
+      if (!this.isPrimary()) {
+        // mongod (service_entry_point_common.cpp): a node that is not a
+        // writable primary refuses writes, and reads that did not allow a
+        // secondary; retryable writes' errors are labelled
+        const e = notPrimary(name, cmd);
+        if (e) return this.errorReply(e, !!rw);
+      }
       if (cmd.txnNumber !== undefined && !this.replset) {
         fail(20, 'Transaction numbers are only allowed on a replica set member or mongos');
       }
@@ -424,8 +456,15 @@ class Engine {
   }
 
   runFailing(data, name, cmd, conn) {
+    const arrived = this.arrivedAt;
     const act = () => {
       if (data.closeConnection) return { closeConnection: true };
+      // a write blocked across a stepdown: mongod kills the operations that
+      // take write locks when it steps down
+      if (this.stepdowns !== arrived && WRITE_COMMANDS.has(name)) {
+        return this.errorReply(new MongoError(11602, 'operation was interrupted because of a replication state change'),
+          !!retryableWrite(name, cmd));
+      }
       // mongod labels a retryable write's retryable error (or write concern
       // error) RetryableWriteError, unless the fail point gives errorLabels
       const labels = (code) => (Array.isArray(data.errorLabels) ? data.errorLabels
@@ -454,6 +493,35 @@ class Engine {
       return new Promise((resolve) => setTimeout(resolve, ms)).then(act);
     }
     return act();
+  }
+
+  // readConcern: {level} of mongod's levels. Every write the stand-in
+  // acknowledged is on its only member, so "majority" reads what "local"
+  // reads (as mongod answers it on a standalone); "linearizable" and
+  // "snapshot" need a replica set (123 NotAReplicaSet on --standalone).
+  checkReadConcern(rc) {
+    if (!V.isPlainDoc(rc)) fail(14, "BSON field 'readConcern' is the wrong type, expected type 'object'");
+    if (rc.level === undefined) return;
+    if (typeof rc.level !== 'string') fail(14, "BSON field 'readConcern.level' is the wrong type, expected type 'string'");
+    if (!READ_CONCERN_LEVELS.has(rc.level)) {
+      fail(2, `Enumeration value '${rc.level}' for field 'readConcern.level' is not a valid value.`);
+    }
+    if (!this.replset && (rc.level === 'linearizable' || rc.level === 'snapshot')) {
+      fail(123, 'node needs to be a replica set member to use read concern');
+    }
+  }
+
+  // ---- elections -------------------------------------------------------------
+  // A single-node replica set's primary that stepped down (replSetStepDown)
+  // stands for election again when its stepdown period ends, and wins it:
+  // a new term and electionId.
+  isPrimary() {
+    if (!this.replset || this.steppedDownUntil === 0) return true;
+    if (Date.now() < this.steppedDownUntil) return false;
+    this.steppedDownUntil = 0;
+    this.term += 1;
+    this.electionId = new ObjectId(`7fffffff${this.term.toString(16).padStart(16, '0')}`);
+    return true;
   }
 
   // ---- helpers -------------------------------------------------------------
@@ -540,20 +608,22 @@ const COMMANDS = {};
 function helloReply(engine, conn, legacy) {
   const addr = conn.address;
   const r = {};
-  if (legacy) r.ismaster = true; else r.isWritablePrimary = true;
+  const primary = engine.isPrimary();
+  if (legacy) r.ismaster = primary; else r.isWritablePrimary = primary;
   r.helloOk = true;
   if (engine.replset) {
     r.hosts = [addr];
     r.setName = engine.replset;
     r.setVersion = new Int32(1);
-    r.secondary = false;
-    r.primary = addr;
+    r.secondary = !primary;
+    if (primary) r.primary = addr;
     r.me = addr;
-    r.electionId = engine.electionId;
+    if (primary) r.electionId = engine.electionId;
     const ct = engine.store.clock.now();
+    const t = Long.fromNumber(engine.term);
     r.lastWrite = {
-      opTime: { ts: ct, t: Long.fromNumber(1) }, lastWriteDate: new Date(ct.high * 1000),
-      majorityOpTime: { ts: ct, t: Long.fromNumber(1) }, majorityWriteDate: new Date(ct.high * 1000),
+      opTime: { ts: ct, t }, lastWriteDate: new Date(ct.high * 1000),
+      majorityOpTime: { ts: ct, t }, majorityWriteDate: new Date(ct.high * 1000),
     };
   }
   r.maxBsonObjectSize = new Int32(16777216);
@@ -581,8 +651,9 @@ COMMANDS.hello = function (cmd, conn) {
 };
 COMMANDS.isMaster = function (cmd, conn) {
   const r = COMMANDS.hello.call(this, cmd, conn);
+  const primary = r.isWritablePrimary;
   delete r.isWritablePrimary;
-  return Object.assign({ ismaster: true }, r);
+  return Object.assign({ ismaster: primary }, r);
 };
 
 COMMANDS.ping = () => ({ ok: 1 });
@@ -614,7 +685,10 @@ COMMANDS.serverStatus = function () {
     storageEngine: { name: 'inMemory', persistent: false },
     ok: 1,
   };
-  if (this.replset) r.repl = { setName: this.replset, isWritablePrimary: true, hosts: [] };
+  if (this.replset) {
+    const primary = this.isPrimary();
+    r.repl = { setName: this.replset, isWritablePrimary: primary, secondary: !primary, hosts: [] };
+  }
   return r;
 };
 
@@ -665,6 +739,32 @@ COMMANDS.setParameter = function (cmd) {
     }
   }
   return r;
+};
+
+// replSetStepDown: N (stepDownSecs, default 60), secondaryCatchUpPeriodSecs
+// (default 10, or 0 with force), force. As on a single-node replica set: with force the
+// primary steps down at once, is a secondary for stepDownSecs and then
+// elects itself again; without force there is no secondary to catch up,
+// and after secondaryCatchUpPeriodSecs it answers 262 and stays primary.
+COMMANDS.replSetStepDown = function (cmd) {
+  if (cmd.$db !== 'admin') fail(13, 'replSetStepDown may only be run against the admin database.');
+  if (!this.replset) fail(76, 'not running with --replSet');
+  if (!V.isNumber(cmd.replSetStepDown)) fail(14, "BSON field 'replSetStepDown' is the wrong type, expected a number");
+  const secs = V.num(cmd.replSetStepDown);
+  // mongod's default catch-up period: 0 with force, else 10 s
+  const catchUp = cmd.secondaryCatchUpPeriodSecs === undefined ? (V.truthy(cmd.force) ? 0 : 10)
+    : V.num(cmd.secondaryCatchUpPeriodSecs);
+  if (!(secs >= 0) || !(catchUp >= 0)) fail(2, 'stepDownSecs and secondaryCatchUpPeriodSecs must be numbers >= 0');
+  if (secs < catchUp) fail(2, 'Step down period must be longer than secondaryCatchUpPeriodSecs');
+  if (!this.isPrimary()) fail(10107, 'not primary so can\'t step down');
+  if (!V.truthy(cmd.force)) {
+    return new Promise((resolve) => setTimeout(resolve, catchUp * 1000)).then(() => {
+      fail(262, `No electable secondaries caught up as of ${new Date().toISOString()}. Please use the replSetStepDown command with the argument {force: true} to force node to step down.`);
+    });
+  }
+  this.steppedDownUntil = Date.now() + secs * 1000;
+  this.stepdowns += 1;
+  return { ok: 1 };
 };
 
 COMMANDS.configureFailPoint = function (cmd) {

@@ -332,3 +332,15 @@ test('batches stop before 16 MiB; large replies go through whole', async () => {
   assert.equal((await c.find({}).toArray()).length, 5);
   await c.drop();
 });
+
+test('readConcern: majority and local read as mongod reads them; an unknown level is refused', async () => {
+  const d = env.db('rc');
+  await d.collection('c').insertOne({ _id: 1 });
+  for (const level of ['majority', 'local', 'available']) {
+    const r = await d.command({ aggregate: 'c', pipeline: [], cursor: {}, readConcern: { level } });
+    assert.deepEqual(r.cursor.firstBatch, [{ _id: 1 }], level);
+    assert.equal((await d.command({ find: 'c', filter: {}, readConcern: { level } })).cursor.firstBatch.length, 1);
+  }
+  await assert.rejects(d.command({ find: 'c', filter: {}, readConcern: { level: 'most' } }), (e) => e.code === 2);
+  await assert.rejects(d.command({ find: 'c', filter: {}, readConcern: { level: 1 } }), (e) => e.code === 14);
+});
