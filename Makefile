@@ -7,7 +7,7 @@
 #                whole suite under Lua 5.4 and LuaJIT (tools/run-tests)
 #   make build   the C core for Lua 5.4 and LuaJIT, installing only what
 #                building needs (the default target)
-#   make bench   benchmarks (Markdown table on stdout, plots under bench/out/)
+#   make bench   benchmarks (tables on stdout and into doc/benchmarks.md, plots under bench/out/)
 #   make torture, make test-asan, make test-valgrind: doc/testing.md
 #
 # Debian packages are installed with apt-get when missing (run as root, or

@@ -1,4 +1,7 @@
 /*
+ * Internal to mongolock: programs use require "mongolock", not this module
+ * (nor mongolock.core through it), which may change without notice.
+ *
  * luaopen_mongolock_core: the module table, the local monotonic clock,
  * sleeping, and random owner ids.
  */

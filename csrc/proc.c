@@ -1,4 +1,7 @@
 /*
+ * Internal to mongolock: the command's, not an API; it may change without
+ * notice.
+ *
  * luaopen_mongolock_proc: child processes and signals for the mongolock
  * command (bin/mongolock), a module of its own so that the library every
  * nginx worker loads (mongolock.core) spawns nothing.  No libmongoc here.

@@ -1,4 +1,6 @@
 /*
+ * Internal to mongolock: the specs' hooks, not an API.
+ *
  * mongolock.testing: hooks for the specs and benchmarks, built next to
  * mongolock.core by the Makefile and never shipped in the rock.  It reads
  * the core through the internals table the core leaves in the registry

@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- Waiting between attempts: exponential backoff with jitter, in the spirit
 -- of lua-resty-lock (step 1 ms, ratio 2, max_step 0.5 s), that never sleeps
 -- past the holder's known expiry or the caller's deadline.

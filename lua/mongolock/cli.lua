@@ -1,3 +1,6 @@
+-- Internal to mongolock: the implementation of bin/mongolock, not an API; it may
+-- change without notice.
+--
 -- The mongolock command: a flock(1) whose lock lives in MongoDB, so that a
 -- cron job or a backup runs on one machine of a fleet at a time.
 --

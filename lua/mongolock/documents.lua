@@ -1,3 +1,7 @@
+-- Internal to mongolock: programs reach these methods through
+-- client:documents() and do not require this module, which may change without
+-- notice.
+--
 -- Locks on the application's own documents: two fields of the document
 -- (owner and time) hold the lock, so no separate lock collection is needed.
 --

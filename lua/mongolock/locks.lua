@@ -1,3 +1,6 @@
+-- Internal to mongolock: programs reach these methods through client:locks()
+-- and do not require this module, which may change without notice.
+--
 -- Named locks: one document per name in one collection.
 --
 --   local locks = client:locks{ ttl = 30 }

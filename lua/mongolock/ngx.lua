@@ -1,3 +1,6 @@
+-- Internal to mongolock, except configure{}, which init_by_lua may call (README,
+-- OpenResty); the rest may change without notice.
+--
 -- mongolock.ngx: MongoDB round trips off the nginx event loop.
 --
 -- Inside an nginx worker, a libmongoc call made by a handler stops every

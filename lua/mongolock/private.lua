@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- mongolock.private: what the library's Lua modules share and users do not
 -- call: argument and option checks (one set of messages, in seconds and the
 -- option's name), the OpenResty phases where sleeping yields, the backoff

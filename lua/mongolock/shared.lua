@@ -1,3 +1,7 @@
+-- Internal to mongolock: programs reach these methods through client:rwlocks(),
+-- client:semaphores() and client:acquire_all(), not by requiring this module,
+-- which may change without notice.
+--
 -- Reader-writer locks and counting semaphores on the named locks'
 -- documents (doc/design.md, "Shared kinds").
 --

@@ -1,3 +1,7 @@
+-- Internal to mongolock: programs reach these methods through
+-- client:versioned() and do not require this module, which may change without
+-- notice.
+--
 -- Optimistic concurrency: every document carries a version counter, and a
 -- write applies only when the caller's copy has the version the server has.
 --

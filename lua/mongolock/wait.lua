@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- Waiting between attempts: change-stream wake-ups, with backoff polling
 -- (mongolock.backoff) as the fallback.
 --

@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- mongolock.ngx.core: the core client inside nginx, where a request can
 -- yield.  The portable modules (mongolock.locks, mongolock.shared,
 -- mongolock.documents) call a core client; mongolock.private.core_of gives

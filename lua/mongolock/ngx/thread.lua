@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- mongolock.ngx.thread: the side of mongolock.ngx that runs in nginx's
 -- worker threads (ngx.run_worker_thread).  Each thread VM keeps its own
 -- clients, one per spec (transport.spec), made on first use: a thread VM

@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- mongolock.ngx.watch: change-stream wake-ups for the waiters of one nginx
 -- worker, each getMore one job of mongolock.ngx (a worker thread), the
 -- waiting on the event loop (one ngx.semaphore per waiter).  Every kind
