@@ -421,6 +421,40 @@ static int l_writable(lua_State *L) {
   return 1;
 }
 
+/*
+ * client:probe(seconds) -> true | nil, message, code: why no server takes
+ * writes, in libmongoc's words (a refused connection, a TLS handshake that
+ * failed, ...).  One selection that tries each server once, each connect
+ * bounded by seconds, on a connection of its own made from the client's
+ * URI (its credentials and TLS options), so that a caller that gave up
+ * waiting for the pool's monitors can name the cause; blocks at most about
+ * seconds per server.
+ */
+static int l_probe(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  double s = luaL_checknumber(L, 2);
+  int32_t ms = s <= 0.001 ? 1 : s > 60 ? 60000 : (int32_t)(s * 1000);
+  mongoc_uri_t *uri = mongoc_uri_copy(c->uri);
+  mongoc_client_t *mc;
+  mongoc_server_description_t *sd;
+  bson_error_t err;
+  if (!uri) return ml_pushfail(L, "out of memory", 0);
+  mongoc_uri_set_option_as_bool(uri, MONGOC_URI_SERVERSELECTIONTRYONCE, true);
+  mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, ms);
+  mongoc_uri_set_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, ms);
+  mc = mongoc_client_new_from_uri(uri);
+  mongoc_uri_destroy(uri);
+  if (!mc) return ml_pushfail(L, "the client's URI makes no client", 0);
+  sd = mongoc_client_select_server(mc, true, NULL, &err);
+  mongoc_client_destroy(mc);
+  if (sd) {
+    mongoc_server_description_destroy(sd);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  return ml_pusherror(L, &err);
+}
+
 /* client:request_scan() -> boolean: asks the background thread for a server
  * selection (renew.c, ml_renew_scan), which makes libmongoc check its
  * servers now; returns at once (false: no thread could be started) */
@@ -556,6 +590,7 @@ static const luaL_Reg client_methods[] = {
   {"closed", l_closed},
   {"writable", l_writable},
   {"request_scan", l_request_scan},
+  {"probe", l_probe},
   {"set_external", l_set_external},
   {"keeper", l_keeper},
   {"set_methods", ml_m_set_methods},

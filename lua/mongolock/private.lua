@@ -406,7 +406,11 @@ _M.ONE_ATTEMPT_WAIT = 1
 -- with a longer timeout.
 function _M.one_attempt_ready(core_client, bound)
   if await_server(core_client, monotonic() + math_min(_M.ONE_ATTEMPT_WAIT, bound)) then return true end
-  return nil, _M.NO_SERVER, _M.NO_SERVER_CODE
+  -- the cause in the driver's words (a refused connection, a certificate
+  -- that failed): one quick selection of its own
+  local ok, err, code = core_client:probe(math_min(_M.ONE_ATTEMPT_WAIT, bound))
+  if ok or err == nil then return nil, _M.NO_SERVER, _M.NO_SERVER_CODE end
+  return nil, err, code
 end
 
 --[[
@@ -466,7 +470,11 @@ function _M.acquire_loop(run)
   while true do
     local started = monotonic()
     if timeout == 0 then
-      if not _M.one_attempt_ready(run.core, run.bound) then return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE) end
+      -- (inside nginx the attempt is a worker thread's job, bounded there)
+      if not _M.cooperative() then
+        local ready, rerr, rcode = _M.one_attempt_ready(run.core, run.bound)
+        if not ready then return give_up(rerr, rcode) end
+      end
     elseif deadline - started < run.bound and not await_server(run.core, deadline) then
       return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE)
     end
