@@ -271,9 +271,21 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
      * so that a failed acquire leaves no lock held by nobody. */
     if (won) {
       ml_op op;
+      bson_t reply;
       bson_error_t err2;
+      int64_t n;
       spec_release(&op, s);
-      (void)ml_run_update(ml_client_get(L, c), c, &op, &err2);
+      n = release_matched(ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err2), &reply);
+      ml_op_destroy(&op);
+      bson_destroy(&reply);
+      if (n < 0) {
+        /* the name stays taken under an owner nobody holds: say so */
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s; giving back the lock it took failed too (%s): the name stays blocked "
+                           "until its ttl", err->message, err2.message);
+        lua_pushinteger(L, (lua_Integer)err->code);
+        return 3;
+      }
     } else if (err->domain == MONGOC_ERROR_STREAM && ml_gc_handoff) {
       /* No reply, even to libmongoc's retry: the write may have been
        * applied, taking the lock under an owner nobody will use again (a

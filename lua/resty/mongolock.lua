@@ -429,4 +429,11 @@ function _M.token(self)
   return h and h.token or nil
 end
 
+-- syntax: s = obj:token_string()
+-- The same token in decimal digits, exact under LuaJIT too (nil when none).
+function _M.token_string(self)
+  local h = self.handle
+  return h and h:token_string() or nil
+end
+
 return _M
