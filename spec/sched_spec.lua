@@ -1,0 +1,201 @@
+-- #integration: waiting inside coroutine schedulers (mongolock.connect(uri,
+-- { scheduler = S })): inside a coroutine of the loop every wait and every
+-- round trip yields to it, so the loop's other coroutines (a ticker here)
+-- keep running; outside one the same client blocks as before.  Run once per
+-- adapter: cqueues (built in) and luv (a table implementing the documented
+-- interface, written here as a user would).
+local helpers = require "helpers"
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+
+-- the luv adapter: luv has no scheduler of its own, so the coroutines it
+-- runs are the ones started by spawn (a weak set tells them apart)
+local function luv_adapter()
+  local uv = require "luv"
+  local mine = setmetatable({}, { __mode = "k" })
+  local errors = {}
+  local function resume(co, ...)
+    local ok, err = coroutine.resume(co, ...)
+    if not ok then errors[#errors + 1] = debug.traceback(co, tostring(err)) end
+  end
+  local S = { errors = errors }
+  function S.spawn(fn)
+    local co = coroutine.create(fn)
+    mine[co] = true
+    resume(co)
+  end
+  function S.current()
+    local co = coroutine.running()
+    return co ~= nil and mine[co] == true
+  end
+  function S.sleep(s)
+    local co = coroutine.running()
+    local t = uv.new_timer()
+    t:start(math.max(0, math.floor(s * 1000 + 0.5)), 0, function()
+      t:close()
+      resume(co)
+    end)
+    coroutine.yield()
+  end
+  function S.wait_fd(fd, s)
+    local co = coroutine.running()
+    local p, t = uv.new_poll(fd), uv.new_timer()
+    local done = false
+    local function wake()
+      if done then return end
+      done = true
+      p:stop()
+      p:close()
+      t:stop()
+      t:close()
+      resume(co)
+    end
+    p:start("r", wake)
+    t:start(math.max(1, math.floor(s * 1000 + 0.5)), 0, wake)
+    coroutine.yield()
+  end
+  function S.run() uv.run() end
+  return S
+end
+
+-- the cqueues loop, with the same spawn/run shape as the luv one
+local function cqueues_loop()
+  local cqueues = require "cqueues"
+  local cq = cqueues.new()
+  local S = { errors = {} }
+  function S.spawn(fn) cq:wrap(fn) end
+  function S.run()
+    local ok, err = cq:loop()
+    if not ok then S.errors[#S.errors + 1] = tostring(err) end
+  end
+  return S
+end
+
+local adapters = {
+  { name = "cqueues", loop = cqueues_loop, scheduler = function() return "cqueues" end },
+  { name = "luv", loop = luv_adapter, scheduler = function(loop) return loop end },
+}
+
+for _, a in ipairs(adapters) do
+  describe("#integration a " .. a.name .. " scheduler", function()
+    local loop, client, docs, coll
+    setup(function()
+      loop = a.loop()
+      client = helpers.connect({ scheduler = a.scheduler(loop) })
+      coll = helpers.unique("players")
+      docs = client:documents(helpers.database, coll, { ttl = 10 })
+    end)
+    teardown(function() client:close() end)
+
+    local function count_of(id)
+      local r = assert(client:command(helpers.database, { find = coll }, { filter = { _id = id } }))
+      return r.cursor.firstBatch[1].count
+    end
+
+    it("50 coroutines, 3 player documents, 5 guarded increments each: all 250 land while a 10 ms "
+       .. "ticker is never held up 100 ms", function()
+      local players = { "p1", "p2", "p3" }
+      for _, id in ipairs(players) do
+        assert(client:command(helpers.database, { insert = coll },
+          { documents = { { _id = id, count = 0 } } }))
+      end
+      local done, failures, worst, ticks = 0, {}, 0, 0
+      local N, EACH = 50, 5
+      loop.spawn(function()
+        local last = core.monotonic()
+        while done < N do
+          mongolock.sleep(0.01)
+          local now = core.monotonic()
+          worst = math.max(worst, now - last)
+          ticks = ticks + 1
+          last = now
+        end
+      end)
+      for i = 1, N do
+        loop.spawn(function()
+          for k = 1, EACH do
+            local id = players[(i + k) % 3 + 1]
+            local doc, h = docs:lock(id, { timeout = 60 })
+            if not doc then
+              failures[#failures + 1] = tostring(h)
+            else
+              -- holding the lock, this coroutine yields: the others run
+              mongolock.sleep(0.001)
+              local ok, err = h:release({ count = doc.count + 1 })
+              if not ok then failures[#failures + 1] = tostring(err) end
+            end
+          end
+          done = done + 1
+        end)
+      end
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.same({}, failures)
+      assert.equal(N, done)
+      assert.equal(N * EACH, count_of("p1") + count_of("p2") + count_of("p3"))
+      assert.is_true(ticks > 0)
+      assert.is_true(worst < 0.1, "the ticker was held up " .. worst .. " s")
+    end)
+
+    it("yields in every kind's wait: a coroutine waiting for a held named lock lets the loop run",
+       function()
+      local locks = helpers.locks(client)
+      local name = helpers.unique("held")
+      local holder = assert(locks:acquire(name, { ttl = 10 }))   -- outside: blocks as before
+      local got, ticks, err
+      loop.spawn(function()
+        local h
+        h, err = locks:acquire(name, { timeout = 5 })
+        got = h and h:token_string()
+        if h then assert(h:release()) end
+      end)
+      loop.spawn(function()
+        -- release after 0.3 s of ticking: the waiter is queued meanwhile
+        for _ = 1, 30 do
+          mongolock.sleep(0.01)
+          ticks = (ticks or 0) + 1
+        end
+        assert(holder:release())
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.is_string(got, tostring(err))
+      assert.equal(30, ticks)
+    end)
+
+    it("acquire_all of two players' documents, all or none, inside the loop", function()
+      local a1, b1 = helpers.unique("pa"), helpers.unique("pb")
+      assert(client:command(helpers.database, { insert = coll },
+        { documents = { { _id = a1, count = 0 }, { _id = b1, count = 0 } } }))
+      local set, err
+      loop.spawn(function()
+        set, err = client:acquire_all({ { docs, b1 }, { docs, a1 } }, { timeout = 5 })
+        if set then assert(set:release()) end
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.is_table(set, tostring(err))
+    end)
+  end)
+end
+
+describe("#integration scheduler option", function()
+  it("refuses what is no scheduler at the caller", function()
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = 42 }) end,
+      "bad argument #2 to 'connect' (scheduler: \"cqueues\" or a table expected, got number)")
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "tokio" }) end,
+      "bad argument #2 to 'connect' (scheduler: \"cqueues\" or a table expected, got \"tokio\")")
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = { current = print } }) end,
+      "bad argument #2 to 'connect' (scheduler: sleep must be a function)")
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "cqueues", threads = 0 }) end,
+      "bad argument #2 to 'connect' (threads must be an integer from 1 to 256 (got 0))")
+  end)
+
+  it("outside a coroutine of the loop the client blocks as before", function()
+    local client = helpers.connect({ scheduler = "cqueues" })
+    local locks = helpers.locks(client)
+    local h = assert(locks:acquire(helpers.unique("plain"), { timeout = 1 }))
+    assert.is_true(h:release())
+    client:close()
+  end)
+end)
