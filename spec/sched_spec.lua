@@ -101,15 +101,16 @@ for _, a in ipairs(adapters) do
       end
       local done, failures, worst, ticks = 0, {}, 0, 0
       local N, EACH = 50, 5
+      -- measured from now: a loop may start its coroutines in any order
+      local last = core.monotonic()
       loop.spawn(function()
-        local last = core.monotonic()
-        while done < N do
+        repeat
           mongolock.sleep(0.01)
           local now = core.monotonic()
           worst = math.max(worst, now - last)
-          ticks = ticks + 1
           last = now
-        end
+          ticks = ticks + 1
+        until done >= N
       end)
       for i = 1, N do
         loop.spawn(function()
@@ -161,6 +162,68 @@ for _, a in ipairs(adapters) do
       assert.same({}, loop.errors)
       assert.is_string(got, tostring(err))
       assert.equal(30, ticks)
+    end)
+
+    it("every kind's round trips leave the loop running while the server takes 300 ms for each",
+       function()
+      -- the scheduler's client alone is delayed (its appname): a round trip
+      -- made on the loop's thread would stop the ticker for 300 ms
+      local app = helpers.unique("delayed")
+      local slow = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
+      local observer = helpers.connect()
+      local o = { database = helpers.database, collection = helpers.unique("kinds") }
+      local rw, sem = slow:rwlocks(o), slow:semaphores({ database = o.database,
+        collection = o.collection, permits = 2 })
+      local lk = slow:locks(o)
+      local vc = slow:versioned(helpers.database, helpers.unique("vc"))
+      local pdocs = slow:documents(helpers.database, coll, { ttl = 10 })
+      -- the TTL index first (its createIndexes is not delayed below)
+      assert(lk:try("warm")):release()
+      local steps = {
+        { "rw:read + release", function() return assert(rw:read("r")):release() end },
+        { "sem:acquire + release", function() return assert(sem:acquire("s")):release() end },
+        { "locks:with", function() return lk:with("w", function() return true end) end },
+        { "locks:status", function() return lk:status("w") ~= nil end },
+        { "docs:lock + release", function()
+          local doc, h = pdocs:lock("slowdoc", { insert = { count = 0 } })
+          return doc and h:release({ count = doc.count + 1 })
+        end },
+        { "vc:insert", function() return vc:insert({ _id = "v", n = 1 }) end },
+        { "client:command", function() return slow:command(helpers.database, { ping = 1 }) end },
+      }
+      assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "alwaysOn",
+        data = { failCommands = { "findAndModify", "update", "insert", "aggregate", "ping" },
+                 blockConnection = true, blockTimeMS = 300, appName = app } }))
+      local results, worst, finished = {}, 0, false
+      local last = core.monotonic()
+      loop.spawn(function()
+        repeat
+          mongolock.sleep(0.01)
+          local now = core.monotonic()
+          worst = math.max(worst, now - last)
+          last = now
+        until finished
+      end)
+      loop.spawn(function()
+        for _, step in ipairs(steps) do
+          local t0 = core.monotonic()
+          local ok, r = pcall(step[2])
+          results[#results + 1] = { step[1], ok and r and true or tostring(r), core.monotonic() - t0 }
+        end
+        finished = true
+      end)
+      loop.run()
+      observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })
+      slow:close()
+      observer:close()
+      assert.same({}, loop.errors)
+      for _, r in ipairs(results) do
+        assert.is_true(r[2], r[1] .. ": " .. tostring(r[2]))
+        -- the delay was there (each step has at least one delayed command)
+        assert.is_true(r[3] >= 0.25, r[1] .. " took " .. r[3] .. " s")
+      end
+      assert.equal(#steps, #results)
+      assert.is_true(worst < 0.1, "the ticker was held up " .. worst .. " s")
     end)
 
     it("acquire_all of two players' documents, all or none, inside the loop", function()
