@@ -63,7 +63,7 @@ local function round(client, n, tag)
   return cycles, monotonic() - t0, worst, failed
 end
 
-print("| N coroutines | client | cycles/s | ticker's worst delay | failed |")
+print("| N coroutines | client | cycles/s | longest gap between 10 ms ticks | failed |")
 print("|---:|---|---:|---:|---:|")
 for _, n in ipairs(counts) do
   for _, mode in ipairs({ "scheduler", "blocking" }) do

@@ -1,7 +1,9 @@
 -- A game server's shape: thousands of players, each a coroutine of one
 -- cqueues loop, one document per player, locked while the player's state
 -- changes; trades lock two players' documents all or none.  A 10 ms game
--- tick runs beside them and is never held up by a lock's wait.
+-- tick runs beside them: no lock's wait and no round trip holds the loop,
+-- and how late the tick ran is printed (with thousands of coroutines, the
+-- loop's own work and the machine's load).
 --
 --   MONGODB_URI=mongodb://127.0.0.1:27017/?replicaSet=rs0 lua5.4 examples/game_server.lua [PLAYERS [ROUNDS]]
 --
@@ -16,6 +18,7 @@ local URI = os.getenv("MONGODB_URI") or "mongodb://127.0.0.1:27017/"
 local PLAYERS = tonumber(arg[1]) or 2000
 local ROUNDS = tonumber(arg[2]) or 3
 local COLL = "game_players"
+local unpack = table.unpack or rawget(_G, "unpack")
 
 -- every wait of this client inside a coroutine of the loop yields to it
 local client = assert(mongolock.connect(URI, { scheduler = "cqueues", appname = "game-server" }))
@@ -27,7 +30,7 @@ client:command(db, { delete = COLL }, { deletes = { { q = {}, limit = 0 } } })
 local docs = {}
 for id = 1, PLAYERS do docs[id] = { _id = id, gold = 100, xp = 0 } end
 for i = 1, PLAYERS, 1000 do
-  assert(client:command(db, { insert = COLL }, { documents = { table.unpack(docs, i, math.min(i + 999, PLAYERS)) } }))
+  assert(client:command(db, { insert = COLL }, { documents = { unpack(docs, i, math.min(i + 999, PLAYERS)) } }))
 end
 
 local loop = cqueues.new()
