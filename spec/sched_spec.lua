@@ -262,3 +262,66 @@ describe("#integration scheduler option", function()
     client:close()
   end)
 end)
+
+-- the core's worker-thread pool itself (csrc/pool.c), on a server that
+-- does not answer: no round trip reaches anything
+describe("#unit the core's worker-thread pool", function()
+  local client, pool
+  setup(function()
+    client = assert(mongolock.connect("mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200",
+      { server_timeout = 0.2 }))
+    pool = assert(core.pool(client._core, 2))
+  end)
+  teardown(function() pool:close() client:close() end)
+
+  local function pack(...) return { n = select("#", ...), ... } end
+  local function wait(job)
+    local deadline = core.monotonic() + 10
+    while core.monotonic() < deadline do
+      local r = pack(job:take())
+      if r[1] ~= false then return r end
+      core.sleep(0.01)
+    end
+    error("the job never ended")
+  end
+
+  it("runs an op in a thread and answers what client:run answers, once", function()
+    local op = core.op_status{ db = "d", coll = "c", name = "x" }
+    local job = assert(pool:submit(op))
+    assert.is_number(job:fd())
+    local r = wait(job)
+    local plain = pack(client._core:run(op))
+    assert.is_nil(r[1])
+    assert.is_string(r[2])
+    assert.equal(plain[5], r[5])                 -- the same error domain
+    assert.is_nil(job:fd())
+    assert.same({ nil, "taken" }, { job:take() })
+  end)
+
+  it("refuses what is not an op at the caller, and what comes after close", function()
+    assert.has_error(function() pool:submit("x") end)
+    assert.has_error(function() pool:submit(42) end)
+    assert.has_error(function() core.pool(client._core, 0) end)
+    assert.has_error(function() core.pool(client._core, 257) end)
+    assert.has_error(function() core.pool({}, 1) end)
+    local p2 = assert(core.pool(client._core, 1))
+    -- a job nobody takes (closed before its end) still runs; the pool
+    -- closed with jobs queued ends them
+    local j1 = assert(p2:submit(core.op_status{ db = "d", coll = "c", name = "y" }))
+    local j2 = assert(p2:submit(core.op_status{ db = "d", coll = "c", name = "z" }))
+    j1:close()
+    assert.is_true(p2:close())
+    assert.is_true(p2:close())
+    local r = wait(j2)
+    assert.is_nil(r[1])
+    assert.is_string(r[2])
+    assert.same({ nil, "closed" }, { p2:submit(core.op_status{ db = "d", coll = "c", name = "y" }) })
+    assert.equal(0, p2:threads())
+  end)
+
+  it("answers nil, \"closed\" for a closed client", function()
+    local c2 = assert(mongolock.connect("mongodb://127.0.0.1:9/"))
+    c2:close()
+    assert.same({ nil, "closed" }, { core.pool(c2._core, 1) })
+  end)
+end)
