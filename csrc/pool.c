@@ -33,7 +33,8 @@
  *   while one may still run (ml_pin_library).
  * - fork: a pool belongs to the process that made it; in another process
  *   submit answers nil, message, and close abandons it (its threads do not
- *   exist there, its libmongoc pool is the parent's).
+ *   exist there, its libmongoc pool is the parent's); jobs_mu and refs_mu
+ *   are held across fork().
  */
 #include <errno.h>
 #include <pthread.h>
@@ -77,6 +78,21 @@ typedef struct { ml_job *job; } ml_jobref;
 
 static pthread_mutex_t jobs_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t refs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork: both mutexes are held across fork(), so a child never inherits one
+ * that a pool thread (which does not exist there) held */
+static void fork_prepare(void) {
+  pthread_mutex_lock(&jobs_mu);
+  pthread_mutex_lock(&refs_mu);
+}
+static void fork_after(void) {
+  pthread_mutex_unlock(&refs_mu);
+  pthread_mutex_unlock(&jobs_mu);
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) {
+  pthread_atfork(fork_prepare, fork_after, fork_after);
+}
 
 /* jobs_mu held: drops one reference; returns the job when it was the last */
 static ml_job *job_unref_locked(ml_job *j) {
@@ -389,6 +405,7 @@ static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods, lua_
 }
 
 void ml_pool_open(lua_State *L) {
+  pthread_once(&atfork_once, install_atfork);
   new_mt(L, ML_POOL_MT, pool_methods, l_pool_close);
   new_mt(L, ML_JOB_MT, job_methods, l_job_close);
   lua_pushcfunction(L, l_pool);
