@@ -226,6 +226,53 @@ for _, a in ipairs(adapters) do
       assert.is_true(worst < 0.1, "the ticker was held up " .. worst .. " s")
     end)
 
+    it("renewal and change-stream wake-ups go on while coroutines wait", function()
+      local locks_mod = require "mongolock.locks"
+      local locks = helpers.locks(client)
+      local name = helpers.unique("renewed")
+      -- counts the waits between attempts (a watcher waits once per release)
+      local real = locks_mod.get_wait()
+      local waits = 0
+      locks_mod.set_wait({ check_mode = real.check_mode, sleep_until_retry = function(state)
+        waits = waits + 1
+        return real.sleep_until_retry(state)
+      end })
+      local held_after, early, got, elapsed, errs = nil, nil, nil, nil, {}
+      loop.spawn(function()
+        -- a lease of 1 s, renewed in the background while the loop runs
+        local h = assert(locks:acquire(name, { ttl = 1, renew = true }))
+        mongolock.sleep(2.5)
+        held_after = h:check()
+        assert(h:release())
+      end)
+      loop.spawn(function()
+        mongolock.sleep(0.2)
+        -- the lease would have ended after 1 s without its renewal
+        local h, err = locks:acquire(name, { timeout = 1.5 })
+        early = h and "acquired" or err
+        if h then h:release() end
+        -- then a watching waiter, queued for long (no refresh, no poll
+        -- before the holder's release): only the stream brings it in
+        local t0 = core.monotonic()
+        h, err = locks:acquire(name, { timeout = 20, wait = "watch", queue_ttl = 60, ttl = 5 })
+        elapsed = core.monotonic() - t0
+        got = h ~= nil
+        if not h then errs[#errs + 1] = tostring(err) else assert(h:release()) end
+      end)
+      local ok, err = pcall(loop.run)
+      locks_mod.set_wait(real)
+      assert(ok, err)
+      assert.same({}, loop.errors)
+      assert.same({}, errs)
+      assert.is_true(held_after)
+      assert.equal("timeout", early)
+      assert.is_true(got)
+      -- woken by the release (about 0.8 s after it queued), where a poll
+      -- or a refresh would come 30 s later
+      assert.is_true(elapsed < 10, "waited " .. elapsed .. " s")
+      assert.is_true(waits <= 3, waits .. " waits")
+    end)
+
     it("acquire_all of two players' documents, all or none, inside the loop", function()
       local a1, b1 = helpers.unique("pa"), helpers.unique("pb")
       assert(client:command(helpers.database, { insert = coll },
