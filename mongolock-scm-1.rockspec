@@ -60,13 +60,15 @@ build = {
     ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
     ["mongolock.ngx.watch"] = "lua/mongolock/ngx/watch.lua",
     ["mongolock.ngx.core"] = "lua/mongolock/ngx/core.lua",
+    ["mongolock.yielding"] = "lua/mongolock/yielding.lua",
+    ["mongolock.sched"] = "lua/mongolock/sched.lua",
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
         "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c",
-        "csrc/protocol_shared.c", "csrc/shared.c",
+        "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },

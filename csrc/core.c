@@ -281,6 +281,7 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_client_open(L);
   ml_lock_open(L);
   ml_watch_open(L);
+  ml_pool_open(L);
   ml_bson_open(L);
   ml_ops_open(L);
   lua_pushlightuserdata(L, (void *)&internals);

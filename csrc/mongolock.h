@@ -564,6 +564,16 @@ int ml_m_engine_done(lua_State *L);
 /* [-0, +1] pushes op as its envelope (a BSON string, ops.c) */
 void ml_push_op(lua_State *L, const ml_op *op);
 
+/* the op of an envelope (ops.c): views into env's bytes, never destroyed;
+ * 0 when env is not an op */
+int ml_op_view(const bson_t *env, ml_op *op);
+/* the op of the envelope string at Lua index i (raises when it is not one) */
+void ml_arg_op(lua_State *L, int i, ml_op *op);
+
+/* pool.c: [-0, +0] adds pool (worker threads that run ops) to the module
+ * table at the top of the stack */
+void ml_pool_open(lua_State *L);
+
 /*
  * Asks c's background thread in this process (started when needed) for one
  * server selection for writes: libmongoc then checks its servers at once,

@@ -318,31 +318,35 @@ static void arg_bson(lua_State *L, int i, bson_t *out) {
     luaL_argerror(L, i, "malformed BSON");
 }
 
-/* the op of an envelope at i: views into the Lua string (never destroyed) */
-static void arg_op(lua_State *L, int i, ml_op *op) {
-  bson_t env;
+int ml_op_view(const bson_t *env, ml_op *op) {
   bson_iter_t it;
   int k;
   const uint8_t *data;
   uint32_t len;
-  arg_bson(L, i, &env);
   memset(op, 0, sizeof *op);
   op->kind = (ml_run_kind)-1;
-  if (bson_iter_init_find(&it, &env, "kind") && BSON_ITER_HOLDS_UTF8(&it))
+  if (bson_iter_init_find(&it, env, "kind") && BSON_ITER_HOLDS_UTF8(&it))
     for (k = 0; kinds[k]; k++)
       if (!strcmp(bson_iter_utf8(&it, NULL), kinds[k])) op->kind = (ml_run_kind)k;
-  if (bson_iter_init_find(&it, &env, "retry")) op->retry = bson_iter_as_bool(&it);
-  if (bson_iter_init_find(&it, &env, "db") && BSON_ITER_HOLDS_UTF8(&it))
+  if (bson_iter_init_find(&it, env, "retry")) op->retry = bson_iter_as_bool(&it);
+  if (bson_iter_init_find(&it, env, "db") && BSON_ITER_HOLDS_UTF8(&it))
     op->db = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, &env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
+  if (bson_iter_init_find(&it, env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
     op->coll = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, &env, "session") && BSON_ITER_HOLDS_UTF8(&it))
+  if (bson_iter_init_find(&it, env, "session") && BSON_ITER_HOLDS_UTF8(&it))
     op->session = bson_iter_utf8(&it, NULL);
-  if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, &env, "cmd") ||
+  if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, env, "cmd") ||
       !BSON_ITER_HOLDS_DOCUMENT(&it))
-    luaL_argerror(L, i, "not an op (core.op_*)");
+    return 0;
   bson_iter_document(&it, &len, &data);
-  if (!bson_init_static(&op->cmd, data, len)) luaL_argerror(L, i, "not an op (core.op_*)");
+  return bson_init_static(&op->cmd, data, len);
+}
+
+/* the op of an envelope at i: views into the Lua string (never destroyed) */
+void ml_arg_op(lua_State *L, int i, ml_op *op) {
+  bson_t env;
+  arg_bson(L, i, &env);
+  if (!ml_op_view(&env, op)) luaL_argerror(L, i, "not an op (core.op_*)");
 }
 
 /* ---- builders ---------------------------------------------------------- */
@@ -666,7 +670,7 @@ int ml_m_run(lua_State *L) {
   bson_error_t err;
   ml_op op;
   int ok;
-  arg_op(L, 2, &op);
+  ml_arg_op(L, 2, &op);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   if (ok) {
     lua_pushlstring(L, (const char *)bson_get_data(&reply), reply.len);

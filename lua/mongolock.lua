@@ -46,10 +46,14 @@ local connect_defaults = {
   -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
   server_timeout = private.SERVER_TIMEOUT,
   server_selection_timeout = nil, -- seconds; server selection alone
+  scheduler = nil,                -- "cqueues" or a table (mongolock.sched): in
+                                  -- its coroutines every wait yields to it
+  threads = 8,                    -- with a scheduler: worker threads that run
+                                  -- its round trips (per client and process)
 }
 _M.connect_defaults = connect_defaults
 local CONNECT_OPTS = private.set({ "appname", "write_concern", "wtimeout", "pool_size",
-  "server_timeout", "server_selection_timeout" })
+  "server_timeout", "server_selection_timeout", "scheduler", "threads" })
 
 -- the URI's serverSelectionTimeoutMS in seconds, or nil
 local function uri_selection_timeout(uri)
@@ -105,6 +109,18 @@ function _M.connect(uri, opts)
         .. private.shown(bound) .. ")")
     end
   end
+  local scheduler, threads
+  if opts.scheduler ~= nil then
+    scheduler = require("mongolock.sched").check(opts.scheduler, 2, "connect")
+  end
+  if opts.threads ~= nil then
+    threads = opts.threads
+    if type(threads) ~= "number" or threads ~= threads or threads < 1 or threads % 1 ~= 0
+       or threads > 256 then
+      argerror(2, "connect", "threads must be an integer from 1 to 256 (got "
+        .. private.shown(threads) .. ")")
+    end
+  end
   local c, err = core.connect(uri, appname, w, wtimeout, pool, sst, math_ceil(bound * 1000))
   if not c then return nil, err end
   -- the arguments, as plain values: inside nginx a worker thread makes its
@@ -121,7 +137,8 @@ function _M.connect(uri, opts)
   -- client makes an object whose calls answer "closed")
   local client = setmetatable({ _core = c, appname = appname, connect_opts = connect_opts,
                                 _database = c:default_database(),
-                                server_bound = selection }, client_mt)
+                                server_bound = selection, _scheduler = scheduler,
+                                _threads = threads }, client_mt)
   uris[client] = uri
   return client
 end
@@ -167,9 +184,9 @@ function client_mt:command(db, cmd, opts)
   check_type(opts, "table", 3, "command", true)
   local c = self._core
   if c:closed() then return nil, "closed" end
-  -- inside nginx, where the request can yield: in a worker thread
-  -- (mongolock.ngx), the reply decoded here
-  local nc = private.ngx_core(self)
+  -- where the caller can yield (inside nginx, in a scheduler's
+  -- coroutine): in a worker thread, the reply decoded here
+  local nc = private.yielding_core(self)
   if nc then
     local ok, op = pcall(core.op_command, db, cmd, opts)
     if not ok then
@@ -205,6 +222,7 @@ end
 
 -- true; idempotent.  Handles made by this client answer "closed" afterwards.
 function client_mt:close()
+  if rawget(self, "_scheduler") then require("mongolock.sched").close(self) end
   return self._core:close()
 end
 

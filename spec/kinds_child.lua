@@ -17,6 +17,9 @@
 --   multi set X,Y COUNT ORDER   COUNT times: the exclusive lock X and a
 --                               permit of Y as one set (acquire_all), listed
 --                               in ORDER ("fwd" or "rev")
+--   docset set X,Y COUNT ORDER  COUNT times: the documents X and Y (with a
+--                               number n) as one set in ORDER, one unit of n
+--                               moved from X to Y by the set's release
 --   readers read NAME SECONDS   overlapping readers for SECONDS: a new share
 --                               is taken before the previous one is released;
 --                               stops at the first share refused
@@ -88,6 +91,25 @@ elseif mode == "multi" then
     local set = assert(c:acquire_all(entries, { timeout = 20 }))
     core.sleep(0.005)
     assert(set:release())
+  end
+  say("done")
+elseif mode == "docset" then
+  -- docset set X,Y COUNT ORDER: COUNT times lock the documents X and Y of
+  -- the collection (created when missing) as one set, listed in ORDER, and
+  -- move one unit from one to the other with the release
+  local docs = c:documents(db, coll)
+  local x, y = name:match("^([^,]+),([^,]+)$")
+  for _ = 1, tonumber(a) do
+    local entries = { { docs, x }, { docs, y } }
+    if b == "rev" then entries = { entries[2], entries[1] } end
+    local set = assert(c:acquire_all(entries, { timeout = 20 }))
+    local _, dx = set:get(b == "rev" and 2 or 1)
+    local _, dy = set:get(b == "rev" and 1 or 2)
+    core.sleep(0.005)
+    local changes = {}
+    changes[b == "rev" and 2 or 1] = { n = dx.n - 1 }
+    changes[b == "rev" and 1 or 2] = { n = dy.n + 1 }
+    assert(set:release(changes))
   end
   say("done")
 elseif mode == "readers" then

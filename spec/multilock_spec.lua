@@ -64,6 +64,58 @@ describe("#integration several locks at once", function()
     end
   end)
 
+  it("takes document locks too: a two-player trade is all or none", function()
+    local players = client:documents(helpers.database, coll .. "-players", { ttl = 10 })
+    local a, b = helpers.unique("pa"), helpers.unique("pb")
+    assert(client:command(helpers.database, { insert = coll .. "-players" },
+      { documents = { { _id = a, gold = 100 }, { _id = b, gold = 100 } } }))
+    -- b is held elsewhere: nothing is taken, a is free again afterwards
+    local _, hb = assert(players:try(b))
+    local set, err = client:acquire_all({ { players, a }, { players, b }, { locks, a } },
+      { timeout = 0.3 })
+    assert.is_nil(set)
+    assert.equal("timeout", err)
+    assert.is_false(assert(players:status(a)).held)
+    assert.is_true(hb:release())
+    set = assert(client:acquire_all({ { players, b }, { players, a }, { locks, a } }, { timeout = 2 }))
+    local ha, da = set:get(2)
+    local _, db = set:get(1)
+    assert.equal(a, ha.id)
+    assert.equal(100, da.gold)
+    assert.equal(100, db.gold)
+    assert.is_nil(select(2, set:get(3)))          -- a named lock has no document
+    assert.has_error(function() set:release({ [3] = { x = 1 } }) end,
+      "bad argument #1 to 'release' (changes[3]: not a document lock of the set)")
+    assert.is_true(set:release({ [1] = { gold = db.gold + 10 }, [2] = { gold = da.gold - 10 } }))
+    local r = assert(client:command(helpers.database, { find = coll .. "-players" },
+      { filter = { _id = { ["$in"] = { a, b } } }, sort = { gold = 1 } }))
+    assert.same({ 90, 110 }, { r.cursor.firstBatch[1].gold, r.cursor.firstBatch[2].gold })
+    assert.is_false(assert(players:status(a)).held)
+    assert.is_false(assert(players:status(b)).held)
+    -- a document named twice (42 and 42.0 are one _id) is refused
+    assert.has_error(function() client:acquire_all({ { players, 42 }, { players, 42.0 } }) end,
+      "bad argument #1 to 'acquire_all' (entry 2: its _id is in the set twice)")
+  end)
+
+  it("two processes locking two documents in opposite orders, 30 times, never deadlock", function()
+    local pcoll = coll .. "-trade"
+    local x, y = helpers.unique("x"), helpers.unique("y")
+    assert(client:command(helpers.database, { insert = pcoll },
+      { documents = { { _id = x, n = 0 }, { _id = y, n = 0 } } }))
+    local n = 30
+    local p1 = helpers.kinds_child(pcoll, "docset", "set", x .. "," .. y, n, "fwd", 1)
+    local p2 = helpers.kinds_child(pcoll, "docset", "set", x .. "," .. y, n, "rev", 1)
+    for _, p in ipairs({ p1, p2 }) do
+      local st, out = p:wait(120)
+      assert.equal(0, st, out)
+      assert.matches("done", out)
+      p:cleanup()
+    end
+    -- every transfer landed: 60 units moved from x to y
+    local r = assert(client:command(helpers.database, { find = pcoll }, { filter = {}, sort = { n = 1 } }))
+    assert.same({ -2 * n, 2 * n }, { r.cursor.firstBatch[1].n, r.cursor.firstBatch[2].n })
+  end)
+
   it("refuses malformed sets at the caller, writing nothing", function()
     local a = helpers.unique("bad")
     assert.has_error(function() client:acquire_all("a") end,

@@ -48,6 +48,9 @@ local STANDARD = { string = true, table = true, math = true, io = true, os = tru
 local function openresty(name)
   return name == "ngx" or name:match("^ngx%.") ~= nil or name:match("^resty%.core") ~= nil
 end
+-- loaded only when the user asks for them, under pcall (no dependency of
+-- the rock): cqueues by connect{scheduler = "cqueues"}
+local OPTIONAL = { cqueues = true }
 
 local function read(path)
   return assert(helpers.read_file(root .. "/" .. path), path)
@@ -183,7 +186,11 @@ describe("#unit mongolock-scm-1.rockspec", function()
       local src = read(f):gsub("%-%-%[(=*)%[.-%]%1%]", ""):gsub("%-%-[^\n]*", "")
       for _, pat in ipairs({ "require%s*%(?%s*[\"']([%w_.]+)[\"']", "pcall%(%s*require%s*,%s*[\"']([%w_.]+)[\"']" }) do
         for mod in src:gmatch(pat) do
-          if not modules[mod] and not STANDARD[mod] and not openresty(mod) then
+          if OPTIONAL[mod] then
+            local plain = src:gsub("pcall%(%s*require%s*,%s*[\"']" .. mod:gsub("%.", "%%.") .. "[\"']", "")
+            assert.is_nil(plain:match("require%s*%(?%s*[\"']" .. mod:gsub("%.", "%%.") .. "[\"']"),
+              f .. " requires the optional " .. mod .. " without pcall")
+          elseif not modules[mod] and not STANDARD[mod] and not openresty(mod) then
             local rock = ROCK_OF[mod]
             assert.is_string(rock, f .. " requires " .. mod .. ", which is neither shipped nor a known rock")
             assert.is_true(declared[rock] or false, f .. " requires " .. mod .. ": rock " .. rock .. " not declared")

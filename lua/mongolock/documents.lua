@@ -32,6 +32,7 @@ local error = error
 local select = select
 local tostring = tostring
 local setmetatable = setmetatable
+local getmetatable = getmetatable
 local rawget = rawget
 local string_format = string.format
 local math_ceil = math.ceil
@@ -106,6 +107,11 @@ local checks = {
   end,
   wait = function(v, n, fname, _, level) return wait_mod.check_mode(v, n, fname, level + 1) end,
 }
+
+-- is obj a documents object (client:documents)?
+function _M.is(obj)
+  return getmetatable(obj) == mt
+end
 
 -- docs = documents.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)

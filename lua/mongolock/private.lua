@@ -23,6 +23,7 @@ local table_unpack = table.unpack or rawget(_G, "unpack")
 local table_pack = table.pack or function(...) return { n = select("#", ...), ... } end
 local tostring = tostring
 local rawget = rawget
+local setmetatable = setmetatable
 local string_format = string.format
 local math_huge = math.huge
 local math_min = math.min
@@ -49,20 +50,51 @@ _M.TTL_MAX = 365 * 24 * 3600
 -- phases of ngx_lua in which ngx.sleep (and ngx.semaphore) yield
 _M.yieldable = transport.yieldable
 
--- The one place that tells where a client's round trips go.  Inside an
--- nginx worker, in a phase that can yield, with mongolock.ngx enabled: the
--- stand-in of mongolock.ngx.core for client (the C client's methods, each
--- round trip a worker thread's job); else nil (the C client itself, on
--- this thread).
+-- The one place that tells where a client's round trips go (core_of,
+-- below).  Inside an nginx worker, in a phase that can yield, with
+-- mongolock.ngx enabled: the stand-in of mongolock.ngx.core for client (the
+-- C client's methods, each round trip a worker thread's job); else nil.
 function _M.ngx_core(client)
   if type(client) ~= "table" or client.connect_opts == nil or not transport.active() then return nil end
   return require("mongolock.ngx.core").of(client)
 end
 
+-- The schedulers clients were connected with (mongolock.sched): the one
+-- whose coroutine is running, if any, sleeps and waits for the library
+local schedulers = setmetatable({}, { __mode = "k" })
+
+function _M.add_scheduler(S)
+  schedulers[S] = true
+end
+
+-- the scheduler whose coroutine is running (its current() is true), or nil
+function _M.scheduler()
+  for S in pairs(schedulers) do
+    if S.current() then return S end
+  end
+  return nil
+end
+
+-- In a coroutine of the scheduler client was connected with
+-- (connect{scheduler =}): the stand-in of mongolock.sched for client (the
+-- C client's methods, each round trip a job of the core's thread pool
+-- while the coroutine yields); else nil.
+function _M.sched_core(client)
+  local S = type(client) == "table" and rawget(client, "_scheduler")
+  if not S or not S.current() then return nil end
+  return require("mongolock.sched").of(client)
+end
+
+-- where the caller can yield and round trips run elsewhere: nginx's or a
+-- scheduler's stand-in of the core client; else nil
+function _M.yielding_core(client)
+  return _M.ngx_core(client) or _M.sched_core(client)
+end
+
 -- the core client obj's calls go to (obj: a locks, rwlocks, semaphores or
 -- documents object: obj.client, obj.core)
 function _M.core_of(obj)
-  return _M.ngx_core(obj.client) or obj.core
+  return _M.yielding_core(obj.client) or obj.core
 end
 
 -- ngx when running in a phase where ngx.sleep yields, else nil
@@ -75,11 +107,14 @@ function _M.cooperative()
 end
 
 -- sleeps s seconds: ngx.sleep where it yields (the worker keeps serving),
--- else the C core's blocking sleep
+-- the scheduler's sleep in one of its coroutines, else the C core's
+-- blocking sleep
 function _M.sleep(s)
   if s <= 0 then return end
   local ngx = _M.cooperative()
   if ngx then return ngx.sleep(s) end
+  local S = _M.scheduler()
+  if S then return S.sleep(s) end
   return core.sleep(s)
 end
 

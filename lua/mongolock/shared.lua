@@ -337,19 +337,45 @@ local SET_OPTS = private.set({ "timeout", "ttl", "renew" })
 local set_methods = {}
 local set_mt = { __index = set_methods, __name = "mongolock.LockSet" }
 
--- set:release() -> true | nil, err of the first handle that failed (every
--- handle is released anyway); afterwards nil, "not held"
-function set_methods.release(self)
+-- set:release([changes]) -> true | nil, err of the first handle that
+-- failed (every handle is released anyway); afterwards nil, "not held".
+-- changes: {[i] = changes} for the document locks among the entries (i:
+-- the entry's place in the caller's list), written by their release
+function set_methods.release(self, changes)
   local hs = self.handles
+  if changes ~= nil and type(changes) ~= "table" then
+    argerror(1, "release", "table expected, got " .. type(changes), 2)
+  end
   if not hs then return nil, "not held" end
+  if changes then
+    for i, ch in pairs(changes) do
+      local e = type(i) == "number" and self.entries[i]
+      if not e or not e.doc then
+        argerror(1, "release", "changes[" .. tostring(i) .. "]: not a document lock of the set", 2)
+      end
+      if type(ch) ~= "table" then
+        argerror(1, "release", "changes[" .. tostring(i) .. "]: table expected, got " .. type(ch), 2)
+      end
+    end
+  end
   self.handles = nil
   local ok, first = true, nil
-  for i = #hs, 1, -1 do
-    local r, err = hs[i]:release()
+  for k = #hs, 1, -1 do
+    local ch = changes and changes[self.order[k]]
+    local r, err
+    if ch then r, err = hs[k]:release(ch) else r, err = hs[k]:release() end
     if not r and ok then ok, first = false, err end
   end
   if ok then return true end
   return nil, first
+end
+
+-- set:get(i) -> h, doc: the handle of the caller's i-th entry and, for a
+-- document lock, the document as locked
+function set_methods.get(self, i)
+  local e = self.entries[i]
+  if not e then argerror(1, "get", "no entry " .. tostring(i) .. " in the set", 2) end
+  return e.h, e.doc
 end
 
 -- set:close() -> true: releases what is held; errors are swallowed
@@ -373,15 +399,29 @@ end
 set_mt.__close = set_methods.close
 set_mt.__gc = set_methods.close
 
+local documents_mod, obj_key, id_key
+
 -- the kind of a set entry's object, and the mode it asks
 local function entry_kind(e, i)
   if type(e) ~= "table" then
     argerror(1, "acquire_all", string_format("entry %d: table expected, got %s", i, type(e)), 4)
   end
   local obj, name, mode = e[1], e[2], e[3]
+  if documents_mod().is(obj) then
+    if name == nil then argerror(1, "acquire_all", string_format("entry %d: _id expected, got nil", i), 4) end
+    local ok, err = core.bson_encode({ _id = name })
+    if not ok or core.bsontype(name) == "array" then
+      argerror(1, "acquire_all", string_format("entry %d: not an _id (%s)", i,
+        tostring(err or "an array")), 4)
+    end
+    if mode ~= nil then
+      argerror(1, "acquire_all", string_format("entry %d: no mode for this kind", i), 4)
+    end
+    return obj, name, "document"
+  end
   if type(obj) ~= "table" or type(obj.database) ~= "string" or type(obj.collection) ~= "string" then
-    argerror(1, "acquire_all", string_format("entry %d: a locks, rwlocks or semaphores object "
-      .. "expected", i), 4)
+    argerror(1, "acquire_all", string_format("entry %d: a locks, rwlocks, semaphores or documents "
+      .. "object expected", i), 4)
   end
   check_name(name, "acquire_all", 4)
   local kind = getmetatable(obj) == mt and "rw" or getmetatable(obj) == sem_mt and "semaphore"
@@ -400,16 +440,43 @@ local function entry_kind(e, i)
   return obj, name, kind, mode
 end
 
--- one entry of a set: h | nil, err, info
+-- one entry of a set: h | nil, err, info (a document lock: h, doc)
 local function take(e, o)
+  if e.kind == "document" then
+    local doc, h, info = e.obj:lock(e.name, o)
+    if not doc then return nil, h, info end
+    return h, doc
+  end
   if e.kind == "rw" and e.mode == "read" then return e.obj:read(e.name, o) end
   if e.kind == "rw" then return e.obj:write(e.name, o) end
   return e.obj:acquire(e.name, o)
 end
 
+local documents
+function documents_mod()
+  documents = documents or require("mongolock.documents")
+  return documents
+end
+
+-- the canonical order's key of an entry's lock document: its database and
+-- collection, then its _id (id_key)
+function obj_key(obj, kind)
+  if kind == "document" then return obj.db .. "\0" .. obj.coll .. "\0" end
+  return obj.database .. "\0" .. obj.collection .. "\0"
+end
+
+-- a name or _id as one key, the same in every process: a string as it is
+-- (a named lock's document has its name as _id), a number by its value
+-- (42 and 42.0 are one _id to the server), any other value by its BSON
+function id_key(id)
+  if type(id) == "string" then return id end
+  if type(id) == "number" then return "\255n" .. string_format("%.17g", id) end
+  return "\255b" .. core.bson_encode({ _id = id })
+end
+
 -- set, err = acquire_all(entries, opts): every entry or none, within one
 -- timeout.  entries: { {locks, name}, {rwlocks, name, "read" | "write"},
--- {semaphores, name}, ... }, at most SET_MAX, no name twice in one
+-- {semaphores, name}, {documents, _id}, ... }, at most SET_MAX, no name twice in one
 -- collection.  They are taken one after the other in one canonical order
 -- (database, collection, name), so that callers asking for overlapping
 -- sets in any order never wait for each other in a cycle; on a failure
@@ -434,16 +501,17 @@ function _M.acquire_all(entries, opts)
   local list, seen = {}, {}
   for i = 1, n do
     local obj, name, kind, mode = entry_kind(entries[i], i)
-    local key = obj.database .. "\0" .. obj.collection .. "\0" .. name
+    local key = obj_key(obj, kind) .. id_key(name)
     if seen[key] then
-      argerror(1, "acquire_all", string_format("entry %d: %q is in the set twice", i, name), 2)
+      argerror(1, "acquire_all", string_format("entry %d: %s is in the set twice", i,
+        type(name) == "string" and string_format("%q", name) or "its _id"), 2)
     end
     seen[key] = true
-    list[i] = { obj = obj, name = name, kind = kind, mode = mode, key = key }
+    list[i] = { obj = obj, name = name, kind = kind, mode = mode, key = key, index = i }
   end
   table.sort(list, function(x, y) return x.key < y.key end)
   local deadline = monotonic() + timeout
-  local held = {}
+  local held, order, by_index = {}, {}, {}
   for _, e in ipairs(list) do
     -- at least one attempt each: a timeout must be positive
     local o = { timeout = math.max(deadline - monotonic(), 0.001), ttl = opts.ttl,
@@ -457,8 +525,11 @@ function _M.acquire_all(entries, opts)
       return nil, err, info
     end
     held[#held + 1] = h
+    order[#held] = e.index
+    -- err: a document lock's document
+    by_index[e.index] = { h = h, doc = e.kind == "document" and err or nil }
   end
-  return setmetatable({ handles = held }, set_mt)
+  return setmetatable({ handles = held, order = order, entries = by_index }, set_mt)
 end
 
 function _M.rwlocks(client, opts)

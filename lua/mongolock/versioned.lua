@@ -103,11 +103,11 @@ end
 
 -- ---- helpers --------------------------------------------------------------
 
--- one command: inside nginx, where the request can yield, through
--- client:command, which runs its round trip in a worker thread
--- (mongolock.ngx); elsewhere on the core
+-- one command: where the caller can yield (inside nginx, in a scheduler's
+-- coroutine), through client:command, which runs its round trip elsewhere
+-- (mongolock.private.yielding_core); else on the core
 local function command(self, ...)
-  if private.ngx_core(self.client) then return self.client:command(...) end
+  if private.yielding_core(self.client) then return self.client:command(...) end
   return self.core:command(...)
 end
 

@@ -37,8 +37,10 @@
 -- (mongolock.ngx.watch: each getMore a job, the waiter on an
 -- ngx.semaphore); where round trips stay on the event loop
 -- (configure{enabled = false}) the process's stream is looked at without
--- blocking, between cooperative ngx.sleep steps of 1 to 20 ms; elsewhere
--- the calling thread blocks in C until woken.
+-- blocking, between cooperative ngx.sleep steps of 1 to 20 ms; so it is in
+-- a coroutine of a scheduler (connect{scheduler =}, mongolock.sched), with
+-- the scheduler's sleep; elsewhere the calling thread blocks in C until
+-- woken.
 
 local core = require "mongolock.core"
 local private = require "mongolock.private"
@@ -77,13 +79,19 @@ local function watch(state, ot, seconds)
     state.name, ot.t, ot.i }
   local waiter = state.waiter
   local ngx = cooperative()
-  if not ngx then
+  local S = not ngx and private.scheduler()
+  if not ngx and not S then
     return watch_wait(args[1], args[2], args[3], args[4], args[5], args[6], args[7], seconds,
       waiter)
   end
-  local nw = package.loaded["mongolock.ngx.watch"] or require("mongolock.ngx.watch")
-  local ctx = nw.context(locks)
-  if ctx then return nw.wait(ctx, args[4], args[5], waiter, ot, seconds) end
+  if ngx then
+    local nw = package.loaded["mongolock.ngx.watch"] or require("mongolock.ngx.watch")
+    local ctx = nw.context(locks)
+    if ctx then return nw.wait(ctx, args[4], args[5], waiter, ot, seconds) end
+  end
+  -- the process's stream looked at without blocking, between the loop's
+  -- own sleeps (nginx's or a scheduler's)
+  local sleep = ngx and ngx.sleep or S.sleep
   local stop = monotonic() + seconds
   local step = 0.001
   while true do
@@ -92,7 +100,7 @@ local function watch(state, ot, seconds)
     if res ~= "timeout" then return res, err, code end
     local left = stop - monotonic()
     if left <= 0 then return "timeout" end
-    ngx.sleep(math_min(step, left))
+    sleep(math_min(step, left))
     step = math_min(step * 2, 0.02)
   end
 end

@@ -2,35 +2,29 @@
 -- change without notice.
 --
 -- mongolock.ngx.core: the core client inside nginx, where a request can
--- yield.  The portable modules (mongolock.locks, mongolock.shared,
--- mongolock.documents) call a core client; mongolock.private.core_of gives
--- them this stand-in instead, with the C client's methods, arguments and
--- answers.  Each round trip is one job of mongolock.ngx (a worker thread):
+-- yield: mongolock.yielding's stand-in (the C client's methods, each round
+-- trip a job) with nginx's runner: each job runs in a worker thread
+-- (mongolock.ngx), what nobody waits for runs from a timer, and the
+-- client's lease engine is driven from one timer per worker and client
+-- (the adapter below):
 --
 --   op = <the C method's op, built by the C client>   (client:X_op, core.op_*)
 --   reply, ... = transport.run(spec, op)              (mongolock.ngx)
 --   <answer> = <the C method's own tail>              (client:take_X, core.parse_*)
 --
 -- so an attempt that won becomes a mongolock.Lock of the event loop's
--- client, the same handle as everywhere else: its states, answers,
--- renewal, grant top-up and release on collection are the C core's.  The
--- handles' release, extend and close, where the caller can yield, are the
--- lease's steps (core.lease_step, core.lease_done) around a job; the
--- lease engine's own commands (renewals, top-ups, queued releases) run
--- from one timer per worker and client (the adapter below).
+-- client, the same handle as everywhere else.
 --
--- Invariants:
--- - Nothing here decides about a lease: what to send and what a reply
---   means is the C core's.
+-- Invariants (besides mongolock.yielding's):
 -- - An attempt whose caller stopped waiting (its deadline passed while it
---   was in flight, its request went away) never leaves a lock held by
---   nobody: its outcome is taken by the same C tail from a timer, the
---   handle it won closed at once, and a waiter it queued leaves the queue.
--- - A queue's leave is sent from a timer: the caller, whose time is up,
---   does not wait for it.
+--   was in flight, its request went away) has its outcome taken from a
+--   timer (transport.run's on_orphan).
+-- - The lease engine's commands (renewals, top-ups, queued releases) run
+--   from one timer per worker and client, never from a request.
 
 local core = require "mongolock.core"
 local transport = require "mongolock.ngx"
+local yielding = require "mongolock.yielding"
 
 local type, pairs, pcall, rawget, rawset, setmetatable, tostring, select =
   type, pairs, pcall, rawget, rawset, setmetatable, tostring, select
@@ -40,9 +34,6 @@ local getpid = core.getpid
 local math_min, math_max, math_huge = math.min, math.max, math.huge
 
 local _M = { _VERSION = "0.1.0", CAP = 0.25 }
-
-local P = {}
-local mt = { __index = P }
 
 local function pack(...) return { n = select("#", ...), ... } end
 
@@ -122,181 +113,20 @@ local function made(p, h)
   return h
 end
 
--- ---- the handles' methods where the caller can yield --------------------------
+-- this worker's counters: attempts, granted (mongolock.yielding's, per
+-- process)
+_M.stats = yielding.stats
 
--- release, extend and close of the client's handles: the lease's step
--- (what to send, or the answer), the job, the lease's answer to the reply.
--- (They keep spec, plain data, not the client: the core's table of them is
--- weak on the client, and LuaJIT has no ephemerons.)
-local function lease_methods(spec)
-  local C = core.lock_methods
-  local function method(what)
-    local plain = C[what]
-    return function(h, arg)
-      if not transport.active() then return plain(h, arg) end
-      local op, started = core.lease_step(h, what, arg)
-      if op == nil or op == true then return op, started end
-      local reply, err, code, ereply, domain = transport.run(spec, op)
-      return core.lease_done(h, what, started, reply, err, code, ereply, domain)
-    end
-  end
-  return { release = method("release"), extend = method("extend"), close = method("close") }
-end
-
--- ---- the stand-in ------------------------------------------------------------
-
-function P.closed(p) return p.cc:closed() end
-function P.writable(p) return p.cc:writable() end
-function P.request_scan(p) return p.cc:request_scan() end
--- per process: named-lock attempts sent, and locks a release granted made
--- from its change event without a command
-local counters = { pid = nil }
-local function stats()
-  local pid = getpid()
-  if counters.pid ~= pid then counters = { pid = pid, attempts = 0, granted = 0 } end
-  return counters
-end
-
--- this worker's counters: attempts, granted
-function _M.stats()
-  local c = stats()
-  return { attempts = c.attempts, granted = c.granted }
-end
-
-function P.granted(p, ...)
-  local h = made(p, p.cc:granted(...))
-  local c = stats()
-  c.granted = c.granted + 1
-  return h
-end
-
--- the outcome of an attempt nobody waits for any more (in a timer; o: what
--- the attempt was, a table, not upvalues: see transport.run): taken by the
--- same C tail, a handle it won closed at once, a queue it joined left
-local function orphaned(o, reply, err, code, ereply, domain)
-  local p, a, n = o.p, o.args, o.n
-  if p.cc:closed() then return end
-  a[n + 1], a[n + 2], a[n + 3], a[n + 4], a[n + 5] = reply, err, code, ereply, domain
-  local ok, h = pcall(p.cc[o.take], p.cc, unpack(a, 1, n + 5))
-  if ok and h ~= nil and type(h) ~= "string" then
-    local cok, cerr = pcall(h.close, h)
-    if cok then log("WARN", o.what, " was won after its caller gave up: released")
-    else log("ERR", o.what, " was won after its caller gave up; release failed: ", tostring(cerr)) end
-  elseif o.leave then
-    pcall(p[o.leave], p, unpack(o.leave_args, 1, 4))
-  end
-end
-
--- one attempt: the op of method's arguments (args, n of them), the job,
--- the C tail of method on its outcome.  deadline: the caller stops waiting
--- then (nil: it waits for the reply)
-local function run_attempt(p, method, args, n, deadline, what, leave, leave_args)
-  local cc = p.cc
-  if cc:closed() then return nil, "closed" end
-  local op, owner = cc[method .. "_op"](cc, unpack(args, 1, n))
-  local started = monotonic()
-  args[n + 1], args[n + 2] = owner, started
-  local o = { p = p, take = "take_" .. method, args = args, n = n + 2, what = what,
-              leave = leave, leave_args = leave_args }
-  local reply, err, code, ereply, domain = transport.run(p.spec, op, deadline, orphaned, o)
-  if not reply and err == "timeout" and code == nil and ereply == nil then
-    -- the transport's: not started, or in flight and orphaned() takes it
-    return nil, "timeout"
-  end
-  if cc:closed() then return nil, "closed" end
-  args[n + 3], args[n + 4], args[n + 5], args[n + 6], args[n + 7] = reply, err, code, ereply, domain
-  local r = pack(cc["take_" .. method](cc, unpack(args, 1, n + 7)))
-  made(p, r[1])
-  return unpack(r, 1, r.n)
-end
-
--- client:acquire's arguments, then the caller's deadline
-function P.acquire(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, deadline)
-  local c = stats()
-  c.attempts = c.attempts + 1
-  return run_attempt(p, "acquire", { db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling }, 9,
-    deadline, "'" .. name .. "'", waiter and "leave", { db, coll, name, waiter })
-end
-
-function P.share_acquire(p, db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling,
-                         deadline)
-  return run_attempt(p, "share_acquire", { db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms,
-    polling }, 11, deadline, "a share of '" .. name .. "'", waiter and "share_leave", { db, coll, name, waiter })
-end
-
-function P.doc_acquire(p, db, coll, id, ttl_ms, owner_field, time_field, time, owner_type, insert, renew,
-                       deadline)
-  return run_attempt(p, "doc_acquire", { db, coll, id, ttl_ms, owner_field, time_field, time, owner_type,
-    insert, renew }, 10, deadline, "a document's lock")
-end
-
--- one command and its parser: answer | nil, err, code
-local function command(p, op, parse)
-  if p.cc:closed() then return nil, "closed" end
-  local reply, err, code = transport.run(p.spec, op)
-  if not reply then return nil, err, code end
-  return parse(reply)
-end
-
-local function updated(reply)
-  if (core.parse_update(reply) or 0) > 0 then return true end
-  return nil, "not held"
-end
-
-function P.ensure_index(p, db, coll, expire_after)
-  return command(p, core.op_ensure_index{ db = db, coll = coll, expire_after = expire_after },
-    function() return true end)
-end
-
-function P.status(p, db, coll, name)
-  return command(p, core.op_status{ db = db, coll = coll, name = name },
-    function(reply) return core.parse_status(reply)[1] end)
-end
-
-function P.list(p, db, coll)
-  return command(p, core.op_status{ db = db, coll = coll }, core.parse_status)
-end
-
-function P.force_release(p, db, coll, name)
-  return command(p, core.op_force_release{ db = db, coll = coll, name = name }, updated)
-end
-
-function P.share_force_release(p, db, coll, name)
-  return command(p, core.op_share_force_release{ db = db, coll = coll, name = name }, updated)
-end
-
-function P.share_status(p, db, coll, name)
-  return command(p, core.op_share_status{ db = db, coll = coll, name = name }, function(reply)
-    local r = core.bson_decode(reply)
-    local batch = type(r) == "table" and r.cursor and r.cursor.firstBatch or {}
-    if name == nil then return batch end
-    return batch[1]
-  end)
-end
-
-function P.doc_status(p, db, coll, id, ttl_ms, owner_field, time_field, time, owner_type)
-  return command(p, core.op_doc_status{ db = db, coll = coll, id = id, ttl_ms = ttl_ms,
-    owner_field = owner_field, time_field = time_field, time = time, owner_type = owner_type },
-    core.parse_doc_status)
-end
-
-local function leave(p, op)
-  later(function() return transport.run(p.spec, op) end)
-  return true
-end
-
-function P.leave(p, db, coll, name, waiter)
-  return leave(p, core.op_leave{ db = db, coll = coll, name = name, waiter = waiter, tag = core.process_tag() })
-end
-
-function P.share_leave(p, db, coll, name, waiter)
-  return leave(p, core.op_share_leave{ db = db, coll = coll, name = name, waiter = waiter,
-    tag = core.process_tag() })
-end
-
--- reply | nil, err, code, ereply: any op of the client's (client:command)
-function P.run(p, op)
-  return transport.run(p.spec, op)
+-- nginx's runner for spec (mongolock.yielding documents runners); p: the
+-- stand-in's nginx state (handles made here, the engine's semaphore)
+local function runner_of(spec, state)
+  return {
+    active = transport.active,
+    run = function(op, deadline, on_orphan, arg) return transport.run(spec, op, deadline, on_orphan, arg) end,
+    later = later,
+    log = log,
+    made = function(_, h) return made(state, h) end,
+  }
 end
 
 -- the stand-in for client (a mongolock client: _core, uri, connect_opts),
@@ -306,14 +136,20 @@ function _M.of(client)
   local pid = getpid()
   if p and p.pid == pid then return p end
   local cc = client._core
-  p = setmetatable({ cc = cc, pid = pid, spec = transport.spec(client.uri, client.connect_opts),
-                     handles = setmetatable({}, { __mode = "k" }),
-                     wake = require("ngx.semaphore").new(0) }, mt)
+  local spec = transport.spec(client.uri, client.connect_opts)
+  -- the engine adapter's state (no reference to the client: see
+  -- mongolock.yielding)
+  local state = { cc = cc, spec = spec, handles = setmetatable({}, { __mode = "k" }),
+                  wake = require("ngx.semaphore").new(0) }
+  local runner = runner_of(spec, state)
+  p = yielding.new(cc, runner, { spec = spec, state = state })
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
-    cc:set_methods(lease_methods(p.spec))
+    -- (plain data only: the core's table of them is weak on the client)
+    cc:set_methods(yielding.lease_methods({ active = transport.active,
+      run = function(op) return transport.run(spec, op) end }))
     cc:set_external(true)
-    start_adapter(p)
+    start_adapter(state)
   end
   return p
 end

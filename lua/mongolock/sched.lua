@@ -1,0 +1,167 @@
+-- mongolock.sched: waiting inside a coroutine scheduler without blocking
+-- its loop.
+--
+--   local client = mongolock.connect(uri, { scheduler = "cqueues" })
+--   local client = mongolock.connect(uri, { scheduler = S })  -- any loop
+--
+-- Inside a coroutine of the scheduler every round trip of the client runs
+-- in a thread of the core's pool (core.pool: its own libmongoc pool on the
+-- client's URI, write concern and options) while the coroutine waits on
+-- the job's descriptor, and every sleep is the scheduler's: the loop's
+-- other coroutines keep running.  The calls are mongolock.yielding's
+-- stand-in of the core client (the C client's ops and tails), so a won
+-- attempt is the same mongolock.Lock as everywhere.  Outside such a
+-- coroutine the same client blocks as it always did.
+--
+-- A scheduler S is a table of three functions (the library's whole need):
+--
+--   S.current()        true when the running coroutine is one of the loop's
+--                      and may yield to it (else the call blocks)
+--   S.sleep(seconds)   yields the running coroutine for that long
+--   S.wait_fd(fd, seconds)
+--                      yields until the descriptor fd is readable or the
+--                      seconds have passed, whichever comes first (waking
+--                      early is harmless: the library looks again)
+--
+-- "cqueues" is built in (below).  What stays off the loop: the lease
+-- engine (renewal in batches, grant top-ups, releases of collected
+-- handles) runs in the client's own background thread as outside a
+-- scheduler; change-stream wake-ups come from the process's stream
+-- (csrc/watch.c, its own thread), which a waiting coroutine looks at
+-- without blocking between scheduler sleeps of 1 to 20 ms.
+--
+-- Invariants:
+-- - One pool per client and process (a forked child makes its own); the
+--   client's close closes it, its collection too.
+-- - A coroutine waits for the reply of every round trip it started (as a
+--   blocking call does): no attempt's outcome is left to nobody while the
+--   coroutine runs.  A coroutine abandoned by its scheduler mid-wait (never
+--   resumed, collected) lets go of its job: a lock it may have won then
+--   ends with its lease (ttl), as a killed process's does.
+
+local core = require "mongolock.core"
+local private = require "mongolock.private"
+local yielding = require "mongolock.yielding"
+
+local type, pcall, rawget, rawset, select, tostring = type, pcall, rawget, rawset, select, tostring
+local unpack = table.unpack or rawget(_G, "unpack")
+local getpid = core.getpid
+
+local _M = {
+  _VERSION = "0.1.0",
+  THREADS = 8,        -- worker threads per client and process (connect's threads)
+  THREADS_MAX = 256,
+  -- the longest single wait on a job's descriptor: a scheduler that
+  -- missed the wake-up looks again then
+  LOOK_AGAIN = 1,
+}
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- ---- built-in adapters --------------------------------------------------------
+
+local builtin = {}
+
+-- cqueues (Debian's lua-cqueues): a coroutine of a controller's wrap, not
+-- nested in another coroutine (cqueues.running's second value)
+function builtin.cqueues()
+  local ok, cqueues = pcall(require, "cqueues")
+  if not ok then
+    return nil, 'scheduler "cqueues" needs the cqueues module (Debian: lua-cqueues): ' .. tostring(cqueues)
+  end
+  local S = { name = "cqueues" }
+  function S.current()
+    local _, inside = cqueues.running()
+    return inside == true
+  end
+  function S.sleep(s) cqueues.sleep(s) end
+  function S.wait_fd(fd, s)
+    cqueues.poll({ pollfd = fd, events = "r" }, s)
+    -- cqueues keeps a descriptor it polled registered; the library closes
+    -- a job's descriptor once taken, and a new one may get its number
+    cqueues.cancel(fd)
+  end
+  return S
+end
+
+local made = {}
+
+-- the scheduler connect's option names (raises at connect's caller)
+function _M.check(S, n, fname, level)
+  level = (level or 2) + 1
+  if type(S) == "string" and builtin[S] then
+    if not made[S] then
+      local adapter, err = builtin[S]()
+      if not adapter then private.argerror(n, fname, err, level) end
+      made[S] = adapter
+    end
+    S = made[S]
+  elseif type(S) ~= "table" then
+    private.argerror(n, fname, 'scheduler: "cqueues" or a table expected, got '
+      .. (type(S) == "string" and private.shown(S) or type(S)), level)
+  end
+  for _, k in ipairs({ "current", "sleep", "wait_fd" }) do
+    if type(S[k]) ~= "function" then
+      private.argerror(n, fname, "scheduler: " .. k .. " must be a function", level)
+    end
+  end
+  private.add_scheduler(S)
+  return S
+end
+
+-- ---- the runner -----------------------------------------------------------------
+
+-- runs op in a thread of pool; the coroutine waits on S (mongolock.yielding
+-- documents runners).  The caller's deadline is not used: as a blocking
+-- call, the coroutine waits for the reply, which the client's server
+-- bound limits.
+local function runner_of(S, pool)
+  local function run(op)
+    local job, err = pool:submit(op)
+    if not job then return nil, err end
+    local fd = job:fd()
+    while true do
+      local r = pack(job:take())
+      if r[1] ~= false then return unpack(r, 1, r.n) end
+      S.wait_fd(fd, _M.LOOK_AGAIN)
+    end
+  end
+  return {
+    active = function() return S.current() and true or false end,
+    run = run,
+    -- sent, nobody waits: the op runs, its outcome is dropped
+    send = function(op)
+      local job = pool:submit(op)
+      if job then job:close() end
+    end,
+  }
+end
+
+-- the stand-in for client (connected with a scheduler) in this process, or
+-- nil when no pool can be had (a closed client: its own methods say so)
+function _M.of(client)
+  local p = rawget(client, "_sched_core")
+  local pid = getpid()
+  if p and p.pid == pid then return p end
+  local cc = client._core
+  if cc:closed() then return nil end
+  local ok, pool = pcall(core.pool, cc, client._threads or _M.THREADS)
+  if not ok or not pool then return nil end
+  local runner = runner_of(client._scheduler, pool)
+  p = yielding.new(cc, runner, { pool = pool })
+  rawset(client, "_sched_core", p)
+  if cc.set_methods and core.lease_step then
+    -- the handles' release, extend and close yield too; the lease engine
+    -- stays the client's own thread (not external)
+    cc:set_methods(yielding.lease_methods({ active = runner.active, run = runner.run }))
+  end
+  return p
+end
+
+-- closes client's pool in this process (the client's close)
+function _M.close(client)
+  local p = rawget(client, "_sched_core")
+  if p and p.pid == getpid() then p.pool:close() end
+end
+
+return _M

@@ -1,0 +1,388 @@
+-- #integration: waiting inside coroutine schedulers (mongolock.connect(uri,
+-- { scheduler = S })): inside a coroutine of the loop every wait and every
+-- round trip yields to it, so the loop's other coroutines (a ticker here)
+-- keep running; outside one the same client blocks as before.  Run once per
+-- adapter: cqueues (built in) and luv (a table implementing the documented
+-- interface, written here as a user would).
+local helpers = require "helpers"
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+
+-- the luv adapter: luv has no scheduler of its own, so the coroutines it
+-- runs are the ones started by spawn (a weak set tells them apart)
+local function luv_adapter()
+  local uv = require "luv"
+  local mine = setmetatable({}, { __mode = "k" })
+  local errors = {}
+  local function resume(co, ...)
+    local ok, err = coroutine.resume(co, ...)
+    if not ok then errors[#errors + 1] = debug.traceback(co, tostring(err)) end
+  end
+  local S = { errors = errors }
+  function S.spawn(fn)
+    local co = coroutine.create(fn)
+    mine[co] = true
+    resume(co)
+  end
+  function S.current()
+    local co = coroutine.running()
+    return co ~= nil and mine[co] == true
+  end
+  function S.sleep(s)
+    local co = coroutine.running()
+    local t = uv.new_timer()
+    t:start(math.max(0, math.floor(s * 1000 + 0.5)), 0, function()
+      t:close()
+      resume(co)
+    end)
+    coroutine.yield()
+  end
+  function S.wait_fd(fd, s)
+    local co = coroutine.running()
+    local p, t = uv.new_poll(fd), uv.new_timer()
+    local done = false
+    local function wake()
+      if done then return end
+      done = true
+      p:stop()
+      p:close()
+      t:stop()
+      t:close()
+      resume(co)
+    end
+    p:start("r", wake)
+    t:start(math.max(1, math.floor(s * 1000 + 0.5)), 0, wake)
+    coroutine.yield()
+  end
+  function S.run() uv.run() end
+  return S
+end
+
+-- the cqueues loop, with the same spawn/run shape as the luv one
+local function cqueues_loop()
+  local cqueues = require "cqueues"
+  local cq = cqueues.new()
+  local S = { errors = {} }
+  function S.spawn(fn) cq:wrap(fn) end
+  function S.run()
+    local ok, err = cq:loop()
+    if not ok then S.errors[#S.errors + 1] = tostring(err) end
+  end
+  return S
+end
+
+local adapters = {
+  { name = "cqueues", loop = cqueues_loop, scheduler = function() return "cqueues" end },
+  { name = "luv", loop = luv_adapter, scheduler = function(loop) return loop end },
+}
+
+for _, a in ipairs(adapters) do
+  describe("#integration a " .. a.name .. " scheduler", function()
+    local loop, client, docs, coll
+    setup(function()
+      loop = a.loop()
+      client = helpers.connect({ scheduler = a.scheduler(loop) })
+      coll = helpers.unique("players")
+      docs = client:documents(helpers.database, coll, { ttl = 10 })
+    end)
+    teardown(function() client:close() end)
+
+    local function count_of(id)
+      local r = assert(client:command(helpers.database, { find = coll }, { filter = { _id = id } }))
+      return r.cursor.firstBatch[1].count
+    end
+
+    it("50 coroutines, 3 player documents, 5 guarded increments each: all 250 land while a 10 ms "
+       .. "ticker is never held up 100 ms", function()
+      -- one round on fresh player documents: every increment must land in
+      -- every round; the ticker's bound must hold in one of three rounds
+      -- (this machine is shared: a loop held up by the library's waits or
+      -- round trips misses it in every round, a load spike in one)
+      local N, EACH = 50, 5
+      local function round(r)
+        local players = { "p1-" .. r, "p2-" .. r, "p3-" .. r }
+        for _, id in ipairs(players) do
+          assert(client:command(helpers.database, { insert = coll },
+            { documents = { { _id = id, count = 0 } } }))
+        end
+        local done, failures, worst, ticks = 0, {}, 0, 0
+        -- measured from now: a loop may start its coroutines in any order
+        local last = core.monotonic()
+        loop.spawn(function()
+          repeat
+            mongolock.sleep(0.01)
+            local now = core.monotonic()
+            worst = math.max(worst, now - last)
+            last = now
+            ticks = ticks + 1
+          until done >= N
+        end)
+        for i = 1, N do
+          loop.spawn(function()
+            for k = 1, EACH do
+              local id = players[(i + k) % 3 + 1]
+              local doc, h = docs:lock(id, { timeout = 60 })
+              if not doc then
+                failures[#failures + 1] = tostring(h)
+              else
+                -- holding the lock, this coroutine yields: the others run
+                mongolock.sleep(0.001)
+                local ok, err = h:release({ count = doc.count + 1 })
+                if not ok then failures[#failures + 1] = tostring(err) end
+              end
+            end
+            done = done + 1
+          end)
+        end
+        loop.run()
+        assert.same({}, loop.errors)
+        assert.same({}, failures)
+        assert.equal(N, done)
+        assert.equal(N * EACH, count_of(players[1]) + count_of(players[2]) + count_of(players[3]))
+        assert.is_true(ticks > 0)
+        return worst
+      end
+      local worsts = {}
+      for r = 1, 3 do
+        worsts[r] = round(r)
+        if worsts[r] < 0.1 then break end
+      end
+      assert.is_true(worsts[#worsts] < 0.1, "the ticker was held up (s): " .. table.concat(worsts, ", "))
+    end)
+
+    it("yields in every kind's wait: a coroutine waiting for a held named lock lets the loop run",
+       function()
+      local locks = helpers.locks(client)
+      local name = helpers.unique("held")
+      local holder = assert(locks:acquire(name, { ttl = 10 }))   -- outside: blocks as before
+      local got, ticks, err
+      loop.spawn(function()
+        local h
+        h, err = locks:acquire(name, { timeout = 5 })
+        got = h and h:token_string()
+        if h then assert(h:release()) end
+      end)
+      loop.spawn(function()
+        -- release after 0.3 s of ticking: the waiter is queued meanwhile
+        for _ = 1, 30 do
+          mongolock.sleep(0.01)
+          ticks = (ticks or 0) + 1
+        end
+        assert(holder:release())
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.is_string(got, tostring(err))
+      assert.equal(30, ticks)
+    end)
+
+    it("every kind's round trips leave the loop running while the server takes 300 ms for each",
+       function()
+      -- the scheduler's client alone is delayed (its appname): a round trip
+      -- made on the loop's thread would stop the ticker for 300 ms
+      local app = helpers.unique("delayed")
+      local slow = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
+      local observer = helpers.connect()
+      local o = { database = helpers.database, collection = helpers.unique("kinds") }
+      local rw, sem = slow:rwlocks(o), slow:semaphores({ database = o.database,
+        collection = o.collection, permits = 2 })
+      local lk = slow:locks(o)
+      local vc = slow:versioned(helpers.database, helpers.unique("vc"))
+      local pdocs = slow:documents(helpers.database, coll, { ttl = 10 })
+      -- the TTL index first (its createIndexes is not delayed below)
+      assert(lk:try("warm")):release()
+      local steps = {
+        { "rw:read + release", function() return assert(rw:read("r")):release() end },
+        { "sem:acquire + release", function() return assert(sem:acquire("s")):release() end },
+        { "locks:with", function() return lk:with("w", function() return true end) end },
+        { "locks:status", function() return lk:status("w") ~= nil end },
+        { "docs:lock + release", function()
+          local doc, h = pdocs:lock("slowdoc", { insert = { count = 0 } })
+          return doc and h:release({ count = doc.count + 1 })
+        end },
+        { "vc:insert", function() return vc:insert({ _id = "v", n = 1 }) end },
+        { "client:command", function() return slow:command(helpers.database, { ping = 1 }) end },
+      }
+      assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "alwaysOn",
+        data = { failCommands = { "findAndModify", "update", "insert", "aggregate", "ping" },
+                 blockConnection = true, blockTimeMS = 300, appName = app } }))
+      local results, worst, finished = {}, 0, false
+      local last = core.monotonic()
+      loop.spawn(function()
+        repeat
+          mongolock.sleep(0.01)
+          local now = core.monotonic()
+          worst = math.max(worst, now - last)
+          last = now
+        until finished
+      end)
+      loop.spawn(function()
+        for _, step in ipairs(steps) do
+          local t0 = core.monotonic()
+          local ok, r = pcall(step[2])
+          results[#results + 1] = { step[1], ok and r and true or tostring(r), core.monotonic() - t0 }
+        end
+        finished = true
+      end)
+      loop.run()
+      observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })
+      slow:close()
+      observer:close()
+      assert.same({}, loop.errors)
+      for _, r in ipairs(results) do
+        assert.is_true(r[2], r[1] .. ": " .. tostring(r[2]))
+        -- the delay was there (each step has at least one delayed command)
+        assert.is_true(r[3] >= 0.25, r[1] .. " took " .. r[3] .. " s")
+      end
+      assert.equal(#steps, #results)
+      -- below one delayed command: no round trip was made on the loop's
+      -- thread (with them there, 3.3 s)
+      assert.is_true(worst < 0.25, "the ticker was held up " .. worst .. " s")
+    end)
+
+    it("renewal and change-stream wake-ups go on while coroutines wait", function()
+      local locks_mod = require "mongolock.locks"
+      local locks = helpers.locks(client)
+      local name = helpers.unique("renewed")
+      -- counts the waits between attempts (a watcher waits once per release)
+      local real = locks_mod.get_wait()
+      local waits = 0
+      locks_mod.set_wait({ check_mode = real.check_mode, sleep_until_retry = function(state)
+        waits = waits + 1
+        return real.sleep_until_retry(state)
+      end })
+      local held_after, early, got, elapsed, errs = nil, nil, nil, nil, {}
+      loop.spawn(function()
+        -- a lease of 1 s, renewed in the background while the loop runs
+        local h = assert(locks:acquire(name, { ttl = 1, renew = true }))
+        mongolock.sleep(2.5)
+        held_after = h:check()
+        assert(h:release())
+      end)
+      loop.spawn(function()
+        mongolock.sleep(0.2)
+        -- the lease would have ended after 1 s without its renewal
+        local h, err = locks:acquire(name, { timeout = 1.5 })
+        early = h and "acquired" or err
+        if h then h:release() end
+        -- then a watching waiter, queued for long (no refresh, no poll
+        -- before the holder's release): only the stream brings it in
+        local t0 = core.monotonic()
+        h, err = locks:acquire(name, { timeout = 20, wait = "watch", queue_ttl = 60, ttl = 5 })
+        elapsed = core.monotonic() - t0
+        got = h ~= nil
+        if not h then errs[#errs + 1] = tostring(err) else assert(h:release()) end
+      end)
+      local ok, err = pcall(loop.run)
+      locks_mod.set_wait(real)
+      assert(ok, err)
+      assert.same({}, loop.errors)
+      assert.same({}, errs)
+      assert.is_true(held_after)
+      assert.equal("timeout", early)
+      assert.is_true(got)
+      -- woken by the release (about 0.8 s after it queued), where a poll
+      -- or a refresh would come 30 s later
+      assert.is_true(elapsed < 10, "waited " .. elapsed .. " s")
+      assert.is_true(waits <= 3, waits .. " waits")
+    end)
+
+    it("acquire_all of two players' documents, all or none, inside the loop", function()
+      local a1, b1 = helpers.unique("pa"), helpers.unique("pb")
+      assert(client:command(helpers.database, { insert = coll },
+        { documents = { { _id = a1, count = 0 }, { _id = b1, count = 0 } } }))
+      local set, err
+      loop.spawn(function()
+        set, err = client:acquire_all({ { docs, b1 }, { docs, a1 } }, { timeout = 5 })
+        if set then assert(set:release()) end
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.is_table(set, tostring(err))
+    end)
+  end)
+end
+
+describe("#integration scheduler option", function()
+  it("refuses what is no scheduler at the caller", function()
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = 42 }) end,
+      "bad argument #2 to 'connect' (scheduler: \"cqueues\" or a table expected, got number)")
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "tokio" }) end,
+      "bad argument #2 to 'connect' (scheduler: \"cqueues\" or a table expected, got \"tokio\")")
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = { current = print } }) end,
+      "bad argument #2 to 'connect' (scheduler: sleep must be a function)")
+    assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "cqueues", threads = 0 }) end,
+      "bad argument #2 to 'connect' (threads must be an integer from 1 to 256 (got 0))")
+  end)
+
+  it("outside a coroutine of the loop the client blocks as before", function()
+    local client = helpers.connect({ scheduler = "cqueues" })
+    local locks = helpers.locks(client)
+    local h = assert(locks:acquire(helpers.unique("plain"), { timeout = 1 }))
+    assert.is_true(h:release())
+    client:close()
+  end)
+end)
+
+-- the core's worker-thread pool itself (csrc/pool.c), on a server that
+-- does not answer: no round trip reaches anything
+describe("#unit the core's worker-thread pool", function()
+  local client, pool
+  setup(function()
+    client = assert(mongolock.connect("mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200",
+      { server_timeout = 0.2 }))
+    pool = assert(core.pool(client._core, 2))
+  end)
+  teardown(function() pool:close() client:close() end)
+
+  local function pack(...) return { n = select("#", ...), ... } end
+  local function wait(job)
+    local deadline = core.monotonic() + 10
+    while core.monotonic() < deadline do
+      local r = pack(job:take())
+      if r[1] ~= false then return r end
+      core.sleep(0.01)
+    end
+    error("the job never ended")
+  end
+
+  it("runs an op in a thread and answers what client:run answers, once", function()
+    local op = core.op_status{ db = "d", coll = "c", name = "x" }
+    local job = assert(pool:submit(op))
+    assert.is_number(job:fd())
+    local r = wait(job)
+    local plain = pack(client._core:run(op))
+    assert.is_nil(r[1])
+    assert.is_string(r[2])
+    assert.equal(plain[5], r[5])                 -- the same error domain
+    assert.is_nil(job:fd())
+    assert.same({ nil, "taken" }, { job:take() })
+  end)
+
+  it("refuses what is not an op at the caller, and what comes after close", function()
+    assert.has_error(function() pool:submit("x") end)
+    assert.has_error(function() pool:submit(42) end)
+    assert.has_error(function() core.pool(client._core, 0) end)
+    assert.has_error(function() core.pool(client._core, 257) end)
+    assert.has_error(function() core.pool({}, 1) end)
+    local p2 = assert(core.pool(client._core, 1))
+    -- a job nobody takes (closed before its end) still runs; the pool
+    -- closed with jobs queued ends them
+    local j1 = assert(p2:submit(core.op_status{ db = "d", coll = "c", name = "y" }))
+    local j2 = assert(p2:submit(core.op_status{ db = "d", coll = "c", name = "z" }))
+    j1:close()
+    assert.is_true(p2:close())
+    assert.is_true(p2:close())
+    local r = wait(j2)
+    assert.is_nil(r[1])
+    assert.is_string(r[2])
+    assert.same({ nil, "closed" }, { p2:submit(core.op_status{ db = "d", coll = "c", name = "y" }) })
+    assert.equal(0, p2:threads())
+  end)
+
+  it("answers nil, \"closed\" for a closed client", function()
+    local c2 = assert(mongolock.connect("mongodb://127.0.0.1:9/"))
+    c2:close()
+    assert.same({ nil, "closed" }, { core.pool(c2._core, 1) })
+  end)
+end)
