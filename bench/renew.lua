@@ -55,7 +55,7 @@ for _, case in ipairs(cases) do
     (u1 - u0) / (t1 - t0), lost, (cpu1 - cpu0) * 1e6 / (case.n * (t1 - t0))))
   io.stdout:flush()
   io.stderr:write("bench: renew: releasing\n")
-  hs = nil
+  hs = nil -- luacheck: ignore
   client:close()
   collectgarbage()
   observer:command(locks.database, { drop = coll })

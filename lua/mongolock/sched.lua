@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- mongolock.sched: waiting inside a coroutine scheduler without blocking
 -- its loop.
 --

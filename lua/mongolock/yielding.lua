@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- mongolock.yielding: the core client's stand-in where the caller can
 -- yield and its round trips run elsewhere.  The portable modules
 -- (mongolock.locks, mongolock.shared, mongolock.documents) call a core
