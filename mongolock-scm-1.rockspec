@@ -66,7 +66,7 @@ build = {
         "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c",
-        "csrc/protocol_shared.c", "csrc/shared.c",
+        "csrc/protocol_shared.c", "csrc/shared.c", "csrc/stats.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },

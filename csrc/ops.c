@@ -645,7 +645,9 @@ static int l_op_doc_status(lua_State *L) {
 int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
   bson_t reply;
   bson_error_t err;
-  int ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err), n = 1;
+  int ok, n = 1;
+  ml_obs_command(c);
+  ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err);
   if (!ok) n = ml_pusherror(L, &err) + 1;
   if (ok || !bson_empty(&reply)) {
     if (decode) ml_pushbson(L, &reply);
@@ -667,6 +669,7 @@ int ml_m_run(lua_State *L) {
   ml_op op;
   int ok;
   arg_op(L, 2, &op);
+  ml_obs_command(c);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   if (ok) {
     lua_pushlstring(L, (const char *)bson_get_data(&reply), reply.len);

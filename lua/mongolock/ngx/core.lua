@@ -71,13 +71,21 @@ local function adapter(premature, p)
   local ngx = rawget(_G, "ngx")
   local cc = p.cc
   local exiting_until
+  -- loaded by now: it is what loads this module
+  local deliver = require("mongolock.private").deliver
   while not cc:closed() do
+    -- lease events (lost, renewal failed) the engine queued: to the
+    -- client's on_lost callback, here on the event loop
+    local dok, n, errs = pcall(deliver, cc)
+    if not dok then log("ERR", "on_lost: ", tostring(n))
+    elseif errs then log("ERR", "on_lost: ", table.concat(errs, "; ")) end
     local ok, id, op = pcall(cc.engine_next, cc)
     if not ok then
       log("ERR", "lease engine: ", tostring(id))
       break
     elseif id ~= nil then
       local started = monotonic()
+      p.count.n = p.count.n + 1
       local reply, err, code, ereply, domain = transport.run(p.spec, op)
       local dok, derr = pcall(cc.engine_done, cc, id, started, reply, err, code, ereply, domain)
       if not dok then log("ERR", "lease engine: ", tostring(derr)) end
@@ -125,7 +133,7 @@ end
 -- (what to send, or the answer), the job, the lease's answer to the reply.
 -- (They keep spec, plain data, not the client: the core's table of them is
 -- weak on the client, and LuaJIT has no ephemerons.)
-local function lease_methods(spec)
+local function lease_methods(spec, count)
   local C = core.lock_methods
   local function method(what)
     local plain = C[what]
@@ -133,6 +141,7 @@ local function lease_methods(spec)
       if not transport.active() then return plain(h, arg) end
       local op, started = core.lease_step(h, what, arg)
       if op == nil or op == true then return op, started end
+      count.n = count.n + 1
       local reply, err, code, ereply, domain = transport.run(spec, op)
       return core.lease_done(h, what, started, reply, err, code, ereply, domain)
     end
@@ -195,6 +204,7 @@ local function run_attempt(p, method, args, n, deadline, what, leave, leave_args
   args[n + 1], args[n + 2] = owner, started
   local o = { p = p, take = "take_" .. method, args = args, n = n + 2, what = what,
               leave = leave, leave_args = leave_args }
+  p.count.n = p.count.n + 1
   local reply, err, code, ereply, domain = transport.run(p.spec, op, deadline, orphaned, o)
   if not reply and err == "timeout" and code == nil and ereply == nil then
     -- the transport's: not started, or in flight and orphaned() takes it
@@ -230,6 +240,7 @@ end
 -- one command and its parser: answer | nil, err, code
 local function command(p, op, parse)
   if p.cc:closed() then return nil, "closed" end
+  p.count.n = p.count.n + 1
   local reply, err, code = transport.run(p.spec, op)
   if not reply then return nil, err, code end
   return parse(reply)
@@ -278,6 +289,7 @@ function P.doc_status(p, db, coll, id, ttl_ms, owner_field, time_field, time, ow
 end
 
 local function leave(p, op)
+  p.count.n = p.count.n + 1
   later(function() return transport.run(p.spec, op) end)
   return true
 end
@@ -293,6 +305,7 @@ end
 
 -- reply | nil, err, code, ereply: any op of the client's (client:command)
 function P.run(p, op)
+  p.count.n = p.count.n + 1
   return transport.run(p.spec, op)
 end
 
@@ -305,10 +318,12 @@ function _M.of(client)
   local cc = client._core
   p = setmetatable({ cc = cc, pid = pid, spec = transport.spec(client.uri, client.connect_opts),
                      handles = setmetatable({}, { __mode = "k" }),
+                     -- commands sent as jobs (client:stats().commands)
+                     count = { n = 0 },
                      wake = require("ngx.semaphore").new(0) }, mt)
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
-    cc:set_methods(lease_methods(p.spec))
+    cc:set_methods(lease_methods(p.spec, p.count))
     cc:set_external(true)
     start_adapter(p)
   end
