@@ -50,6 +50,7 @@ build = {
     ["mongolock.locks"] = "lua/mongolock/locks.lua",
     ["mongolock.backoff"] = "lua/mongolock/backoff.lua",
     ["mongolock.wait"] = "lua/mongolock/wait.lua",
+    ["mongolock.metrics"] = "lua/mongolock/metrics.lua",
     ["mongolock.private"] = "lua/mongolock/private.lua",
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",

@@ -118,6 +118,7 @@ function _M.connect(uri, opts)
                                 _series = { by = {} },
                                 server_bound = selection }, client_mt)
   uris[client] = uri
+  private.clients[client] = true
   return client
 end
 

@@ -311,6 +311,10 @@ function _M.count_one(s, a, b, ...)
   return a, b, ...
 end
 
+-- every client of this process made by mongolock.connect (weak: for
+-- mongolock.metrics)
+_M.clients = setmetatable({}, { __mode = "k" })
+
 -- client:on_lost's callbacks, by core client (weak: a callback never
 -- keeps a client alive)
 local listeners = setmetatable({}, { __mode = "k" })

@@ -76,8 +76,8 @@ local function adapter(premature, p)
   while not cc:closed() do
     -- lease events (lost, renewal failed) the engine queued: to the
     -- client's on_lost callback, here on the event loop
-    local dok, n, errs = pcall(deliver, cc)
-    if not dok then log("ERR", "on_lost: ", tostring(n))
+    local vok, n, errs = pcall(deliver, cc)
+    if not vok then log("ERR", "on_lost: ", tostring(n))
     elseif errs then log("ERR", "on_lost: ", table.concat(errs, "; ")) end
     local ok, id, op = pcall(cc.engine_next, cc)
     if not ok then
