@@ -75,7 +75,7 @@ static void queue_event(ml_lease *l, int failed) {
     /* full: the oldest goes */
     event_free(&o->ev[0]);
     memmove(o->ev, o->ev + 1, (o->nev - 1) * sizeof *o->ev);
-    o->nev--;
+    __atomic_store_n(&o->nev, o->nev - 1, __ATOMIC_RELAXED);
     o->dropped++;
   }
   if (o->nev == o->cap) {
@@ -89,7 +89,9 @@ static void queue_event(ml_lease *l, int failed) {
     o->ev = v;
     o->cap = cap;
   }
-  e = &o->ev[o->nev++];
+  e = &o->ev[o->nev];
+  /* nev is read without mu by has_events: every write of it is atomic */
+  __atomic_store_n(&o->nev, o->nev + 1, __ATOMIC_RELAXED);
   e->kind = l->kind;
   e->failed = failed;
   e->db = bson_strdup(l->db);
@@ -183,7 +185,7 @@ int ml_m_want_events(lua_State *L) {
       size_t i;
       pthread_mutex_lock(&o->mu);
       for (i = 0; i < o->nev; i++) event_free(&o->ev[i]);
-      o->nev = 0;
+      __atomic_store_n(&o->nev, 0, __ATOMIC_RELAXED);
       pthread_mutex_unlock(&o->mu);
     }
   }
@@ -213,7 +215,8 @@ int ml_m_take_events(lua_State *L) {
     ev = o->ev;
     n = o->nev;
     o->ev = NULL;
-    o->nev = o->cap = 0;
+    o->cap = 0;
+    __atomic_store_n(&o->nev, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&o->mu);
   }
   lua_createtable(L, (int)n, 0);
