@@ -135,6 +135,28 @@ describe("#integration client:stats()", function()
     assert.equal(0, s.releases)
   end)
 
+  it("mongolock.metrics renders them in Prometheus' text format (promtool check metrics)", function()
+    local metrics = require "mongolock.metrics"
+    local locks = helpers.locks(client)
+    local coll = locks.database .. "." .. locks.collection
+    assert(locks:try("m")):release()
+    local text = metrics.render()
+    assert.matches('\nmongolock_acquisitions_total{kind="named",collection="' .. coll:gsub("%p", "%%%0")
+      .. '"} 1\n', text)
+    assert.matches('\nmongolock_wait_seconds_bucket{kind="named",collection="' .. coll:gsub("%p", "%%%0")
+      .. '",le="%+Inf"} 0\n', text)
+    assert.matches("# TYPE mongolock_wait_seconds histogram\n", text, 1, true)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write(text)
+    f:close()
+    local p = assert(io.popen("promtool check metrics < " .. helpers.shell_quote(path) .. " 2>&1; echo \"exit $?\""))
+    local out = p:read("*a")
+    p:close()
+    os.remove(path)
+    assert.matches("exit 0\n$", out)
+  end)
+
   it("poll() without a callback queues nothing; bad arguments raise", function()
     assert.equal(0, client:poll())
     assert.has_error(function() client:on_lost("x") end,

@@ -18,7 +18,9 @@
 -- Each worker copies its own totals into the dict (keys by worker pid, one
 -- set per second, and at once before it serves /metrics): counting itself
 -- never touches the dict, whose lock every worker shares.  A worker that
--- exits leaves its last totals there, so the sums never go back.
+-- exits leaves its last totals there, so the sums never go back.  The
+-- totals are those of the clients the worker still has (one per worker, as
+-- the examples make, keeps them whole).
 --
 -- Families (names and habits of Prometheus' conventions and
 -- nginx-lua-prometheus): mongolock_acquisitions_total, _waits_total,
@@ -90,12 +92,11 @@ local function add_stats(acc, s)
   return acc
 end
 
--- samples of every open client of this process
+-- samples of every client of this process (a closed one too, until it is
+-- collected: its acquisitions and releases still count)
 function _M.samples()
   local acc = {}
-  for client in pairs(private.clients) do
-    if not client._core:closed() then add_stats(acc, client:stats()) end
-  end
+  for client in pairs(private.clients) do add_stats(acc, client:stats()) end
   -- the families without labels are there with no client too
   for _, f in ipairs(CLIENT) do acc["mongolock_" .. f[1] .. "_total"] = acc["mongolock_" .. f[1] .. "_total"] or 0 end
   return acc
