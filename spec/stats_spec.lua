@@ -135,6 +135,18 @@ describe("#integration client:stats()", function()
     assert.equal(0, s.releases)
   end)
 
+  it("counts the commands sent: a try and its release are two", function()
+    local locks = helpers.locks(client)
+    assert(locks:try("warm")):release()          -- the TTL index is made once
+    local before = client:stats().commands
+    local h = assert(locks:try("c"))
+    assert.equal(before + 1, client:stats().commands)
+    assert.is_true(h:release())
+    assert.equal(before + 2, client:stats().commands)
+    assert(locks:status("c"))
+    assert.equal(before + 3, client:stats().commands)
+  end)
+
   it("mongolock.metrics renders them in Prometheus' text format (promtool check metrics)", function()
     local metrics = require "mongolock.metrics"
     local locks = helpers.locks(client)
