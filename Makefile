@@ -30,7 +30,7 @@ PKGS_BUILD := gcc make pkg-config libmongoc-dev libbson-dev \
 # what the command (bin/mongolock) loads, for the README's next steps
 PKGS_RUN := lua-argparse lua-cjson
 PKGS_TEST := lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
-	faketime nginx libnginx-mod-http-lua wrk lua-cqueues lua-luv
+	faketime nginx libnginx-mod-http-lua wrk lua-cqueues lua-luv prometheus
 # the #unit specs under the other Lua versions the core supports
 PKGS_LUAS := lua5.1 liblua5.1-0-dev lua5.2 liblua5.2-dev lua5.3 liblua5.3-dev
 PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua lua-socket lua-cjson \

@@ -50,6 +50,7 @@ build = {
     ["mongolock.locks"] = "lua/mongolock/locks.lua",
     ["mongolock.backoff"] = "lua/mongolock/backoff.lua",
     ["mongolock.wait"] = "lua/mongolock/wait.lua",
+    ["mongolock.metrics"] = "lua/mongolock/metrics.lua",
     ["mongolock.private"] = "lua/mongolock/private.lua",
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
@@ -68,7 +69,7 @@ build = {
         "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c",
-        "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c",
+        "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c", "csrc/stats.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },

@@ -370,6 +370,11 @@ static int l_connect(lua_State *L) {
   lua_setmetatable(L, -2);
   c->uri = uri;
   c->wc = wc;
+  c->obs = ml_obs_new();
+  if (!c->obs) {
+    client_close(c);
+    return ml_pushfail(L, "out of memory", 0);
+  }
   if (mongoc_uri_get_database(uri))
     c->default_db = bson_strdup(mongoc_uri_get_database(uri));
   /* make the pool now so that a URI libmongoc cannot use fails here */
@@ -391,9 +396,21 @@ static int l_close(lua_State *L) {
   return 1;
 }
 
+#if LUA_VERSION_NUM >= 504
+static int l_tclose(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  client_close(c);
+  return 0;
+}
+#endif
+
+/* the counters stay readable after close; the client's reference to them
+ * goes with the userdata (leases keep their own) */
 static int l_gc(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   client_close(c);
+  ml_obs_unref(c->obs);
+  c->obs = NULL;
   return 0;
 }
 
@@ -599,6 +616,11 @@ static const luaL_Reg client_methods[] = {
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},
+  /* counters and lease events (stats.c) */
+  {"counters", ml_m_counters},
+  {"take_events", ml_m_take_events},
+  {"want_events", ml_m_want_events},
+  {"has_events", ml_m_has_events},
   /* named locks (named.c) */
   {"acquire", ml_m_acquire},
   {"acquire_op", ml_m_acquire_op},
@@ -630,7 +652,7 @@ static const luaL_Reg client_meta[] = {
   {"__gc", l_gc},
   {"__tostring", l_tostring},
 #if LUA_VERSION_NUM >= 504
-  {"__close", l_gc},
+  {"__close", l_tclose},
 #endif
   {NULL, NULL}
 };

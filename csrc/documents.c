@@ -242,6 +242,7 @@ static int doc_acquire(lua_State *L, ml_attempt_mode mode) {
       return ml_push_op_owner(L, &op, owner);
     }
     started = ml_monotonic();
+    ml_obs_command(c);
     ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
     ml_op_destroy(&op);
   }
@@ -302,6 +303,7 @@ int ml_m_doc_status(lua_State *L) {
   arg_id(L, 4, &id);
   r.id = &id;
   ml_build_doc_status(&op, &r, ttl_ms);
+  ml_obs_command(c);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
   ml_op_destroy(&op);
   bson_destroy(&id);

@@ -32,6 +32,7 @@ void ml_lease_unref(ml_lease *l) {
   pthread_mutex_unlock(&l->mu);
   if (refs > 0) return;
   pthread_mutex_destroy(&l->mu);
+  ml_obs_unref(l->obs);
   bson_free(l->db);
   bson_free(l->coll);
   bson_free(l->owner_field);
@@ -86,6 +87,7 @@ int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op,
                       bson_error_t *error) {
   bson_t reply;
   int64_t n = -1;
+  ml_obs_command(c);
   if (ml_run(mc, c->wc, op, &reply, error)) {
     n = ml_parse_matched(&reply);
     if (n < 0)
@@ -128,9 +130,11 @@ static int64_t release_matched(int ok, const bson_t *reply) {
  * answer): 1 released, 0 it was no longer ours, -1 still held */
 static int lease_release_done(ml_lease *l, int64_t n) {
   pthread_mutex_lock(&l->mu);
-  if (n >= 0) {
+  if (n > 0) {
     l->held = 0;
-    if (n == 0) l->lost = 1;
+    ml_lease_count_release(l, 1);
+  } else if (n == 0) {
+    ml_lease_set_lost(l);
   } else {
     l->ending = 0;              /* still held: renewal goes on */
   }
@@ -145,6 +149,7 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
   int64_t n;
   int ok;
   ml_lease_release_op(l, extra, &op);
+  ml_obs_command(c);
   ok = ml_run(mc, c->wc, &op, &reply, error);
   ml_op_destroy(&op);
   n = release_matched(ok, &reply);
@@ -178,8 +183,7 @@ int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started)
     l->topup_at = 0;
   } else if (n == 0 && l->held && !l->ending) {
     /* a release under way or done is not a loss: it cleared the owner */
-    l->held = 0;
-    l->lost = 1;
+    ml_lease_set_lost(l);
   }
   pthread_mutex_unlock(&l->mu);
   return n > 0 ? 1 : 0;
@@ -227,6 +231,7 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   lua_rawseti(L, -2, 1);
   ml_setuservalue(L, -2);
   h->lease = lease_new(spec);
+  h->lease->obs = ml_obs_ref(((ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT))->obs);
   h->keep = h->lease;
   h->keep->refs++;              /* not yet visible to any other thread */
   ml_held_link((ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
@@ -331,8 +336,7 @@ static int lease_state(lua_State *L, int idx, ml_lock *h, ml_client **cp) {
     st = ST_NOT_HELD;           /* a forked child never acts for its parent */
   } else {
     if (l->held && !l->ending && ml_monotonic() >= l->deadline) {
-      l->held = 0;              /* the local deadline passed: lost for good */
-      l->lost = 1;
+      ml_lease_set_lost(l);     /* the local deadline passed: lost for good */
     }
     st = l->lost ? ST_LOST : l->held ? ST_HELD : ST_NOT_HELD;
   }

@@ -109,6 +109,8 @@ typedef struct ml_client {
                                    threads still inside a call (a getMore, a
                                    server selection): the last holder
                                    destroys it, not close */
+  struct ml_obs *obs;           /* its counters and events (stats.c); one
+                                   reference, dropped by __gc */
 } ml_client;
 
 /*
@@ -255,7 +257,65 @@ typedef struct ml_lease {
   double topup_at;              /* (mu) a grant's short lease: renew.c
                                    extends it to ttl_ms at this monotonic
                                    time, once; 0 when not needed */
+  struct ml_obs *obs;           /* its client's counters and events (one
+                                   reference), or NULL */
 } ml_lease;
+
+/*
+ * A client's counters and its queue of lease events (stats.c): what
+ * client:counters() and client:take_events() read.  Shared by the client and
+ * each of its leases (refs), so a lease that outlives its client's userdata
+ * still writes somewhere valid.
+ *
+ * Invariants: counters only grow, by relaxed atomic adds from any thread
+ * (the Lua thread, the engine's), so counting takes no lock and no round
+ * trip.  Events are queued only while `want` is set (a callback is
+ * registered), under mu, a leaf lock: taken under renew.c's mutex and a
+ * lease's mu, never the other way round; at most ML_EVENTS_MAX wait in the
+ * queue (older ones are dropped, and counted).
+ */
+#define ML_KINDS 4
+#define ML_EVENTS_MAX 1024
+typedef struct ml_lease_event {
+  ml_kind kind;
+  int failed;                   /* 1 a renewal failed (still held), 0 lost */
+  char *db, *coll;
+  bson_t iddoc;                 /* {"_id": id} */
+  int64_t token;
+  char owner[33];
+} ml_lease_event;
+
+typedef struct ml_obs {
+  pthread_mutex_t mu;
+  int refs;                     /* (mu) */
+  long commands;                /* commands sent by this process's C paths */
+  long releases[ML_KINDS];      /* releases that matched, per kind */
+  long lost[ML_KINDS];          /* leases found lost, per kind (once each) */
+  int want;                     /* queue events (atomic) */
+  ml_lease_event *ev;                 /* (mu) the queue, oldest first */
+  size_t nev, cap;              /* (mu) */
+  long dropped;                 /* (mu) events dropped from a full queue */
+} ml_obs;
+
+ml_obs *ml_obs_new(void);
+ml_obs *ml_obs_ref(ml_obs *o);
+void ml_obs_unref(ml_obs *o);
+/* adds n to *counter (relaxed atomic); o may be NULL */
+void ml_obs_add(ml_obs *o, long *counter, long n);
+/* one command sent for c */
+void ml_obs_command(const struct ml_client *c);
+/* l->mu held: l is lost (held 0); the first time, counted and its event
+ * queued */
+void ml_lease_set_lost(ml_lease *l);
+/* a release of l matched: counted */
+void ml_lease_count_release(ml_lease *l, long n);
+/* a renewal of l failed (l keeps its state): its event queued */
+void ml_lease_renewal_failed(ml_lease *l);
+/* client:counters(), client:take_events(), client:watch_events(bool) */
+int ml_m_counters(lua_State *L);
+int ml_m_take_events(lua_State *L);
+int ml_m_want_events(lua_State *L);
+int ml_m_has_events(lua_State *L);
 
 /* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
 typedef struct ml_lock {

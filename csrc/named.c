@@ -161,6 +161,7 @@ static int acquire(lua_State *L, ml_attempt_mode mode) {
     {
       mongoc_client_t *mc = ml_client_get(L, c);
       started = ml_monotonic();
+      ml_obs_command(c);
       ok = ml_run(mc, c->wc, &op, &reply, &err);
     }
     ml_op_destroy(&op);
@@ -208,7 +209,9 @@ int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE); }
 static int run_status(lua_State *L, ml_client *c, ml_op *op) {
   bson_t reply;
   bson_error_t err;
-  int ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err);
+  int ok;
+  ml_obs_command(c);
+  ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err);
   ml_op_destroy(op);
   if (!ok) {
     bson_destroy(&reply);
@@ -342,6 +345,7 @@ int ml_m_ensure_index(lua_State *L) {
   secs = luaL_checkinteger(L, 4);
   luaL_argcheck(L, secs >= 0 && secs <= INT32_MAX, 4, "expire_after out of range");
   ml_build_ensure_index(&op, db, coll, (int32_t)secs);
+  ml_obs_command(c);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   ml_op_destroy(&op);
   bson_destroy(&reply);

@@ -22,6 +22,7 @@
  *        op_share_leave, op_share_force_release{db=, coll=, name=},
  *        op_share_status{db=, coll=, name=}   (the shared kinds, below)
  *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=, session=}
+ *        (all = true instead of tag: every change of the collection)
  *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=, session=}
  *   op = core.op_killcursors{db=, coll=, cursor_id=, session=}
  *   reply, err, code = client:run(op)            (BSON strings)
@@ -464,6 +465,7 @@ static int l_op_command(lua_State *L) {
 
 static int l_op_watch(lua_State *L) {
   const char *db, *coll, *field, *tag, *tok, *session;
+  int all;
   size_t len;
   lua_Number t, i;
   bson_t token;
@@ -472,7 +474,10 @@ static int l_op_watch(lua_State *L) {
   field = opt_str(L, "field", 0, &len);
   if (!field) field = ML_F_OWNER;
   else if (ml_check_field(field, len)) bad(L, "field", ml_check_field(field, len));
-  tag = check_hex(L, "tag", 16, 1);
+  lua_getfield(L, 1, "all");
+  all = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  tag = all ? NULL : check_hex(L, "tag", 16, 1);
   t = opt_num(L, "t", 0, 0);
   i = opt_num(L, "i", 0, 0);
   if (!(t >= 0 && t <= 4294967295.0 && i >= 0 && i <= 4294967295.0))
@@ -649,7 +654,9 @@ static int l_op_doc_status(lua_State *L) {
 int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
   bson_t reply;
   bson_error_t err;
-  int ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err), n = 1;
+  int ok, n = 1;
+  ml_obs_command(c);
+  ok = ml_run(ml_client_get(L, c), c->wc, op, &reply, &err);
   if (!ok) n = ml_pusherror(L, &err) + 1;
   if (ok || !bson_empty(&reply)) {
     if (decode) ml_pushbson(L, &reply);
@@ -671,6 +678,7 @@ int ml_m_run(lua_State *L) {
   ml_op op;
   int ok;
   ml_arg_op(L, 2, &op);
+  ml_obs_command(c);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   if (ok) {
     lua_pushlstring(L, (const char *)bson_get_data(&reply), reply.len);

@@ -806,6 +806,21 @@ void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *fie
                     const char *tag, uint32_t t, uint32_t i, const bson_t *resume_token) {
   bson_t p = BSON_INITIALIZER, start = BSON_INITIALIZER;
   bson_iter_t it, match, project;
+  if (!tag) {
+    /* every change of the collection, reduced to what names it (a reader
+     * such as the command's top re-reads the locks on any); without t, i
+     * or a resume token it starts now */
+    if (resume_token || t || i) ml_build_watch_start(&start, t, i, resume_token);
+    ml_op_init(op, ML_RUN_COMMAND, db, coll);
+    BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+                "pipeline", "[", "{", "$changeStream", BCON_DOCUMENT(&start), "}",
+                                 "{", "$project", "{", "operationType", BCON_INT32(1),
+                                      "documentKey", BCON_INT32(1), "clusterTime", BCON_INT32(1),
+                                 "}", "}", "]",
+                "cursor", "{", "}");
+    bson_destroy(&start);
+    return;
+  }
   ml_build_watch_pipeline(&p, field, tag);
   bson_iter_init(&it, &p);
   bson_iter_find_descendant(&it, "pipeline.0", &match);

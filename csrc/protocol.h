@@ -197,7 +197,9 @@ void ml_build_watch_start(bson_t *out, uint32_t t, uint32_t i, const bson_t *res
 
 /* the change stream as a plain aggregate, for a transport that keeps no
  * cursor of libmongoc: starting at (t, i), or after resume_token when it
- * is not NULL; the cursor's first batch is empty */
+ * is not NULL; the cursor's first batch is empty.  tag NULL: every change
+ * of the collection (operationType, documentKey, clusterTime), no filter,
+ * starting now when t, i and resume_token are all unset */
 void ml_build_watch(ml_op *op, const char *db, const char *coll, const char *field,
                     const char *tag, uint32_t t, uint32_t i, const bson_t *resume_token);
 void ml_build_getmore(ml_op *op, const char *db, const char *coll, int64_t cursor_id,

@@ -354,8 +354,7 @@ static int engine_next(ml_renew *st, double now, ml_work *w, double *wake) {
     } else if (l->ending) {
       /* the Lua side is releasing it: no renewal, no verdict */
     } else if (now >= l->deadline) {
-      l->held = 0;
-      l->lost = 1;
+      ml_lease_set_lost(l);
       drop = 1;
     } else {
       double at = renew_at(l);
@@ -429,10 +428,7 @@ static void renewed(ml_lease *l, double started) {
 /* l->mu held: l's renewal could not be made: lost, unless a release under
  * way or done explains it */
 static void not_renewed(ml_lease *l) {
-  if (l->held && !l->ending) {
-    l->held = 0;
-    l->lost = 1;
-  }
+  if (l->held && !l->ending) ml_lease_set_lost(l);
 }
 
 /* renew_mu held: every item of the leases of w retries at `at` */
@@ -477,11 +473,14 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
       pthread_mutex_lock(&l->mu);
+      if (n == 0) ml_lease_set_lost(l);
       l->held = 0;              /* nobody waits for it: not sent is ended too */
-      if (n == 0) l->lost = 1;
       pthread_mutex_unlock(&l->mu);
     }
-    if (n > 0) st->released += (long)n;
+    if (n > 0) {
+      st->released += (long)n;
+      ml_lease_count_release(w->set[0], (long)n);   /* one kind per batch */
+    }
     pthread_cond_broadcast(&st->done);
     break;
   case W_EXTEND: {
@@ -489,6 +488,7 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
     if (n > 0) st->renewals++;
     else if (n < 0) {
       st->failures++;
+      ml_lease_renewal_failed(l);
       retry_later(st, w, ml_monotonic() + retry_delay(w->ttl));
     }
     break;
@@ -500,8 +500,10 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
     st->batches++;
     if (n < 0) {
       st->failures++;
-      for (i = 0; i < w->n; i++)
+      for (i = 0; i < w->n; i++) {
         if (w->set[i]->ttl_ms < min_ttl) min_ttl = w->set[i]->ttl_ms;
+        ml_lease_renewal_failed(w->set[i]);
+      }
       retry_later(st, w, ml_monotonic() + retry_delay(min_ttl));
       break;
     }
@@ -551,6 +553,7 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
     if (n < 0 && !ok) {
       /* unknown: the next renewal (due at once) asks again */
       st->failures++;
+      for (i = 0; i < w->n; i++) ml_lease_renewal_failed(w->set[i]);
       break;
     }
     for (i = 0; i < w->n; i++) {
@@ -617,6 +620,7 @@ static void *renew_main(void *arg) {
       /* only this thread changes st->work's op (the leases keep its db and
        * coll alive) */
       pthread_mutex_unlock(&renew_mu);
+      ml_obs_command(st->c);
       ok = ml_run(mc, st->c->wc, &st->work.op, &reply, &err);
       pthread_mutex_lock(&renew_mu);
       engine_done(st, started, ok, &reply, &err);

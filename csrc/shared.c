@@ -80,6 +80,7 @@ static int share_acquire(lua_State *L, ml_attempt_mode how) {
     if (how == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
     mc = ml_client_get(L, c);
     started = ml_monotonic();
+    ml_obs_command(c);
     ok = ml_run(mc, c->wc, &op, &reply, &err);
     ml_op_destroy(&op);
   }
@@ -148,6 +149,7 @@ int ml_m_share_status(lua_State *L) {
   ml_arg_ns(L, 2, &db, &coll);
   name = lua_isnoneornil(L, 4) ? NULL : ml_arg_name(L, 4, &namelen);
   ml_build_share_status(&op, db, coll, name);
+  ml_obs_command(c);
   ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err);
   ml_op_destroy(&op);
   if (!ok) {

@@ -138,8 +138,9 @@ function _M.connect(uri, opts)
   local client = setmetatable({ _core = c, appname = appname, connect_opts = connect_opts,
                                 _database = c:default_database(),
                                 server_bound = selection, _scheduler = scheduler,
-                                _threads = threads }, client_mt)
+                                _threads = threads, _series = { by = {} } }, client_mt)
   uris[client] = uri
+  private.clients[client] = true
   return client
 end
 
@@ -213,6 +214,85 @@ function client_mt:command(db, cmd, opts)
     error(r, 2)
   end
   return r, err, code, reply
+end
+
+-- ---- what the client did ------------------------------------------------
+
+local KINDS = { "named", "document", "shared", "permit" }
+
+-- a histogram of private.WAIT_BUCKETS from counts per bucket: cumulative
+-- counts, as Prometheus' _bucket series (counts[#buckets + 1] is +Inf)
+local function histogram(counts, sum)
+  local b, acc, cum = private.WAIT_BUCKETS, 0, {}
+  for i = 1, #b + 1 do
+    acc = acc + counts[i]
+    cum[i] = acc
+  end
+  return { buckets = b, counts = cum, sum = sum, count = acc }
+end
+
+-- stats = client:stats(): what this client did since connect, in this
+-- process.  No round trip, no lock: the acquire loop's counters are Lua
+-- tables of the client, the lease engine's and the change streams' C
+-- counters (csrc/stats.c).  {acquisitions, waits, timeouts, busy, lost,
+-- releases, renewals, renewal_failures, commands, stream_reopens,
+-- wait_seconds = {buckets, counts (cumulative; one more for +Inf), sum,
+-- count}, by_kind = {<kind> = {acquisitions, waits, timeouts, busy, lost,
+-- releases}}, series = {{kind, collection, acquisitions, waits, timeouts,
+-- busy, wait_seconds}, ...}}; kinds: "named", "document", "shared" (a
+-- reader's share), "permit".  Inside nginx: this worker's
+-- (mongolock.metrics sums the workers).
+function client_mt:stats()
+  local cn = self._core:counters()
+  local nc = rawget(self, "_ngx_core")
+  local out = {
+    acquisitions = 0, waits = 0, timeouts = 0, busy = 0, lost = 0, releases = 0,
+    renewals = cn.renewals, renewal_failures = cn.renewal_failures,
+    -- inside nginx: the jobs run in worker threads too
+    commands = cn.commands + (nc and nc.count and nc.count.n or 0),
+    stream_reopens = cn.stream_reopens, by_kind = {}, series = {},
+  }
+  local all_counts, all_sum = {}, 0
+  for i = 1, #private.WAIT_BUCKETS + 1 do all_counts[i] = 0 end
+  for _, k in ipairs(KINDS) do
+    local lost, rel = cn.lost and cn.lost[k] or 0, cn.releases and cn.releases[k] or 0
+    out.by_kind[k] = { acquisitions = 0, waits = 0, timeouts = 0, busy = 0, lost = lost, releases = rel }
+    out.lost, out.releases = out.lost + lost, out.releases + rel
+  end
+  for i, s in ipairs(self._series) do
+    local bk = out.by_kind[s.kind]
+    out.series[i] = { kind = s.kind, collection = s.collection, acquisitions = s.acquisitions,
+      waits = s.waits, timeouts = s.timeouts, busy = s.busy,
+      wait_seconds = histogram(s.wait_counts, s.wait_sum) }
+    for _, f in ipairs({ "acquisitions", "waits", "timeouts", "busy" }) do
+      out[f] = out[f] + s[f]
+      bk[f] = bk[f] + s[f]
+    end
+    for j, n in ipairs(s.wait_counts) do all_counts[j] = all_counts[j] + n end
+    all_sum = all_sum + s.wait_sum
+  end
+  out.wait_seconds = histogram(all_counts, all_sum)
+  return out
+end
+
+-- client:on_lost(fn): fn(event) is called once for every lease of this
+-- client found lost (its renewal matched nothing, its local deadline
+-- passed, a release or extend found it taken), and for every renewal that
+-- failed (the lease is still held, the engine retries): event = {reason =
+-- "lost" | "renewal failed", kind, database, collection, name, token,
+-- owner}.  The engine decides in its own thread, which never runs Lua: fn
+-- runs at the next call into the library (an acquire) or client:poll(),
+-- and inside nginx from the lease engine's timer.  nil removes it.
+function client_mt:on_lost(fn)
+  check_type(fn, "function", 1, "on_lost", true)
+  private.listeners[self._core] = fn
+  self._core:want_events(fn ~= nil)
+end
+
+-- n = client:poll(): calls the on_lost callback for every event queued
+-- since; returns how many (and the callback's errors, a list, if any)
+function client_mt:poll()
+  return private.deliver(self._core)
 end
 
 -- the URI's database, or "mongolock"

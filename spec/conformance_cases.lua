@@ -162,6 +162,37 @@ case("a renewal that matches nothing", function(env)
   answers("release()", E(nil, "lost"), h:release())
 end)
 
+case("on_lost fires once for a lease taken by force", function(env)
+  local locks = locks_of(env, { ttl = 1.5 })
+  local seen = {}
+  env.client:on_lost(function(ev) seen[#seen + 1] = ev end)
+  local ok, err = pcall(function()
+    local lost0 = env.client:stats().lost
+    local h = check(locks:acquire("forced", { renew = true, timeout = 1 }))
+    answers("force_release()", E(true), observed(env, locks):force_release("forced"))
+    -- outside nginx the library delivers at a call into it (poll);
+    -- inside nginx the lease engine's timer delivers by itself
+    local inside = private.ngx_core(env.client) ~= nil
+    check(eventually(env, function()
+      if not inside then env.client:poll() end
+      return #seen > 0
+    end, 5), "on_lost was not called")
+    answers("release()", E(nil, "lost"), h:release())
+    env.sleep(0.6)
+    if not inside then env.client:poll() end
+    check(#seen == 1, "on_lost was called %d times", #seen)
+    local ev = seen[1]
+    check(ev.reason == "lost" and ev.kind == "named" and ev.name == "forced" and ev.token == h.token
+      and ev.owner == h.owner and ev.collection == locks.collection,
+      "the event is {%s, %s, %s, %s}", tostring(ev.reason), tostring(ev.kind), tostring(ev.name),
+      tostring(ev.token))
+    local lost = env.client:stats().lost - lost0
+    check(lost == 1, "stats().lost moved by %d", lost)
+  end)
+  env.client:on_lost(nil)
+  if not ok then error(err, 0) end
+end)
+
 -- ---- release without the holder ---------------------------------------------------
 
 case("GC release", function(env)

@@ -9,6 +9,7 @@
 --     MONGOLOCK_TOKEN; a lost lease ends it unless --on-lost=warn)
 --   mongolock --version
 --   mongolock status NAME [--json]      mongolock list [--json]
+--   mongolock top [--once] [--json] [--seconds S]
 --   mongolock release --force NAME [--yes]
 --   mongolock wait NAME [-w S]          mongolock demo [ARGS...]
 --
@@ -246,6 +247,18 @@ is free or its lease expired (as for `flock -n`, scripts can test it).]])
 
   local l = p:command("list", "List the locks of the collection: held, expired (with the last holder) or free.")
   l:flag("--json", "One JSON array on stdout.")
+
+  local t = p:command("top", [[
+A live view of the collection's locks: each lock's state, token, holder, time
+left and queue length, with the waiters in its queue.  Refreshed by a change
+stream of the collection (any write to a lock shows at once; an expiry, which
+writes nothing, when its time runs out); polls every 2 seconds only where the
+server has no change streams.  It never writes.]])
+    :summary("Watch the collection's locks live (--once: one snapshot).")
+  t:flag("--once", "One snapshot, then exit.")
+  t:flag("--json", "Each snapshot as one line of JSON on stdout.")
+  option(t, "top", "--seconds", "Stop after this many seconds (default: until interrupted).")
+    :convert(seconds)
 
   local r = p:command("release", [[
 Release the lock NAME whoever holds it, for a person cleaning up after a
@@ -613,6 +626,190 @@ local function cmd_list(args)
       io.stdout:write(concat(cells, "  "), "\n")
     end
   end
+  return EXIT.ok
+end
+
+-- ---- top ----------------------------------------------------------------------------
+
+-- the waiters of every lock with a queue: name -> {{host, pid, app,
+-- polling, remaining}}, live entries only, by the server's clock; one
+-- aggregate (it reads, never writes)
+local function top_waiters(client, locks)
+  local r, err = client:command(locks.database, { aggregate = locks.collection }, {
+    pipeline = {
+      { ["$match"] = { ["queue.0"] = { ["$exists"] = true } } },
+      { ["$project"] = { w = { ["$map"] = {
+        input = { ["$filter"] = { input = "$queue", cond = { ["$gt"] = { "$$this.until", "$$NOW" } } } },
+        ["in"] = { h = "$$this.h", p = "$$this.p", left = { ["$subtract"] = { "$$this.until", "$$NOW" } } },
+      } } } },
+    },
+    cursor = { batchSize = 10000 },
+  })
+  if not r then return nil, err end
+  local out = {}
+  for _, d in ipairs(r.cursor.firstBatch) do
+    local list = {}
+    for i, e in ipairs(d.w or {}) do
+      local h = type(e.h) == "table" and e.h or {}
+      list[i] = { host = h.host, pid = h.pid, app = h.app, polling = e.p == true,
+                  remaining = type(e.left) == "number" and max(e.left, 0) / 1000 or nil }
+    end
+    out[tostring(plain(d._id))] = list
+  end
+  return out
+end
+
+-- one snapshot: {database, collection, locks = {record, ...}} sorted by
+-- name; each record as list's, plus waiting (queue length) and waiters
+local function top_snapshot(client, locks)
+  local all, err = call(locks, "list")
+  if not all then return nil, err end
+  local waiters, werr = top_waiters(client, locks)
+  if not waiters then return nil, werr end
+  local recs = {}
+  for _, st in ipairs(all) do
+    local rec = status_record(st.name or st._id or st.id, st)
+    rec.waiting = rec.waiting or 0
+    rec.waiters = waiters[tostring(rec.name)] or {}
+    if rec.state ~= "held" then rec.remaining = nil end
+    recs[#recs + 1] = rec
+  end
+  sort(recs, function(a, b) return tostring(a.name) < tostring(b.name) end)
+  return { database = locks.database, collection = locks.collection, locks = recs }
+end
+
+-- a snapshot as one line of JSON (lua-cjson writes an empty table as {}:
+-- the arrays are joined here)
+local function top_json(snap)
+  local parts = {}
+  for i, rec in ipairs(snap.locks) do
+    local o = json_record(rec)
+    local ws = {}
+    for j, w in ipairs(rec.waiters) do ws[j] = assert(cjson.encode(w)) end
+    o.waiters = nil
+    local s = assert(cjson.encode(o))
+    parts[i] = s:sub(1, -2) .. (s == "{}" and "" or ",") .. '"waiters":[' .. concat(ws, ",") .. "]}"
+  end
+  return format('{"database":%s,"collection":%s,"locks":[%s]}', cjson.encode(snap.database),
+    cjson.encode(snap.collection), concat(parts, ","))
+end
+
+-- the text view of snap, its times counted down by `elapsed` seconds
+local function top_text(snap, elapsed, how)
+  local out = {}
+  if how then out[1] = format("mongolock top  %s.%s  %s  (%s)\n", snap.database, snap.collection,
+    os.date("%H:%M:%S"), how) end
+  local rows = { { "NAME", "STATE", "TOKEN", "HOLDER", "LEFT", "QUEUE" } }
+  local under = {}
+  for _, r in ipairs(snap.locks) do
+    local left = r.remaining and format("%.1f s", max(r.remaining - elapsed, 0)) or "-"
+    rows[#rows + 1] = { tostring(r.name), r.state, r.token and token_text(r.token) or "-",
+      r.state == "held" and holder_text(r.holder) or "-", left, tostring(r.waiting) }
+    local lines = {}
+    for i, w in ipairs(r.waiters) do
+      lines[i] = format("    %d. %s%s", i, holder_text(w), w.polling and " (polling)" or "")
+    end
+    under[#rows] = lines
+  end
+  local width = {}
+  for _, row in ipairs(rows) do
+    for i, c in ipairs(row) do width[i] = max(width[i] or 0, #c) end
+  end
+  for n, row in ipairs(rows) do
+    local cells = {}
+    for i, c in ipairs(row) do cells[i] = i < #row and c .. (" "):rep(width[i] - #c) or c end
+    out[#out + 1] = concat(cells, "  ") .. "\n"
+    for _, l in ipairs(under[n] or {}) do out[#out + 1] = l .. "\n" end
+  end
+  return concat(out)
+end
+
+-- seconds until the soonest lease or queue place of snap ends (an expiry
+-- writes nothing, so no event tells it), or nil
+local function top_next_end(snap)
+  local soonest
+  for _, r in ipairs(snap.locks) do
+    if r.remaining then soonest = min(soonest or huge, r.remaining) end
+    for _, w in ipairs(r.waiters) do
+      if w.remaining then soonest = min(soonest or huge, w.remaining) end
+    end
+  end
+  return soonest
+end
+
+local TOP_POLL = 2          -- seconds between reads without a change stream
+
+local function cmd_top(args)
+  local client, locks = open_locks(args)
+  local cc = client._core
+  local function snapshot()
+    local snap, err = top_snapshot(client, locks)
+    if not snap then fail(EXIT.unavailable, "top: %s", tostring(err)) end
+    return snap, core.monotonic()
+  end
+  local function show(snap, elapsed, how)
+    if args.json then
+      io.stdout:write(top_json(snap), "\n")
+    else
+      io.stdout:write(args.once and "" or "\27[H\27[2J", top_text(snap, elapsed, not args.once and how or nil))
+    end
+    io.stdout:flush()
+  end
+  if args.once then
+    show(snapshot(), 0)
+    client:close()
+    return EXIT.ok
+  end
+  local stop_at = args.seconds and core.monotonic() + args.seconds or huge
+  -- the stream opens first, then the first read: no write in between is missed
+  local tag = core.process_tag()
+  local session = assert(core.waiter_id())
+  local cursor
+  local reply = cc:run(core.op_watch{ db = locks.database, coll = locks.collection, all = true,
+    session = session })
+  if reply then
+    local ok, batch = pcall(core.parse_events, reply, tag)
+    if ok and batch.cursor_id ~= "0" then cursor = batch.cursor_id end
+  end
+  local how = cursor and "change stream" or format("no change stream: every %d s", TOP_POLL)
+  local snap, at = snapshot()
+  show(snap, 0, how)
+  while core.monotonic() < stop_at do
+    local now = core.monotonic()
+    local ends = top_next_end(snap)
+    local due = min(stop_at, ends and at + ends + 0.05 or huge, cursor and huge or now + TOP_POLL)
+    local changed = false
+    if cursor then
+      -- a getMore waits for an event up to a second (the text view's
+      -- countdown is redrawn in between)
+      local wait_ms = floor(max(0, min(1, due - now)) * 1000)
+      local r, err = cc:run(core.op_getmore{ db = locks.database, coll = locks.collection, cursor_id = cursor,
+        await_ms = max(wait_ms, 1), session = session })
+      local ok, batch = false, nil
+      if r then ok, batch = pcall(core.parse_events, r, tag) end
+      if not ok then
+        warn("top: the change stream failed (%s): polling every %d s", tostring(err or batch), TOP_POLL)
+        cursor, how = nil, format("no change stream: every %d s", TOP_POLL)
+      else
+        changed = #batch.events > 0
+        if batch.cursor_id == "0" then cursor = nil end
+      end
+    else
+      core.sleep(max(0, min(1, due - now)))
+    end
+    if changed or core.monotonic() >= due then
+      if core.monotonic() >= stop_at then break end
+      snap, at = snapshot()
+      show(snap, 0, how)
+    elseif not args.json then
+      show(snap, core.monotonic() - at, how)
+    end
+  end
+  if cursor then
+    pcall(cc.run, cc, core.op_killcursors{ db = locks.database, coll = locks.collection, cursor_id = cursor,
+      session = session })
+  end
+  client:close()
   return EXIT.ok
 end
 
@@ -1034,7 +1231,7 @@ end
 -- ---- main ----------------------------------------------------------------------------------
 
 local commands = {
-  exec = cmd_exec, status = cmd_status, list = cmd_list,
+  exec = cmd_exec, status = cmd_status, list = cmd_list, top = cmd_top,
   release = cmd_release, wait = cmd_wait, demo = cmd_demo,
 }
 

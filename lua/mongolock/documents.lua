@@ -147,6 +147,7 @@ function _M.new(client, db, coll, opts)
     argerror(3, "documents", 'owner_type must be "string" or "uuid" (got '
       .. private.shown(self.owner_type) .. ")", 2)
   end
+  self.series = private.series(client, "document", db, coll)
   return setmetatable(self, mt)
 end
 
@@ -197,13 +198,13 @@ function _M.try(self, id, opts)
     local ready, err, code = private.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
-  return attempt(self, id, o, nil)
+  return private.count_one(self.series, attempt(self, id, o, nil))
 end
 
 -- the wait loop, once the arguments are checked
 local function wait_for(self, id, o)
   return private.acquire_loop({
-    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod,
+    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod, series = self.series,
     attempt = function(_, _, deadline) return attempt(self, id, o, deadline) end,
     new_state = function(deadline)
       return { locks = { core = self.core, database = self.db, collection = self.coll, client = self.client },

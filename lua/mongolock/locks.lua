@@ -127,6 +127,7 @@ function _M.new(client, opts, fname, level)
   self.app = client.appname
   self.bound = client.server_bound or private.SERVER_TIMEOUT
   self.key = (client.uri or "") .. "\0" .. self.database .. "\0" .. self.collection
+  self.series = private.series(client, "named", self.database, self.collection)
   return setmetatable(self, mt)
 end
 
@@ -170,7 +171,7 @@ end
 function _M.try(self, name, opts)
   check_name(name, "try")
   local ttl_ms, o = call_opts(self, opts, "try")
-  return attempt(self, name, ttl_ms, o)
+  return private.count_one(self.series, attempt(self, name, ttl_ms, o))
 end
 
 -- the wait loop of acquire and with, once the arguments are checked
@@ -179,7 +180,7 @@ local function wait_for(self, name, ttl_ms, o, on_step)
     -- one attempt, as try makes it: it takes no place in the queue
     local h, err, info = attempt(self, name, ttl_ms, o)
     if err == "busy" then err = "timeout" end
-    return h, err, info
+    return private.count_one(self.series, h, err, info)
   end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
@@ -190,7 +191,7 @@ local function wait_for(self, name, ttl_ms, o, on_step)
   local queued, unsure = false, false
   local stale = {}      -- earlier ids of this waiter (see network below)
   return private.acquire_loop({
-    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait,
+    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait, series = self.series,
     poll = o.wait == "poll", refresh = o.queue_ttl / 2, on_step = on_step,
     -- a waiter that polls (wait = "poll", or no change stream) says so in
     -- its queue entry: it cannot be woken, and does not hold others up

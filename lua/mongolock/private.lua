@@ -401,6 +401,80 @@ function _M.ensure_index(key, what, make)
   end
 end
 
+-- ---- counters and lease events ---------------------------------------------
+
+-- the wait-time histogram's upper bounds (s), fixed: Prometheus' default
+-- buckets, which most latency dashboards already read
+_M.WAIT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+local WAIT_BUCKETS = _M.WAIT_BUCKETS
+local NBUCKETS = #WAIT_BUCKETS
+
+-- The counters of one kind of lock in one collection of a client, kept in
+-- Lua on the client itself: counting is a table increment on the caller's
+-- thread (no lock, no round trip; inside nginx one set per worker).
+-- Returns nil for a client made otherwise (no _series).
+function _M.series(client, kind, db, coll)
+  local all = type(client) == "table" and rawget(client, "_series")
+  if not all then return nil end
+  local collection = db .. "." .. coll
+  local key = kind .. "\0" .. collection
+  local s = all.by[key]
+  if not s then
+    local counts = {}
+    for i = 1, NBUCKETS + 1 do counts[i] = 0 end   -- the last: above every bound
+    s = { kind = kind, collection = collection, acquisitions = 0, waits = 0, timeouts = 0, busy = 0,
+          wait_sum = 0, wait_counts = counts }
+    all.by[key] = s
+    all[#all + 1] = s
+  end
+  return s
+end
+
+-- one acquisition that waited `seconds`
+local function observe_wait(s, seconds)
+  s.waits = s.waits + 1
+  s.wait_sum = s.wait_sum + seconds
+  local i = 1
+  while i <= NBUCKETS and seconds > WAIT_BUCKETS[i] do i = i + 1 end
+  s.wait_counts[i] = s.wait_counts[i] + 1
+end
+
+-- counts the answer of one attempt made alone (a try, or an acquire with
+-- timeout = 0): returns the answer unchanged
+function _M.count_one(s, a, b, ...)
+  if s then
+    if a ~= nil then s.acquisitions = s.acquisitions + 1
+    elseif b == "busy" then s.busy = s.busy + 1
+    elseif b == "timeout" then s.timeouts = s.timeouts + 1 end
+  end
+  return a, b, ...
+end
+
+-- every client of this process made by mongolock.connect (weak: for
+-- mongolock.metrics)
+_M.clients = setmetatable({}, { __mode = "k" })
+
+-- client:on_lost's callbacks, by core client (weak: a callback never
+-- keeps a client alive)
+local listeners = setmetatable({}, { __mode = "k" })
+_M.listeners = listeners
+
+-- Hands the lease events queued in C (csrc/stats.c: lost, renewal failed)
+-- to the core client's callback, each in a pcall (an error in it is
+-- returned, never raised into the library's caller); returns how many.
+-- Cheap when nothing waits: one look at a count, no lock.
+function _M.deliver(cc)
+  local fn = listeners[cc]
+  if fn == nil or not cc:has_events() then return 0 end
+  local evs = cc:take_events()
+  local errs
+  for i = 1, #evs do
+    local ok, err = pcall(fn, evs[i])
+    if not ok then errs = errs or {}; errs[#errs + 1] = tostring(err) end
+  end
+  return #evs, errs
+end
+
 -- ---- the acquire loop -----------------------------------------------------------
 
 -- the error of an acquire that found no server before its deadline, as
@@ -491,6 +565,21 @@ function _M.acquire_loop(run)
   local outage      -- the backoff state while attempts fail transiently
   local broken      -- {err, code} of the latest wait step that failed transiently
   local first = true
+  local s = run.series
+  if listeners[run.core] then _M.deliver(run.core) end
+  -- the counters of the answer (series s): an acquisition, after a wait or
+  -- not, or a timeout
+  local function won(a, b, c)
+    if s and a ~= nil then
+      s.acquisitions = s.acquisitions + 1
+      if state then observe_wait(s, monotonic() - start) end
+    end
+    return a, b, c
+  end
+  local function lose(err, code)
+    if s and err == "timeout" then s.timeouts = s.timeouts + 1 end
+    return give_up(err, code)
+  end
   -- one backoff step after a transient failure; nil, err, code when the
   -- wait step says to stop (a signal, in the command)
   local function pause()
@@ -508,10 +597,10 @@ function _M.acquire_loop(run)
       -- (inside nginx the attempt is a worker thread's job, bounded there)
       if not _M.cooperative() then
         local ready, rerr, rcode = _M.one_attempt_ready(run.core, run.bound)
-        if not ready then return give_up(rerr, rcode) end
+        if not ready then return lose(rerr, rcode) end
       end
     elseif deadline - started < run.bound and not await_server(run.core, deadline) then
-      return give_up(_M.NO_SERVER, _M.NO_SERVER_CODE)
+      return lose(_M.NO_SERVER, _M.NO_SERVER_CODE)
     end
     if run.on_step then run.on_step(false) end
     started = monotonic()
@@ -520,21 +609,21 @@ function _M.acquire_loop(run)
     -- its end)
     local a, b, c = run.attempt(polling, first, timeout > 0 and deadline or nil)
     first = false
-    if a ~= nil then return a, b, c end
+    if a ~= nil then return won(a, b, c) end
     if b ~= "busy" then
       -- timeout = 0 is one attempt; a permanent failure returns at once
       if timeout == 0 or not _M.transient(c, b) or monotonic() >= deadline then
-        return give_up(b, c)
+        return lose(b, c)
       end
       if run.network and _M.network_error(c, b) then run.network(state) end
       local ok, serr, scode = pause()
-      if ok == nil and serr ~= nil then return give_up(serr, scode) end
+      if ok == nil and serr ~= nil then return lose(serr, scode) end
     else
       outage = nil
       if monotonic() >= deadline then
         -- wait = "watch" whose stream kept failing: what failed, not "timeout"
-        if broken then return give_up(broken[1], broken[2]) end
-        return give_up("timeout", c)
+        if broken then return lose(broken[1], broken[2]) end
+        return lose("timeout", c)
       end
       if not state then state = run.new_state(deadline) end
       state.attempt = (state.attempt or 0) + 1
@@ -546,15 +635,15 @@ function _M.acquire_loop(run)
       -- a release granted the lock to this waiter (state.granted, from the
       -- change event): the handle is made from it, measured from just before
       -- the latest attempt, which the release followed
-      if state.granted and run.granted then return run.granted(state.granted, started) end
+      if state.granted and run.granted then return won(run.granted(state.granted, started)) end
       broken = nil
       if ok == nil and serr ~= nil then
         -- wait = "watch": a stream that fails transiently is tried again
         -- (and its error returned at the deadline)
-        if not _M.transient(scode, serr) then return give_up(serr, scode) end
+        if not _M.transient(scode, serr) then return lose(serr, scode) end
         broken = { serr, scode }
         ok, serr, scode = pause()
-        if ok == nil and serr ~= nil then return give_up(serr, scode) end
+        if ok == nil and serr ~= nil then return lose(serr, scode) end
       end
     end
   end

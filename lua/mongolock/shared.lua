@@ -102,6 +102,8 @@ function _M.new(client, kind, opts, fname)
     kind = kind, locks = locks, client = client, core = client._core,
     database = locks.database, collection = locks.collection, bound = locks.bound,
     expire_after = locks.expire_after or 86400, app = client.appname, o = o,
+    series = private.series(client, kind == "rw" and "shared" or "permit", locks.database,
+      locks.collection),
   }, mt)
 end
 
@@ -180,7 +182,7 @@ local function wait_for(self, mode, name, o)
     -- one attempt, as try makes it: it takes no place in the queue
     local h, err, info = attempt(self, mode, name, o)
     if err == "busy" then err = "timeout" end
-    return h, err, info
+    return private.count_one(self.series, h, err, info)
   end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
@@ -191,7 +193,7 @@ local function wait_for(self, mode, name, o)
   local queued, unsure = false, false
   local stale = {}      -- earlier ids of this waiter (see network below)
   return private.acquire_loop({
-    core = self.core, bound = self.bound, timeout = o.timeout,
+    core = self.core, bound = self.bound, timeout = o.timeout, series = self.series,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
     wait = locks_mod.get_wait(), poll = o.wait == "poll", refresh = o.queue_ttl / 2,
     attempt = function(polling, _, deadline)
@@ -299,7 +301,7 @@ end
 
 function _M.try_read(self, name, opts)
   check_name(name, "try_read", 2)
-  return attempt(self, "shared", name, check_call(self, opts, 2, "try_read", 2))
+  return private.count_one(self.series, attempt(self, "shared", name, check_call(self, opts, 2, "try_read", 2)))
 end
 
 function _M.with_read(self, name, opts, fn, ...)
@@ -322,7 +324,7 @@ end
 
 function sem.try(self, name, opts)
   check_name(name, "try", 2)
-  return attempt(self, "permit", name, check_call(self, opts, 2, "try", 2))
+  return private.count_one(self.series, attempt(self, "permit", name, check_call(self, opts, 2, "try", 2)))
 end
 
 function sem.with(self, name, opts, fn, ...)

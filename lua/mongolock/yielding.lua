@@ -77,6 +77,7 @@ function _M.lease_methods(runner)
       if not runner.active() then return plain(h, arg) end
       local op, started = core.lease_step(h, what, arg)
       if op == nil or op == true then return op, started end
+      if runner.count then runner.count.n = runner.count.n + 1 end
       local reply, err, code, ereply, domain = runner.run(op)
       return core.lease_done(h, what, started, reply, err, code, ereply, domain)
     end
@@ -145,6 +146,7 @@ local function run_attempt(p, method, args, n, deadline, what, leave, leave_args
   args[n + 1], args[n + 2] = owner, started
   local o = { p = p, take = "take_" .. method, args = args, n = n + 2, what = what,
               leave = leave, leave_args = leave_args }
+  p.count.n = p.count.n + 1
   local reply, err, code, ereply, domain = p.runner.run(op, deadline, orphaned, o)
   if not reply and err == "timeout" and code == nil and ereply == nil then
     -- the runner's: not started, or in flight and orphaned() takes it
@@ -180,6 +182,7 @@ end
 -- one command and its parser: answer | nil, err, code
 local function command(p, op, parse)
   if p.cc:closed() then return nil, "closed" end
+  p.count.n = p.count.n + 1
   local reply, err, code = p.runner.run(op)
   if not reply then return nil, err, code end
   return parse(reply)
@@ -229,6 +232,7 @@ end
 
 local function leave(p, op)
   local runner = p.runner
+  p.count.n = p.count.n + 1
   if runner.send then runner.send(op)
   else runner.later(function() return runner.run(op) end) end
   return true
@@ -245,6 +249,7 @@ end
 
 -- reply | nil, err, code, ereply: any op of the client's (client:command)
 function P.run(p, op)
+  p.count.n = p.count.n + 1
   return p.runner.run(op)
 end
 
@@ -253,6 +258,8 @@ end
 function _M.new(cc, runner, extra)
   local p = { cc = cc, pid = getpid(), runner = runner }
   for k, v in pairs(extra or {}) do p[k] = v end
+  -- commands sent through the runner (client:stats().commands)
+  p.count = p.count or { n = 0 }
   return setmetatable(p, mt)
 end
 

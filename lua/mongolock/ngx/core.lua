@@ -65,13 +65,21 @@ local function adapter(premature, p)
   local ngx = rawget(_G, "ngx")
   local cc = p.cc
   local exiting_until
+  -- loaded by now: it is what loads this module
+  local deliver = require("mongolock.private").deliver
   while not cc:closed() do
+    -- lease events (lost, renewal failed) the engine queued: to the
+    -- client's on_lost callback, here on the event loop
+    local vok, n, errs = pcall(deliver, cc)
+    if not vok then log("ERR", "on_lost: ", tostring(n))
+    elseif errs then log("ERR", "on_lost: ", table.concat(errs, "; ")) end
     local ok, id, op = pcall(cc.engine_next, cc)
     if not ok then
       log("ERR", "lease engine: ", tostring(id))
       break
     elseif id ~= nil then
       local started = monotonic()
+      p.count.n = p.count.n + 1
       local reply, err, code, ereply, domain = transport.run(p.spec, op)
       local dok, derr = pcall(cc.engine_done, cc, id, started, reply, err, code, ereply, domain)
       if not dok then log("ERR", "lease engine: ", tostring(derr)) end
@@ -139,15 +147,17 @@ function _M.of(client)
   local spec = transport.spec(client.uri, client.connect_opts)
   -- the engine adapter's state (no reference to the client: see
   -- mongolock.yielding)
+  -- commands sent as jobs (client:stats().commands), the adapter's too
+  local count = { n = 0 }
   local state = { cc = cc, spec = spec, handles = setmetatable({}, { __mode = "k" }),
-                  wake = require("ngx.semaphore").new(0) }
+                  wake = require("ngx.semaphore").new(0), count = count }
   local runner = runner_of(spec, state)
-  p = yielding.new(cc, runner, { spec = spec, state = state })
+  p = yielding.new(cc, runner, { spec = spec, state = state, count = count })
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
     -- (plain data only: the core's table of them is weak on the client)
     cc:set_methods(yielding.lease_methods({ active = transport.active,
-      run = function(op) return transport.run(spec, op) end }))
+      run = function(op) return transport.run(spec, op) end, count = count }))
     cc:set_external(true)
     start_adapter(state)
   end

@@ -1,0 +1,250 @@
+/*
+ * What a client did (ml_obs, mongolock.h): counters since connect and the
+ * events of its leases (lost, a failed renewal), for client:stats() and
+ * client:on_lost() (lua/mongolock.lua).
+ *
+ * Counting costs no round trip and no lock: each counter is a relaxed
+ * atomic add on the client's own struct.  Loss and renewal failure are
+ * decided in C threads that never call Lua (renew.c): their events wait in
+ * a queue here until the Lua side takes them (client:take_events(), at
+ * the next call into the library, from client:poll(), or inside nginx from
+ * the engine adapter's timer).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mongolock.h"
+
+static const char *const kind_names[ML_KINDS] = {"named", "document", "shared", "permit"};
+
+ml_obs *ml_obs_new(void) {
+  ml_obs *o = (ml_obs *)calloc(1, sizeof *o);
+  if (!o) return NULL;
+  pthread_mutex_init(&o->mu, NULL);
+  o->refs = 1;
+  return o;
+}
+
+ml_obs *ml_obs_ref(ml_obs *o) {
+  if (!o) return NULL;
+  pthread_mutex_lock(&o->mu);
+  o->refs++;
+  pthread_mutex_unlock(&o->mu);
+  return o;
+}
+
+static void event_free(ml_lease_event *e) {
+  bson_free(e->db);
+  bson_free(e->coll);
+  bson_destroy(&e->iddoc);
+}
+
+void ml_obs_unref(ml_obs *o) {
+  int refs;
+  size_t i;
+  if (!o) return;
+  pthread_mutex_lock(&o->mu);
+  refs = --o->refs;
+  pthread_mutex_unlock(&o->mu);
+  if (refs > 0) return;
+  for (i = 0; i < o->nev; i++) event_free(&o->ev[i]);
+  free(o->ev);
+  pthread_mutex_destroy(&o->mu);
+  free(o);
+}
+
+void ml_obs_add(ml_obs *o, long *counter, long n) {
+  if (o) __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+static long load(const long *counter) {
+  return __atomic_load_n(counter, __ATOMIC_RELAXED);
+}
+
+void ml_obs_command(const ml_client *c) {
+  if (c && c->obs) __atomic_fetch_add(&c->obs->commands, 1, __ATOMIC_RELAXED);
+}
+
+/* l's fields read here never change after ml_lock_new */
+static void queue_event(ml_lease *l, int failed) {
+  ml_obs *o = l->obs;
+  ml_lease_event *e;
+  if (!o || !__atomic_load_n(&o->want, __ATOMIC_RELAXED)) return;
+  pthread_mutex_lock(&o->mu);
+  if (o->nev == ML_EVENTS_MAX) {
+    /* full: the oldest goes */
+    event_free(&o->ev[0]);
+    memmove(o->ev, o->ev + 1, (o->nev - 1) * sizeof *o->ev);
+    __atomic_store_n(&o->nev, o->nev - 1, __ATOMIC_RELAXED);
+    o->dropped++;
+  }
+  if (o->nev == o->cap) {
+    size_t cap = o->cap ? o->cap * 2 : 8;
+    ml_lease_event *v = (ml_lease_event *)realloc(o->ev, cap * sizeof *v);
+    if (!v) {
+      o->dropped++;
+      pthread_mutex_unlock(&o->mu);
+      return;
+    }
+    o->ev = v;
+    o->cap = cap;
+  }
+  e = &o->ev[o->nev];
+  /* nev is read without mu by has_events: every write of it is atomic */
+  __atomic_store_n(&o->nev, o->nev + 1, __ATOMIC_RELAXED);
+  e->kind = l->kind;
+  e->failed = failed;
+  e->db = bson_strdup(l->db);
+  e->coll = bson_strdup(l->coll);
+  bson_copy_to(&l->iddoc, &e->iddoc);
+  e->token = l->token;
+  memcpy(e->owner, l->owner, sizeof e->owner);
+  pthread_mutex_unlock(&o->mu);
+}
+
+void ml_lease_set_lost(ml_lease *l) {
+  l->held = 0;
+  if (l->lost) return;
+  l->lost = 1;
+  if (l->obs) {
+    ml_obs_add(l->obs, &l->obs->lost[l->kind], 1);
+    queue_event(l, 0);
+  }
+}
+
+void ml_lease_count_release(ml_lease *l, long n) {
+  if (l->obs && n > 0) ml_obs_add(l->obs, &l->obs->releases[l->kind], n);
+}
+
+void ml_lease_renewal_failed(ml_lease *l) {
+  queue_event(l, 1);
+}
+
+/* [-0, +1] {named = n, document = n, shared = n, permit = n} */
+static void push_kinds(lua_State *L, const long *v) {
+  int k;
+  lua_createtable(L, 0, ML_KINDS);
+  for (k = 0; k < ML_KINDS; k++) {
+    lua_pushnumber(L, (lua_Number)load(&v[k]));
+    lua_setfield(L, -2, kind_names[k]);
+  }
+}
+
+static void setnum(lua_State *L, const char *k, long v) {
+  lua_pushnumber(L, (lua_Number)v);
+  lua_setfield(L, -2, k);
+}
+
+/*
+ * client:counters() -> {commands, releases = {<kind> = n}, lost = {<kind> =
+ * n}, renewals, renewal_failures, renewal_batches, renewal_checks,
+ * stream_reopens, stream_getmores, streams, events_dropped}: this
+ * process's C counters (the engine's and the change streams' are its own,
+ * renew.c and watch.c).  Works on a closed client.
+ */
+int ml_m_counters(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  ml_renew_counts rn;
+  ml_watch_counts wn;
+  ml_obs *o = c->obs;
+  long dropped = 0;
+  ml_renew_stats(c, &rn);
+  ml_watch_stats(c, &wn);
+  lua_createtable(L, 0, 12);
+  /* getMores and opened streams are commands the watch thread sent */
+  setnum(L, "commands", (o ? load(&o->commands) : 0) + wn.getmores + wn.streams);
+  if (o) {
+    push_kinds(L, o->releases);
+    lua_setfield(L, -2, "releases");
+    push_kinds(L, o->lost);
+    lua_setfield(L, -2, "lost");
+    pthread_mutex_lock(&o->mu);
+    dropped = o->dropped;
+    pthread_mutex_unlock(&o->mu);
+  }
+  setnum(L, "renewals", rn.renewals);
+  setnum(L, "renewal_failures", rn.failures);
+  setnum(L, "renewal_batches", rn.batches);
+  setnum(L, "renewal_checks", rn.checks);
+  setnum(L, "stream_reopens", wn.reopens);
+  setnum(L, "stream_getmores", wn.getmores);
+  setnum(L, "streams", wn.streams);
+  setnum(L, "events_dropped", dropped);
+  return 1;
+}
+
+/* client:want_events(bool): queue lease events from now on (or stop, and
+ * drop those queued) */
+int ml_m_want_events(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  int want = lua_toboolean(L, 2);
+  ml_obs *o = c->obs;
+  if (o) {
+    __atomic_store_n(&o->want, want, __ATOMIC_RELAXED);
+    if (!want) {
+      size_t i;
+      pthread_mutex_lock(&o->mu);
+      for (i = 0; i < o->nev; i++) event_free(&o->ev[i]);
+      __atomic_store_n(&o->nev, 0, __ATOMIC_RELAXED);
+      pthread_mutex_unlock(&o->mu);
+    }
+  }
+  return 0;
+}
+
+/* client:has_events() -> boolean: events wait (no lock taken: a look at
+ * the count, which take_events reads again under the lock) */
+int ml_m_has_events(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  lua_pushboolean(L, c->obs && __atomic_load_n(&c->obs->nev, __ATOMIC_RELAXED) > 0);
+  return 1;
+}
+
+/*
+ * client:take_events() -> {{reason = "lost" | "renewal failed", kind,
+ * database, collection, name (the lock's _id), token, owner}, ...}, oldest
+ * first; the queue is empty afterwards.
+ */
+int ml_m_take_events(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  ml_obs *o = c->obs;
+  ml_lease_event *ev = NULL;
+  size_t n = 0, i;
+  if (o) {
+    pthread_mutex_lock(&o->mu);
+    ev = o->ev;
+    n = o->nev;
+    o->ev = NULL;
+    o->cap = 0;
+    __atomic_store_n(&o->nev, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&o->mu);
+  }
+  lua_createtable(L, (int)n, 0);
+  for (i = 0; i < n; i++) {
+    ml_lease_event *e = &ev[i];
+    bson_iter_t it;
+    lua_createtable(L, 0, 7);
+    lua_pushstring(L, e->failed ? "renewal failed" : "lost");
+    lua_setfield(L, -2, "reason");
+    lua_pushstring(L, kind_names[e->kind]);
+    lua_setfield(L, -2, "kind");
+    lua_pushstring(L, e->db);
+    lua_setfield(L, -2, "database");
+    lua_pushstring(L, e->coll);
+    lua_setfield(L, -2, "collection");
+    if (bson_iter_init_find(&it, &e->iddoc, "_id")) {
+      ml_pushbsonvalue(L, &it);
+      lua_setfield(L, -2, "name");
+    }
+    if (e->token) {
+      ml_pushint64(L, e->token);
+      lua_setfield(L, -2, "token");
+    }
+    lua_pushstring(L, e->owner);
+    lua_setfield(L, -2, "owner");
+    lua_rawseti(L, -2, (int)i + 1);
+    event_free(e);
+  }
+  free(ev);
+  return 1;
+}

@@ -1,0 +1,201 @@
+-- mongolock.metrics: what the clients of this process did (client:stats()),
+-- in Prometheus' text exposition format; inside nginx, every worker's
+-- counters summed through a shared dict.
+--
+--   -- nginx.conf: lua_shared_dict mongolock_metrics 1m;
+--   init_worker_by_lua_block {
+--       require("mongolock.metrics").start(ngx.shared.mongolock_metrics)
+--   }
+--   location = /metrics {
+--       content_by_lua_block {
+--           require("mongolock.metrics").serve(ngx.shared.mongolock_metrics)
+--       }
+--   }
+--
+--   text = metrics.render()        -- this process's clients, no nginx needed
+--   text = metrics.render(dict)    -- every worker's, summed (after sync)
+--
+-- Each worker copies its own totals into the dict (keys by worker pid, one
+-- set per second, and at once before it serves /metrics): counting itself
+-- never touches the dict, whose lock every worker shares.  A worker that
+-- exits leaves its last totals there, so the sums never go back.  The
+-- totals are those of the clients the worker still has (one per worker, as
+-- the examples make, keeps them whole).
+--
+-- Families (names and habits of Prometheus' conventions and
+-- nginx-lua-prometheus): mongolock_acquisitions_total, _waits_total,
+-- _timeouts_total, _busy_total and the histogram mongolock_wait_seconds
+-- (labels kind, collection); mongolock_releases_total and _lost_total
+-- (label kind); mongolock_renewals_total, _renewal_failures_total,
+-- _commands_total, _stream_reopens_total.
+
+local private = require "mongolock.private"
+
+local pairs, ipairs, type, tostring, tonumber = pairs, ipairs, type, tostring, tonumber
+local string_format = string.format
+local table_concat, table_sort = table.concat, table.sort
+local math_floor = math.floor
+
+local _M = { _VERSION = "0.1.0", INTERVAL = 1 }
+
+-- family, type, help; labels: the per-series families' (kind, collection)
+local SERIES = {
+  { "acquisitions", "counter", "Locks acquired (a try or an acquire that won)." },
+  { "waits", "counter", "Acquisitions that had to wait for the lock." },
+  { "timeouts", "counter", "Acquires that gave up at their timeout." },
+  { "busy", "counter", "Tries answered busy." },
+}
+local KIND = {
+  { "releases", "counter", "Releases that freed a held lease." },
+  { "lost", "counter", "Leases found lost (taken, force released, past their deadline)." },
+}
+local CLIENT = {
+  { "renewals", "counter", "Leases renewed by the lease engine." },
+  { "renewal_failures", "counter", "Renewal commands that failed (retried)." },
+  { "commands", "counter", "Commands sent to the server." },
+  { "stream_reopens", "counter", "Change streams opened again after an error." },
+}
+local KINDS = { "named", "document", "shared", "permit" }
+
+local function escape(v)
+  return (tostring(v):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+end
+
+local function num(v)
+  if v == math_floor(v) and v < 2 ^ 53 and v > -2 ^ 53 then return string_format("%d", v) end
+  return string_format("%.17g", v)
+end
+
+local function le(b)
+  return b == math_floor(b) and string_format("%d", b) or string_format("%.15g", b)
+end
+
+-- samples (key -> value, key = 'family{labels}') of one stats table added
+-- into acc
+local function add_stats(acc, s)
+  local function add(key, v) acc[key] = (acc[key] or 0) + v end
+  for _, e in ipairs(s.series) do
+    local labels = string_format('kind="%s",collection="%s"', escape(e.kind), escape(e.collection))
+    for _, f in ipairs(SERIES) do add("mongolock_" .. f[1] .. "_total{" .. labels .. "}", e[f[1]]) end
+    local h = e.wait_seconds
+    for i, b in ipairs(h.buckets) do
+      add("mongolock_wait_seconds_bucket{" .. labels .. ',le="' .. le(b) .. '"}', h.counts[i])
+    end
+    add("mongolock_wait_seconds_bucket{" .. labels .. ',le="+Inf"}', h.counts[#h.buckets + 1])
+    add("mongolock_wait_seconds_sum{" .. labels .. "}", h.sum)
+    add("mongolock_wait_seconds_count{" .. labels .. "}", h.count)
+  end
+  for _, k in ipairs(KINDS) do
+    for _, f in ipairs(KIND) do add("mongolock_" .. f[1] .. '_total{kind="' .. k .. '"}', s.by_kind[k][f[1]]) end
+  end
+  for _, f in ipairs(CLIENT) do add("mongolock_" .. f[1] .. "_total", s[f[1]]) end
+  return acc
+end
+
+-- samples of every client of this process (a closed one too, until it is
+-- collected: its acquisitions and releases still count)
+function _M.samples()
+  local acc = {}
+  for client in pairs(private.clients) do add_stats(acc, client:stats()) end
+  -- the families without labels are there with no client too
+  for _, f in ipairs(CLIENT) do acc["mongolock_" .. f[1] .. "_total"] = acc["mongolock_" .. f[1] .. "_total"] or 0 end
+  return acc
+end
+
+-- the text exposition of samples (key -> value)
+local function text(acc)
+  local by = {}
+  for key, v in pairs(acc) do
+    local fam = key:match("^([%w_]-)_bucket{") or key:match("^([%w_]-)_sum{") or key:match("^([%w_]-)_count{")
+      or key:match("^([%w_]+)")
+    local l = by[fam]
+    if not l then l = {}; by[fam] = l end
+    l[#l + 1] = { key, v }
+  end
+  local out = {}
+  local function family(name, typ, help)
+    out[#out + 1] = string_format("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+    local l = by[name] or {}
+    -- in order of their labels, each bucket by its bound, then sum, count
+    local function rank(key)
+      local labels = key:match("{(.*)}") or ""
+      local bound = labels:match(',le="([^"]+)"$')
+      local base = labels:gsub(',le="[^"]+"$', "")
+      local order = key:find("_sum{", 1, true) and 2 or key:find("_count{", 1, true) and 3 or 1
+      return base, order, bound == "+Inf" and math.huge or tonumber(bound) or 0
+    end
+    table_sort(l, function(a, b)
+      local ba, oa, va = rank(a[1])
+      local bb, ob, vb = rank(b[1])
+      if ba ~= bb then return ba < bb end
+      if oa ~= ob then return oa < ob end
+      return va < vb
+    end)
+    for _, kv in ipairs(l) do out[#out + 1] = kv[1] .. " " .. num(kv[2]) .. "\n" end
+  end
+  for _, f in ipairs(SERIES) do family("mongolock_" .. f[1] .. "_total", f[2], f[3]) end
+  family("mongolock_wait_seconds", "histogram", "Seconds an acquisition waited for its lock.")
+  for _, f in ipairs(KIND) do family("mongolock_" .. f[1] .. "_total", f[2], f[3]) end
+  for _, f in ipairs(CLIENT) do family("mongolock_" .. f[1] .. "_total", f[2], f[3]) end
+  return table_concat(out)
+end
+
+-- the key prefix of this worker's samples in the dict
+local function prefix()
+  local ngx = rawget(_G, "ngx")
+  return tostring(ngx and ngx.worker and ngx.worker.pid() or require("mongolock.core").getpid()) .. "\t"
+end
+
+-- ok, err = metrics.sync(dict): this process's totals into dict (under its
+-- pid; replaces what it wrote before)
+function _M.sync(dict)
+  if type(dict) ~= "table" and type(dict) ~= "userdata" then
+    private.argerror(1, "sync", "shared dict expected, got " .. type(dict))
+  end
+  local p = prefix()
+  for key, v in pairs(_M.samples()) do
+    local ok, err = dict:set(p .. key, v)
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+-- text = metrics.render([dict]): the text exposition of this process's
+-- clients, or (dict) of every worker's totals in it, summed
+function _M.render(dict)
+  if dict == nil then return text(_M.samples()) end
+  local acc = {}
+  for _, k in ipairs(dict:get_keys(0)) do
+    local key = k:match("^%d+\t(.+)$")
+    local v = key and dict:get(k)
+    if type(v) == "number" then acc[key] = (acc[key] or 0) + v end
+  end
+  return text(acc)
+end
+
+-- metrics.start(dict[, interval]): copies this worker's totals into dict
+-- every interval seconds (default 1), from init_worker_by_lua
+function _M.start(dict, interval)
+  local ngx = rawget(_G, "ngx")
+  local ok, err = ngx.timer.every(interval or _M.INTERVAL, function(premature)
+    if premature then return end
+    local sok, serr = pcall(_M.sync, dict)
+    if not sok then ngx.log(ngx.ERR, "mongolock.metrics: ", tostring(serr)) end
+  end)
+  if not ok then return nil, err end
+  return true
+end
+
+-- metrics.serve(dict): a content handler: this worker's totals copied,
+-- then every worker's, summed, as text/plain; version=0.0.4
+function _M.serve(dict)
+  local ngx = rawget(_G, "ngx")
+  local ok, err = _M.sync(dict)
+  if not ok then ngx.log(ngx.ERR, "mongolock.metrics: ", tostring(err)) end
+  local body = _M.render(dict)
+  ngx.header.content_type = "text/plain; version=0.0.4"
+  ngx.header.content_length = #body
+  ngx.print(body)
+end
+
+return _M
