@@ -488,7 +488,7 @@ static void engine_done(ml_renew *st, double started, int ok, const bson_t *repl
     if (n > 0) st->renewals++;
     else if (n < 0) {
       st->failures++;
-      ml_lease_renewal_failed(l);
+      ml_lease_renewal_failed(w->set[0]);
       retry_later(st, w, ml_monotonic() + retry_delay(w->ttl));
     }
     break;
