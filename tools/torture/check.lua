@@ -8,11 +8,13 @@
 --
 -- Log lines (times are CLOCK_MONOTONIC seconds, comparable across processes):
 --   M token mode                       what token was: x exclusive, w a
---                                      writer, s a reader's share, p a permit
+--                                      writer, s a reader's share, p a
+--                                      permit, l a leader's term
 --   A token start pid                  acquired
 --   S token start end pid valid        a critical section; valid = 1 when the
 --                                      holder's lease still ran after `end`
 --   R token pid ok|lost|error          the release's answer
+--   P token pid ok|lost|error          a leader's proclaim and its answer
 --   E pid message                      acquire failed
 --   K pid token time                   the harness SIGKILLed pid, which the
 --                                      server showed holding token
@@ -30,6 +32,10 @@
 --   2r. rw: a valid section that started after a valid writer's section
 --       ended has a larger token, one that ended before it began a
 --       smaller one; no token granted twice.
+--   1l. election: no two valid acts of leaders (sections, several a
+--       term) overlap: at no time two leaders act with valid terms;
+--   2l. election: among valid acts, terms never decrease in the order the
+--       acts started, and no term was granted twice.
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet, of the kill), unless the run ended before that.
@@ -45,6 +51,7 @@ local SHAPES = {
   A = { list = "acquired", "#token", "#start", "#pid" },
   S = { list = "sections", "#token", "#start", "#stop", "#pid", "valid" },
   R = { list = "releases", "#token", "#pid", "result" },
+  P = { list = "proclaims", "#token", "#pid", "result" },
   E = { list = "errors", "#pid", "*message" },
   K = { list = "kills", "#pid", "#token", "#time" },
   F = { list = "faults", "kind", "#time" },
@@ -78,8 +85,8 @@ end
 
 -- parses lines (an iterator or a table of strings) into a log table
 function M.parse(lines)
-  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, errors = {}, kills = {},
-                faults = {}, bounds = {}, bad = {} }
+  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, errors = {},
+                kills = {}, faults = {}, bounds = {}, bad = {} }
   local function one(line)
     if line:match("^%s*$") then return end
     local list, rec = parse_line(line)
@@ -143,6 +150,24 @@ function M.token_order(log)
   for i = 2, #v do
     if v[i].token <= v[i - 1].token then
       out[#out + 1] = format("token %s (pid %d, start %.6f) follows token %s (pid %d, start %.6f)",
+        tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
+    end
+  end
+  granted_twice(log, out)
+  return out
+end
+
+-- property 2l: a leader acts several times a term (sections of one
+-- token); terms never decrease in the order acts started; no term granted
+-- twice
+function M.term_order(log)
+  local out = {}
+  local v = {}
+  for _, s in ipairs(log.sections) do if s.valid then v[#v + 1] = s end end
+  sort(v, function(a, b) return a.start < b.start end)
+  for i = 2, #v do
+    if v[i].token < v[i - 1].token then
+      out[#out + 1] = format("term %s (pid %d, act at %.6f) follows term %s (pid %d, act at %.6f)",
         tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
     end
   end
@@ -309,6 +334,12 @@ function M.run(lines, opts)
       .. "%d writers)", nvalid, #log.sections, w), ov)
     to = M.shared_token_order(log, true)
     report(#to == 0, "fencing tokens increase across every writer's section; none granted twice", to)
+  elseif kind == "election" then
+    ov, nvalid = M.overlaps(log)
+    report(#ov == 0, format("no two leaders act with valid terms at once (%d valid acts of %d)", nvalid,
+      #log.sections), ov)
+    to = M.term_order(log)
+    report(#to == 0, "terms never decrease in the order leaders acted; no term granted twice", to)
   else
     ov, nvalid = M.overlaps(log)
     report(#ov == 0, format("no two valid critical sections overlap (%d valid of %d)", nvalid, #log.sections), ov)
@@ -325,6 +356,11 @@ function M.run(lines, opts)
   print(format("# sections %d (valid %d, lease ran out %d), failed releases %d, acquire errors %d, "
     .. "kills %d, faults %d, violations %d", #log.sections, nvalid, invalid, lost, #log.errors,
     #log.kills, #log.faults, violations))
+  if kind == "election" then
+    local plost = 0
+    for _, p in ipairs(log.proclaims) do if p.result ~= "ok" then plost = plost + 1 end end
+    print(format("# terms %d, proclaims %d (lost %d)", #log.acquired, #log.proclaims, plost))
+  end
   return violations, log
 end
 

@@ -24,9 +24,10 @@
 //   --kill-every S    mean seconds between kills of the holder (default 4)
 //   --fault-every S   mean seconds between armed faults (default 1)
 //   --log PATH        the log (default build/torture/torture.log)
-//   --kind K          exclusive (default), semaphore or rw: what the workers
-//                     take (rw: one writer in four); the checker's first
-//                     two properties are the kind's
+//   --kind K          exclusive (default), semaphore, rw or election: what
+//                     the workers take (rw: one writer in four; election:
+//                     they campaign, act while leading, proclaim, resign);
+//                     the checker's first two properties are the kind's
 //   --permits N       a semaphore's permits (default 3)
 //   --lie             negative control: workers claim every lease valid and
 //                     one section in five outlives its ttl; the checker must
@@ -63,7 +64,7 @@ function parseArgs(argv) {
       if (!['lua5.4', 'luajit', 'both'].includes(v)) usage(`bad --lua: ${v}`);
       o.lua = v;
     } else if (k === '--kind') {
-      if (!['exclusive', 'semaphore', 'rw'].includes(v)) usage(`bad --kind: ${v}`);
+      if (!['exclusive', 'semaphore', 'rw', 'election'].includes(v)) usage(`bad --kind: ${v}`);
       o.kind = v;
     } else if (k === '--log') {
       o.log = path.resolve(v);
