@@ -152,7 +152,7 @@ static int acquire(lua_State *L, ml_attempt_mode mode, int campaign) {
   if (campaign) {
     size_t vlen;
     const char *msg;
-    a.value = luaL_checklstring(L, 10, &vlen);
+    a.value = arg_string(L, 10, &vlen);      /* a string, not a number */
     if ((msg = ml_check_value(a.value, vlen)) != NULL) luaL_argerror(L, 10, msg);
   }
   if (!ml_arg_attempt_owner(L, c, 6, 8, mode == ML_ATTEMPT_RUN ? 0 : 11, &a, &t))
