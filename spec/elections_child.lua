@@ -5,7 +5,8 @@
 --   lead NAME VALUE TTL HOLD   campaign (waiting up to 30 s), print
 --                              "leading PID TOKEN T", lead for HOLD seconds
 --                              (printing "lost PID" and stopping if the lead
---                              is lost), resign, print "resigned PID T"
+--                              is lost), print "resigning PID T", resign,
+--                              print "resigned PID T"
 --   script NAME TTL GAP        a scripted term of office: campaign "v1",
 --                              proclaim "v2", resign, campaign "v3", resign,
 --                              GAP seconds apart; prints "at PID WHAT T
@@ -34,6 +35,8 @@ if mode == "lead" then
     end
     core.sleep(0.02)
   end
+  -- the last moment it acts as the leader, then the resign
+  say("resigning", pid, now())
   assert(leader:resign())
   say("resigned", pid, now())
 elseif mode == "script" then
