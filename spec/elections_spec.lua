@@ -186,6 +186,30 @@ describe("#integration elections", function()
     assert.is_true(seen[4].ch.token > seen[2].ch.token)
   end)
 
+  it("an observer that is not called for longer than the ttl still returns every change in order", function()
+    local name = helpers.unique("e")
+    local p = child("script", name, 2, 0.4)
+    assert(p:wait_for("at %d+ lead%-v1"))
+    local it = el:observe(name, { timeout = 5 })
+    local first = assert(it())
+    assert.equal("current", first.change)
+    assert.equal("v1", first.value)
+    -- the child proclaims, resigns, leads and resigns meanwhile; the
+    -- leader's lease as this observer last saw it runs out
+    local st, out = p:wait(10)
+    p:cleanup()
+    assert.equal(0, st, out)
+    core.sleep(2.5)
+    local got = {}
+    for _ = 1, 4 do
+      local ch, err = it()
+      assert.is_truthy(ch, err)
+      got[#got + 1] = ch.change .. (ch.value and (" " .. ch.value) or "")
+    end
+    it:close()
+    assert.same({ "value v2", "none", "leader v3", "none" }, got)
+  end)
+
   it("an observer sees a dead leader's lease end, and answers timeout when nothing changes", function()
     local name = helpers.unique("e")
     local p = child("lead", name, "doomed", 1.5, 120)

@@ -128,8 +128,9 @@ used when --uri is not given.  Every call to the server gives up after
 URI sets serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS.
 
 Exit status: 0 success (status: the lock is held; leader: someone leads); 1
-busy or timed out (-E), status: free or expired, leader: nobody leads; 64 bad usage; 69 server unreachable or failing; 70
-internal error; exec passes the command's status through (126 not
+busy or timed out (-E), status: free or expired, leader: nobody leads; 64
+bad usage; 69 server unreachable or failing; 70 internal error; exec and
+elect pass the command's status through (126 not
 executable, 127 not found, 128+N killed by signal N), except that a command
 that exited 0 gives 75 when the lease was lost while it ran and 69 when the
 release failed or is unconfirmed.]]

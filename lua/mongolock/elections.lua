@@ -223,18 +223,21 @@ local function from_read(o, doc)
     for k in pairs(TRACKED) do st[k] = plain(doc[k]) end
   end
   o.st = st
-  o.live_until = (doc and doc.held == true) and monotonic() + math_max(0, doc.remainingMs or 0) / 1000
-    or nil
+  o.held = doc and doc.held == true or false
+  o.live_until = o.held and monotonic() + math_max(0, doc.remainingMs or 0) / 1000 or nil
 end
 
--- the leader o sees now: a table, or false
+-- the leader o sees: a table, or false.  o.held is what the latest read or
+-- event says (events are judged as of their write, not by this process's
+-- clock: a take, a renewal and a proclaim only happen on a live lease);
+-- o.live_until only says when to ask the server again
 local function view(o)
   local st = o.st
-  if st.owner == nil or o.live_until == nil or monotonic() >= o.live_until then return false end
+  if st.owner == nil or not o.held then return false end
   local vt = st.valueToken
   return { token = st.token, owner = st.owner, holder = st.holder,
            value = (vt ~= nil and vt == st.token) and st.value or nil,
-           remaining = math_max(0, o.live_until - monotonic()) }
+           remaining = math_max(0, (o.live_until or 0) - monotonic()) }
 end
 
 -- queues the leader o sees when it differs from the last one returned
@@ -285,7 +288,10 @@ local function apply(o, ev)
     for _, k in pairs(ud.removedFields or {}) do
       if TRACKED[k] then st[k] = nil end
     end
+    -- a proclaim's new value: written on a live lease only
+    if up.value ~= nil and st.owner ~= nil then o.held = true end
     if up.owner ~= nil or up.expiresAt ~= nil then
+      o.held = st.owner ~= nil
       if st.owner == nil then
         o.live_until = nil
       else
@@ -305,9 +311,11 @@ local function apply(o, ev)
     local a, e = date_s(st.acquiredAt), date_s(st.expiresAt)
     local lease = st.ttl
     if a and e and (lease == nil or e - a < lease / 1000) then lease = (e - a) * 1000 end
-    o.live_until = st.owner ~= nil and now + math_max(0, lease or 0) / 1000 or nil
+    o.held = st.owner ~= nil
+    o.live_until = o.held and now + math_max(0, lease or 0) / 1000 or nil
   elseif kind == "delete" then
     o.st = {}
+    o.held = false
     o.live_until = nil
   else
     return "reopen"                 -- drop, rename, dropDatabase, invalidate
@@ -400,9 +408,15 @@ function Observer.next(o)
     else
       local now = monotonic()
       local left = deadline - now
-      if o.live_until and now >= o.live_until and view(o) == false and o.last and o.last.leader then
-        ok, err, code = confirm(o)
-        if ok then compare(o) end
+      if o.live_until and now >= o.live_until and o.last and o.last.leader then
+        -- the events already waiting first (a slow caller's: a renewal, a
+        -- resign), so that none is skipped; then the server, if still due
+        ok, err, code = true, nil, nil
+        if o.cursor_id then ok, err, code = more(o, 0.001) end
+        if ok and not queue[1] and o.live_until and monotonic() >= o.live_until then
+          ok, err, code = confirm(o)
+          if ok then compare(o) end
+        end
         -- a read that finds the lease still live waits for its events
         if ok and not queue[1] and o.live_until and monotonic() >= o.live_until then
           o.live_until = monotonic() + 0.05
