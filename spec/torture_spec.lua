@@ -206,6 +206,27 @@ describe("#unit torture checker", function()
       assert.truthy(tap:find("proclaims 2 (lost 1)", 1, true), tap)
     end)
 
+    it("judges an observer: terms never back, values of their own term, every term returned", function()
+      local obs = { "O 0 current 9.9 -", "O 5 leader 10.01 1", "O 5 value 10.15 1-2", "O 0 none 10.25 -",
+                    "O 6 leader 10.31 2", "X end 20.0" }
+      local v, tap = run(with(obs), { kind = "election" })
+      assert.equal(0, v, tap)
+      assert.truthy(tap:find("ok 6 - the observer's leaders never go back in term", 1, true), tap)
+      assert.truthy(tap:find("ok 7 - the observer returned every term granted while it watched (2 judged)", 1,
+        true), tap)
+      -- a stale term after a newer one; a value of another term; a term missed
+      v, tap = run(with({ "O 0 current 9.9 -", "O 6 leader 10.31 2", "O 5 leader 10.4 1", "X end 20.0" }),
+        { kind = "election" })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("not ok 6 - ", 1, true), tap)
+      assert.truthy(tap:find("observer returned term 5 (leader) at 10.400000 after term 6", 1, true), tap)
+      v, tap = run(with({ "O 0 current 9.9 -", "O 5 leader 10.01 2", "X end 20.0" }), { kind = "election" })
+      assert.truthy(tap:find("observer returned value 2 for term 5, which pid 1 led", 1, true), tap)
+      assert.truthy(tap:find("not ok 7 - ", 1, true), tap)
+      assert.truthy(tap:find("term 6 (pid 2, led at 10.300000) never returned by the observer", 1, true), tap)
+      assert.is_true(v > 0)
+    end)
+
     it("catches two leaders acting at once, and a term going backwards", function()
       local v, tap = run(with({ "M 7 l", "A 7 10.15 3", "S 7 10.15 10.16 3 1" }), { kind = "election" })
       assert.is_true(v > 0)

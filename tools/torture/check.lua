@@ -15,6 +15,8 @@
 --                                      holder's lease still ran after `end`
 --   R token pid ok|lost|error          the release's answer
 --   P token pid ok|lost|error          a leader's proclaim and its answer
+--   O token change time value          an election's observer returned a
+--                                      change (token 0: nobody leads)
 --   E pid message                      acquire failed
 --   K pid token time                   the harness SIGKILLed pid, which the
 --                                      server showed holding token
@@ -36,6 +38,11 @@
 --       term) overlap: at no time two leaders act with valid terms;
 --   2l. election: among valid acts, terms never decrease in the order the
 --       acts started, and no term was granted twice.
+--   4l. election, with an observer (O lines): the leaders it returns never
+--       go back in term, each shows a value its own term published (the
+--       leader's pid, or pid-k from its proclaims), and it returned every
+--       term granted while it watched (from its first line to a second
+--       before the end).
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet, of the kill), unless the run ended before that.
@@ -52,6 +59,7 @@ local SHAPES = {
   S = { list = "sections", "#token", "#start", "#stop", "#pid", "valid" },
   R = { list = "releases", "#token", "#pid", "result" },
   P = { list = "proclaims", "#token", "#pid", "result" },
+  O = { list = "observed", "#token", "change", "#time", "value" },
   E = { list = "errors", "#pid", "*message" },
   K = { list = "kills", "#pid", "#token", "#time" },
   F = { list = "faults", "kind", "#time" },
@@ -85,8 +93,8 @@ end
 
 -- parses lines (an iterator or a table of strings) into a log table
 function M.parse(lines)
-  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, errors = {},
-                kills = {}, faults = {}, bounds = {}, bad = {} }
+  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, observed = {},
+                errors = {}, kills = {}, faults = {}, bounds = {}, bad = {} }
   local function one(line)
     if line:match("^%s*$") then return end
     local list, rec = parse_line(line)
@@ -173,6 +181,47 @@ function M.term_order(log)
   end
   granted_twice(log, out)
   return out
+end
+
+-- property 4l: what an election's observer returned.  Returns messages
+-- about terms going back or values of another term, messages about
+-- granted terms it never returned, and how many terms were judged.
+function M.observer(log)
+  local back, missed = {}, {}
+  local pid_of, seen = {}, {}
+  for _, a in ipairs(log.acquired) do pid_of[a.token] = a.pid end
+  local obs = {}
+  for _, o in ipairs(log.observed) do obs[#obs + 1] = o end
+  sort(obs, function(a, b) return a.time < b.time end)
+  local last = 0
+  for _, o in ipairs(obs) do
+    if o.token > 0 then
+      seen[o.token] = true
+      if o.token < last then
+        back[#back + 1] = format("observer returned term %s (%s) at %.6f after term %s", tostring(o.token),
+          o.change, o.time, tostring(last))
+      end
+      if o.token > last then last = o.token end
+      local p = pid_of[o.token]
+      if p and o.value ~= "-" and o.value ~= tostring(p) and not o.value:match("^" .. p .. "%-%d+$") then
+        back[#back + 1] = format("observer returned value %s for term %s, which pid %d led", o.value,
+          tostring(o.token), p)
+      end
+    end
+  end
+  local judged = 0
+  if obs[1] and log.ended then
+    for _, a in ipairs(log.acquired) do
+      if a.start > obs[1].time and a.start < log.ended - 1 then
+        judged = judged + 1
+        if not seen[a.token] then
+          missed[#missed + 1] = format("term %s (pid %d, led at %.6f) never returned by the observer",
+            tostring(a.token), a.pid, a.start)
+        end
+      end
+    end
+  end
+  return back, missed, judged
 end
 
 -- the mode of every token, and the valid sections sorted by start
@@ -349,6 +398,13 @@ function M.run(lines, opts)
   local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
   report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "
     .. "(%d checked, slowest %.3f s, %d too near the end to judge)", ttl + retry, checked, worst, unjudged), rc)
+  if kind == "election" and #log.observed > 0 then
+    local back, missed, judged = M.observer(log)
+    report(#back == 0, format("the observer's leaders never go back in term and show their own term's "
+      .. "values (%d changes)", #log.observed), back)
+    report(#missed == 0, format("the observer returned every term granted while it watched (%d judged)",
+      judged), missed)
+  end
   print(format("1..%d", n))
   local lost = 0
   for _, r in ipairs(log.releases) do if r.result ~= "ok" then lost = lost + 1 end end

@@ -161,6 +161,20 @@ async function main() {
     });
   }
 
+  // an election's observer (not a worker: never killed), logging O lines
+  let observer = null;
+  if (o.kind === 'election') {
+    observer = spawn('lua5.4', [path.join(__dirname, 'observer.lua'), o.log, name, stopfile], {
+      env: { ...process.env, LUA_PATH: `${root}/lua/?.lua;${root}/lua/?/init.lua;;`,
+             LUA_CPATH: `${root}/build/lua5.4/?.so;;` },
+      stdio: ['ignore', 'pipe', errlog],
+    });
+    await new Promise((resolve) => {
+      observer.stdout.on('data', (b) => { if (/ready/.test(String(b))) resolve(); });
+      observer.on('exit', resolve);
+    });
+  }
+
   emit(`X begin ${mono().toFixed(6)}`);
   for (let i = 0; i < o.workers; i++) startWorker(i);
   const deadline = mono() + o.seconds;
@@ -228,6 +242,10 @@ async function main() {
   for (const fp of FAIL_POINTS) await admin.command({ configureFailPoint: fp, mode: 'off' }).catch(() => {});
   const until = mono() + 10 * o.ttl + 5;
   while (workers.size && mono() < until) await sleep(0.1);
+  if (observer && observer.exitCode === null) {
+    await Promise.race([new Promise((r) => observer.on('exit', r)), sleep(5)]);
+    try { observer.kill('SIGKILL'); } catch (e) { /* gone */ }
+  }
   for (const w of workers.values()) {
     try { process.kill(w.proc.pid, 'SIGKILL'); } catch (e) { /* gone */ }
     if (w.pid) try { process.kill(w.pid, 'SIGKILL'); } catch (e) { /* gone */ }
