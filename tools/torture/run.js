@@ -26,7 +26,8 @@
 //   --log PATH        the log (default build/torture/torture.log)
 //   --kind K          exclusive (default), semaphore, rw or election: what
 //                     the workers take (rw: one writer in four; election:
-//                     they campaign, act while leading, proclaim, resign);
+//                     they campaign, act while leading, proclaim, resign,
+//                     and an observer process logs what el:observe returns);
 //                     the checker's first two properties are the kind's
 //   --permits N       a semaphore's permits (default 3)
 //   --lie             negative control: workers claim every lease valid and
