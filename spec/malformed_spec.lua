@@ -322,9 +322,10 @@ describe("#integration malformed input", function()
   end)
 
   describe("elections", function()
-    local el
+    local el, ecoll
     setup(function()
-      el = client:elections({ database = db, collection = locks.collection })
+      ecoll = helpers.unique("malformed_el")
+      el = client:elections({ database = db, collection = ecoll })
     end)
     local BAD_VALUE = concat(NOT_STRING, {
       { "NUL", "a\0b" }, { "invalid UTF-8", "\255\254" }, { "16 KiB + 1", ("v"):rep(16385) },
@@ -349,7 +350,7 @@ describe("#integration malformed input", function()
       run(20, "observe", 1, BAD_NAME, function(v) return el:observe(v) end)
       run(5, "observe", 2, bad_opts({ timeout = BAD_TIMEOUT }),
         function(v) return el:observe(helpers.unique("malformed"), v) end)
-      assert.equal(0, count(client, db, locks.collection))
+      assert.equal(0, count(client, db, ecoll))
     end)
 
     check("proclaim refuses bad values and keeps the value", function()
