@@ -192,12 +192,12 @@ bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES)
 	@bench/run
 
 # TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js); one
-# run per kind (exclusive locks, semaphores, reader-writer locks) of
+# run per kind (exclusive locks, semaphores, reader-writer locks, elections) of
 # TORTURE_SECONDS each: 100 s gives every kind more than 10^3 sections here
 # (60 s gave the exclusive kind 942)
 TORTURE_SECONDS ?= 100
 torture: deps-torture build
-	@for k in exclusive semaphore rw; do \
+	@for k in exclusive semaphore rw election; do \
 	  tools/with-standin node tools/torture/run.js --kind $$k --log build/torture/$$k.log \
 	    --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
 	done

@@ -48,6 +48,7 @@ build = {
   modules = {
     ["mongolock"] = "lua/mongolock.lua",
     ["mongolock.locks"] = "lua/mongolock/locks.lua",
+    ["mongolock.elections"] = "lua/mongolock/elections.lua",
     ["mongolock.backoff"] = "lua/mongolock/backoff.lua",
     ["mongolock.wait"] = "lua/mongolock/wait.lua",
     ["mongolock.metrics"] = "lua/mongolock/metrics.lua",

@@ -129,7 +129,8 @@ int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
  * background (ml_push_won): a try's owner is its own, and a waiter's acquire
  * ends with that error, so nothing else may hold the lock under its id.
  */
-static int acquire(lua_State *L, ml_attempt_mode mode) {
+/* campaign: client:campaign's arguments (value in polling's place) */
+static int acquire(lua_State *L, ml_attempt_mode mode, int campaign) {
   ml_client *c = ml_checkclient(L, 1);
   ml_acquire_args a;
   size_t namelen;
@@ -148,8 +149,18 @@ static int acquire(lua_State *L, ml_attempt_mode mode) {
   ml_arg_ns(L, 2, &a.db, &a.coll);
   a.name = ml_arg_name(L, 4, &namelen);
   a.ttl_ms = ml_arg_ttl_ms(L, 5);
+  if (campaign) {
+    size_t vlen;
+    const char *msg;
+    a.value = arg_string(L, 10, &vlen);      /* a string, not a number */
+    if ((msg = ml_check_value(a.value, vlen)) != NULL) luaL_argerror(L, 10, msg);
+  }
   if (!ml_arg_attempt_owner(L, c, 6, 8, mode == ML_ATTEMPT_RUN ? 0 : 11, &a, &t))
     return ml_pushfail(L, "getrandom failed", 0);
+  /* a campaigner is never granted the lock by a release (which would not
+   * publish its value): its queue entry says it polls, and it takes a lock
+   * that was freed by an attempt of its own, woken by the release's event */
+  if (campaign && a.waiter) a.polling = 1;
   if (mode == ML_ATTEMPT_TAKE) {
     luaL_argcheck(L, !lua_isnoneornil(L, 11), 11, "the owner of the attempt expected");
     started = ml_arg_started(L, 12);
@@ -193,13 +204,27 @@ static int acquire(lua_State *L, ml_attempt_mode mode) {
   return 3;
 }
 
-int ml_m_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN); }
+int ml_m_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 0); }
 
 /* client:acquire_op(<acquire's arguments> [, owner]) -> op, owner;
  * client:take_acquire(<acquire's arguments>, owner, started, reply,
  * message, code, ereply, domain) -> acquire's answers (ml_attempt_mode) */
-int ml_m_acquire_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP); }
-int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE); }
+int ml_m_acquire_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 0); }
+int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 0); }
+
+/*
+ * client:campaign(db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value)
+ *   -> acquire's answers
+ * An election's attempt: acquire's, with value (a string, ml_check_value)
+ * in polling's place, published in the lock document by the attempt that
+ * takes the lock (ML_F_VALUE, its term in ML_F_VTOKEN).  Its waiter is
+ * always marked polling, so that no release grants it the lock without
+ * its value.  client:campaign_op and client:take_campaign split it at its
+ * round trip as acquire_op and take_acquire do.
+ */
+int ml_m_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 1); }
+int ml_m_campaign_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 1); }
+int ml_m_take_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 1); }
 
 /*
  * Runs a status op and pushes an array of status tables: one command when

@@ -5,7 +5,8 @@
  * and tables cross.
  *
  *   op = core.op_acquire{db=, coll=, name=, owner=, ttl_ms=, host=, pid=,
- *                        app=, waiter=, tag=, queue_ms=, polling=}
+ *                        app=, waiter=, tag=, queue_ms=, polling=, value=}
+ *                        (value: an election's campaign, protocol.h)
  *   op = core.op_release{db=, coll=, name=, owner=}
  *   op = core.op_extend{db=, coll=, name=, owner=, ttl_ms=}
  *   op = core.op_leave{db=, coll=, name=, waiter=, tag=}
@@ -25,6 +26,9 @@
  *        (all = true instead of tag: every change of the collection)
  *   op = core.op_getmore{db=, coll=, cursor_id=, await_ms=, session=}
  *   op = core.op_killcursors{db=, coll=, cursor_id=, session=}
+ *   op = core.op_proclaim{db=, coll=, name=, owner=, value=}   (elections)
+ *   op = core.op_leader{db=, coll=, name=}
+ *   op = core.op_observe{db=, coll=, name=, t=, i=, resume_token=, session=}
  *   reply, err, code = client:run(op)            (BSON strings)
  *   r = core.parse_acquire(reply, owner)
  *   n = core.parse_update(reply)
@@ -352,6 +356,8 @@ void ml_arg_op(lua_State *L, int i, ml_op *op) {
 
 /* ---- builders ---------------------------------------------------------- */
 
+static const char *check_value(lua_State *L);
+
 /* the fields every acquire's attempt writes (any kind): owner, ttl_ms,
  * host, pid, app, and with waiter its tag, queue_ms and polling; the name
  * and namespace are read before */
@@ -382,6 +388,7 @@ static int l_op_acquire(lua_State *L) {
   memset(&a, 0, sizeof a);
   a.name = check_lock(L, &a.db, &a.coll, 1);
   check_attempt(L, &a);
+  if (opt_str(L, "value", 0, NULL)) a.value = check_value(L);   /* a campaign's */
   ml_build_acquire(&op, &a);
   return push_op(L, &op);
 }
@@ -515,6 +522,55 @@ static int l_op_killcursors(lua_State *L) {
   id = check_cursor_id(L);
   session = check_hex(L, "session", 32, 0);   /* before anything is built */
   ml_build_killcursors(&op, db, coll, id);
+  op.session = session;
+  return push_op(L, &op);
+}
+
+/* ---- elections (protocol.h) ------------------------------------------- */
+
+/* an election's value: a string of UTF-8 without NUL, up to ML_VALUE_MAX */
+static const char *check_value(lua_State *L) {
+  size_t len;
+  const char *msg, *v = opt_str(L, "value", 1, &len);
+  if ((msg = ml_check_value(v, len)) != NULL) bad(L, "value", msg);
+  return v;
+}
+
+static int l_op_proclaim(lua_State *L) {
+  const char *db, *coll, *name, *owner, *value;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  owner = check_hex(L, "owner", 32, 1);
+  value = check_value(L);
+  ml_build_proclaim(&op, db, coll, name, owner, value);
+  return push_op(L, &op);
+}
+
+static int l_op_leader(lua_State *L) {
+  const char *db, *coll, *name = check_lock(L, &db, &coll, 1);
+  ml_op op;
+  ml_build_leader(&op, db, coll, name);
+  return push_op(L, &op);
+}
+
+static int l_op_observe(lua_State *L) {
+  const char *db, *coll, *name, *tok, *session;
+  size_t len;
+  lua_Number t, i;
+  bson_t token;
+  ml_op op;
+  name = check_lock(L, &db, &coll, 1);
+  t = opt_num(L, "t", 0, 0);
+  i = opt_num(L, "i", 0, 0);
+  if (!(t >= 0 && t <= 4294967295.0 && i >= 0 && i <= 4294967295.0))
+    bad(L, "t", "timestamp part out of range");
+  session = check_hex(L, "session", 32, 0);   /* before anything is built */
+  tok = opt_str(L, "resume_token", 0, &len);
+  if (tok) {
+    lua_getfield(L, 1, "resume_token");
+    arg_bson(L, lua_gettop(L), &token);
+  }
+  ml_build_observe(&op, db, coll, name, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
   op.session = session;
   return push_op(L, &op);
 }
@@ -991,6 +1047,9 @@ static const luaL_Reg ops_funcs[] = {
   {"op_watch", l_op_watch},
   {"op_getmore", l_op_getmore},
   {"op_killcursors", l_op_killcursors},
+  {"op_proclaim", l_op_proclaim},
+  {"op_leader", l_op_leader},
+  {"op_observe", l_op_observe},
   {"op_doc_acquire", l_op_doc_acquire},
   {"op_doc_release", l_op_doc_release},
   {"op_doc_extend", l_op_doc_extend},

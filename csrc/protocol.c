@@ -256,6 +256,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc;
   const bson_t *takes, *fields, *queue, *owned;
   bson_iter_t token, acquired, q, next, kv;
+  bson_t pipe = BSON_INITIALIZER;
   pthread_once(&k_once, k_init);
   ml_keeper_value(&kdoc, &kv, a->keeper);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
@@ -303,16 +304,13 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   k_field(K.set, ML_F_NEXT, &next);
   ml_op_init(op, ML_RUN_WRITE, a->db, a->coll);
   op->retry = 1;
-  BCON_APPEND(&op->cmd,
-    "findAndModify", BCON_UTF8(a->coll),
-    "query", "{", "_id", BCON_UTF8(a->name), "}",
-    "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
-    "update", "[",
-      BCON_DOCUMENT(K.stage0),             /* _mlq: the live queue */
-      BCON_DOCUMENT(takes),                /* _mlt: this attempt takes it */
-      BCON_DOCUMENT(owned),                /* _mlo: granted to it before */
+  /* the update pipeline, its stages keyed "0", "1", ... */
+  BCON_APPEND(&pipe,
+      "0", BCON_DOCUMENT(K.stage0),        /* _mlq: the live queue */
+      "1", BCON_DOCUMENT(takes),           /* _mlt: this attempt takes it */
+      "2", BCON_DOCUMENT(owned),           /* _mlo: granted to it before */
       /* every field from _mlt: written back unchanged when it is false */
-      "{", "$set", "{",
+      "3", "{", "$set", "{",
         ML_F_OWNER, ML_IF_TAKEN("$" ML_F_OWNER, BCON_UTF8(a->owner)),
         ML_F_TOKEN, BCON_ITER(&token),
         ML_F_ACQUIRED, BCON_ITER(&acquired),
@@ -323,10 +321,25 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         ML_F_NEXT, BCON_ITER(&next),
         ML_F_KEEPER, ML_IF_TAKEN("$" ML_F_KEEPER, BCON_ITER(&kv)),
         ML_F_TTL, ML_IF_TAKEN("$" ML_F_TTL, BCON_INT64(a->ttl_ms)),
-      "}", "}",
-      BCON_DOCUMENT(K.stage3),
-    "]",
+      "}", "}");
+  /* a campaign's value, published only by the attempt that takes the lock,
+   * with the term it was written in (the token the stage before set); an
+   * attempt that does not take writes both back as they were (a missing
+   * field stays missing) */
+  if (a->value)
+    BCON_APPEND(&pipe,
+      "4", "{", "$set", "{",
+        ML_F_VALUE, ML_IF_TAKEN("$" ML_F_VALUE, "{", "$literal", BCON_UTF8(a->value), "}"),
+        ML_F_VTOKEN, ML_IF_TAKEN("$" ML_F_VTOKEN, "$" ML_F_TOKEN),
+      "}", "}");
+  BCON_APPEND(&pipe, a->value ? "5" : "4", BCON_DOCUMENT(K.stage3));
+  BCON_APPEND(&op->cmd,
+    "findAndModify", BCON_UTF8(a->coll),
+    "query", "{", "_id", BCON_UTF8(a->name), "}",
+    "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
+    "update", BCON_ARRAY(&pipe),
     "fields", BCON_DOCUMENT(fields));
+  bson_destroy(&pipe);
   bson_destroy(&holder);
   bson_destroy(&kdoc);
   if (a->waiter) {
@@ -647,6 +660,61 @@ void ml_build_leave(ml_op *op, const char *db, const char *coll, const char *nam
   ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
+}
+
+/* ---- elections (protocol.h) ------------------------------------------- */
+
+void ml_build_proclaim(ml_op *op, const char *db, const char *coll, const char *name,
+                       const char *owner, const char *value) {
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
+  BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_OWNER, BCON_UTF8(owner),
+              "$expr", "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}");
+  BCON_APPEND(&u, "0", "{", "$set", "{", ML_F_VALUE, "{", "$literal", BCON_UTF8(value), "}",
+                                        ML_F_VTOKEN, "$" ML_F_TOKEN, "}", "}");
+  ml_op_update(op, db, coll, &q, &u, 1);
+  bson_destroy(&q);
+  bson_destroy(&u);
+}
+
+void ml_build_leader(ml_op *op, const char *db, const char *coll, const char *name) {
+  ml_op_init(op, ML_RUN_COMMAND, db, coll);
+  BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+    "pipeline", "[",
+      "{", "$match", "{", "_id", BCON_UTF8(name), "}", "}",
+      "{", "$project", "{",
+        ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_VALUE, BCON_INT32(1),
+        ML_F_VTOKEN, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1),
+        ML_F_EXPIRES, BCON_INT32(1), ML_F_TTL, BCON_INT32(1),
+        "held", "{", "$and", "[",
+          "{", "$ne", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}",
+          "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}",
+        "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "}", "}",
+    "]",
+    "cursor", "{", "}");
+}
+
+void ml_build_observe(ml_op *op, const char *db, const char *coll, const char *name,
+                      uint32_t t, uint32_t i, const bson_t *resume_token) {
+  bson_t start = BSON_INITIALIZER;
+  ml_build_watch_start(&start, t, i, resume_token);
+  ml_op_init(op, ML_RUN_COMMAND, db, coll);
+  BCON_APPEND(&op->cmd, "aggregate", BCON_UTF8(coll),
+    "pipeline", "[",
+      "{", "$changeStream", BCON_DOCUMENT(&start), "}",
+      "{", "$match", "{", "$or", "[",
+        "{", "documentKey._id", BCON_UTF8(name), "}",
+        "{", "operationType", "{", "$in", "[", "drop", "rename", "dropDatabase", "invalidate", "]", "}", "}",
+      "]", "}", "}",
+    "]",
+    "cursor", "{", "}");
+  bson_destroy(&start);
+}
+
+const char *ml_check_value(const char *s, size_t len) {
+  if (len > ML_VALUE_MAX) return "value longer than 16384 bytes";
+  if (memchr(s, '\0', len)) return "value contains a NUL byte";
+  if (!bson_utf8_validate(s, len, false)) return "value is not valid UTF-8";
+  return NULL;
 }
 
 /* ---- status, list, the TTL index --------------------------------------- */

@@ -34,9 +34,16 @@
                                          lease, null when nothing renews it */
 #define ML_F_TTL "ttl"                /* the lease's length (ms): what a
                                          renewal extends it by */
+#define ML_F_VALUE "value"            /* an election's published value (a
+                                         string), written by the winning
+                                         campaign and by proclaim */
+#define ML_F_VTOKEN "valueToken"      /* the token (term) value was written
+                                         in: it is the leader's value only
+                                         while equal to token */
 #define ML_TTL_INDEX "expiresAt_ttl"  /* name of the TTL index */
 
 #define ML_NAME_MAX 1024              /* bytes of a lock name */
+#define ML_VALUE_MAX 16384            /* bytes of an election's value */
 #define ML_TTL_MAX_MS ((int64_t)365 * 24 * 3600 * 1000)   /* a year */
 
 /*
@@ -124,6 +131,11 @@ typedef struct ml_acquire_args {
   const char *keeper;               /* 16 hex digits: the keeper id that
                                        renews the lease (ml_build_renew),
                                        NULL when nothing renews it */
+  const char *value;                /* an election's campaign: the value
+                                       the attempt publishes when it takes
+                                       the lock (ML_F_VALUE, with the new
+                                       token in ML_F_VTOKEN); NULL for
+                                       every other acquire */
 } ml_acquire_args;
 
 /* the builders; each initialises op->cmd (ml_op_destroy frees it) */
@@ -174,6 +186,27 @@ void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const
  */
 void ml_build_release_many(ml_op *op, const ml_lockref *r, const bson_t *ids,
                            const char *const *owners, size_t n);
+/*
+ * Elections (a leader is the holder of a named lock):
+ *   proclaim  {update: coll, updates: [{q: {_id, owner: OWNER, $expr: the lease
+ *             is live}, u: [{$set: {value: V, valueToken: "$token"}}]}]}: the
+ *             leader's new value, same term; matched 0 = not leading
+ *   leader    {aggregate: coll, pipeline: [{$match: {_id}}, {$project: owner,
+ *             token, value, valueToken, holder, acquiredAt, expiresAt, ttl,
+ *             held, remainingMs}], cursor: {}} run as a command (its reply
+ *             keeps the operationTime an observer starts its stream at)
+ *   observe   a change stream of the one document {_id: name} from (t, i), or
+ *             after resume_token when not NULL, with the events that end a
+ *             stream (drop, rename, dropDatabase, invalidate)
+ */
+void ml_build_proclaim(ml_op *op, const char *db, const char *coll, const char *name,
+                       const char *owner, const char *value);
+void ml_build_leader(ml_op *op, const char *db, const char *coll, const char *name);
+void ml_build_observe(ml_op *op, const char *db, const char *coll, const char *name,
+                      uint32_t t, uint32_t i, const bson_t *resume_token);
+/* NULL when fine, else what is wrong with an election's value */
+const char *ml_check_value(const char *s, size_t len);
+
 /* name NULL: every lock of the collection, sorted by name */
 void ml_build_status(ml_op *op, const char *db, const char *coll, const char *name);
 /* a document lock's status: owner and remainingMs of r's document */

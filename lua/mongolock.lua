@@ -159,6 +159,12 @@ end
 function client_mt:semaphores(opts)
   return require("mongolock.shared").semaphores(self, opts)
 end
+-- el = client:elections(opts): leader election on the named locks
+-- (mongolock.elections)
+function client_mt:elections(opts)
+  return require("mongolock.elections").new(self, opts)
+end
+
 -- set = client:acquire_all(entries, opts): several locks, all or none
 function client_mt.acquire_all(_, entries, opts)
   return require("mongolock.shared").acquire_all(entries, opts)

@@ -321,6 +321,47 @@ describe("#integration malformed input", function()
     end)
   end)
 
+  describe("elections", function()
+    local el, ecoll
+    setup(function()
+      ecoll = helpers.unique("malformed_el")
+      el = client:elections({ database = db, collection = ecoll })
+    end)
+    local BAD_VALUE = concat(NOT_STRING, {
+      { "NUL", "a\0b" }, { "invalid UTF-8", "\255\254" }, { "16 KiB + 1", ("v"):rep(16385) },
+      { "overlong", "\192\128" }, { "surrogate", "\237\160\128" },
+    })
+
+    check("client:elections refuses bad options", function()
+      local cases = bad_opts {
+        database = { { "empty", "" }, { "number", 1 }, { "table", {} } },
+        collection = { { "empty", "" }, { "number", 1 }, { "table", {} } },
+        ttl = BAD_SECONDS, timeout = BAD_TIMEOUT, step = BAD_SECONDS,
+      }
+      run(20, "elections", 1, cases, function(v) return client:elections(v) end)
+    end)
+
+    check("campaign, leader, observe refuse bad names, values and options, and write nothing", function()
+      run(20, "campaign", 1, BAD_NAME, function(v) return el:campaign(v, "x") end)
+      run(10, "campaign", 2, BAD_VALUE, function(v) return el:campaign(helpers.unique("malformed"), v) end)
+      run(20, "campaign", 3, bad_opts({ ttl = BAD_SECONDS, timeout = BAD_TIMEOUT }),
+        function(v) return el:campaign(helpers.unique("malformed"), "x", v) end)
+      run(20, "leader", 1, BAD_NAME, function(v) return el:leader(v) end)
+      run(20, "observe", 1, BAD_NAME, function(v) return el:observe(v) end)
+      run(5, "observe", 2, bad_opts({ timeout = BAD_TIMEOUT }),
+        function(v) return el:observe(helpers.unique("malformed"), v) end)
+      assert.equal(0, count(client, db, ecoll))
+    end)
+
+    check("proclaim refuses bad values and keeps the value", function()
+      local name = helpers.unique("malformed")
+      local leader = assert(el:campaign(name, "kept"))
+      run(10, "proclaim", 1, BAD_VALUE, function(v) return leader:proclaim(v) end)
+      assert.equal("kept", assert(el:leader(name)).value)
+      assert.is_true(leader:resign())
+    end)
+  end)
+
   describe("resty.mongolock", function()
     local resty = require "resty.mongolock"
 

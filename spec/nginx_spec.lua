@@ -29,6 +29,10 @@ local SPEC_LOCATIONS = [[
             content_by_lua_file share_api_spec.lua;
         }
 
+        location = /election-api-spec {
+            content_by_lua_file election_api_spec.lua;
+        }
+
         # ?kind=rw|sem|doc&call=try|acquire&key=: one try or acquire of a
         # share, or of a document's lock (the document made first), answered
         # "held" or "nil <err>"
@@ -363,6 +367,50 @@ ngx.header.content_length = #table.concat(out, "\n") + 1
 ngx.say(table.concat(out, "\n"))
 ]==]
 
+-- elections inside a handler: campaign, proclaim, leader, resign, and an
+-- observer in a light thread
+local ELECTION_API_HANDLER = [==[
+local mongolock = require "mongolock"
+local transport = require "mongolock.ngx"
+package.loaded.api_spec_client = package.loaded.api_spec_client
+  or assert(mongolock.connect(os.getenv("MONGODB_URI"), { appname = "api-spec" }))
+local el = package.loaded.api_spec_client:elections({ collection = "nginx_election_api_spec", ttl = 5 })
+local key = ngx.var.arg_key
+local out = {}
+local function say(...) out[#out + 1] = table.concat({ ... }, " ") end
+local jobs0 = transport.stats().jobs
+
+local it = el:observe(key, { timeout = 10 })
+local first = assert(it())
+say("current", first.change, tostring(first.leader))
+local seen = {}
+local obs = ngx.thread.spawn(function()
+  for _ = 1, 4 do
+    local ch, err = it()
+    if not ch then seen[#seen + 1] = "error " .. tostring(err) break end
+    seen[#seen + 1] = ch.change .. (ch.value and (" " .. ch.value) or "")
+  end
+end)
+local l1 = assert(el:campaign(key, "one"))
+say("lead", tostring(l1:held()), tostring(type(l1.token) == "number"), l1.value)
+say("busy", tostring(select(2, el:campaign(key, "two", { timeout = 0.3 }))))
+assert(l1:proclaim("uno"))
+local info = assert(el:leader(key))
+say("leader", info.value, tostring(info.token == l1.token))
+-- a campaigner waiting here leads when the first resigns
+local t = ngx.thread.spawn(function() ngx.sleep(0.3); return l1:resign() end)
+local l2, err = el:campaign(key, "two", { timeout = 5 })
+say("handed", tostring(l2 and l2:held()), tostring(err), tostring(select(2, ngx.thread.wait(t))),
+  tostring(l2 and l2.token > l1.token))
+ngx.thread.wait(obs)
+it:close()
+assert(l2:resign())
+say("observed", table.concat(seen, ","))
+say("jobs", tostring(transport.stats().jobs - jobs0 >= 10))
+ngx.header.content_length = #table.concat(out, "\n") + 1
+ngx.say(table.concat(out, "\n"))
+]==]
+
 local SHARE_API_HANDLER = [==[
 local mongolock = require "mongolock"
 local transport = require "mongolock.ngx"
@@ -656,6 +704,7 @@ describe("#integration nginx with resty.mongolock", function()
     nginx = start_nginx({ locations = SPEC_LOCATIONS, files = { ["gate_spec.lua"] = GATE_HANDLER,
       ["saturate_spec.lua"] = SATURATE_HANDLER, ["api_spec.lua"] = API_HANDLER,
       ["doc_api_spec.lua"] = DOC_API_HANDLER, ["share_api_spec.lua"] = SHARE_API_HANDLER,
+      ["election_api_spec.lua"] = ELECTION_API_HANDLER,
       ["wake_spec.lua"] = WAKE_HANDLER } })
   end)
 
@@ -1024,9 +1073,9 @@ describe("#integration nginx with resty.mongolock", function()
   -- an API and answers one line per step) with every command delayed
   -- 200 ms: answered 200 with exactly the lines expected, /ping p90 under
   -- 50 ms meanwhile
-  local function api_case(path, what, expected)
+  local function api_case(path, what, expected, commands)
     local pingers = open_pingers(nginx.port, 2, 2)
-    failpoint({ mode = "alwaysOn", commands = SLOW_COMMANDS, block_ms = 200 })
+    failpoint({ mode = "alwaysOn", commands = commands or SLOW_COMMANDS, block_ms = 200 })
     local ok, responses, pings = pcall(load, nginx.port, path, 1, pingers)
     failpoint({ mode = "off" })
     assert(ok, responses)
@@ -1084,6 +1133,18 @@ describe("#integration nginx with resty.mongolock", function()
       "collected true",
       "jobs true",
     })
+  end)
+
+  it("runs client:elections() (campaign, proclaim, leader, resign, observe) off the event loop", function()
+    api_case("/election-api-spec?key=" .. helpers.unique("election"), "client:elections()", {
+      "current current false",
+      "lead true true one",
+      "busy timeout",
+      "leader uno true",
+      "handed true nil true true",
+      "observed leader one,value uno,none,leader two",
+      "jobs true",
+    }, { "findAndModify", "update", "find", "aggregate" })
   end)
 
   it('wait = "watch" without a change stream answers an error for named and document locks, never polls',

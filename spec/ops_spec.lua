@@ -513,3 +513,40 @@ describe("#integration ops of reader shares and permits (client:run)", function(
     assert.has_error(function() core.op_share_force_release{ db = DB, coll = coll } end)
   end)
 end)
+
+describe("#unit ops of elections (builders, no server)", function()
+  it("a campaign's attempt publishes its value with its term only when it takes the lock", function()
+    local e = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 5000,
+                                      host = "h", pid = 7, value = "$not-a-path" })
+    local stage = e.cmd.update[5]["$set"]
+    assert.same({ "$_mlt", { ["$literal"] = "$not-a-path" }, "$value" }, stage.value["$cond"])
+    assert.same({ "$_mlt", "$token", "$valueToken" }, stage.valueToken["$cond"])
+    assert.same({ "_mlq", "_mlt", "_mlo" }, e.cmd.update[6]["$unset"])
+    -- every other acquire has no such stage
+    local plain = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 5000 })
+    assert.equal(5, #plain.cmd.update)
+    assert.is_nil(plain.cmd.update[5]["$set"])
+  end)
+
+  it("builds proclaim, leader and the observer's stream", function()
+    local p = decode(core.op_proclaim{ db = "d", coll = "c", name = "n", owner = OWNER, value = "v" })
+    assert.equal("update", p.kind)
+    assert.equal(OWNER, p.cmd.updates[1].q.owner)
+    assert.same({ "$expiresAt", "$$NOW" }, p.cmd.updates[1].q["$expr"]["$gt"])
+    assert.same({ ["$literal"] = "v" }, p.cmd.updates[1].u[1]["$set"].value)
+    assert.equal("$token", p.cmd.updates[1].u[1]["$set"].valueToken)
+    local l = decode(core.op_leader{ db = "d", coll = "c", name = "n" })
+    assert.equal("command", l.kind)
+    assert.equal("n", l.cmd.pipeline[1]["$match"]._id)
+    assert.equal(1, l.cmd.pipeline[2]["$project"].value)
+    local key = ("ab"):rep(16)
+    local o = decode(core.op_observe{ db = "d", coll = "c", name = "n", t = 5, i = 2, session = key })
+    assert.equal(key, o.session)
+    assert.equal(5, o.cmd.pipeline[1]["$changeStream"].startAtOperationTime.t)
+    assert.equal("n", o.cmd.pipeline[2]["$match"]["$or"][1]["documentKey._id"])
+    for _, bad in ipairs({ 5, "a\0b", ("x"):rep(16385), "\255" }) do
+      assert.has_error(function() core.op_proclaim{ db = "d", coll = "c", name = "n", owner = OWNER, value = bad } end)
+    end
+    assert.has_error(function() core.op_leader{ db = "d", coll = "c" } end)
+  end)
+end)

@@ -47,6 +47,30 @@ describe("#integration attempts split at their round trip", function()
     assert.is_true(h:release())
   end)
 
+  it("take_campaign makes the handle campaign makes; its waiter is queued as polling", function()
+    local op, owner = cc:campaign_op(db, coll, "c", 5000, nil, nil, nil, nil, "v1")
+    local h = assert(cc:take_campaign(db, coll, "c", 5000, nil, nil, nil, nil, "v1", owner, core.monotonic(),
+      run(op)))
+    assert.equal("named", h.kind)
+    local function lock_doc()
+      return assert(client:command(db, { find = coll }, { filter = { _id = "c" } })).cursor.firstBatch[1]
+    end
+    local doc = lock_doc()
+    assert.equal("v1", doc.value)
+    assert.equal(h.token, doc.valueToken)
+    local w = assert(core.waiter_id())
+    local op2 = cc:campaign_op(db, coll, "c", 5000, nil, nil, w, 3000, "v2")
+    local none, err = cc:take_campaign(db, coll, "c", 5000, nil, nil, w, 3000, "v2", w, core.monotonic(),
+      run(op2))
+    assert.is_nil(none)
+    assert.equal("busy", err)
+    doc = lock_doc()
+    assert.equal("v1", doc.value)
+    assert.is_true(doc.queue[1].p)
+    assert.is_true(h:release())
+    assert.has_error(function() cc:campaign_op(db, coll, "c", 5000, nil, nil, nil, nil, 5) end)
+  end)
+
   it("a waiter's attempt writes its id as the owner", function()
     local w = assert(core.waiter_id())
     local op, owner = cc:acquire_op(db, coll, "w", 5000, nil, nil, w, 3000, false)

@@ -185,4 +185,55 @@ describe("#unit torture checker", function()
       assert.truthy(tap:find("after writer token 9", 1, true), tap)
     end)
   end)
+
+  describe("for elections", function()
+    -- two terms, each a leader's several acts and a proclaim
+    local terms = {
+      "M 5 l", "A 5 10.0 1", "S 5 10.0 10.1 1 1", "P 5 1 ok", "S 5 10.1 10.2 1 1", "R 5 1 ok",
+      "M 6 l", "A 6 10.3 2", "S 6 10.3 10.4 2 1", "P 6 2 lost", "S 6 10.4 10.5 2 0",
+    }
+    local function with(extra)
+      local l = {}
+      for _, x in ipairs(terms) do l[#l + 1] = x end
+      for _, x in ipairs(extra or {}) do l[#l + 1] = x end
+      return l
+    end
+
+    it("passes leaders acting one term after another, several acts a term", function()
+      local v, tap = run(with(), { kind = "election" })
+      assert.equal(0, v, tap)
+      assert.truthy(tap:find("ok 3 - no two leaders act with valid terms at once (3 valid acts of 4)", 1, true), tap)
+      assert.truthy(tap:find("proclaims 2 (lost 1)", 1, true), tap)
+    end)
+
+    it("judges an observer: terms never back, values of their own term, every term returned", function()
+      local obs = { "O 0 current 9.9 -", "O 5 leader 10.01 1", "O 5 value 10.15 1-2", "O 0 none 10.25 -",
+                    "O 6 leader 10.31 2", "X end 20.0" }
+      local v, tap = run(with(obs), { kind = "election" })
+      assert.equal(0, v, tap)
+      assert.truthy(tap:find("ok 6 - the observer's leaders never go back in term", 1, true), tap)
+      assert.truthy(tap:find("ok 7 - the observer returned every term granted while it watched (2 judged)", 1,
+        true), tap)
+      -- a stale term after a newer one; a value of another term; a term missed
+      v, tap = run(with({ "O 0 current 9.9 -", "O 6 leader 10.31 2", "O 5 leader 10.4 1", "X end 20.0" }),
+        { kind = "election" })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("not ok 6 - ", 1, true), tap)
+      assert.truthy(tap:find("observer returned term 5 (leader) at 10.400000 after term 6", 1, true), tap)
+      v, tap = run(with({ "O 0 current 9.9 -", "O 5 leader 10.01 2", "X end 20.0" }), { kind = "election" })
+      assert.truthy(tap:find("observer returned value 2 for term 5, which pid 1 led", 1, true), tap)
+      assert.truthy(tap:find("not ok 7 - ", 1, true), tap)
+      assert.truthy(tap:find("term 6 (pid 2, led at 10.300000) never returned by the observer", 1, true), tap)
+      assert.is_true(v > 0)
+    end)
+
+    it("catches two leaders acting at once, and a term going backwards", function()
+      local v, tap = run(with({ "M 7 l", "A 7 10.15 3", "S 7 10.15 10.16 3 1" }), { kind = "election" })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("not ok 3 - no two leaders act with valid terms at once", 1, true), tap)
+      v, tap = run(with({ "M 4 l", "A 4 10.6 3", "S 4 10.6 10.7 3 1" }), { kind = "election" })
+      assert.is_true(v > 0)
+      assert.truthy(tap:find("not ok 4 - terms never decrease", 1, true), tap)
+    end)
+  end)
 end)

@@ -7,6 +7,9 @@
 --   mongolock [--uri URI] [--server-timeout S] exec [-w S | -n] [--ttl S] [-E N] NAME [--] CMD [ARGS...]
 --     (every word after NAME is CMD's; the command gets MONGOLOCK_NAME and
 --     MONGOLOCK_TOKEN; a lost lease ends it unless --on-lost=warn)
+--   mongolock elect [-w S | -n] [--value V] [--ttl S] NAME [--] CMD [ARGS...]
+--     (exec, while this process leads the election NAME)
+--   mongolock leader NAME [--watch [-w S]] [--json]
 --   mongolock --version
 --   mongolock status NAME [--json]      mongolock list [--json]
 --   mongolock top [--once] [--json] [--seconds S]
@@ -128,9 +131,10 @@ used when --uri is not given.  Every call to the server gives up after
 --server-timeout seconds (default 2; MONGOLOCK_SERVER_TIMEOUT), unless the
 URI sets serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS.
 
-Exit status: 0 success (status: the lock is held); 1 busy or timed out (-E),
-status: free or expired; 64 bad usage; 69 server unreachable or failing; 70
-internal error; exec passes the command's status through (126 not
+Exit status: 0 success (status: the lock is held; leader: someone leads); 1
+busy or timed out (-E), status: free or expired, leader: nobody leads; 64
+bad usage; 69 server unreachable or failing; 70 internal error; exec and
+elect pass the command's status through (126 not
 executable, 127 not found, 128+N killed by signal N), except that a command
 that exited 0 gives 75 when the lease was lost while it ran and 69 when the
 release failed or is unconfirmed.]]
@@ -236,6 +240,50 @@ the command exited 0.]])
   e:flag("--release-on-exit", "Release the lock as soon as the command exits, even while processes it "
     .. "started go on in its process group (default: hold it until the group is empty).")
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
+
+  local el = p:command("elect", [[
+Run a command while this process leads the election NAME: wait to lead (as
+exec waits for its lock), publish --value as the leader's value, run the
+command, and resign when it ends, so that the next campaigner leads.  A
+leader is the holder of the lock NAME (the same collection as exec's locks;
+its fencing token is the term, in MONGOLOCK_TOKEN).  Everything else is
+exec's: the lease is renewed while the command runs, signals are forwarded,
+and when the lead is lost the command's process group is sent SIGTERM, then
+SIGKILL after --kill-after seconds, unless --on-lost=warn.]])
+    :summary("Run a command while leading an election.")
+  el:argument("name", "Election name.")
+  el:argument("cmd", "The command and its arguments: every word after NAME, whatever it looks like "
+    .. "(a -- right after NAME is skipped); mongolock's own options go before NAME.")
+    :args("+")
+  option(el, "elect", "--value", "The value published while this process leads (default: HOST:PID).")
+  el:mutex(
+    option(el, "elect", "-w --timeout", "Give up after waiting this many seconds to lead (0: one attempt, "
+      .. "as -n; without -w or -n: wait for ever)."):convert(seconds_or_zero),
+    el:flag("-n --nonblock", "Fail at once when another process leads (one attempt).")
+  )
+  option(el, "elect", "--ttl", "Lease length in seconds (1 to a year); renewed every ttl/3.", "30")
+    :convert(at_least_second(at_most(seconds, YEAR, "a year")))
+  option(el, "elect", "-E --conflict-exit-code", "Exit status when another leads (-n) or timed out.", "1")
+    :convert(exit_code)
+  option(el, "elect", "--on-lost", "What to do when the lead is lost: kill (end the command's process "
+    .. "group) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
+  option(el, "elect", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+    :convert(seconds_or_zero)
+  el:flag("--release-on-exit", "Resign as soon as the command exits, even while processes it started go "
+    .. "on in its process group (default: lead until the group is empty).")
+  el:flag("-v --verbose", "Say on stderr when the lead is taken and given up, and which signals are forwarded.")
+
+  local ld = p:command("leader", [[
+Show the leader of the election NAME: its value, term (token), holder and
+the time left on its lease; exit 0 when someone leads, 1 when nobody does.
+With --watch, print the leader, then each change (a new leader, a new value,
+no leader) as it happens, one line each, for -w seconds or until interrupted.]])
+    :summary("Show (or watch) the leader of an election.")
+  ld:argument("name", "Election name.")
+  ld:flag("--json", "One JSON object per line on stdout.")
+  ld:flag("--watch", "Print each change of the leader as it happens.")
+  option(ld, "leader", "-w --timeout", "With --watch: stop after this many seconds (default: never).")
+    :convert(seconds)
 
   local s = p:command("status", [[
 Show the state of the lock NAME (held, expired or free), its holder (the last
@@ -1172,6 +1220,104 @@ local function cmd_exec(args)
   return (finish_exec(args, h, code, lost, locks)), true
 end
 
+-- ---- elect, leader --------------------------------------------------------------------------
+
+local function elections_of(client, locks, ttl)
+  local ok, el = pcall(client.elections, client, { database = locks.database,
+    collection = locks.collection, ttl = ttl })
+  if not ok then fail(EXIT.usage, "%s", option_error(el)) end
+  return el
+end
+
+-- this process's default value: HOST:PID
+local function default_value()
+  local f = io.open("/proc/sys/kernel/hostname", "r")
+  local host = f and f:read("*l") or "localhost"
+  if f then f:close() end
+  return format("%s:%d", host, core.getpid())
+end
+
+-- exec, as the leader of the election args.name: the lock's handle is the
+-- leader's, taken by a campaign that publishes args.value
+local function cmd_elect(args)
+  local client, locks = open_locks(args)
+  local el = elections_of(client, locks, args.ttl)
+  local value = args.value or default_value()
+  local campaign = {
+    try = function(_, name, opts)
+      local o = { ttl = opts.ttl, renew = opts.renew, timeout = 0 }
+      local h, err, info = el:campaign(name, value, o)
+      if err == "timeout" then err = "busy" end
+      return h, err, info
+    end,
+    acquire = function(_, name, opts) return el:campaign(name, value, opts) end,
+    status = function(_, name) return el:status(name) end,
+  }
+  load_proc().trap()
+  local h, status = exec_acquire(args, campaign)
+  if not h then return status, true end
+  if args.verbose then warn("leading %s (term %s, value %s)", args.name, h:token_string(), value) end
+  local code, lost = supervise(args, h, args.cmd, campaign)
+  return (finish_exec(args, h, code, lost, campaign)), true
+end
+
+-- a leader's info (el:leader, or a change of el:observe) as one plain table
+local function leader_record(name, info)
+  local rec = { name = name, leader = info ~= nil and info.leader ~= false }
+  if info then
+    for k, v in pairs(plain(info)) do rec[k] = v end
+    rec.name = name
+    rec.leader = info.leader ~= false
+  end
+  return rec
+end
+
+local function leader_text(rec)
+  local head = rec.change and (rec.change .. ": ") or ""
+  if not rec.leader then return head .. "no leader of " .. rec.name end
+  return format("%sleader of %s: %s (term %s, %s%s)", head, rec.name, tostring(rec.value or "-"),
+    token_text(rec.token), holder_text(rec.holder),
+    type(rec.remaining) == "number" and format(", %.1f s left", rec.remaining) or "")
+end
+
+local function print_leader(args, rec)
+  if args.json then json_out(json_record(rec))
+  else io.stdout:write(leader_text(rec), "\n") end
+  io.stdout:flush()
+end
+
+local function cmd_leader(args)
+  local client, locks = open_locks(args)
+  local el = elections_of(client, locks)
+  if not args.watch then
+    local info, err = call(el, "leader", args.name)
+    if info == nil and err ~= nil then fail(EXIT.unavailable, "leader of %s: %s", args.name, tostring(err)) end
+    print_leader(args, leader_record(args.name, info))
+    client:close()
+    return info and EXIT.ok or EXIT.free
+  end
+  -- --watch: until -w passes or a signal comes (looked at every SLICE)
+  load_proc().trap()
+  local stop = args.timeout and core.monotonic() + args.timeout or huge
+  local it = call(el, "observe", args.name, { timeout = SLICE })
+  while true do
+    local sig = proc.signals()[1]
+    if sig then
+      it:close()
+      return signal_status(sig.name), true
+    end
+    if core.monotonic() >= stop then break end
+    local ch, err = it()
+    if ch then
+      print_leader(args, leader_record(args.name, ch))
+    elseif err ~= "timeout" then
+      fail(EXIT.unavailable, "watching %s: %s", args.name, tostring(err))
+    end
+  end
+  it:close()
+  return EXIT.ok, true
+end
+
 -- ---- demo -------------------------------------------------------------------------------
 
 -- the interpreter running this script (lowest negative index of arg)
@@ -1231,7 +1377,8 @@ end
 -- ---- main ----------------------------------------------------------------------------------
 
 local commands = {
-  exec = cmd_exec, status = cmd_status, list = cmd_list, top = cmd_top,
+  exec = cmd_exec, elect = cmd_elect, leader = cmd_leader, status = cmd_status, list = cmd_list,
+  top = cmd_top,
   release = cmd_release, wait = cmd_wait, demo = cmd_demo,
 }
 
@@ -1275,7 +1422,7 @@ local function prepare(list)
       for k, v in pairs(VALUED[""]) do valued[k] = v end
       for k, v in pairs(VALUED[w] or {}) do valued[k] = v end
       out[#out + 1] = w
-    elseif where == "exec" then
+    elseif where == "exec" or where == "elect" then
       -- NAME: what follows is the command, after one "--"
       out[#out + 1] = w
       if list[i + 1] ~= "--" then out[#out + 1] = "--" end

@@ -141,13 +141,16 @@ local function ensure_index(self)
   end)
 end
 
--- per-call options over the locks' own; returns ttl_ms and the options
-local function call_opts(self, opts, fname, extra)
+-- per-call options over the locks' own (opts: argument n of fname, 2 by
+-- default; level: 3, the caller of call_opts's caller); returns ttl_ms and
+-- the options
+local function call_opts(self, opts, fname, extra, n, level)
   if opts == nil and extra == nil then return math_ceil(self.ttl * 1000), self end
-  check_type(opts, "table", 2, fname, true, 3)
+  n, level = n or 2, level or 3
+  check_type(opts, "table", n, fname, true, level)
   local o = setmetatable({}, { __index = self })
   if extra then for k, v in pairs(extra) do o[k] = v end end
-  if opts then take(o, opts, VALID_CALL, 2, fname, 3) end
+  if opts then take(o, opts, VALID_CALL, n, fname, level) end
   return math_ceil(o.ttl * 1000), o
 end
 
@@ -161,8 +164,16 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
     local ready, err, code = private.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
-  local h, err, info = core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app,
-    o.renew, waiter, queue_ms, polling, deadline)
+  local h, err, info
+  if o.value ~= nil then
+    -- an election's campaign (mongolock.elections): the attempt that takes
+    -- the lock publishes the value; its waiter is never granted the lock
+    h, err, info = core_of(self):campaign(self.database, self.collection, name, ttl_ms, self.app, o.renew,
+      waiter, queue_ms, o.value, deadline)
+  else
+    h, err, info = core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app,
+      o.renew, waiter, queue_ms, polling, deadline)
+  end
   if h or err == "busy" then ensure_index(self) end
   return h, err, info
 end
@@ -260,6 +271,15 @@ function _M.acquire_stepping(self, name, opts, on_step)
   check_name(name, "acquire")
   local ttl_ms, o = call_opts(self, opts, "acquire")
   return wait_for(self, name, ttl_ms, o, on_step)
+end
+
+-- locks_mod.campaign(locks, name, value, opts, fname, level): acquire, as
+-- an election's campaign (mongolock.elections): the attempt that takes the
+-- lock publishes value (a string the caller checked) in the lock document.
+-- opts is argument 3 of fname; level as call_opts's (the user's frame).
+function _M.campaign(self, name, value, opts, fname, level)
+  local ttl_ms, o = call_opts(self, opts, fname, { value = value }, 3, level + 1)
+  return wait_for(self, name, ttl_ms, o)
 end
 
 -- locks:with(name, opts, fn, ...) -> fn's results | nil, "lost" | nil, err:

@@ -1,7 +1,3 @@
--- Internal to mongolock: not part of its API (the README says what is); it may
--- change without notice.  (Its render, sync, start and serve are public: the README
--- and doc/observing.md document them.)
---
 -- mongolock.metrics: what the clients of this process did (client:stats()),
 -- in Prometheus' text exposition format; inside nginx, every worker's
 -- counters summed through a shared dict.

@@ -167,6 +167,14 @@ function P.acquire(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, poll
     deadline, "'" .. name .. "'", waiter and "leave", { db, coll, name, waiter })
 end
 
+-- client:campaign's arguments (an election's attempt), then the deadline
+function P.campaign(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, deadline)
+  local c = stats()
+  c.attempts = c.attempts + 1
+  return run_attempt(p, "campaign", { db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value }, 9,
+    deadline, "a campaign for '" .. name .. "'", waiter and "leave", { db, coll, name, waiter })
+end
+
 function P.share_acquire(p, db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling,
                          deadline)
   return run_attempt(p, "share_acquire", { db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms,

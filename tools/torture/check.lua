@@ -8,11 +8,15 @@
 --
 -- Log lines (times are CLOCK_MONOTONIC seconds, comparable across processes):
 --   M token mode                       what token was: x exclusive, w a
---                                      writer, s a reader's share, p a permit
+--                                      writer, s a reader's share, p a
+--                                      permit, l a leader's term
 --   A token start pid                  acquired
 --   S token start end pid valid        a critical section; valid = 1 when the
 --                                      holder's lease still ran after `end`
 --   R token pid ok|lost|error          the release's answer
+--   P token pid ok|lost|error          a leader's proclaim and its answer
+--   O token change time value          an election's observer returned a
+--                                      change (token 0: nobody leads)
 --   E pid message                      acquire failed
 --   K pid token time                   the harness SIGKILLed pid, which the
 --                                      server showed holding token
@@ -30,6 +34,15 @@
 --   2r. rw: a valid section that started after a valid writer's section
 --       ended has a larger token, one that ended before it began a
 --       smaller one; no token granted twice.
+--   1l. election: no two valid acts of leaders (sections, several a
+--       term) overlap: at no time two leaders act with valid terms;
+--   2l. election: among valid acts, terms never decrease in the order the
+--       acts started, and no term was granted twice.
+--   4l. election, with an observer (O lines): the leaders it returns never
+--       go back in term, each shows a value its own term published (the
+--       leader's pid, or pid-k from its proclaims), and it returned every
+--       term granted while it watched (from its first line to a second
+--       before the end).
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet, of the kill), unless the run ended before that.
@@ -45,6 +58,8 @@ local SHAPES = {
   A = { list = "acquired", "#token", "#start", "#pid" },
   S = { list = "sections", "#token", "#start", "#stop", "#pid", "valid" },
   R = { list = "releases", "#token", "#pid", "result" },
+  P = { list = "proclaims", "#token", "#pid", "result" },
+  O = { list = "observed", "#token", "change", "#time", "value" },
   E = { list = "errors", "#pid", "*message" },
   K = { list = "kills", "#pid", "#token", "#time" },
   F = { list = "faults", "kind", "#time" },
@@ -78,8 +93,8 @@ end
 
 -- parses lines (an iterator or a table of strings) into a log table
 function M.parse(lines)
-  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, errors = {}, kills = {},
-                faults = {}, bounds = {}, bad = {} }
+  local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, observed = {},
+                errors = {}, kills = {}, faults = {}, bounds = {}, bad = {} }
   local function one(line)
     if line:match("^%s*$") then return end
     local list, rec = parse_line(line)
@@ -148,6 +163,65 @@ function M.token_order(log)
   end
   granted_twice(log, out)
   return out
+end
+
+-- property 2l: a leader acts several times a term (sections of one
+-- token); terms never decrease in the order acts started; no term granted
+-- twice
+function M.term_order(log)
+  local out = {}
+  local v = {}
+  for _, s in ipairs(log.sections) do if s.valid then v[#v + 1] = s end end
+  sort(v, function(a, b) return a.start < b.start end)
+  for i = 2, #v do
+    if v[i].token < v[i - 1].token then
+      out[#out + 1] = format("term %s (pid %d, act at %.6f) follows term %s (pid %d, act at %.6f)",
+        tostring(v[i].token), v[i].pid, v[i].start, tostring(v[i - 1].token), v[i - 1].pid, v[i - 1].start)
+    end
+  end
+  granted_twice(log, out)
+  return out
+end
+
+-- property 4l: what an election's observer returned.  Returns messages
+-- about terms going back or values of another term, messages about
+-- granted terms it never returned, and how many terms were judged.
+function M.observer(log)
+  local back, missed = {}, {}
+  local pid_of, seen = {}, {}
+  for _, a in ipairs(log.acquired) do pid_of[a.token] = a.pid end
+  local obs = {}
+  for _, o in ipairs(log.observed) do obs[#obs + 1] = o end
+  sort(obs, function(a, b) return a.time < b.time end)
+  local last = 0
+  for _, o in ipairs(obs) do
+    if o.token > 0 then
+      seen[o.token] = true
+      if o.token < last then
+        back[#back + 1] = format("observer returned term %s (%s) at %.6f after term %s", tostring(o.token),
+          o.change, o.time, tostring(last))
+      end
+      if o.token > last then last = o.token end
+      local p = pid_of[o.token]
+      if p and o.value ~= "-" and o.value ~= tostring(p) and not o.value:match("^" .. p .. "%-%d+$") then
+        back[#back + 1] = format("observer returned value %s for term %s, which pid %d led", o.value,
+          tostring(o.token), p)
+      end
+    end
+  end
+  local judged = 0
+  if obs[1] and log.ended then
+    for _, a in ipairs(log.acquired) do
+      if a.start > obs[1].time and a.start < log.ended - 1 then
+        judged = judged + 1
+        if not seen[a.token] then
+          missed[#missed + 1] = format("term %s (pid %d, led at %.6f) never returned by the observer",
+            tostring(a.token), a.pid, a.start)
+        end
+      end
+    end
+  end
+  return back, missed, judged
 end
 
 -- the mode of every token, and the valid sections sorted by start
@@ -309,6 +383,12 @@ function M.run(lines, opts)
       .. "%d writers)", nvalid, #log.sections, w), ov)
     to = M.shared_token_order(log, true)
     report(#to == 0, "fencing tokens increase across every writer's section; none granted twice", to)
+  elseif kind == "election" then
+    ov, nvalid = M.overlaps(log)
+    report(#ov == 0, format("no two leaders act with valid terms at once (%d valid acts of %d)", nvalid,
+      #log.sections), ov)
+    to = M.term_order(log)
+    report(#to == 0, "terms never decrease in the order leaders acted; no term granted twice", to)
   else
     ov, nvalid = M.overlaps(log)
     report(#ov == 0, format("no two valid critical sections overlap (%d valid of %d)", nvalid, #log.sections), ov)
@@ -318,6 +398,13 @@ function M.run(lines, opts)
   local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
   report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "
     .. "(%d checked, slowest %.3f s, %d too near the end to judge)", ttl + retry, checked, worst, unjudged), rc)
+  if kind == "election" and #log.observed > 0 then
+    local back, missed, judged = M.observer(log)
+    report(#back == 0, format("the observer's leaders never go back in term and show their own term's "
+      .. "values (%d changes)", #log.observed), back)
+    report(#missed == 0, format("the observer returned every term granted while it watched (%d judged)",
+      judged), missed)
+  end
   print(format("1..%d", n))
   local lost = 0
   for _, r in ipairs(log.releases) do if r.result ~= "ok" then lost = lost + 1 end end
@@ -325,6 +412,11 @@ function M.run(lines, opts)
   print(format("# sections %d (valid %d, lease ran out %d), failed releases %d, acquire errors %d, "
     .. "kills %d, faults %d, violations %d", #log.sections, nvalid, invalid, lost, #log.errors,
     #log.kills, #log.faults, violations))
+  if kind == "election" then
+    local plost = 0
+    for _, p in ipairs(log.proclaims) do if p.result ~= "ok" then plost = plost + 1 end end
+    print(format("# terms %d, proclaims %d (lost %d)", #log.acquired, #log.proclaims, plost))
+  end
   return violations, log
 end
 

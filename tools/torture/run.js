@@ -24,9 +24,11 @@
 //   --kill-every S    mean seconds between kills of the holder (default 4)
 //   --fault-every S   mean seconds between armed faults (default 1)
 //   --log PATH        the log (default build/torture/torture.log)
-//   --kind K          exclusive (default), semaphore or rw: what the workers
-//                     take (rw: one writer in four); the checker's first
-//                     two properties are the kind's
+//   --kind K          exclusive (default), semaphore, rw or election: what
+//                     the workers take (rw: one writer in four; election:
+//                     they campaign, act while leading, proclaim, resign,
+//                     and an observer process logs what el:observe returns);
+//                     the checker's first two properties are the kind's
 //   --permits N       a semaphore's permits (default 3)
 //   --lie             negative control: workers claim every lease valid and
 //                     one section in five outlives its ttl; the checker must
@@ -63,7 +65,7 @@ function parseArgs(argv) {
       if (!['lua5.4', 'luajit', 'both'].includes(v)) usage(`bad --lua: ${v}`);
       o.lua = v;
     } else if (k === '--kind') {
-      if (!['exclusive', 'semaphore', 'rw'].includes(v)) usage(`bad --kind: ${v}`);
+      if (!['exclusive', 'semaphore', 'rw', 'election'].includes(v)) usage(`bad --kind: ${v}`);
       o.kind = v;
     } else if (k === '--log') {
       o.log = path.resolve(v);
@@ -160,6 +162,20 @@ async function main() {
     });
   }
 
+  // an election's observer (not a worker: never killed), logging O lines
+  let observer = null;
+  if (o.kind === 'election') {
+    observer = spawn('lua5.4', [path.join(__dirname, 'observer.lua'), o.log, name, stopfile], {
+      env: { ...process.env, LUA_PATH: `${root}/lua/?.lua;${root}/lua/?/init.lua;;`,
+             LUA_CPATH: `${root}/build/lua5.4/?.so;;` },
+      stdio: ['ignore', 'pipe', errlog],
+    });
+    await new Promise((resolve) => {
+      observer.stdout.on('data', (b) => { if (/ready/.test(String(b))) resolve(); });
+      observer.on('exit', resolve);
+    });
+  }
+
   emit(`X begin ${mono().toFixed(6)}`);
   for (let i = 0; i < o.workers; i++) startWorker(i);
   const deadline = mono() + o.seconds;
@@ -227,6 +243,10 @@ async function main() {
   for (const fp of FAIL_POINTS) await admin.command({ configureFailPoint: fp, mode: 'off' }).catch(() => {});
   const until = mono() + 10 * o.ttl + 5;
   while (workers.size && mono() < until) await sleep(0.1);
+  if (observer && observer.exitCode === null) {
+    await Promise.race([new Promise((r) => observer.on('exit', r)), sleep(5)]);
+    try { observer.kill('SIGKILL'); } catch (e) { /* gone */ }
+  }
   for (const w of workers.values()) {
     try { process.kill(w.proc.pid, 'SIGKILL'); } catch (e) { /* gone */ }
     if (w.pid) try { process.kill(w.pid, 'SIGKILL'); } catch (e) { /* gone */ }

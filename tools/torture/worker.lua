@@ -12,7 +12,12 @@
 --   S token start end pid valid           the critical section ended; valid
 --                                         is 1 when h:remaining() > 0 after
 --                                         `end` (the lease still covered it)
---   R token pid ok|lost|error             the release's answer
+--   R token pid ok|lost|error             the release's answer (a
+--                                         leader's resign)
+--   P token pid ok|lost|error             a leader's proclaim
+-- With TORTURE_KIND=election a worker campaigns, and while it leads acts
+-- one to four times (an S line each, after h:check() says it still
+-- leads), proclaiming a new value between two acts, then resigns.
 --   E pid message                         acquire failed (not a timeout)
 -- CLOCK_MONOTONIC is system-wide, so times from every worker compare; run
 -- under faketime only with FAKETIME_DONT_FAKE_MONOTONIC=1.
@@ -28,8 +33,8 @@ assert(logpath and name and ttl and hold_ms and stopfile,
   "usage: worker.lua LOG NAME TTL HOLD_MS STOPFILE [LONG_PERMILLE]")
 local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI is not set")
 local LIE = os.getenv("TORTURE_LIE") == "1"
--- TORTURE_KIND: exclusive (default), semaphore (TORTURE_PERMITS permits)
--- or rw (one writer in four)
+-- TORTURE_KIND: exclusive (default), semaphore (TORTURE_PERMITS permits),
+-- rw (one writer in four) or election
 local KIND = os.getenv("TORTURE_KIND") or "exclusive"
 local PERMITS = tonumber(os.getenv("TORTURE_PERMITS") or "3")
 
@@ -61,12 +66,15 @@ local kopts = { database = "mongolock_torture", collection = "locks", ttl = ttl,
 local rw = KIND == "rw" and client:rwlocks { database = kopts.database,
   collection = kopts.collection, ttl = ttl, timeout = 10 * ttl, queue_ttl = ttl / 2 }
 local sems = KIND == "semaphore" and client:semaphores(kopts)
+local el = KIND == "election" and client:elections { database = kopts.database,
+  collection = kopts.collection, ttl = ttl, timeout = 10 * ttl, queue_ttl = ttl / 2 }
 -- every other worker has its leases renewed by the lease engine (one
 -- batched update per renewal period): its long sections stay valid, and
 -- the harness's kills and update faults hit its renewals
 local RENEW = pid % 2 == 0
 local function take()
   if sems then return "p", sems:acquire(name, { renew = RENEW }) end
+  if el then return "l", el:campaign(name, tostring(pid), { renew = RENEW }) end
   if rw then
     if random(4) == 1 then return "w", rw:write(name, { renew = RENEW }) end
     return "s", rw:read(name, { renew = RENEW })
@@ -83,15 +91,32 @@ while not exists(stopfile) do
     local start = monotonic()
     emit("M %d %s\n", token, mode)
     emit("A %d %.6f %d\n", token, start, pid)
-    local hold = random() * hold_ms / 1000
-    if random(1000) <= long_pm then hold = ttl + 0.2 + random() * 0.3 end
-    sleep(hold)
-    local stop = monotonic()
-    local rem = h:remaining()
-    -- LIE: the harness's --lie, a negative control: every section claims a
-    -- valid lease, so sections held past their ttl must show as overlaps
-    local valid = LIE or (rem and rem > 0)
-    emit("S %d %.6f %.6f %d %d\n", token, start, stop, pid, valid and 1 or 0)
+    -- one critical section (a leader's act): logged with its validity
+    local function section(from)
+      local hold = random() * hold_ms / 1000
+      if random(1000) <= long_pm then hold = ttl + 0.2 + random() * 0.3 end
+      sleep(hold)
+      local stop = monotonic()
+      local rem = h:remaining()
+      -- LIE: the harness's --lie, a negative control: every section claims a
+      -- valid lease, so sections held past their ttl must show as overlaps
+      local valid = LIE or (rem and rem > 0)
+      emit("S %d %.6f %.6f %d %d\n", token, from, stop, pid, valid and 1 or 0)
+    end
+    if mode == "l" then
+      -- a leader acts only while it knows it leads (LIE: whatever it knows)
+      for k = 1, random(4) do
+        if not LIE and not h:check() then break end
+        if k > 1 then
+          local pok, perr = h:proclaim(pid .. "-" .. k)
+          emit("P %d %d %s\n", token, pid, pok and "ok"
+            or ((perr == "lost" or perr == "not held") and "lost" or "error"))
+        end
+        section(monotonic())
+      end
+    else
+      section(start)
+    end
     local ok, rerr = h:release()
     emit("R %d %d %s\n", token, pid, ok and "ok" or (rerr == "not held" and "lost" or "error"))
   elseif err ~= "timeout" then

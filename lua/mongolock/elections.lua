@@ -1,0 +1,486 @@
+-- Leader election on the named locks.
+--
+--   local el = client:elections{ ttl = 10 }
+--   local leader = assert(el:campaign("scheduler", "host-a:8080"))  -- waits
+--   ... leader.token is the term; leader:check() before each step ...
+--   leader:proclaim("host-a:8081")
+--   leader:resign()
+--
+--   local info = el:leader("scheduler")     -- value, token, holder, remaining
+--   for change in el:observe("scheduler") do ... end
+--
+-- A leader is the holder of the named lock of the election's name: the
+-- library's own handle (renewed by the lease engine, lost as any lease is
+-- lost), wrapped with proclaim and resign.  Its token is the term: fencing
+-- tokens increase across every acquisition of the name, so terms do.  The
+-- published value lives in the lock document (doc/design.md, "Elections"):
+-- written by the campaign's attempt that takes the lock, and by proclaim,
+-- an update that matches only the live lease of its owner, each with the
+-- term it was written in (valueToken), so that a value is never shown for
+-- a term that did not write it.
+--
+-- Every round trip goes through mongolock.private.core_of (inside nginx a
+-- worker thread's job): campaigns through the one acquire loop of the
+-- named locks (mongolock.locks), proclaim, leader and the observer's
+-- change stream through the client's run of the core's ops
+-- (core.op_proclaim, op_leader, op_observe, op_getmore, op_killcursors).
+
+local core = require "mongolock.core"
+local private = require "mongolock.private"
+local locks_mod = require "mongolock.locks"
+
+local type = type
+local pairs = pairs
+local tostring = tostring
+local setmetatable = setmetatable
+local math_min = math.min
+local math_max = math.max
+local math_huge = math.huge
+local monotonic = core.monotonic
+local core_of = private.core_of
+local check_type = private.check_type
+local check_name = private.check_name
+local argerror = private.argerror
+local null = core.null
+
+local _M = { _VERSION = "0.1.0", VALUE_MAX = 16384 }
+
+local mt = { __index = _M }
+
+-- el = elections.new(client, opts): the named locks' options; leaders
+-- renew their lease unless opts.renew is false
+function _M.new(client, opts)
+  check_type(opts, "table", 1, "elections", true, 3)
+  local o = { renew = true }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local locks = locks_mod.new(client, o, "elections", 4)
+  return setmetatable({ locks = locks, client = client, core = locks.core,
+                        database = locks.database, collection = locks.collection,
+                        bound = locks.bound }, mt)
+end
+
+-- raises at the user's frame unless v is an election's value
+local function check_value(v, n, fname, level)
+  level = (level or 2) + 1
+  if type(v) ~= "string" then
+    argerror(n, fname, "string expected, got " .. type(v), level)
+  end
+  if #v > _M.VALUE_MAX then argerror(n, fname, "value longer than 16384 bytes", level) end
+  if v:find("\0", 1, true) then argerror(n, fname, "value contains a NUL byte", level) end
+  if not core.utf8_valid(v) then argerror(n, fname, "value is not valid UTF-8", level) end
+  return v
+end
+
+-- ---- the leader's handle ---------------------------------------------------------
+
+local Leader = {}
+local leader_mt = { __index = Leader }
+
+local function leader_of(el, h, value)
+  return setmetatable({ _h = h, _el = el, name = h.name, token = h.token, owner = h.owner,
+                        value = value }, leader_mt)
+end
+
+-- the handle's own methods, on the handle
+for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "token_string" }) do
+  Leader[k] = function(self, ...)
+    local h = self._h
+    return h[k](h, ...)
+  end
+end
+
+-- leader:resign() -> true | nil, "lost" | nil, "not held" | nil, err, code:
+-- the lock's release (the next campaigner is woken by its event)
+function Leader.resign(self)
+  return self._h:release()
+end
+Leader.release = Leader.resign
+
+-- leader:proclaim(value) -> true | nil, "lost" | nil, "not held" | nil,
+-- err, code: the published value, in the same term (one update that
+-- matches this leader's live lease only)
+function Leader.proclaim(self, value)
+  check_value(value, 1, "proclaim")
+  local h, el = self._h, self._el
+  local ok, err = h:check()
+  if not ok then return nil, err end
+  local op = core.op_proclaim{ db = el.database, coll = el.collection, name = self.name,
+                               owner = tostring(h.owner), value = value }
+  local reply, rerr, code = core_of(el):run(op)
+  if not reply then return nil, rerr, code end
+  local n = core.parse_update(reply)
+  if not n or n < 1 then return nil, "lost" end
+  self.value = value
+  return true
+end
+
+leader_mt.__close = function(self) self._h:release() end
+leader_mt.__tostring = function(self)
+  return "mongolock.Leader(" .. tostring(self._h) .. ")"
+end
+
+-- ---- campaign, leader -------------------------------------------------------------
+
+-- leader, err, info = el:campaign(name, value, opts): waits (as
+-- locks:acquire, opts.timeout) until this caller leads the election name
+function _M.campaign(self, name, value, opts)
+  check_name(name, "campaign")
+  check_value(value, 2, "campaign")
+  local h, err, info = locks_mod.campaign(self.locks, name, value, opts, "campaign", 3)
+  if not h then return nil, err, info end
+  return leader_of(self, h, value)
+end
+
+-- the server's view of the election: its document (false: none) and the
+-- read's operation time ({t, i}; false on a server without one)
+local function read(self, name)
+  if self.core:closed() then return nil, "closed" end
+  local op = core.op_leader{ db = self.database, coll = self.collection, name = name }
+  local reply, err, code = core_of(self):run(op)
+  if not reply then return nil, err, code end
+  local r = core.bson_decode(reply)
+  local batch = type(r.cursor) == "table" and r.cursor.firstBatch or {}
+  local ot = r.operationTime
+  return batch[1] or false, ot and { t = ot.t, i = ot.i } or false
+end
+
+local function plain(v)
+  if v == nil or v == null then return nil end
+  return v
+end
+
+local function date_s(d)
+  if type(d) == "userdata" and d.ms then return d.ms / 1000 end
+  return nil
+end
+
+-- the info of a leader read from doc (nil when nobody leads)
+local function info_of(name, doc)
+  if not doc or doc.held ~= true then return nil end
+  local vtoken = plain(doc.valueToken)
+  return {
+    name = name,
+    value = (vtoken ~= nil and vtoken == doc.token) and plain(doc.value) or nil,
+    token = doc.token,
+    owner = plain(doc.owner),
+    holder = plain(doc.holder),
+    remaining = math_max(0, (doc.remainingMs or 0) / 1000),
+    acquired_at = date_s(doc.acquiredAt),
+    expires_at = date_s(doc.expiresAt),
+  }
+end
+
+-- info = el:leader(name): {name, value, token, owner, holder, remaining,
+-- acquired_at, expires_at} | nil (nobody leads) | nil, err, code
+function _M.leader(self, name)
+  check_name(name, "leader")
+  local doc, ot, code = read(self, name)
+  if doc == nil then return nil, ot, code end
+  return info_of(name, doc)
+end
+
+-- el:status(name), el:force_release(name): the lock's (mongolock.locks)
+function _M.status(self, name)
+  check_name(name, "status")
+  return self.locks:status(name)
+end
+
+function _M.force_release(self, name)
+  check_name(name, "force_release")
+  return self.locks:force_release(name)
+end
+
+-- ---- observe ----------------------------------------------------------------------
+
+--[[
+The observer keeps its own copy of the election's fields, read once from the
+server and then changed by each change event of the document, in the
+stream's order (cluster time).  After each event it compares the leader it
+now sees with the last one it returned, and returns every difference: a new
+leader (a new term), a new value in the same term, no leader.  A lease that
+ends unrenewed makes no event: when the leader's lease, as the events told
+it (its ttl from its last renewal), has run out locally, the server is asked
+(el:leader's read), and the server's answer is taken when it is not older
+than the events already applied.  A leader is never returned after a newer
+term (terms only grow), and a read never overrides newer events.
+]]
+
+local TRACKED = { owner = true, token = true, value = true, valueToken = true, holder = true,
+                  acquiredAt = true, expiresAt = true, ttl = true }
+
+local Observer = {}
+local observer_mt = { __index = Observer }
+
+-- a < b for cluster times {t, i}
+local function before(a, b)
+  return a.t < b.t or (a.t == b.t and a.i < b.i)
+end
+
+-- the observer's copy from a read (doc: the server's, or false)
+local function from_read(o, doc)
+  local st = {}
+  if doc then
+    for k in pairs(TRACKED) do st[k] = plain(doc[k]) end
+  end
+  o.st = st
+  o.held = doc and doc.held == true or false
+  o.live_until = o.held and monotonic() + math_max(0, doc.remainingMs or 0) / 1000 or nil
+end
+
+-- the leader o sees: a table, or false.  o.held is what the latest read or
+-- event says (events are judged as of their write, not by this process's
+-- clock: a take, a renewal and a proclaim only happen on a live lease);
+-- o.live_until only says when to ask the server again
+local function view(o)
+  local st = o.st
+  if st.owner == nil or not o.held then return false end
+  local vt = st.valueToken
+  return { token = st.token, owner = st.owner, holder = st.holder,
+           value = (vt ~= nil and vt == st.token) and st.value or nil,
+           remaining = math_max(0, (o.live_until or 0) - monotonic()) }
+end
+
+-- queues the leader o sees when it differs from the last one returned
+local function compare(o)
+  local v = view(o)
+  local last = o.last
+  local change
+  if not v then
+    if last == nil or last.leader then change = "none" end
+  elseif last == nil or not last.leader or v.token ~= last.token then
+    -- a term older than one returned already is stale: never returned
+    if not (last and o.term and v.token < o.term) then change = "leader" end
+  elseif v.value ~= last.value then
+    change = "value"
+  end
+  if not change then return end
+  if last == nil then change = "current" end
+  local out = { name = o.name, change = change, leader = v and true or false }
+  if v then
+    for k, x in pairs(v) do out[k] = x end
+    o.term = math_max(o.term or 0, v.token)
+  end
+  o.last = out
+  o.queue[#o.queue + 1] = out
+end
+
+-- applies one change event to o's copy
+local function apply(o, ev)
+  local kind = ev.operationType
+  local now = monotonic()
+  if kind == "update" then
+    local ud = ev.updateDescription or {}
+    local up = ud.updatedFields or {}
+    local st = o.st
+    for k, v in pairs(up) do
+      if TRACKED[k] then
+        st[k] = plain(v)
+      else
+        local sub = type(k) == "string" and k:match("^holder%.(.+)$")
+        if sub then
+          local h = {}
+          for hk, hv in pairs(type(st.holder) == "table" and st.holder or {}) do h[hk] = hv end
+          h[sub] = plain(v)
+          st.holder = h
+        end
+      end
+    end
+    for _, k in pairs(ud.removedFields or {}) do
+      if TRACKED[k] then st[k] = nil end
+    end
+    -- a proclaim's new value: written on a live lease only
+    if up.value ~= nil and st.owner ~= nil then o.held = true end
+    if up.owner ~= nil or up.expiresAt ~= nil then
+      o.held = st.owner ~= nil
+      if st.owner == nil then
+        o.live_until = nil
+      else
+        -- the lease from this write: a renewal's is its ttl; a take's its
+        -- end less its start (a grant's may be shorter than the ttl)
+        local lease = st.ttl
+        local a, e = date_s(up.acquiredAt), date_s(up.expiresAt)
+        if a and e and (lease == nil or e - a < lease / 1000) then lease = (e - a) * 1000 end
+        o.live_until = now + math_max(0, lease or 0) / 1000
+      end
+    end
+  elseif kind == "replace" or kind == "insert" then
+    local doc = ev.fullDocument or {}
+    local st = {}
+    for k in pairs(TRACKED) do st[k] = plain(doc[k]) end
+    o.st = st
+    local a, e = date_s(st.acquiredAt), date_s(st.expiresAt)
+    local lease = st.ttl
+    if a and e and (lease == nil or e - a < lease / 1000) then lease = (e - a) * 1000 end
+    o.held = st.owner ~= nil
+    o.live_until = o.held and now + math_max(0, lease or 0) / 1000 or nil
+  elseif kind == "delete" then
+    o.st = {}
+    o.held = false
+    o.live_until = nil
+  else
+    return "reopen"                 -- drop, rename, dropDatabase, invalidate
+  end
+end
+
+-- ends o's stream (best effort); true
+local function end_stream(o)
+  local id = o.cursor_id
+  o.cursor_id = nil
+  if id and id ~= "0" and not o.el.core:closed() then
+    local op = core.op_killcursors{ db = o.el.database, coll = o.el.collection, cursor_id = id,
+                                    session = o.session }
+    core_of(o.el):run(op)
+  end
+  return true
+end
+
+-- reads the election and opens the stream at the read's operation time:
+-- true | nil, err, code.  On a server without change streams (no
+-- operation time) o polls instead.
+local function open(o)
+  end_stream(o)
+  local doc, ot, code = read(o.el, o.name)
+  if doc == nil then return nil, ot, code end
+  if o.ot and ot and before(ot, o.ot) then ot = o.ot end
+  from_read(o, doc)
+  o.ot = ot or nil
+  if not ot then return true end
+  local el = o.el
+  local op = core.op_observe{ db = el.database, coll = el.collection, name = o.name, t = ot.t, i = ot.i,
+                              session = o.session }
+  local reply, err, ecode = core_of(el):run(op)
+  if not reply then return nil, err, ecode end
+  local b = core.parse_events(reply, core.process_tag())
+  o.cursor_id = b.cursor_id
+  return true
+end
+
+-- one getMore of up to seconds: applies its events; true | nil, err, code
+local function more(o, seconds)
+  local el = o.el
+  local op = core.op_getmore{ db = el.database, coll = el.collection, cursor_id = o.cursor_id,
+                              await_ms = math.floor(seconds * 1000), session = o.session }
+  local reply, err, code = core_of(el):run(op)
+  if not reply then return nil, err, code end
+  local b = core.parse_events(reply, core.process_tag())
+  o.cursor_id = b.cursor_id
+  local r = core.bson_decode(reply)
+  local batch = type(r.cursor) == "table" and (r.cursor.nextBatch or r.cursor.firstBatch) or {}
+  for _, ev in pairs(batch) do
+    local ct = ev.clusterTime
+    local t = ct and { t = ct.t, i = ct.i }
+    -- the read (or an event) already reflects what happened before o.ot
+    if not (t and o.ot and before(t, o.ot)) then
+      if apply(o, ev) == "reopen" then return open(o) end
+      if t then o.ot = t end
+      compare(o)
+    end
+  end
+  if o.cursor_id == "0" then return open(o) end    -- the server ended the stream
+  return true
+end
+
+-- the server's answer once the leader's lease, as the events told it, has
+-- run out here
+local function confirm(o)
+  local doc, ot, code = read(o.el, o.name)
+  if doc == nil then return nil, ot, code end
+  if ot and o.ot and before(ot, o.ot) then return true end   -- older than the events
+  from_read(o, doc)
+  if ot then o.ot = ot end
+  return true
+end
+
+-- change | nil, "timeout" | nil, err, code: the next change, waiting up to
+-- the observer's timeout
+function Observer.next(o)
+  if o.closed then return nil, "closed" end
+  local queue = o.queue
+  local deadline = monotonic() + o.timeout
+  local retried = false
+  while true do
+    if queue[1] then return table.remove(queue, 1) end
+    if o.el.core:closed() then return nil, "closed" end
+    local ok, err, code
+    if o.last == nil then
+      ok, err, code = open(o)
+      if ok then compare(o) end
+    else
+      local now = monotonic()
+      local left = deadline - now
+      if o.live_until and now >= o.live_until and o.last and o.last.leader then
+        -- the events already waiting first (a slow caller's: a renewal, a
+        -- resign), so that none is skipped; then the server, if still due
+        ok, err, code = true, nil, nil
+        if o.cursor_id then ok, err, code = more(o, 0.001) end
+        if ok and not queue[1] and o.live_until and monotonic() >= o.live_until then
+          ok, err, code = confirm(o)
+          if ok then compare(o) end
+        end
+        -- a read that finds the lease still live waits for its events
+        if ok and not queue[1] and o.live_until and monotonic() >= o.live_until then
+          o.live_until = monotonic() + 0.05
+        end
+      elseif left <= 0 then
+        return nil, "timeout"
+      else
+        local wait = math_min(left, o.cap)
+        if o.live_until and o.last and o.last.leader then
+          wait = math_min(wait, math_max(0.001, o.live_until - now))
+        end
+        if o.cursor_id then
+          ok, err, code = more(o, wait)
+        else
+          -- no change stream (a standalone server): the server is asked again
+          private.sleep(math_min(wait, o.poll))
+          ok, err, code = confirm(o)
+          if ok then compare(o) end
+        end
+      end
+    end
+    if not ok then
+      -- one new stream after a failure (a fork, a killed cursor, a failover)
+      if retried then return nil, err, code end
+      retried = true
+      if o.last ~= nil then
+        local rok, rerr, rcode = open(o)
+        if not rok then return nil, rerr, rcode end
+        compare(o)
+      end
+    end
+  end
+end
+
+observer_mt.__call = function(o) return o:next() end
+
+-- it:close(): ends the observer's change stream; true
+function Observer.close(o)
+  if o.closed then return true end
+  o.closed = true
+  return end_stream(o)
+end
+
+observer_mt.__close = function(o) o:close() end
+
+local OBSERVE_OPTS = private.set({ "timeout" })
+
+-- it = el:observe(name, opts): an iterator (a callable object) of changes;
+-- each call returns the next {name, change = "current" | "leader" |
+-- "value" | "none", leader = boolean, token, value, owner, holder,
+-- remaining}, the first call the current state; nil, "timeout" when
+-- opts.timeout (seconds, default: none) passes without a change; it:close()
+-- ends its change stream
+function _M.observe(self, name, opts)
+  check_name(name, "observe")
+  check_type(opts, "table", 2, "observe", true)
+  opts = opts or {}
+  private.check_keys(opts, OBSERVE_OPTS, 2, "observe")
+  local timeout = math_huge
+  if opts.timeout ~= nil then timeout = private.timeout(opts.timeout, 2, "observe", "timeout") end
+  local session, err = core.waiter_id()
+  if not session then return nil, err end
+  return setmetatable({ el = self, name = name, timeout = timeout, session = session, queue = {},
+                        cap = math_max(0.05, math_min(self.bound / 2, 5)), poll = 0.1 }, observer_mt)
+end
+
+return _M
