@@ -1,3 +1,6 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
 -- Leader election on the named locks.
 --
 --   local el = client:elections{ ttl = 10 }
