@@ -387,21 +387,28 @@ static int lock_end(lua_State *L, int idx, ml_lock *h, const bson_t *extra, int 
  * nil, "closed" | nil, message, code.  changes (document locks only): the
  * application's update, written by the releasing command.
  */
+/* h:release's changes at idx (nil: none) into *extra (initialised by the
+ * caller); returns whether there are any.  Raises at the caller as
+ * "bad argument #1 to 'release'" (a named lock's release takes none). */
+static int release_changes(lua_State *L, ml_lock *h, int idx, bson_t *extra) {
+  char msg[512];
+  if (lua_isnoneornil(L, idx)) return 0;
+  if (lua_type(L, idx) != LUA_TTABLE)
+    luaL_error(L, "bad argument #1 to 'release' (table expected, got %s)", luaL_typename(L, idx));
+  if (h->keep && h->keep->kind != ML_KIND_DOCUMENT)
+    luaL_error(L, "bad argument #1 to 'release' (a named lock's release takes no changes)");
+  if (h->lease && !ml_doc_changes(L, idx, h->lease, extra, msg, sizeof msg)) {
+    bson_destroy(extra);
+    luaL_error(L, "bad argument #1 to 'release' (%s)", msg);
+  }
+  return 1;
+}
+
 static int l_release(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   bson_t extra = BSON_INITIALIZER;
   bson_error_t err;
-  char msg[512];
-  int st, has = !lua_isnoneornil(L, 2);
-  if (has) {
-    luaL_checktype(L, 2, LUA_TTABLE);
-    if (h->keep && h->keep->kind != ML_KIND_DOCUMENT)
-      return luaL_argerror(L, 2, "a named lock's release takes no changes");
-    if (h->lease && !ml_doc_changes(L, 2, h->lease, &extra, msg, sizeof msg)) {
-      bson_destroy(&extra);
-      return luaL_argerror(L, 2, msg);
-    }
-  }
+  int st, has = release_changes(L, h, 2, &extra);
   st = lock_end(L, 1, h, has ? &extra : NULL, 0, 0, &err);
   bson_destroy(&extra);
   if (st < 0) return ml_pusherror(L, &err);
@@ -663,17 +670,7 @@ static int l_lease_step(lua_State *L) {
     ml_lease_release_op(h->lease, NULL, &op);
   } else if (!strcmp(what, "release")) {
     bson_t extra = BSON_INITIALIZER;
-    char msg[512];
-    int has = !lua_isnoneornil(L, 3);
-    if (has) {
-      luaL_checktype(L, 3, LUA_TTABLE);
-      if (h->keep && h->keep->kind != ML_KIND_DOCUMENT)
-        return luaL_argerror(L, 3, "a named lock's release takes no changes");
-      if (h->lease && !ml_doc_changes(L, 3, h->lease, &extra, msg, sizeof msg)) {
-        bson_destroy(&extra);
-        return luaL_argerror(L, 3, msg);
-      }
-    }
+    int has = release_changes(L, h, 3, &extra);
     if (st != ST_HELD) {
       bson_destroy(&extra);
       return push_state(L, st);
