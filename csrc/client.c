@@ -611,6 +611,7 @@ static const luaL_Reg client_methods[] = {
   {"set_external", l_set_external},
   {"keeper", l_keeper},
   {"set_methods", ml_m_set_methods},
+  {"release_later", ml_m_release_later},
   {"engine_next", ml_m_engine_next},
   {"engine_done", ml_m_engine_done},
   {"default_database", l_default_db},

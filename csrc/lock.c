@@ -291,7 +291,7 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
         lua_pushinteger(L, (lua_Integer)err->code);
         return 3;
       }
-    } else if (err->domain == MONGOC_ERROR_STREAM && ml_gc_handoff) {
+    } else if (err->domain == MONGOC_ERROR_STREAM && ml_gc_handoff && !s->waiter) {
       /* No reply, even to libmongoc's retry: the write may have been
        * applied, taking the lock under an owner nobody will use again (a
        * try's or a document lock attempt's own, or a waiter's, whose
@@ -760,6 +760,44 @@ static int l_lease_done(lua_State *L) {
   else lua_pushliteral(L, "update reply without matchedCount");
   lua_pushvalue(L, 6);
   return 3;
+}
+
+/*
+ * client:release_later(kind, db, coll, name, owner) -> true | nil, message:
+ * the release of what owner may hold of the named lock name ("named") or
+ * of its shares or permits ("shared"), sent by the lease engine in the
+ * background (it matches nothing when owner holds nothing).  For a waiter
+ * that gives up after an attempt whose reply was lost, even to the
+ * driver's retry: that attempt may have taken the lock under its id.
+ */
+static int l_release_later(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  const char *kind = luaL_checkstring(L, 2);
+  const char *db, *coll, *name, *owner;
+  ml_lease_spec s;
+  ml_lease *l;
+  bson_t id = BSON_INITIALIZER;
+  int shared = !strcmp(kind, "shared");
+  luaL_argcheck(L, shared || !strcmp(kind, "named"), 2, "\"named\" or \"shared\" expected");
+  ml_arg_ns(L, 3, &db, &coll);
+  name = ml_arg_name(L, 5, &(size_t){0});
+  owner = ml_arg_waiter(L, 6);
+  BSON_APPEND_UTF8(&id, "_id", name);
+  ml_lease_spec_named(&s, shared ? ML_KIND_SHARED : ML_KIND_NAMED, db, coll, &id,
+                      shared ? ML_F_HOLDERS : ML_F_OWNER, owner, 1000);
+  s.started = ml_monotonic();
+  l = lease_new(&s);
+  bson_destroy(&id);
+  if (!ml_gc_handoff || !ml_gc_handoff(c, l)) {
+    ml_lease_unref(l);
+    return ml_pushfail(L, "no background release in this process", 0);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+int ml_m_release_later(lua_State *L) {
+  return l_release_later(L);
 }
 
 /* client:set_methods(t) -> true: the handles of this client look up

@@ -202,6 +202,8 @@ typedef struct ml_lease_spec {
   int64_t grant_ms;             /* 0, or a grant's lease (ms from started)
                                    when shorter than ttl_ms: the lease is
                                    topped up to ttl_ms in the background */
+  int waiter;                   /* a waiter's attempt (owner: its waiter id,
+                                   which its next attempts reuse) */
   int grant_bounded;            /* with grant_ms: the waiter's place was
                                    shorter than ttl_ms, so it may have cut
                                    the grant short */
@@ -609,8 +611,9 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
  * cannot be made.  Raises on a closed client. */
 const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]);
 
-/* client:set_methods(t) (lock.c) */
+/* client:set_methods(t), client:release_later(...) (lock.c) */
 int ml_m_set_methods(lua_State *L);
+int ml_m_release_later(lua_State *L);
 
 /* the list of the leases of c's handles (close releases those held); a
  * lease leaves it when its handle is collected or c closes (the list owns

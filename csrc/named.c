@@ -184,6 +184,7 @@ static int acquire(lua_State *L, ml_attempt_mode mode, int campaign) {
   ml_lease_spec_named(&s, ML_KIND_NAMED, a.db, a.coll, &id, ML_F_OWNER, owner, a.ttl_ms);
   s.token = r.token;
   s.started = started;
+  s.waiter = a.waiter != NULL;
   /* won by a grant this attempt found: the lease the server has left */
   if (r.won && r.has_remaining && r.remaining_ms < a.ttl_ms) {
     s.grant_ms = r.remaining_ms;

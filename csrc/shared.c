@@ -92,6 +92,7 @@ static int share_acquire(lua_State *L, ml_attempt_mode how) {
                       &id, ML_F_HOLDERS, owner, a.ttl_ms);
   s.token = r.token;
   s.started = started;
+  s.waiter = a.waiter != NULL;
   s.renew = lua_toboolean(L, 9);
   pushed = ml_push_won(L, c, ok, r.won, &s, &err);
   if (pushed) {

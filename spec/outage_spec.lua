@@ -3,7 +3,8 @@
 -- its socket timeout) and an election (the primary steps down and is
 -- elected again: replSetStepDown with force, which a single-node replica
 -- set of mongod runs as the stand-in does).  A waiter retries through them
--- until its own timeout, keeps its place in the queue across an election,
+-- until its own timeout, keeps its place in the queue across an election
+-- and across an attempt whose reply was lost,
 -- and gets the lock when the holder releases it.  Each case checks that its
 -- fault happened (the fail point's count, the holder's view of the
 -- election).  Against a real MongoDB: a single-node replica set started
@@ -253,7 +254,7 @@ describe("#integration waits through outages and elections", function()
     client:close()
   end)
 
-  it("a waiter whose attempt got no reply goes on under a new id, and its old place leaves the queue", function()
+  it("a waiter whose attempt got no reply keeps its id and its place in the queue", function()
     local app = helpers.unique("noreply")
     local name = helpers.unique("x")
     -- the holder renews a 1.5 s lease, so the first waiter wakes (and
@@ -268,7 +269,7 @@ describe("#integration waits through outages and elections", function()
       local locks = c:locks({ database = db, collection = coll, ttl = 1.5 })
       local h = assert(locks:acquire(name, { renew = true }))
       print("held"); io.stdout:flush()
-      while ((locks:status(name) or {}).waiting or 0) < 1 do core.sleep(0.02) end
+      while ((locks:status(name) or {}).waiting or 0) < 2 do core.sleep(0.02) end
       assert(c:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 2 },
         data = { failCommands = mongolock.array({ "findAndModify" }), closeConnection = true, appName = app } }))
       core.sleep(5)
@@ -283,6 +284,9 @@ describe("#integration waits through outages and elections", function()
     local locks = client:locks({ database = helpers.database, collection = coll })
     local olocks = observer:locks({ database = helpers.database, collection = coll })
     local fired = assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })).count
+    -- a second waiter, queued behind the first before the first's reply is lost
+    local second = helpers.spawn(helpers.script(WAITER), { helpers.uri(), helpers.database, coll, name })
+    finally(function() second:kill("KILL"); second:cleanup() end)
     local h, err, code = locks:acquire(name, { timeout = 30, queue_ttl = 20 })
     local got = core.monotonic()
     local status, out = holder:wait(30)
@@ -295,8 +299,13 @@ describe("#integration waits through outages and elections", function()
     -- the release went to this waiter, not to a place left behind
     local released = tonumber(out:match("released ([%d.]+)"))
     assert.truthy(got - released < 3, format("got the lock %.1f s after the release", got - released))
-    assert.equal(0, assert(olocks:status(name)).waiting)
+    -- the first in line kept its place: the second waits for it still
+    assert.is_nil(second:output():match("acquired"))
+    assert.equal(1, assert(olocks:status(name)).waiting)
     assert.truthy(h:release())
+    local s2, out2 = second:wait(30)
+    assert.equal(0, s2, out2)
+    assert.truthy(out2:find("acquired true", 1, true), out2)
     client:close()
     observer:close()
   end)

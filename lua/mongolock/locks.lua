@@ -199,8 +199,7 @@ local function wait_for(self, name, ttl_ms, o, on_step)
   -- queued: an attempt answered with this waiter's place; unsure: one
   -- failed without saying what it wrote (a lost reply may hide a place,
   -- or the lock itself, taken under the waiter's id)
-  local queued, unsure = false, false
-  local stale = {}      -- earlier ids of this waiter (see network below)
+  local queued, unsure, noreply = false, false, false
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, wait = wait, series = self.series,
     poll = o.wait == "poll", refresh = o.queue_ttl / 2, on_step = on_step,
@@ -209,14 +208,10 @@ local function wait_for(self, name, ttl_ms, o, on_step)
     attempt = function(polling, _, deadline)
       local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
       if err == "busy" then queued = queued or info.position ~= nil
-      elseif not h and err ~= "closed" then unsure = true end
-      -- the server answers again: the places left behind under earlier
-      -- ids leave the queue (passing on a lock granted to one of them)
-      if (h or err == "busy") and stale[1] then
-        for i = #stale, 1, -1 do
-          pcall(core_of(self).leave, core_of(self), self.database, self.collection, name, stale[i])
-          stale[i] = nil
-        end
+      elseif not h and err ~= "closed" then
+        unsure = true
+        -- no reply, even to the driver's retry: the write may have been applied
+        noreply = noreply or private.network_error(info, err)
       end
       return h, err, info
     end,
@@ -225,31 +220,20 @@ local function wait_for(self, name, ttl_ms, o, on_step)
       return core_of(self):granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
         g.token, started, o.renew)
     end,
-    -- no reply to an attempt, even to the driver's retry: the core gives
-    -- back in the background what the attempt may have taken under this
-    -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
-    -- wait under a new id; the old one's place leaves the queue once the
-    -- server answers again (else it lapses after queue_ttl)
-    network = function(state)
-      local w = core.waiter_id()
-      if not w then return end
-      stale[#stale + 1] = waiter
-      waiter, queued, unsure = w, false, false
-      if state then state.waiter = w end
-    end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     -- a waiter that gives up takes its place out of the queue, and passes
     -- on a lock an attempt took without its reply arriving (best effort,
-    -- and only with a server to tell: the place lapses after queue_ttl)
+    -- and only with a server to tell: the place lapses after queue_ttl).
+    -- After an attempt with no reply, even to the driver's retry (unsure:
+    -- the attempts after it went on under the same id, and would have found
+    -- such a lock theirs), what it may have taken is also released in the
+    -- background, whether a server is known now or not.
     give_up = function(...)
-      if (queued or unsure) and not self.core:closed() and self.core:writable() then
-        local c = core_of(self)
+      if self.core:closed() then return nil, ... end
+      local c = core_of(self)
+      if noreply then pcall(c.release_later, c, "named", self.database, self.collection, name, waiter) end
+      if (queued or unsure) and self.core:writable() then
         pcall(c.leave, c, self.database, self.collection, name, waiter)
-      end
-      if stale[1] and not self.core:closed() and self.core:writable() then
-        for _, w in ipairs(stale) do
-          pcall(self.core.leave, self.core, self.database, self.collection, name, w)
-        end
       end
       return nil, ...
     end,

@@ -541,8 +541,6 @@ The one acquire loop of named locks (mongolock.locks) and document locks
   on_step   nil, or function(waiting) called before every attempt
             (waiting false) and every wait between attempts (true): the
             caller's sign of life
-  network   function(state): after a network error (no reply, even to the
-            driver's retry), before the next attempt (nil: nothing to do)
 }
 Guarantee: no attempt starts after the deadline, no wait goes past it, and
 an attempt that starts with less than the server bound left first waits (up
@@ -615,7 +613,6 @@ function _M.acquire_loop(run)
       if timeout == 0 or not _M.transient(c, b) or monotonic() >= deadline then
         return lose(b, c)
       end
-      if run.network and _M.network_error(c, b) then run.network(state) end
       local ok, serr, scode = pause()
       if ok == nil and serr ~= nil then return lose(serr, scode) end
     else

@@ -188,10 +188,9 @@ local function wait_for(self, mode, name, o)
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
   -- queued: an attempt answered with this waiter's place; unsure: one
-  -- failed without saying what it wrote (a lost reply may hide a place;
-  -- a share it took under the waiter's id is released by the core)
-  local queued, unsure = false, false
-  local stale = {}      -- earlier ids of this waiter (see network below)
+  -- failed without saying what it wrote (a lost reply may hide a place,
+  -- or a share taken under the waiter's id)
+  local queued, unsure, noreply = false, false, false
   return private.acquire_loop({
     core = self.core, bound = self.bound, timeout = o.timeout, series = self.series,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
@@ -199,39 +198,23 @@ local function wait_for(self, mode, name, o)
     attempt = function(polling, _, deadline)
       local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
       if err == "busy" then queued = queued or info.position ~= nil
-      elseif not h and err ~= "closed" then unsure = true end
-      -- the server answers again: the places left behind under earlier
-      -- ids leave the queue (passing on a lock granted to one of them)
-      if (h or err == "busy") and stale[1] then
-        for i = #stale, 1, -1 do
-          pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, stale[i])
-          stale[i] = nil
-        end
+      elseif not h and err ~= "closed" then
+        unsure = true
+        -- no reply, even to the driver's retry: the write may have been applied
+        noreply = noreply or private.network_error(info, err)
       end
       return h, err, info
     end,
-    -- no reply to an attempt, even to the driver's retry: the core gives
-    -- back in the background what the attempt may have taken under this
-    -- waiter's id (csrc/lock.c, ml_push_won), so the attempts after it
-    -- wait under a new id; the old one's place leaves the queue once the
-    -- server answers again (else it lapses after queue_ttl)
-    network = function(state)
-      local w = core.waiter_id()
-      if not w then return end
-      stale[#stale + 1] = waiter
-      waiter, queued, unsure = w, false, false
-      if state then state.waiter = w end
-    end,
     new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
     give_up = function(...)
-      -- as named locks: only with a server to tell (the place lapses after queue_ttl)
-      if (queued or unsure) and not self.core:closed() and self.core:writable() then
-        pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, waiter)
-      end
-      if stale[1] and not self.core:closed() and self.core:writable() then
-        for _, w in ipairs(stale) do
-          pcall(core_of(self).share_leave, core_of(self), self.database, self.collection, name, w)
-        end
+      -- as named locks: a share an attempt without a reply may have taken
+      -- is released in the background; the place leaves only with a server
+      -- to tell (else it lapses after queue_ttl)
+      if self.core:closed() then return nil, ... end
+      local c = core_of(self)
+      if noreply then pcall(c.release_later, c, "shared", self.database, self.collection, name, waiter) end
+      if (queued or unsure) and self.core:writable() then
+        pcall(c.share_leave, c, self.database, self.collection, name, waiter)
       end
       return nil, ...
     end,

@@ -250,6 +250,12 @@ function P.leave(p, db, coll, name, waiter)
   return leave(p, core.op_leave{ db = db, coll = coll, name = name, waiter = waiter, tag = core.process_tag() })
 end
 
+-- the release of what a waiter's id may hold, by the lease engine (its
+-- adapter sends it: nginx's timer, or the client's own thread)
+function P.release_later(p, ...)
+  return p.cc:release_later(...)
+end
+
 function P.share_leave(p, db, coll, name, waiter)
   return leave(p, core.op_share_leave{ db = db, coll = coll, name = name, waiter = waiter,
     tag = core.process_tag() })
