@@ -176,6 +176,43 @@ for _, a in ipairs(adapters) do
       assert.equal(30, ticks)
     end)
 
+    it("an election's campaign and observer yield to the loop: the second campaigner leads after a resign",
+       function()
+      local el = client:elections({ ttl = 10 })
+      local name = helpers.unique("elect")
+      local first = assert(el:campaign(name, "a"))     -- outside: blocks as before
+      local second, seen, ticks, err = nil, {}, 0, nil
+      loop.spawn(function()
+        local l
+        l, err = el:campaign(name, "b", { timeout = 5 })
+        second = l and l.value
+        if l then assert(l:resign()) end
+      end)
+      loop.spawn(function()
+        local it = el:observe(name, { timeout = 3 })
+        repeat
+          local c = it()
+          if c then seen[#seen + 1] = tostring(c.value) end
+        until not c or seen[#seen] == "b"
+        it:close()
+      end)
+      loop.spawn(function()
+        -- resign after 0.3 s of ticking: the campaign and the observer wait meanwhile
+        for _ = 1, 30 do
+          mongolock.sleep(0.01)
+          ticks = ticks + 1
+        end
+        assert(first:resign())
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.equal("b", second, tostring(err))
+      assert.equal(30, ticks)
+      -- the first leader, maybe nobody for a moment, then the second
+      assert.equal("a", seen[1])
+      assert.equal("b", seen[#seen])
+    end)
+
     it("every kind's round trips leave the loop running while the server takes 300 ms for each",
        function()
       -- the scheduler's client alone is delayed (its appname): a round trip
