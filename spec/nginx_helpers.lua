@@ -132,7 +132,11 @@ function Nginx:stop()
     "nginx to exit")
   if not ok then
     -- a worker that does not exit (it may spin): ended here, so that it
-    -- does not outlive the spec, then the failure is reported
+    -- does not outlive the spec, then the failure is reported with the end
+    -- of nginx's log and what its processes were doing
+    local tail = (helpers.read_file(self.log) or ""):sub(-3000)
+    local ps = assert(io.popen(format("ps -o pid,stat,wchan:20,args --ppid %d 2>&1", self.pid))):read("*a")
+    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps
     sh(format("pkill -KILL -P %d 2>/dev/null; kill -KILL %d 2>/dev/null", self.pid, self.pid))
     self.pid = nil
     error(err, 0)
