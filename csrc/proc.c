@@ -35,10 +35,13 @@
  * - proc.wait never misses a wake-up: it drains the pipe before it looks at
  *   the child and the flags, so a signal arriving after the look leaves a
  *   byte that makes the next poll() return at once.
- * - This process is a child subreaper (Linux) once it has spawned: what
- *   the child's processes leave orphaned is reparented here, not to pid 1,
- *   and proc.wait_group reaps those of the child's group as they end, so an
- *   ended member never lingers as a zombie of an init that reaps late.
+ * - The command makes itself a child subreaper (Linux) before it spawns
+ *   (proc.subreaper): what the child's processes leave orphaned is
+ *   reparented here, not to pid 1, and proc.wait_group reaps those of the
+ *   child's group as they end, so an ended member never lingers as a zombie
+ *   of an init that reaps late.  Only on request: a process that spawns
+ *   daemons it does not reap (a test runner starting nginx) must not
+ *   become their parent.
  * - A spawned child starts with every signal unblocked and the trapped ones
  *   (and SIGTTOU, which proc.trap ignores) at their default disposition;
  *   the pipe is close-on-exec.
@@ -285,9 +288,6 @@ static int l_spawn(lua_State *L) {
   pid_t pid;
   int err, fd;
   luaL_checktype(L, 1, LUA_TTABLE);
-#ifdef PR_SET_CHILD_SUBREAPER
-  (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);  /* see the invariants */
-#endif
   if (!lua_isnoneornil(L, 2)) {
     luaL_checktype(L, 2, LUA_TTABLE);
     envp = child_environ(L, 2);                     /* [-0, +2], kept on the stack */
@@ -514,11 +514,26 @@ static int l_kill(lua_State *L) {
   return 1;
 }
 
+/* proc.subreaper(on) -> true | false (not Linux): this process becomes
+ * (or stops being) the parent of what its children's processes leave
+ * orphaned (see the invariants) */
+static int l_subreaper(lua_State *L) {
+  int on = lua_toboolean(L, 1);
+#ifdef PR_SET_CHILD_SUBREAPER
+  lua_pushboolean(L, prctl(PR_SET_CHILD_SUBREAPER, on ? 1 : 0, 0, 0, 0) == 0);
+#else
+  (void)on;
+  lua_pushboolean(L, 0);
+#endif
+  return 1;
+}
+
 static const luaL_Reg proc_funcs[] = {
   {"trap", l_trap},
   {"untrap", l_untrap},
   {"signals", l_signals},
   {"spawn", l_spawn},
+  {"subreaper", l_subreaper},
   {"wait", l_wait},
   {"kill", l_kill},
   {"wait_group", l_wait_group},

@@ -120,6 +120,12 @@ local function start_nginx(opts)
   error("no free port for nginx")
 end
 
+-- true when process pid is gone, or a zombie (its parent did not reap it)
+local function gone(pid)
+  local stat = helpers.read_file("/proc/" .. pid .. "/stat")
+  return stat == nil or stat:match("^%d+ %b() (%a)") == "Z"
+end
+
 -- stops the nginx we started (its pid file), and waits until it is gone
 function Nginx:stop()
   if not self.pid then return end
@@ -128,8 +134,8 @@ function Nginx:stop()
     if line:find("%[alert%]") or line:find("%[crit%]") or line:find("%[emerg%]") then print("# " .. line) end
   end
   sh(format("kill -QUIT %d 2>/dev/null", self.pid))
-  local ok, err = pcall(poll, function() return not sh(format("kill -0 %d 2>/dev/null", self.pid)) end, 20,
-    "nginx to exit")
+  local pid = self.pid
+  local ok, err = pcall(poll, function() return gone(pid) end, 20, "nginx to exit")
   if not ok then
     -- a worker that does not exit (it may spin): ended here, so that it
     -- does not outlive the spec, then the failure is reported with the end
@@ -378,6 +384,7 @@ end
 _M.start = start_nginx
 _M.sh = sh
 _M.poll = poll
+_M.gone = gone
 _M.get = get
 _M.open_pingers = open_pingers
 _M.one_worker = one_worker

@@ -1363,7 +1363,7 @@ describe("#integration nginx shutting down while waiters wait", function()
       c:close()
       assert.equal("locked", raw:match("\r\n\r\n(.*)$"), "waiter " .. i .. ": " .. raw)
     end
-    local ok = pcall(poll, function() return not nx.sh(format("kill -0 %d 2>/dev/null", nginx.pid)) end, 10,
+    local ok = pcall(poll, function() return nx.gone(nginx.pid) end, 10,
       "nginx to exit")
     assert.is_true(ok, "nginx did not exit once its requests were answered")
   end)
@@ -1429,7 +1429,7 @@ describe("#integration nginx shutting down while a request drops a lock it holds
     local raw = c:receive("*a") or ""
     c:close()
     assert.equal("done\n", raw:match("\r\n\r\n(.*)$"))
-    local exited = pcall(poll, function() return not nx.sh(format("kill -0 %d 2>/dev/null", nginx.pid)) end, 10,
+    local exited = pcall(poll, function() return nx.gone(nginx.pid) end, 10,
       "nginx to exit")
     assert.is_true(exited, "nginx did not exit once its request was answered")
   end)

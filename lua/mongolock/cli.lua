@@ -1077,6 +1077,8 @@ end
 local function supervise(args, h, argv, locks)
   -- the command learns which lock it runs under and its fencing token, to
   -- pass to the resources it writes (exact: a decimal string)
+  -- the parent of what CMD's processes leave orphaned (proc.wait_group)
+  proc.subreaper(true)
   local pid, tty, errno = proc.spawn(argv, { MONGOLOCK_NAME = args.name, MONGOLOCK_TOKEN = h:token_string() })
   if not pid then
     warn("failed to execute %s", tty)
