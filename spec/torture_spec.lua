@@ -108,6 +108,26 @@ describe("#unit torture checker", function()
     assert.equal(0, (run(log, { ttl = 2, retry = 1 })))
   end)
 
+  it("counts a renewing holder's bound from its kill, not from its acquisition", function()
+    -- pid 1 renews (N): held 2.3 s when killed, its lease ran on up to ttl
+    -- after its last renewal, before the kill
+    local log = {
+      "N 1", "A 5 10.0 1", "K 1 5 12.3",
+      "A 6 14.9 2", "S 6 14.9 15.0 2 1",
+      "X end 20",
+    }
+    assert.equal(0, (run(log, { ttl = 2, retry = 1 })))
+    -- a holder that does not renew is judged from its acquisition
+    table.remove(log, 1)
+    local v, tap = run(log, { ttl = 2, retry = 1 })
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("taken again after 4.900 s", 1, true), tap)
+    -- and a renewing one beyond ttl + retry of its kill is caught
+    log = { "N 1", "A 5 10.0 1", "K 1 5 12.3", "A 6 15.5 2", "S 6 15.5 15.6 2 1", "X end 20" }
+    v = run(log, { ttl = 2, retry = 1 })
+    assert.is_true(v > 0)
+  end)
+
   it("catches a lock never taken again after its holder was killed", function()
     local v, tap = run({ "A 5 10.0 1", "S 5 10.0 10.1 1 1", "K 1 5 10.2", "X end 20" })
     assert.is_true(v > 0)

@@ -20,6 +20,7 @@
 --   E pid message                      acquire failed
 --   K pid token time                   the harness SIGKILLed pid, which the
 --                                      server showed holding token
+--   N pid                              pid renews its leases (the lease engine)
 --   F kind time                        the harness armed a failCommand fault
 --   X begin|end time                   the run's bounds
 --
@@ -45,7 +46,8 @@
 --       before the end).
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
---      not logged yet, of the kill), unless the run ended before that.
+--      not logged yet or the process renewed its leases, of the kill),
+--      unless the run ended before that.
 
 local M = {}
 
@@ -62,6 +64,7 @@ local SHAPES = {
   O = { list = "observed", "#token", "change", "#time", "value" },
   E = { list = "errors", "#pid", "*message" },
   K = { list = "kills", "#pid", "#token", "#time" },
+  N = { list = "renewers", "#pid" },
   F = { list = "faults", "kind", "#time" },
   X = { list = "bounds", "what", "#time" },
 }
@@ -94,7 +97,8 @@ end
 -- parses lines (an iterator or a table of strings) into a log table
 function M.parse(lines)
   local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, observed = {},
-                errors = {}, kills = {}, faults = {}, bounds = {}, bad = {} }
+                errors = {}, kills = {}, faults = {}, bounds = {}, bad = {},
+                renewers = {} }
   local function one(line)
     if line:match("^%s*$") then return end
     local list, rec = parse_line(line)
@@ -316,10 +320,15 @@ function M.recovery(log, ttl, retry)
   for _, a in ipairs(acq) do by_token[a.token] = a end
   local released = {}
   for _, r in ipairs(log.releases) do if r.result == "ok" then released[r.token] = true end end
+  -- a renewing holder's lease ends within ttl of its last renewal, which
+  -- came before the kill: its bound counts from the kill
+  local renews = {}
+  for _, n in ipairs(log.renewers or {}) do renews[n.pid] = true end
   for _, k in ipairs(log.kills) do
     if not released[k.token] then
       local a = by_token[k.token]
       local from = a and a.start or k.time
+      if renews[k.pid] and k.time > from then from = k.time end
       local nxt
       for _, b in ipairs(acq) do
         if b.token > k.token and b.start >= from then nxt = b break end

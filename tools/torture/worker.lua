@@ -81,6 +81,7 @@ local function take()
   end
   return "x", locks:acquire(name, { renew = RENEW })
 end
+if RENEW then emit("N %d\n", pid) end
 io.stdout:write("ready ", pid, "\n")
 io.stdout:flush()
 
