@@ -60,7 +60,6 @@ build = {
     ["resty.mongolock"] = "lua/resty/mongolock.lua",
     ["mongolock.ngx"] = "lua/mongolock/ngx.lua",
     ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
-    ["mongolock.ngx.watch"] = "lua/mongolock/ngx/watch.lua",
     ["mongolock.ngx.core"] = "lua/mongolock/ngx/core.lua",
     ["mongolock.yielding"] = "lua/mongolock/yielding.lua",
     ["mongolock.sched"] = "lua/mongolock/sched.lua",

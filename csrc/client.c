@@ -581,9 +581,10 @@ static int l_set_number(lua_State *L) {
 }
 
 /* every Client method, whichever file implements it */
-/* client:set_external(on) -> true: this process's lease engine of the
- * client is driven from Lua (client:engine_next / engine_done, renew.c)
- * instead of a thread of its own; set before the first lease */
+/* client:set_external(on) -> true: this process's lease engine and change
+ * streams of the client are driven from Lua (client:engine_next /
+ * engine_done, renew.c; client:watch_next / watch_done, watch.c) instead
+ * of threads of their own; set before the first lease and wait */
 static int l_set_external(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   c->external = lua_toboolean(L, 2);
@@ -614,6 +615,9 @@ static const luaL_Reg client_methods[] = {
   {"release_later", ml_m_release_later},
   {"engine_next", ml_m_engine_next},
   {"engine_done", ml_m_engine_done},
+  {"watch_next", ml_m_watch_next},
+  {"watch_done", ml_m_watch_done},
+  {"watch_stop", ml_m_watch_stop},
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},

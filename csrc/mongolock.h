@@ -626,6 +626,10 @@ void ml_held_forget(ml_client *c);
 /* client:engine_next(), client:engine_done(): the external adapter */
 int ml_m_engine_next(lua_State *L);
 int ml_m_engine_done(lua_State *L);
+/* client:watch_next(), watch_done(), watch_stop(): its change streams' */
+int ml_m_watch_next(lua_State *L);
+int ml_m_watch_done(lua_State *L);
+int ml_m_watch_stop(lua_State *L);
 
 /* [-0, +1] pushes op as its envelope (a BSON string, ops.c) */
 void ml_push_op(lua_State *L, const ml_op *op);
@@ -653,7 +657,8 @@ int ml_renew_scan(lua_State *L, ml_client *c);
  * them (pending releases are sent first) while the pool is still valid */
 void ml_bg_on_close(ml_client *c);
 
-/* stops and joins c's change-stream threads in this process */
+/* stops and joins c's change-stream threads in this process (an external
+ * client's streams are ended by its adapter's next ops) */
 void ml_watch_stop(ml_client *c);
 
 /* ---- what the specs' module (testing.c) reads ------------------------- */
@@ -666,7 +671,7 @@ typedef struct ml_renew_counts {
 
 /* this process's change streams of a client */
 typedef struct ml_watch_counts {
-  long streams, events, reopens, getmores, failed;
+  long streams, threads, events, reopens, getmores, opens, failed, answered, handed, granted;
 } ml_watch_counts;
 
 void ml_renew_stats(ml_client *c, ml_renew_counts *out);

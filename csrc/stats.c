@@ -151,8 +151,8 @@ int ml_m_counters(lua_State *L) {
   ml_renew_stats(c, &rn);
   ml_watch_stats(c, &wn);
   lua_createtable(L, 0, 12);
-  /* getMores and opened streams are commands the watch thread sent */
-  setnum(L, "commands", (o ? load(&o->commands) : 0) + wn.getmores + wn.streams);
+  /* the streams' aggregates and getMores are commands too (watch.c) */
+  setnum(L, "commands", (o ? load(&o->commands) : 0) + wn.getmores + wn.opens);
   if (o) {
     push_kinds(L, o->releases);
     lua_setfield(L, -2, "releases");

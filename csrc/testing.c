@@ -320,8 +320,13 @@ static int l_watch_stats(lua_State *L) {
   const ml_internals *in = core_internals(L);
   ml_watch_counts n;
   in->watch_stats(in->checkclient(L, 1), &n);
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 10);
   setint(L, "streams", n.streams);
+  setint(L, "threads", n.threads);
+  setint(L, "opens", n.opens);
+  setint(L, "answered", n.answered);
+  setint(L, "handed", n.handed);
+  setint(L, "granted", n.granted);
   setint(L, "events", n.events);
   setint(L, "reopens", n.reopens);
   setint(L, "getmores", n.getmores);

@@ -214,11 +214,20 @@ static const char *command_name(const bson_t *cmd) {
   return bson_iter_init(&it, cmd) && bson_iter_next(&it) ? bson_iter_key(&it) : "";
 }
 
+int ml_run_in_session(mongoc_client_t *mc, mongoc_client_session_t *cs, const ml_op *op, bson_t *reply,
+                      bson_error_t *error) {
+  bson_t opts = BSON_INITIALIZER;
+  int ok = !cs || mongoc_client_session_append(cs, &opts, error);
+  if (ok) ok = mongoc_client_command_with_opts(mc, op->db, &op->cmd, NULL, &opts, reply, error);
+  else bson_init(reply);
+  bson_destroy(&opts);
+  return ok;
+}
+
 static int run_in_session(mongoc_client_t *mc, const ml_op *op, bson_t *reply, bson_error_t *error) {
   const char *name = command_name(&op->cmd);
   int opening = !strcmp(name, "aggregate"), closing = !strcmp(name, "killCursors"), ok;
   cursor_session *s = session_take(op->session);
-  bson_t opts = BSON_INITIALIZER;
   if (opening) {
     session_end(s);
     s = session_open(mc, op->session, error);
@@ -229,10 +238,7 @@ static int run_in_session(mongoc_client_t *mc, const ml_op *op, bson_t *reply, b
   } else if (!s) {
     return bad_op(reply, error, "the cursor's session is not open in this process");
   }
-  ok = !s->cs || mongoc_client_session_append(s->cs, &opts, error);
-  if (ok) ok = mongoc_client_command_with_opts(s->mc, op->db, &op->cmd, NULL, &opts, reply, error);
-  else bson_init(reply);
-  bson_destroy(&opts);
+  ok = ml_run_in_session(s->mc, s->cs, op, reply, error);
   if (closing || (opening && !ok)) session_end(s);
   else session_put(s);
   return ok;

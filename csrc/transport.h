@@ -41,4 +41,11 @@
 int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
            bson_error_t *error);
 
+/* one of a cursor's commands (op, ML_RUN_COMMAND) on mc in the explicit
+ * session cs (NULL: none, the server has no sessions), for a caller that
+ * keeps the cursor's connection and session itself (the change-stream
+ * thread, watch.c); same return as ml_run */
+int ml_run_in_session(mongoc_client_t *mc, mongoc_client_session_t *cs, const ml_op *op, bson_t *reply,
+                      bson_error_t *error);
+
 #endif

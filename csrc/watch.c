@@ -1,6 +1,6 @@
 /*
  * Change-stream wake-ups: one stream per process, client, collection and
- * owner field, shared by every waiter, read by a background thread.
+ * owner field, shared by every waiter.
  *
  * A waiter that lost an attempt at operation time T asks whether a release
  * of its document happened after T.  The stream is opened at
@@ -24,29 +24,50 @@
  * document the same way.  Acquisitions, renewals and waiters' attempts
  * (which write only the queue) pass no filter.
  *
+ * The stream is a state machine that never runs a command itself, as the
+ * lease engine (renew.c): stream_next says which command to send (the
+ * aggregate that opens it, a getMore, the killCursors that ends it, each
+ * an op of ops.c in the stream's own session, transport.h) and
+ * stream_done takes the reply.  Two adapters run it:
+ *   - a thread per stream (the plain path, schedulers): it sends the ops on
+ *     a connection of the client's pool in a session of its own
+ *     (ml_run_in_session), and waiters block on the stream's cv;
+ *   - client:watch_next() / client:watch_done() (a client made external,
+ *     inside nginx: mongolock.ngx.core runs each op as a worker thread's
+ *     job); waiters look without blocking and sleep on the event loop.
+ *
  * Invariants:
  * - watch_mu guards every stream and its ring; waiters and the thread wait
  *   on the stream's cv with it.  Nothing else is locked while it is held.
  * - ring holds the last RING events; drop_t/drop_i is the newest cluster
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
- * - The thread owns its connection (one of the client's pool, so that a
- *   failed getMore tells the pool's topology, which acquire reads) and
- *   change stream; it never touches a lua_State.  It sends getMore only while a waiter waits (or looked
- *   without blocking less than POLL_GRACE ago).  A getMore awaits up to
- *   AWAIT_MS (at most half the socket timeout): longer than a waiter
- *   usually waits, so that a wait costs one getMore, not one per AWAIT_MS.
- * - A stream is stopped by the client's close, or by the thread itself
- *   after IDLE seconds without a waiter.  Close does not wait for a
- *   getMore in flight (in_call): it unlinks the stream and detaches the
- *   thread, which frees the stream when the getMore returns (an event, or
- *   AWAIT_MS); the pool is then handed to those threads (ml_orphan,
- *   client.c): the last holder destroys it.
- *   Otherwise close joins the thread.  The library stays loaded (pinned)
- *   while such a thread may still run.
+ * - At most one op of a stream is in flight (op_kind).  getMores are sent
+ *   only while a waiter waits (or looked without blocking less than
+ *   POLL_GRACE ago).  A getMore awaits up to await_ms: for the thread
+ *   AWAIT_MS (at most half the socket timeout), longer than a waiter
+ *   usually waits, so that a wait costs one getMore; for the external
+ *   adapter AWAIT_EXTERNAL, so a job holds a worker thread briefly.
+ * - A getMore that fails, or a cursor the server closed, is followed by a
+ *   killCursors (which ends the session) and a new aggregate after the
+ *   last batch's resume token, so no event is skipped; after REOPENS such
+ *   failures in a row the stream fails.  A stream whose first aggregate
+ *   fails (no change streams: a standalone server) fails at once.  A failed
+ *   stream is kept FAILED_FOR seconds, so that its waiters fall back to
+ *   polling at once.
+ * - A stream ends (killCursors) after IDLE seconds without a waiter, or
+ *   when its client closes.  Close does not wait for a thread's op in
+ *   flight (in_call): it unlinks the stream and detaches the thread, which
+ *   ends the stream and frees it when the op returns; the pool is then
+ *   handed to those threads (ml_orphan, client.c): the last holder
+ *   destroys it.  Otherwise close joins the thread.  The library stays
+ *   loaded (pinned) while such a thread may still run.  An external
+ *   stream open at close is ended by the adapter's next ops and freed then.
+ * - The thread never touches a lua_State.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
  *   streams without touching them (their threads do not exist there).
  */
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,15 +75,18 @@
 #include <unistd.h>
 
 #include "mongolock.h"
+#include "transport.h"
 
 #define RING 256
-#define AWAIT_MS 10000          /* getMore's maxAwaitTimeMS (see await_ms) */
+#define AWAIT_MS 10000          /* a thread's getMore's maxAwaitTimeMS */
+#define AWAIT_EXTERNAL 1000     /* the external adapter's */
 #define IDLE 10.0               /* seconds without a waiter before closing */
 #define FAILED_FOR 30.0         /* a failed stream is not retried for this long */
-#define REOPENS 3               /* reopen attempts after the driver's own resume */
+#define REOPENS 3               /* failed calls in a row before the stream fails */
 #define POLL_GRACE 0.5          /* see polled_until */
 
 enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
+enum { OP_NONE, OP_OPEN, OP_MORE, OP_KILL };
 
 typedef struct watch_event {
   uint8_t *key;                 /* BSON of {"k": documentKey._id}; NULL = any */
@@ -78,7 +102,7 @@ typedef struct watch_event {
 typedef struct ml_stream {
   struct ml_stream *next;
   ml_client *c;
-  mongoc_client_pool_t *pool;
+  mongoc_client_pool_t *pool;   /* NULL: external (no thread) */
   ml_orphan *orphan;            /* detached: the closed client's pool it
                                    shares with its other detached threads */
   pid_t pid;
@@ -86,11 +110,11 @@ typedef struct ml_stream {
   char tag[17];                 /* the process tag its $match routes on */
   pthread_t thread;
   int joinable;                 /* thread not joined yet */
-  int in_call;                  /* the thread is in a server call (watch_mu) */
+  int in_call;                  /* the thread is in a server call */
   int detached;                 /* closed during a call: the thread frees it */
   pthread_cond_t cv;            /* events, state changes */
   int state;
-  int stop;
+  int stop;                     /* its client closed */
   char errmsg[256];
   uint32_t errcode;
   double failed_at;
@@ -99,18 +123,32 @@ typedef struct ml_stream {
   unsigned long long seq;       /* events recorded so far */
   uint32_t drop_t, drop_i;      /* newest time pushed out of ring */
   int waiters;                  /* blocked in watch_wait now */
-  int64_t await_ms;             /* getMore's maxAwaitTimeMS: AWAIT_MS, or half
-                                   the client's socketTimeoutMS when that is
-                                   shorter, so a getMore never outlasts it */
+  int64_t await_ms;
   double polled_until;          /* a non-blocking waiter (timeout 0) looked
                                    recently: keep reading until then */
   double idle_since;
-  long events, reopens, getmores;
+  /* the machine */
+  int open;                     /* its session is open: a killCursors is due */
+  int stale;                    /* the cursor is to be replaced (killCursors,
+                                   then a new aggregate) */
+  int64_t cursor_id;
+  char session[33];             /* this opening's session key */
+  bson_t *resume;               /* the last batch's postBatchResumeToken */
+  int tries;                    /* failed calls in a row */
+  double retry_at;              /* no new aggregate before */
+  int op_kind;                  /* the op in flight, OP_NONE */
+  long op_id;                   /* its id for the external adapter */
+  ml_op op;
+  long events, reopens, getmores, opens;
+  long answered, handed, granted;  /* watch_wait's answers: an event, a
+                                      release handed to the waiter by name,
+                                      a grant */
 } ml_stream;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static ml_stream *streams;      /* (watch_mu) */
-
+static unsigned long openings;  /* (watch_mu) session keys made */
+static long op_ids;             /* (watch_mu) */
 static int ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
   return t1 > t2 || (t1 == t2 && i1 > i2);
 }
@@ -135,9 +173,7 @@ static void install_atfork(void) {
   ml_pin_library();
 }
 
-/* ---- the thread -------------------------------------------------------- */
-
-static void stream_free(ml_stream *s);
+/* ---- the ring ---------------------------------------------------------- */
 
 /* watch_mu held: appends an event (key may be NULL: wakes everyone; next
  * NULL or "": wakes every waiter of key); the caller broadcasts s->cv */
@@ -172,7 +208,6 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_eve
   e->i = ev->i;
   s->seq++;
   s->events++;
-  /* the thread broadcasts it once watch_mu is released (watch_main) */
 }
 
 /* watch_mu held */
@@ -190,21 +225,8 @@ static void event_from(ml_stream *s, const bson_t *doc) {
   }
 }
 
-/* [pipeline] and opts for a stream starting after (t, i) or at a token */
-static mongoc_change_stream_t *stream_open(mongoc_collection_t *coll, const ml_stream *s,
-                                           const bson_t *resume_token) {
-  bson_t pipeline = BSON_INITIALIZER, opts;
-  mongoc_change_stream_t *cs;
 
-  ml_build_watch_pipeline(&pipeline, s->field, s->tag);
-  bson_init(&opts);
-  BSON_APPEND_INT64(&opts, "maxAwaitTimeMS", s->await_ms);
-  ml_build_watch_start(&opts, s->start_t, s->start_i, resume_token);
-  cs = mongoc_collection_watch(coll, &pipeline, &opts);
-  bson_destroy(&pipeline);
-  bson_destroy(&opts);
-  return cs;
-}
+/* ---- the machine ------------------------------------------------------- */
 
 /* watch_mu held */
 static void set_failed(ml_stream *s, const bson_error_t *e) {
@@ -213,113 +235,216 @@ static void set_failed(ml_stream *s, const bson_error_t *e) {
   bson_snprintf(s->errmsg, sizeof s->errmsg, "change stream: %s",
                 e->message[0] ? e->message : "failed");
   s->errcode = e->code;
-  pthread_cond_broadcast(&s->cv);
 }
+
+/* watch_mu held: a batch (the aggregate's or a getMore's) into the ring;
+ * 0 when the reply holds none */
+static int take_batch(ml_stream *s, const bson_t *reply) {
+  bson_iter_t docs, it;
+  int64_t id = 0;
+  if (!ml_reply_batch(reply, &docs, &id)) return 0;
+  while (bson_iter_next(&docs)) {
+    const uint8_t *data;
+    uint32_t len;
+    bson_t doc;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
+    bson_iter_document(&docs, &len, &data);
+    if (bson_init_static(&doc, data, len)) event_from(s, &doc);
+  }
+  s->cursor_id = id;
+  if (bson_iter_init(&it, reply) && bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &it) &&
+      BSON_ITER_HOLDS_DOCUMENT(&it)) {
+    const uint8_t *data;
+    uint32_t len;
+    bson_iter_document(&it, &len, &data);
+    if (s->resume) bson_destroy(s->resume);
+    s->resume = bson_new_from_data(data, len);
+  }
+  return 1;
+}
+
+/* watch_mu held: a stream that ended (idle, closed, failed) and has
+ * nothing left to send */
+static int finished(const ml_stream *s) {
+  return !s->open && !s->op_kind && (s->stop || s->state == ST_FAILED || s->state == ST_DONE);
+}
+
+/*
+ * watch_mu held.  The next op of s (built into s->op, s->op_kind set), or
+ * 0 with *wake the time something may be due (HUGE_VAL: nothing, the
+ * stream is finished or waits for its op in flight).
+ */
+static int stream_next(ml_stream *s, double now, double *wake) {
+  int ending = s->stop || s->state == ST_FAILED || s->state == ST_DONE;
+  *wake = HUGE_VAL;
+  if (s->op_kind) return 0;
+  if (!ending && s->open && !s->stale && s->waiters == 0 && now >= s->polled_until) {
+    /* nobody waits: no getMore (events queue in the server's cursor and
+     * are read when a waiter comes); ended when idle */
+    if (now - s->idle_since <= IDLE) {
+      *wake = s->idle_since + IDLE + 0.01;
+      return 0;
+    }
+    s->state = ST_DONE;
+    ending = 1;
+  }
+  if (s->open && (ending || s->stale)) {
+    ml_build_killcursors(&s->op, s->db, s->coll, s->cursor_id);
+    s->op_kind = OP_KILL;
+  } else if (s->open) {
+    ml_build_getmore(&s->op, s->db, s->coll, s->cursor_id, s->await_ms);
+    s->op_kind = OP_MORE;
+  } else if (ending) {
+    return 0;
+  } else if (now < s->retry_at) {
+    *wake = s->retry_at;
+    return 0;
+  } else {
+    /* each opening in a session of its own (transport.h) */
+    bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag, ++openings);
+    ml_build_watch(&s->op, s->db, s->coll, s->field, s->tag, s->start_t, s->start_i, s->resume);
+    s->op_kind = OP_OPEN;
+  }
+  s->op.session = s->session;
+  return 1;
+}
+
+/* watch_mu held: a failed call (or a reply without a batch) */
+static void call_failed(ml_stream *s, const bson_error_t *err, double now) {
+  if (++s->tries > REOPENS) {
+    set_failed(s, err);
+    return;
+  }
+  s->retry_at = now + 0.05 * s->tries;
+}
+
+/* watch_mu held: the server closed the cursor (its events are in the
+ * ring): a failed call too, so that a stream that keeps closing fails */
+static void closed_by_server(ml_stream *s, double now) {
+  bson_error_t e;
+  memset(&e, 0, sizeof e);
+  bson_snprintf(e.message, sizeof e.message, "the server closed the change stream");
+  call_failed(s, &e, now);
+  s->stale = 1;
+}
+
+/* watch_mu held: the outcome of s's op in flight (ok: reply is the
+ * server's answer, else err says why) */
+static void stream_done(ml_stream *s, int ok, const bson_t *reply, const bson_error_t *err) {
+  int kind = s->op_kind;
+  double now = ml_monotonic();
+  bson_error_t e;
+  s->op_kind = OP_NONE;
+  ml_op_destroy(&s->op);
+  if (ok || kind == OP_KILL) memset(&e, 0, sizeof e);
+  else e = *err;
+  if (ok && kind != OP_KILL && !take_batch(s, reply)) {
+    ok = 0;
+    bson_snprintf(e.message, sizeof e.message, "a reply without a cursor");
+  }
+  switch (kind) {
+  case OP_OPEN:
+    s->opens++;
+    if (!ok) {
+      /* the transport ended the session; a first opening that fails
+       * means no change streams here */
+      if (s->state == ST_STARTING) set_failed(s, &e);
+      else call_failed(s, &e, now);
+      break;
+    }
+    s->open = 1;
+    if (s->state == ST_STARTING) {
+      s->state = ST_RUNNING;
+      s->idle_since = now;
+    }
+    if (s->cursor_id == 0) closed_by_server(s, now);
+    else s->tries = 0;
+    break;
+  case OP_MORE:
+    s->getmores++;
+    if (!ok) {
+      call_failed(s, &e, now);  /* (failed for good: killCursors next) */
+      s->stale = 1;
+    } else if (s->cursor_id == 0) {
+      closed_by_server(s, now);
+    } else {
+      s->tries = 0;
+    }
+    break;
+  case OP_KILL:
+    /* sent for a cursor the server closed too: it ends the session */
+    s->open = 0;
+    s->cursor_id = 0;
+    if (s->stale && s->state == ST_RUNNING && !s->stop) s->reopens++;
+    s->stale = 0;
+    break;
+  }
+}
+
+/* ---- the thread adapter ------------------------------------------------ */
+
+static void stream_free(ml_stream *s);
 
 static void *watch_main(void *arg) {
   ml_stream *s = (ml_stream *)arg;
   mongoc_client_t *mc = NULL;
-  mongoc_collection_t *coll = NULL;
-  mongoc_change_stream_t *cs = NULL;
+  mongoc_client_session_t *cs = NULL;
   bson_error_t err;
-  const bson_t *doc, *errdoc;
-  int tries, recorded = 0;
+  int tries;
 
   memset(&err, 0, sizeof err);
   for (tries = 0; !mc && tries < 50; tries++) {
     mc = mongoc_client_pool_try_pop(s->pool);
     if (!mc) ml_sleep(0.02);
   }
+  pthread_mutex_lock(&watch_mu);
   if (!mc) {
-    pthread_mutex_lock(&watch_mu);
     bson_snprintf(err.message, sizeof err.message, "no free connection in the pool");
     set_failed(s, &err);
-    goto done;
   }
-  coll = mongoc_client_get_collection(mc, s->db, s->coll);
-  cs = stream_open(coll, s, NULL);
-  pthread_mutex_lock(&watch_mu);
-  s->in_call = 0;
-  if (mongoc_change_stream_error_document(cs, &err, &errdoc)) {
-    set_failed(s, &err);
-    goto done;
-  }
-  s->state = ST_RUNNING;
-  s->idle_since = ml_monotonic();
-  pthread_cond_broadcast(&s->cv);
-  tries = 0;
-  while (!s->stop) {
-    int got;
-    if (s->waiters == 0 && ml_monotonic() >= s->polled_until) {
-      /* nobody waits: send no getMore (events queue in the server's
-       * cursor and are read when a waiter comes); close when idle */
-      recorded = 0;             /* no waiter blocks on s->cv to hear it */
-      if (ml_monotonic() - s->idle_since > IDLE) break;
-      cv_wait_until(&s->cv, s->idle_since + IDLE + 0.01);
-      continue;
-    }
-    s->in_call = 1;
-    pthread_mutex_unlock(&watch_mu);
-    if (recorded) {
-      /* after the unlock: a waiter woken while watch_mu is held would
-       * block on it at once and need a second wake-up */
-      pthread_cond_broadcast(&s->cv);
-      recorded = 0;
-    }
-    got = mongoc_change_stream_next(cs, &doc);
-    pthread_mutex_lock(&watch_mu);
-    s->in_call = 0;
-    s->getmores++;
-    if (s->stop) break;
-    if (got) {
-      event_from(s, doc);
-      recorded = 1;
-      tries = 0;
-      continue;
-    }
-    if (!mongoc_change_stream_error_document(cs, &err, &errdoc)) {
-      tries = 0;
-      continue;                 /* an empty batch after maxAwaitTimeMS */
-    }
-    /* the driver already resumed once where it could: reopen from the
-     * last resume token, so no event is skipped; give up after REOPENS */
-    if (s->stop || ++tries > REOPENS) {
-      set_failed(s, &err);
-      break;
-    }
-    {
-      const bson_t *tok = mongoc_change_stream_get_resume_token(cs);
-      bson_t *copy = tok ? bson_copy(tok) : NULL;
-      mongoc_change_stream_t *next;
-      s->reopens++;
+  for (;;) {
+    double wake;
+    if (mc && stream_next(s, ml_monotonic(), &wake)) {
+      bson_t reply;
+      int ok;
+      int kind = s->op_kind;
       s->in_call = 1;
       pthread_mutex_unlock(&watch_mu);
-      ml_sleep(0.05 * tries);
-      next = stream_open(coll, s, copy);
-      /* its killCursors is a round trip: not under watch_mu */
-      mongoc_change_stream_destroy(cs);
+      /* the thread keeps the cursor's connection (one of the pool's, so
+       * that a failed getMore tells the pool's topology, which acquire
+       * reads) and its session: each opening starts one, killCursors or a
+       * failed aggregate ends it */
+      if (kind == OP_OPEN) {
+        bson_error_t ignored;
+        if (cs) mongoc_client_session_destroy(cs);
+        cs = mongoc_client_start_session(mc, NULL, &ignored);   /* NULL: no sessions */
+      }
+      ok = ml_run_in_session(mc, cs, &s->op, &reply, &err);
+      if (cs && (kind == OP_KILL || (kind == OP_OPEN && !ok))) {
+        mongoc_client_session_destroy(cs);
+        cs = NULL;
+      }
       pthread_mutex_lock(&watch_mu);
       s->in_call = 0;
-      if (copy) bson_destroy(copy);
-      cs = next;
-      if (mongoc_change_stream_error_document(cs, &err, &errdoc)) {
-        if (tries >= REOPENS) {
-          set_failed(s, &err);
-          break;
-        }
-      }
+      stream_done(s, ok, &reply, &err);
+      bson_destroy(&reply);
+      /* woken after the unlock: a waiter woken while watch_mu is held
+       * would block on it at once and need a second wake-up */
+      pthread_mutex_unlock(&watch_mu);
+      pthread_cond_broadcast(&s->cv);
+      pthread_mutex_lock(&watch_mu);
+      continue;
     }
+    if (!mc || finished(s)) break;
+    cv_wait_until(&s->cv, wake == HUGE_VAL ? ml_monotonic() + IDLE : wake);
   }
-done:
   if (s->state != ST_FAILED) s->state = ST_DONE;
-  s->in_call = 0;
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
     ml_orphan *o = s->orphan;
     pthread_mutex_unlock(&watch_mu);
-    mongoc_change_stream_destroy(cs);
-    mongoc_collection_destroy(coll);
+    if (cs) mongoc_client_session_destroy(cs);
     if (mc) mongoc_client_pool_push(s->pool, mc);
     if (detached) {
       stream_free(s);           /* unlinked by close: nobody else sees it */
@@ -334,6 +459,8 @@ done:
 static void stream_free(ml_stream *s) {
   int k;
   for (k = 0; k < RING; k++) free(s->ring[k].key);
+  if (s->op_kind) ml_op_destroy(&s->op);
+  if (s->resume) bson_destroy(s->resume);
   pthread_cond_destroy(&s->cv);
   free(s->db);
   free(s->coll);
@@ -348,8 +475,8 @@ static char *dupstr(const char *p) {
   return d;
 }
 
-/* watch_mu held: unlinks and joins a finished stream, then frees it */
-static void stream_reap(ml_stream *s) {
+/* watch_mu held: takes s out of the list */
+static void stream_unlink(ml_stream *s) {
   ml_stream **p;
   for (p = &streams; *p; p = &(*p)->next) {
     if (*p == s) {
@@ -357,6 +484,11 @@ static void stream_reap(ml_stream *s) {
       break;
     }
   }
+}
+
+/* watch_mu held: unlinks and joins a finished stream, then frees it */
+static void stream_reap(ml_stream *s) {
+  stream_unlink(s);
   if (s->joinable) {
     pthread_mutex_unlock(&watch_mu);
     pthread_join(s->thread, NULL);
@@ -369,7 +501,8 @@ static void stream_reap(ml_stream *s) {
  * watch_mu held.  The stream for (c, db, coll, field) in this process,
  * started at (t, i) when there is none (or the last one ended); a failed
  * one is kept for FAILED_FOR seconds so that waiters fall back at once.
- * NULL on out-of-memory or when no thread can be started.
+ * pool NULL: an external stream (no thread).  NULL on out-of-memory or
+ * when no thread can be started.
  */
 static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const char *db,
                              const char *coll, const char *field, uint32_t t, uint32_t i) {
@@ -386,7 +519,8 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
       continue;
     if (s->state == ST_STARTING || s->state == ST_RUNNING) return s;
     if (s->state == ST_FAILED && ml_monotonic() - s->failed_at < FAILED_FOR) return s;
-    if (s->waiters == 0) {
+    if (s->stop && !finished(s)) return s;    /* stopped, not ended yet: "retry" */
+    if (s->waiters == 0 && finished(s) && !s->in_call) {
       stream_reap(s);
       nx = streams;             /* reaping released watch_mu: walk again */
     }
@@ -407,27 +541,32 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
   s->c = c;
   s->pool = pool;
   s->pid = pid;
-  s->in_call = 1;               /* the thread opens the stream first */
   s->start_t = t;
   s->start_i = i;
+  s->drop_t = t;
+  s->drop_i = i;
   {
     int32_t sock = mongoc_uri_get_option_as_int32(c->uri, MONGOC_URI_SOCKETTIMEOUTMS, 0);
-    s->await_ms = (sock > 0 && sock / 2 < AWAIT_MS) ? sock / 2 : AWAIT_MS;
+    s->await_ms = pool ? AWAIT_MS : AWAIT_EXTERNAL;
+    if (sock > 0 && sock / 2 < s->await_ms) s->await_ms = sock / 2;
   }
   s->state = ST_STARTING;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&s->cv, &ca);
   pthread_condattr_destroy(&ca);
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  rc = pthread_create(&s->thread, NULL, watch_main, s);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0) {
-    stream_free(s);
-    return NULL;
+  if (pool) {
+    s->in_call = 1;             /* the thread opens the stream first */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&s->thread, NULL, watch_main, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+      stream_free(s);
+      return NULL;
+    }
+    s->joinable = 1;
   }
-  s->joinable = 1;
   s->next = streams;
   streams = s;
   c->on_close = ml_bg_on_close;
@@ -445,26 +584,115 @@ void ml_watch_stop(ml_client *c) {
     }
   for (s = streams; s;) {
     ml_orphan *o;
-    if (s->c == c && s->pid == pid && s->in_call && s->joinable &&
-        (o = ml_orphan_take(c)) != NULL) {
-      /* in a getMore (or opening): do not wait for it, the thread frees
-       * the stream when the call returns, the last one the pool */
-      ml_stream **p;
-      for (p = &streams; *p != s; p = &(*p)->next) {}
-      *p = s->next;
+    if (s->c != c || s->pid != pid) {
+      s = s->next;
+    } else if (!s->pool) {
+      /* external: the adapter's next ops end an open one (watch_next
+       * frees it then); a waiter meanwhile is told to retry */
+      if (s->open || s->op_kind) {
+        if (s->state != ST_FAILED) s->state = ST_DONE;
+        s = s->next;
+      } else {
+        stream_unlink(s);
+        stream_free(s);
+        s = streams;
+      }
+    } else if (s->in_call && s->joinable && (o = ml_orphan_take(c)) != NULL) {
+      /* in a call: do not wait for it, the thread ends the stream and
+       * frees it when the call returns, the last one the pool */
+      stream_unlink(s);
       s->orphan = o;
       s->detached = 1;
       s->joinable = 0;
       pthread_detach(s->thread);
       s = streams;
-    } else if (s->c == c && s->pid == pid) {
+    } else {
       stream_reap(s);
       s = streams;
-    } else {
-      s = s->next;
     }
   }
   pthread_mutex_unlock(&watch_mu);
+}
+
+/* ---- the external adapter, seen from Lua ------------------------------- */
+
+/* client:watch_next() -> id, op (a BSON op string) | nil, seconds until
+ * something may be due (math.huge: no stream of the client needs one) */
+int ml_m_watch_next(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
+  ml_stream *s, *nx;
+  double now = ml_monotonic(), wake = HUGE_VAL, w;
+  pid_t pid = getpid();
+  pthread_mutex_lock(&watch_mu);
+  for (s = streams; s; s = nx) {
+    nx = s->next;
+    if (s->c != c || s->pid != pid || s->pool) continue;
+    if (s->op_kind) {
+      if (now + 1 < wake) wake = now + 1;     /* in flight */
+      continue;
+    }
+    if (stream_next(s, now, &w)) {
+      s->op_id = ++op_ids;
+      lua_pushinteger(L, (lua_Integer)s->op_id);
+      ml_push_op(L, &s->op);
+      pthread_mutex_unlock(&watch_mu);
+      return 2;
+    }
+    if (s->stop && finished(s)) {
+      stream_unlink(s);
+      stream_free(s);
+    } else if (w < wake) {
+      wake = w;
+    }
+  }
+  pthread_mutex_unlock(&watch_mu);
+  lua_pushnil(L);
+  lua_pushnumber(L, wake == HUGE_VAL ? HUGE_VAL : (wake > now ? wake - now : 0));
+  return 2;
+}
+
+/* client:watch_done(id, reply, err, code) -> true: the outcome of the op
+ * watch_next gave (reply a BSON string, or nil and the error); waiters
+ * look again after it */
+int ml_m_watch_done(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
+  long id = (long)luaL_checkinteger(L, 2);
+  size_t len = 0;
+  const char *bytes = lua_type(L, 3) == LUA_TSTRING ? lua_tolstring(L, 3, &len) : NULL;
+  ml_stream *s;
+  bson_t reply;
+  bson_error_t err;
+  int ok = 0;
+  memset(&err, 0, sizeof err);
+  if (bytes) ok = bson_init_static(&reply, (const uint8_t *)bytes, len);
+  if (!ok) {
+    bson_init(&reply);
+    bson_set_error(&err, MONGOC_ERROR_SERVER, (uint32_t)luaL_optinteger(L, 5, 0), "%s",
+                   luaL_optstring(L, 4, "no reply"));
+  }
+  pthread_mutex_lock(&watch_mu);
+  for (s = streams; s; s = s->next)
+    if (s->c == c && s->pid == getpid() && !s->pool && s->op_kind && s->op_id == id) {
+      stream_done(s, ok, &reply, &err);
+      if (s->stop && finished(s)) {
+        stream_unlink(s);
+        stream_free(s);
+      }
+      break;
+    }
+  pthread_mutex_unlock(&watch_mu);
+  bson_destroy(&reply);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* client:watch_stop() -> true: ends the client's streams in this process
+ * (an nginx worker that is shutting down): their waiters are told to
+ * retry, and the adapter's next ops end the open ones */
+int ml_m_watch_stop(lua_State *L) {
+  ml_watch_stop((ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT));
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* ---- Lua --------------------------------------------------------------- */
@@ -486,10 +714,11 @@ static int key_equal(const uint8_t *data, size_t len, const bson_t *key) {
 }
 
 /* watch_mu held: has a release of key after (t, i) been seen, for every
- * waiter or for this one (waiter NULL: any release)?  0 no, 1 yes, 2 it
- * granted the lock to waiter (*grant: that event) */
+ * waiter or for this one (waiter NULL: any release)?  0 no, 1 yes (*mine:
+ * handed to waiter by name), 2 it granted the lock to waiter (*grant: that
+ * event) */
 static int seen(const ml_stream *s, const bson_t *key, const char *waiter, uint32_t t,
-                uint32_t i, const watch_event **grant) {
+                uint32_t i, const watch_event **grant, int *mine) {
   unsigned long long n = s->seq < RING ? s->seq : RING, k;
   if (ts_after(s->drop_t, s->drop_i, t, i)) return 1;
   for (k = 0; k < n; k++) {
@@ -499,6 +728,7 @@ static int seen(const ml_stream *s, const bson_t *key, const char *waiter, uint3
         (memcmp(e->next, s->tag, 16) != 0 || strcmp(e->next + 16, waiter) != 0))
       continue;
     if (!e->key || key_equal(e->key, e->keylen, key)) {
+      *mine = e->next[0] && waiter;
       if (waiter && e->owner[0] && e->key && strcmp(e->owner, waiter) == 0) {
         *grant = e;
         return 2;
@@ -534,7 +764,9 @@ static uint32_t check_u32(lua_State *L, int idx) {
  * nil, message: the stream failed (standalone server, no change streams,
  * an error it could not resume from); the caller falls back to polling.
  * Blocks the calling thread: inside nginx call it with timeout 0 and sleep
- * cooperatively between calls.
+ * cooperatively between calls.  A client made external (its streams read
+ * by client:watch_next / watch_done) never blocks: with timeout 0 it
+ * looks, with more it answers nil, message (no stream can be read here).
  */
 static int l_watch_wait(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
@@ -551,11 +783,15 @@ static int l_watch_wait(lua_State *L) {
   const char *res;
   const watch_event *grant = NULL;
   int64_t token = 0;
+  int mine = 0;
 
   luaL_argcheck(L, timeout == timeout, 8, "not a number");
   luaL_argcheck(L, strlen(field) > 0 && strlen(field) < 200, 4, "bad field name");
-  pool = ml_client_pool(L, c);
+  pool = c->external ? NULL : ml_client_pool(L, c);
   pthread_once(&atfork_once, install_atfork);
+  if (c->external && timeout > 0)
+    return ml_pushfail(L, "change stream: this client's streams are read by its event loop, "
+                          "which cannot run while this call blocks", 0);
   deadline = ml_monotonic() + (timeout > 0 ? timeout : 0);
   bson_init(&key);
   {
@@ -603,10 +839,10 @@ static int l_watch_wait(lua_State *L) {
       else lua_pushnil(L);
       return 3;
     }
-    if (s->state == ST_DONE) { res = "retry"; break; }
+    if (s->state == ST_DONE || s->stop) { res = "retry"; break; }
     if (s->state == ST_RUNNING) {
       if (ts_after(s->start_t, s->start_i, t, i)) { res = "retry"; break; }
-      int r = seen(s, &key, waiter, t, i, &grant);
+      int r = seen(s, &key, waiter, t, i, &grant, &mine);
       if (r == 2) {
         res = "granted";
         token = grant->token;
@@ -619,6 +855,9 @@ static int l_watch_wait(lua_State *L) {
   }
   s->waiters--;
   s->idle_since = ml_monotonic();
+  if (res[0] == 'e' || res[0] == 'g') s->answered++;
+  if (res[0] == 'g') s->granted++;
+  if (mine) s->handed++;
   pthread_mutex_unlock(&watch_mu);
   bson_destroy(&key);
   lua_pushstring(L, res);
@@ -634,11 +873,18 @@ void ml_watch_stats(ml_client *c, ml_watch_counts *out) {
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next) {
     if (s->c != c || s->pid != pid) continue;
-    if (s->state == ST_RUNNING || s->state == ST_STARTING) out->streams++;
+    if (s->state == ST_RUNNING || s->state == ST_STARTING) {
+      out->streams++;
+      if (s->pool) out->threads++;
+    }
     if (s->state == ST_FAILED) out->failed++;
     out->events += s->events;
     out->reopens += s->reopens;
     out->getmores += s->getmores;
+    out->opens += s->opens;
+    out->answered += s->answered;
+    out->granted += s->granted;
+    out->handed += s->handed;
   }
   pthread_mutex_unlock(&watch_mu);
 }

@@ -249,7 +249,7 @@ local SPEC_LOCATIONS = [[
         location = /mongolock-stats {
             content_by_lua_block {
                 local out = {}
-                for _, m in ipairs({ "mongolock.ngx", "mongolock.ngx.watch" }) do
+                for _, m in ipairs({ "mongolock.ngx", "mongolock.ngx.core" }) do
                     local ok, mod = pcall(require, m)
                     if ok then
                         for k, v in pairs(mod.stats()) do out[#out + 1] = m .. "." .. k .. " " .. v .. "\n" end
@@ -465,11 +465,10 @@ ngx.say(table.concat(out, "\n"))
 -- behind a writer) behind a holder that releases after 0.3 s, waiting with
 -- poll steps of 4 to 8 s (and, queued, a place refreshed every 10 s): only
 -- a wake-up brings it in before then.  Answers what the worker's change
--- stream counted meanwhile (mongolock.ngx.watch) and what the process's own
--- client's stream did (csrc/watch.c, mongolock.testing)
+-- stream counted meanwhile (the client's, csrc/watch.c, through
+-- mongolock.testing): read by the worker's jobs, no thread of its own
 local WAKE_HANDLER = [==[
 local mongolock = require "mongolock"
-local nwatch = require "mongolock.ngx.watch"
 local ncore = require "mongolock.ngx.core"
 local testing = require "mongolock.testing"
 local c = package.loaded.wake_spec_client
@@ -547,7 +546,7 @@ else
   WAIT.queue_ttl = 20
   acquire = function() return rw:read("g", WAIT) end
 end
-local s0, l0 = nwatch.stats(), ncore.stats()
+local s0, l0 = testing.watch_stats(c._core), ncore.stats()
 ngx.update_time()
 local t0 = ngx.now()
 local t = ngx.thread.spawn(function() ngx.sleep(0.3); return release() end)
@@ -555,16 +554,15 @@ local h, err = acquire()
 ngx.update_time()
 local elapsed = ngx.now() - t0
 local _, released = ngx.thread.wait(t)
-local s1, l1 = nwatch.stats(), ncore.stats()
-local native = testing.watch_stats(c._core)
+local s1, l1 = testing.watch_stats(c._core), ncore.stats()
 local out = {
   "acquired " .. tostring(h ~= nil and h.held ~= nil and h:held()) .. " " .. tostring(err),
   "released " .. tostring(released),
   "elapsed " .. string.format("%.3f", elapsed),
-  "waits " .. ((s1.waits or 0) - (s0.waits or 0)),
-  "wakes " .. (s1.woken + s1.handoffs - s0.woken - s0.handoffs),
-  "handoffs " .. (s1.handoffs - s0.handoffs),
-  "native " .. (native.streams or 0) .. " " .. (native.getmores or 0),
+  "getmores " .. (s1.getmores - s0.getmores),
+  "wakes " .. (s1.answered - s0.answered),
+  "handoffs " .. (s1.handed + s1.granted - s0.handed - s0.granted),
+  "threads " .. s1.threads,
   -- named locks (mongolock.ngx.core): attempts sent, locks made from a
   -- grant's event alone
   "attempts " .. (l1.attempts - l0.attempts),
@@ -853,7 +851,7 @@ describe("#integration nginx with resty.mongolock", function()
       local scode, stats = nx.keepalive_get(p.sock, "/mongolock-stats")
       assert.equal(200, scode)
       print("# worker " .. p.pid .. ": " .. stats:gsub("\n(.)", " %1"))
-      handoffs = handoffs + (tonumber(stats:match("mongolock%.ngx%.watch%.handoffs (%d+)")) or 0)
+      handoffs = handoffs + (tonumber(stats:match("mongolock%.ngx%.core%.granted (%d+)")) or 0)
       p.sock:close()
     end
     assert.is_true(handoffs > 0, "no waiter was woken by a release handed to it")
@@ -1169,10 +1167,10 @@ describe("#integration nginx with resty.mongolock", function()
     assert.equal("timeout\ntimeout\n", body2)
   end)
 
-  -- issue 12: every kind's waiters wait on the worker's change stream
-  -- (mongolock.ngx.watch, each getMore a worker-thread job), woken through
-  -- their semaphores; the process's own stream (csrc/watch.c, a thread of
-  -- its own) is never opened
+  -- issue 12: every kind's waiters wait on the client's change stream read
+  -- by the worker (csrc/watch.c's machine, each getMore a worker-thread
+  -- job: mongolock.ngx.core), woken through a semaphore; no stream thread
+  -- is started
   local function wake(kind, id)
     local code, body = get(nginx.port, "/wake-spec?kind=" .. kind .. "&coll=" .. helpers.unique("wake")
       .. "&id=" .. (id or ""))
@@ -1185,9 +1183,9 @@ describe("#integration nginx with resty.mongolock", function()
     assert.equal("true", r.released)
     -- the waiter's first poll would come 4 to 8 s after its attempt
     assert.is_true(tonumber(r.elapsed) < 3, "acquired after " .. r.elapsed .. " s")
-    assert.is_true(tonumber(r.waits) >= 1, "no wait on the worker's stream")
+    assert.is_true(tonumber(r.getmores) >= 1, "no getMore of the worker's stream")
     assert.is_true(tonumber(r.wakes) >= 1, "no waiter woken by the worker's stream")
-    assert.equal("0 0", r.native)
+    assert.equal("0", r.threads)
     return r
   end
 

@@ -33,14 +33,14 @@
 -- sets state.granted = {token} and the loop makes the handle from it.
 --
 -- Inside OpenResty (a phase where ngx.sleep yields) with round trips in
--- worker threads (mongolock.ngx) the waiter waits on the worker's stream
--- (mongolock.ngx.watch: each getMore a job, the waiter on an
--- ngx.semaphore); where round trips stay on the event loop
--- (configure{enabled = false}) the process's stream is looked at without
--- blocking, between cooperative ngx.sleep steps of 1 to 20 ms; so it is in
--- a coroutine of a scheduler (connect{scheduler =}, mongolock.sched), with
--- the scheduler's sleep; elsewhere the calling thread blocks in C until
--- woken.
+-- worker threads (mongolock.ngx) the client's streams are read by the
+-- worker (mongolock.ngx.core: each getMore a job) and the waiter looks at
+-- its stream each time a reply came (an ngx.semaphore); where round trips
+-- stay on the event loop (configure{enabled = false}) the process's stream
+-- (a thread) is looked at without blocking, between cooperative ngx.sleep
+-- steps of 1 to 20 ms; so it is in a coroutine of a scheduler
+-- (connect{scheduler =}, mongolock.sched), with the scheduler's sleep;
+-- elsewhere the calling thread blocks in C until woken.
 
 local core = require "mongolock.core"
 local private = require "mongolock.private"
@@ -75,33 +75,34 @@ end
 -- nil, message, code
 local function watch(state, ot, seconds)
   local locks = state.locks
-  local args = { locks.core, locks.database, locks.collection, state.field or "owner",
-    state.name, ot.t, ot.i }
+  local cc, db, coll, field, id = locks.core, locks.database, locks.collection, state.field or "owner",
+    state.name
   local waiter = state.waiter
   local ngx = cooperative()
   local S = not ngx and private.scheduler()
   if not ngx and not S then
-    return watch_wait(args[1], args[2], args[3], args[4], args[5], args[6], args[7], seconds,
-      waiter)
+    return watch_wait(cc, db, coll, field, id, ot.t, ot.i, seconds, waiter)
   end
-  if ngx then
-    local nw = package.loaded["mongolock.ngx.watch"] or require("mongolock.ngx.watch")
-    local ctx = nw.context(locks)
-    if ctx then return nw.wait(ctx, args[4], args[5], waiter, ot, seconds) end
-  end
-  -- the process's stream looked at without blocking, between the loop's
-  -- own sleeps (nginx's or a scheduler's)
+  -- the client's stream looked at without blocking, between sleeps: inside
+  -- nginx with worker threads, until the worker's adapter took a reply of
+  -- the stream (mongolock.ngx.core); else the loop's own sleeps (nginx's
+  -- or a scheduler's)
+  local nc = ngx and private.ngx_core(locks.client)
+  if nc and ngx.worker.exiting() then return nil, "change stream: nginx worker exiting" end
   local sleep = ngx and ngx.sleep or S.sleep
   local stop = monotonic() + seconds
   local step = 0.001
   while true do
-    local res, err, code = watch_wait(args[1], args[2], args[3], args[4], args[5], args[6],
-      args[7], 0, waiter)
+    local res, err, code = watch_wait(cc, db, coll, field, id, ot.t, ot.i, 0, waiter)
     if res ~= "timeout" then return res, err, code end
     local left = stop - monotonic()
     if left <= 0 then return "timeout" end
-    sleep(math_min(step, left))
-    step = math_min(step * 2, 0.02)
+    if nc then
+      nc.await_event(math_min(left, 0.25))
+    else
+      sleep(math_min(step, left))
+      step = math_min(step * 2, 0.02)
+    end
   end
 end
 

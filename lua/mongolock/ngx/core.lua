@@ -21,6 +21,10 @@
 --   timer (transport.run's on_orphan).
 -- - The lease engine's commands (renewals, top-ups, queued releases) run
 --   from one timer per worker and client, never from a request.
+-- - So do the client's change streams (csrc/watch.c): a second timer hands
+--   each of their commands to a job of its own (a getMore waits up to a
+--   second for events), and after each reply wakes the worker's waiters,
+--   which look at the streams without blocking (core.watch_wait).
 
 local core = require "mongolock.core"
 local transport = require "mongolock.ngx"
@@ -111,6 +115,55 @@ local function start_adapter(p)
   else log("ERR", "no timer for the lease engine: ", err) end
 end
 
+-- ---- the change streams' adapter ---------------------------------------------
+
+local function stream_job(_, p, id, op)
+  local reply, err, code = transport.run(p.spec, op)
+  local ok, derr = pcall(p.cc.watch_done, p.cc, id, reply, err, code)
+  if not ok then log("ERR", "change stream: ", tostring(derr)) end
+  local waiting = -p.events:count()
+  if waiting > 0 then p.events:post(waiting) end
+  p.swake:post(1)
+end
+
+local function streams(premature, p)
+  local ngx = rawget(_G, "ngx")
+  local cc, stopped = p.cc, false
+  while true do
+    if not stopped and (premature or ngx.worker.exiting()) then
+      stopped = pcall(cc.watch_stop, cc)
+      local waiting = -p.events:count()
+      if waiting > 0 then p.events:post(waiting) end
+    end
+    local ok, id, op = pcall(cc.watch_next, cc)
+    if not ok then
+      log("ERR", "change stream: ", tostring(id))
+      break
+    elseif id ~= nil then
+      local tok, terr = ngx.timer.at(0, stream_job, p, id, op)
+      if not tok then pcall(cc.watch_done, cc, id, nil, "no timer: " .. tostring(terr)) end
+    elseif op == math_huge then
+      break
+    else
+      p.swake:wait(math_max(0.001, math_min(op, _M.CAP)))
+    end
+  end
+  p.streams = nil
+end
+
+-- p.await_event(seconds): a waiter of the worker sleeps until a stream's
+-- reply was taken (it then looks again), at most seconds; the adapter
+-- sends what the waiter needs (a getMore, a stream's opening) meanwhile
+local function await_event(p, seconds)
+  if p.streams ~= getpid() then
+    local ok, err = rawget(_G, "ngx").timer.at(0, streams, p)
+    if ok then p.streams = getpid()
+    else log("ERR", "no timer for the change streams: ", err) end
+  end
+  if p.swake:count() < 1 then p.swake:post(1) end
+  p.events:wait(seconds)
+end
+
 -- a handle made here: the adapter looks at the engine at once
 local function made(p, h)
   if h ~= nil and type(h) ~= "string" then
@@ -149,10 +202,12 @@ function _M.of(client)
   -- mongolock.yielding)
   -- commands sent as jobs (client:stats().commands), the adapter's too
   local count = { n = 0 }
+  local semaphore = require "ngx.semaphore"
   local state = { cc = cc, spec = spec, handles = setmetatable({}, { __mode = "k" }),
-                  wake = require("ngx.semaphore").new(0), count = count }
+                  wake = semaphore.new(0), count = count, events = semaphore.new(0), swake = semaphore.new(0) }
   local runner = runner_of(spec, state)
-  p = yielding.new(cc, runner, { spec = spec, state = state, count = count })
+  p = yielding.new(cc, runner, { spec = spec, state = state, count = count,
+    await_event = function(seconds) return await_event(state, seconds) end })
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
     -- (plain data only: the core's table of them is weak on the client)

@@ -1,0 +1,173 @@
+-- The change stream's machine (csrc/watch.c) driven from outside, as
+-- inside nginx (mongolock.ngx.core): a client made external starts no
+-- stream thread; client:watch_next() hands out each command of its
+-- streams, client:watch_done() takes the outcome, and waiters look with
+-- core.watch_wait(..., 0).  Here the specs are the adapter: they run each
+-- op with client:run, or answer it with an error of their own.
+local helpers = require "helpers"
+local core = require "mongolock.core"
+local testing = require "mongolock.testing"
+
+local sleep = core.sleep
+
+describe("#integration a change stream driven from outside (client:watch_next, watch_done)", function()
+  local c, holder, db, coll, t, i
+
+  -- the command an op carries ("aggregate", "getMore", "killCursors")
+  -- and the op's command document
+  local function command(op)
+    local cmd = core.bson_decode(op).cmd
+    for _, k in ipairs({ "aggregate", "getMore", "killCursors" }) do
+      if cmd[k] ~= nil then return k, cmd end
+    end
+    error("not a stream's op")
+  end
+
+  -- one op of the client's streams, run (by another client of the
+  -- process: a cursor's session is the process's, transport.h) or answered
+  -- with the error `answer`; its command's name (nil, seconds when none is
+  -- due)
+  local function step(answer)
+    local id, op = c:watch_next()
+    if not id then return nil, op end
+    local name = command(op)
+    if answer then
+      assert.is_true(c:watch_done(id, nil, answer, 6))
+    else
+      local reply, err, code = holder._core:run(op)
+      assert.is_true(c:watch_done(id, reply, err, code))
+    end
+    return name
+  end
+
+  -- the next op handed out, within 2 s: id, op
+  local function next_op()
+    local stop = core.monotonic() + 2
+    repeat
+      local id, op = c:watch_next()
+      if id then return id, op end
+      sleep(0.005)
+    until core.monotonic() > stop
+    error("no op handed out")
+  end
+
+  local function look(name, waiter)
+    return core.watch_wait(c, db, coll, "owner", name or "x", t, i, 0, waiter)
+  end
+
+  before_each(function()
+    c = assert(core.connect(helpers.uri()))
+    assert(c:set_external(true))
+    holder = helpers.connect()
+    db, coll = helpers.database, helpers.unique("wx")
+    local r = assert(c:command(db, { ping = 1 }))
+    t, i = r.operationTime.t, r.operationTime.i
+  end)
+
+  after_each(function()
+    if c and not c:closed() then c:close() end
+    if holder then holder:close() end
+  end)
+
+  it("starts no thread: each command is handed out, and a look sees the release its getMore brought", function()
+    local hl = holder:locks({ database = db, collection = coll })
+    local h = assert(hl:acquire("x", { ttl = 30 }))
+    assert.equal("timeout", (look()))
+    local st = testing.watch_stats(c)
+    assert.equal(1, st.streams)
+    assert.equal(0, st.threads)
+    assert.equal("aggregate", (step()))
+    assert.is_true(h:release())
+    assert.equal("timeout", (look()))         -- not read yet
+    assert.equal("getMore", (step()))
+    assert.equal("event", (look()))
+    st = testing.watch_stats(c)
+    assert.is_true(st.events >= 1)
+    assert.equal(1, st.getmores)
+    assert.equal(0, st.threads)
+  end)
+
+  it("answers a blocking wait with an error (nobody could read the stream meanwhile), not a timeout",
+     function()
+    local res, err = core.watch_wait(c, db, coll, "owner", "x", t, i, 1)
+    assert.is_nil(res)
+    assert.matches("change stream: ", err, 1, true)
+    assert.equal(0, testing.watch_stats(c).threads)
+  end)
+
+  it("sends no getMore while nobody looked lately", function()
+    assert.equal("timeout", (look()))
+    assert.equal("aggregate", (step()))
+    assert.equal("getMore", (step()))        -- the look above still counts (0.5 s)
+    sleep(0.7)
+    local none, seconds = step()
+    assert.is_nil(none)
+    assert.is_true(seconds > 0 and seconds < 11, tostring(seconds))
+  end)
+
+  it("after a failed getMore ends the cursor and opens again after the last batch's resume token; "
+     .. "fails after four failures in a row", function()
+    assert.equal("timeout", (look()))
+    assert.equal("aggregate", (step()))
+    assert.equal("getMore", (step("injected failure")))
+    assert.equal("timeout", (look()))
+    assert.equal("killCursors", (step()))
+    -- the new opening comes a little later (50 ms after the first failure)
+    local none, seconds = c:watch_next()
+    assert.is_nil(none)
+    assert.is_true(seconds <= 0.05, tostring(seconds))
+    local id, op = next_op()
+    local kind, cmd = command(op)
+    assert.equal("aggregate", kind)
+    assert.is_not_nil(cmd.pipeline[1]["$changeStream"].resumeAfter, "no resume token")
+    assert.is_true(c:watch_done(id, holder._core:run(op)))
+    assert.equal(1, testing.watch_stats(c).reopens)
+    -- a getMore, then three openings fail: the fourth failure in a row
+    -- fails the stream, and its waiters hear it
+    assert.equal("getMore", (step("injected failure")))
+    assert.equal("killCursors", (step()))
+    for _ = 1, 3 do
+      assert.equal("timeout", (look()))
+      id, op = next_op()
+      assert.equal("aggregate", (command(op)))
+      assert.is_true(c:watch_done(id, nil, "injected failure", 6))
+    end
+    local res, err = look()
+    assert.is_nil(res)
+    assert.equal("change stream: injected failure", err)
+    assert.equal(1, testing.watch_stats(c).failed)
+    none, seconds = step()
+    assert.is_nil(none)
+    assert.equal(math.huge, seconds)
+  end)
+
+  it("a first opening that fails fails the stream at once (no change streams there)", function()
+    assert.equal("timeout", (look()))
+    assert.equal("aggregate", (step("not a replica set")))
+    local res, err = look()
+    assert.is_nil(res)
+    assert.equal("change stream: not a replica set", err)
+  end)
+
+  it("watch_stop and close end an open stream with killCursors, and then hand out nothing", function()
+    assert.equal("timeout", (look()))
+    assert.equal("aggregate", (step()))
+    assert.is_true(c:watch_stop())
+    assert.equal("retry", (look()))
+    assert.equal("killCursors", (step()))
+    local none, seconds = step()
+    assert.is_nil(none)
+    assert.equal(math.huge, seconds)
+    -- a client closed while its stream's getMore is out
+    assert.equal("timeout", (look("y")))
+    assert.equal("aggregate", (step()))
+    local id, op = c:watch_next()
+    assert.equal("getMore", (command(op)))
+    c:close()
+    assert.is_true(c:watch_done(id, nil, "closed"))   -- its reply never came
+    assert.equal("killCursors", (step()))
+    none, seconds = step()
+    assert.is_nil(none)
+    assert.equal(math.huge, seconds)
+  end)
+end)
