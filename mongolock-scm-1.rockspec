@@ -66,7 +66,7 @@ build = {
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
-        "csrc/renew.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
+        "csrc/engine.c", "csrc/renew.c", "csrc/stream.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c",
         "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c", "csrc/stats.c",

@@ -75,84 +75,35 @@
 #include <unistd.h>
 
 #include "mongolock.h"
+#include "stream.h"
 #include "transport.h"
 
-#define RING 256
 #define AWAIT_MS 10000          /* a thread's getMore's maxAwaitTimeMS */
 #define AWAIT_EXTERNAL 1000     /* the external adapter's */
-#define IDLE 10.0               /* seconds without a waiter before closing */
 #define FAILED_FOR 30.0         /* a failed stream is not retried for this long */
-#define REOPENS 3               /* failed calls in a row before the stream fails */
 #define POLL_GRACE 0.5          /* see polled_until */
 
-enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
-enum { OP_NONE, OP_OPEN, OP_MORE, OP_KILL };
 
-typedef struct watch_event {
-  uint8_t *key;                 /* BSON of {"k": documentKey._id}; NULL = any */
-  size_t keylen;
-  char next[49];                /* the waiter a release was handed to (the
-                                   document's next: process tag and waiter
-                                   id), "" = every waiter */
-  char owner[33];               /* with next: granted to that waiter */
-  int64_t token;                /* with owner: the grant's token */
-  uint32_t t, i;                /* clusterTime */
-} watch_event;
-
-typedef struct ml_stream {
-  struct ml_stream *next;
+typedef struct ml_watcher {
+  struct ml_watcher *next;
+  ml_stream m;                  /* the machine (stream.c) */
   ml_client *c;
   mongoc_client_pool_t *pool;   /* NULL: external (no thread) */
   ml_orphan *orphan;            /* detached: the closed client's pool it
                                    shares with its other detached threads */
   pid_t pid;
-  char *db, *coll, *field;
-  char tag[17];                 /* the process tag its $match routes on */
   pthread_t thread;
   int joinable;                 /* thread not joined yet */
   int in_call;                  /* the thread is in a server call */
   int detached;                 /* closed during a call: the thread frees it */
   pthread_cond_t cv;            /* events, state changes */
-  int state;
-  int stop;                     /* its client closed */
-  char errmsg[256];
-  uint32_t errcode;
-  double failed_at;
-  uint32_t start_t, start_i;    /* the stream sees every release after this */
-  watch_event ring[RING];
-  unsigned long long seq;       /* events recorded so far */
-  uint32_t drop_t, drop_i;      /* newest time pushed out of ring */
-  int waiters;                  /* blocked in watch_wait now */
-  int64_t await_ms;
-  double polled_until;          /* a non-blocking waiter (timeout 0) looked
-                                   recently: keep reading until then */
-  double idle_since;
-  /* the machine */
-  int open;                     /* its session is open: a killCursors is due */
-  int stale;                    /* the cursor is to be replaced (killCursors,
-                                   then a new aggregate) */
-  int64_t cursor_id;
-  char session[33];             /* this opening's session key */
-  bson_t *resume;               /* the last batch's postBatchResumeToken */
-  int tries;                    /* failed calls in a row */
-  double retry_at;              /* no new aggregate before */
-  int op_kind;                  /* the op in flight, OP_NONE */
-  long op_id;                   /* its id for the external adapter */
-  ml_op op;
-  long events, reopens, getmores, opens;
-  long answered, handed, granted;  /* watch_wait's answers: an event, a
-                                      release handed to the waiter by name,
-                                      a grant */
-} ml_stream;
+  long op_id;                   /* the op in flight's id for the external
+                                   adapter */
+} ml_watcher;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
-static ml_stream *streams;      /* (watch_mu) */
-static unsigned long openings;  /* (watch_mu) session keys made */
+static ml_watcher *streams;      /* (watch_mu) */
 static long op_ids;             /* (watch_mu) */
-static int ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
-  return t1 > t2 || (t1 == t2 && i1 > i2);
-}
-
 static void cv_wait_until(pthread_cond_t *cv, double when) {
   struct timespec ts = ml_timespec(when);
   pthread_cond_timedwait(cv, &watch_mu, &ts);
@@ -173,220 +124,12 @@ static void install_atfork(void) {
   ml_pin_library();
 }
 
-/* ---- the ring ---------------------------------------------------------- */
-
-/* watch_mu held: appends an event (key may be NULL: wakes everyone; next
- * NULL or "": wakes every waiter of key); the caller broadcasts s->cv */
-static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_event *ev) {
-  const char *next = ev->next;
-  watch_event *e = &s->ring[s->seq % RING];
-  if (s->seq >= RING) {
-    if (ts_after(e->t, e->i, s->drop_t, s->drop_i)) {
-      s->drop_t = e->t;
-      s->drop_i = e->i;
-    }
-    free(e->key);
-  }
-  e->key = NULL;
-  e->keylen = 0;
-  e->next[0] = '\0';
-  e->owner[0] = '\0';
-  if (next && strlen(next) == 48) {
-    memcpy(e->next, next, 49);
-    memcpy(e->owner, ev->owner, 33);
-    e->token = ev->token;
-  }
-  if (key) {
-    e->key = (uint8_t *)malloc(keylen);
-    if (e->key) {
-      memcpy(e->key, key, keylen);
-      e->keylen = keylen;
-    }
-    /* out of memory: recorded as "any", which wakes too many, never too few */
-  }
-  e->t = ev->t;
-  e->i = ev->i;
-  s->seq++;
-  s->events++;
-}
-
-/* watch_mu held */
-static void event_from(ml_stream *s, const bson_t *doc) {
-  ml_event ev;
-  bson_t key;
-  ml_parse_event(doc, s->tag, &ev);
-  if (ev.has_key) {
-    bson_init(&key);
-    bson_append_iter(&key, "k", 1, &ev.key);
-    record(s, bson_get_data(&key), key.len, &ev);
-    bson_destroy(&key);
-  } else {
-    record(s, NULL, 0, &ev);
-  }
-}
-
-
-/* ---- the machine ------------------------------------------------------- */
-
-/* watch_mu held */
-static void set_failed(ml_stream *s, const bson_error_t *e) {
-  s->state = ST_FAILED;
-  s->failed_at = ml_monotonic();
-  bson_snprintf(s->errmsg, sizeof s->errmsg, "change stream: %s",
-                e->message[0] ? e->message : "failed");
-  s->errcode = e->code;
-}
-
-/* watch_mu held: a batch (the aggregate's or a getMore's) into the ring;
- * 0 when the reply holds none */
-static int take_batch(ml_stream *s, const bson_t *reply) {
-  bson_iter_t docs, it;
-  int64_t id = 0;
-  if (!ml_reply_batch(reply, &docs, &id)) return 0;
-  while (bson_iter_next(&docs)) {
-    const uint8_t *data;
-    uint32_t len;
-    bson_t doc;
-    if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
-    bson_iter_document(&docs, &len, &data);
-    if (bson_init_static(&doc, data, len)) event_from(s, &doc);
-  }
-  s->cursor_id = id;
-  if (bson_iter_init(&it, reply) && bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &it) &&
-      BSON_ITER_HOLDS_DOCUMENT(&it)) {
-    const uint8_t *data;
-    uint32_t len;
-    bson_iter_document(&it, &len, &data);
-    if (s->resume) bson_destroy(s->resume);
-    s->resume = bson_new_from_data(data, len);
-  }
-  return 1;
-}
-
-/* watch_mu held: a stream that ended (idle, closed, failed) and has
- * nothing left to send */
-static int finished(const ml_stream *s) {
-  return !s->open && !s->op_kind && (s->stop || s->state == ST_FAILED || s->state == ST_DONE);
-}
-
-/*
- * watch_mu held.  The next op of s (built into s->op, s->op_kind set), or
- * 0 with *wake the time something may be due (HUGE_VAL: nothing, the
- * stream is finished or waits for its op in flight).
- */
-static int stream_next(ml_stream *s, double now, double *wake) {
-  int ending = s->stop || s->state == ST_FAILED || s->state == ST_DONE;
-  *wake = HUGE_VAL;
-  if (s->op_kind) return 0;
-  if (!ending && s->open && !s->stale && s->waiters == 0 && now >= s->polled_until) {
-    /* nobody waits: no getMore (events queue in the server's cursor and
-     * are read when a waiter comes); ended when idle */
-    if (now - s->idle_since <= IDLE) {
-      *wake = s->idle_since + IDLE + 0.01;
-      return 0;
-    }
-    s->state = ST_DONE;
-    ending = 1;
-  }
-  if (s->open && (ending || s->stale)) {
-    ml_build_killcursors(&s->op, s->db, s->coll, s->cursor_id);
-    s->op_kind = OP_KILL;
-  } else if (s->open) {
-    ml_build_getmore(&s->op, s->db, s->coll, s->cursor_id, s->await_ms);
-    s->op_kind = OP_MORE;
-  } else if (ending) {
-    return 0;
-  } else if (now < s->retry_at) {
-    *wake = s->retry_at;
-    return 0;
-  } else {
-    /* each opening in a session of its own (transport.h) */
-    bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag, ++openings);
-    ml_build_watch(&s->op, s->db, s->coll, s->field, s->tag, s->start_t, s->start_i, s->resume);
-    s->op_kind = OP_OPEN;
-  }
-  s->op.session = s->session;
-  return 1;
-}
-
-/* watch_mu held: a failed call (or a reply without a batch) */
-static void call_failed(ml_stream *s, const bson_error_t *err, double now) {
-  if (++s->tries > REOPENS) {
-    set_failed(s, err);
-    return;
-  }
-  s->retry_at = now + 0.05 * s->tries;
-}
-
-/* watch_mu held: the server closed the cursor (its events are in the
- * ring): a failed call too, so that a stream that keeps closing fails */
-static void closed_by_server(ml_stream *s, double now) {
-  bson_error_t e;
-  memset(&e, 0, sizeof e);
-  bson_snprintf(e.message, sizeof e.message, "the server closed the change stream");
-  call_failed(s, &e, now);
-  s->stale = 1;
-}
-
-/* watch_mu held: the outcome of s's op in flight (ok: reply is the
- * server's answer, else err says why) */
-static void stream_done(ml_stream *s, int ok, const bson_t *reply, const bson_error_t *err) {
-  int kind = s->op_kind;
-  double now = ml_monotonic();
-  bson_error_t e;
-  s->op_kind = OP_NONE;
-  ml_op_destroy(&s->op);
-  if (ok || kind == OP_KILL) memset(&e, 0, sizeof e);
-  else e = *err;
-  if (ok && kind != OP_KILL && !take_batch(s, reply)) {
-    ok = 0;
-    bson_snprintf(e.message, sizeof e.message, "a reply without a cursor");
-  }
-  switch (kind) {
-  case OP_OPEN:
-    s->opens++;
-    if (!ok) {
-      /* the transport ended the session; a first opening that fails
-       * means no change streams here */
-      if (s->state == ST_STARTING) set_failed(s, &e);
-      else call_failed(s, &e, now);
-      break;
-    }
-    s->open = 1;
-    if (s->state == ST_STARTING) {
-      s->state = ST_RUNNING;
-      s->idle_since = now;
-    }
-    if (s->cursor_id == 0) closed_by_server(s, now);
-    else s->tries = 0;
-    break;
-  case OP_MORE:
-    s->getmores++;
-    if (!ok) {
-      call_failed(s, &e, now);  /* (failed for good: killCursors next) */
-      s->stale = 1;
-    } else if (s->cursor_id == 0) {
-      closed_by_server(s, now);
-    } else {
-      s->tries = 0;
-    }
-    break;
-  case OP_KILL:
-    /* sent for a cursor the server closed too: it ends the session */
-    s->open = 0;
-    s->cursor_id = 0;
-    if (s->stale && s->state == ST_RUNNING && !s->stop) s->reopens++;
-    s->stale = 0;
-    break;
-  }
-}
-
 /* ---- the thread adapter ------------------------------------------------ */
 
-static void stream_free(ml_stream *s);
+static void stream_free(ml_watcher *s);
 
 static void *watch_main(void *arg) {
-  ml_stream *s = (ml_stream *)arg;
+  ml_watcher *s = (ml_watcher *)arg;
   mongoc_client_t *mc = NULL;
   mongoc_client_session_t *cs = NULL;
   bson_error_t err;
@@ -400,14 +143,14 @@ static void *watch_main(void *arg) {
   pthread_mutex_lock(&watch_mu);
   if (!mc) {
     bson_snprintf(err.message, sizeof err.message, "no free connection in the pool");
-    set_failed(s, &err);
+    ml_stream_fail(&s->m, &err, ml_monotonic());
   }
   for (;;) {
     double wake;
-    if (mc && stream_next(s, ml_monotonic(), &wake)) {
+    if (mc && ml_stream_next(&s->m, ml_monotonic(), &wake)) {
       bson_t reply;
       int ok;
-      int kind = s->op_kind;
+      int kind = s->m.op_kind;
       s->in_call = 1;
       pthread_mutex_unlock(&watch_mu);
       /* the thread keeps the cursor's connection (one of the pool's, so
@@ -419,14 +162,14 @@ static void *watch_main(void *arg) {
         if (cs) mongoc_client_session_destroy(cs);
         cs = mongoc_client_start_session(mc, NULL, &ignored);   /* NULL: no sessions */
       }
-      ok = ml_run_in_session(mc, cs, &s->op, &reply, &err);
+      ok = ml_run_in_session(mc, cs, &s->m.op, &reply, &err);
       if (cs && (kind == OP_KILL || (kind == OP_OPEN && !ok))) {
         mongoc_client_session_destroy(cs);
         cs = NULL;
       }
       pthread_mutex_lock(&watch_mu);
       s->in_call = 0;
-      stream_done(s, ok, &reply, &err);
+      ml_stream_done(&s->m, ml_monotonic(), ok, &reply, &err);
       bson_destroy(&reply);
       /* woken after the unlock: a waiter woken while watch_mu is held
        * would block on it at once and need a second wake-up */
@@ -435,10 +178,10 @@ static void *watch_main(void *arg) {
       pthread_mutex_lock(&watch_mu);
       continue;
     }
-    if (!mc || finished(s)) break;
-    cv_wait_until(&s->cv, wake == HUGE_VAL ? ml_monotonic() + IDLE : wake);
+    if (!mc || ml_stream_finished(&s->m)) break;
+    cv_wait_until(&s->cv, wake == HUGE_VAL ? ml_monotonic() + ML_STREAM_IDLE : wake);
   }
-  if (s->state != ST_FAILED) s->state = ST_DONE;
+  if (s->m.state != ST_FAILED) s->m.state = ST_DONE;
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
@@ -456,15 +199,9 @@ static void *watch_main(void *arg) {
 
 /* ---- streams ----------------------------------------------------------- */
 
-static void stream_free(ml_stream *s) {
-  int k;
-  for (k = 0; k < RING; k++) free(s->ring[k].key);
-  if (s->op_kind) ml_op_destroy(&s->op);
-  if (s->resume) bson_destroy(s->resume);
+static void stream_free(ml_watcher *s) {
+  ml_stream_clear(&s->m);
   pthread_cond_destroy(&s->cv);
-  free(s->db);
-  free(s->coll);
-  free(s->field);
   free(s);
 }
 
@@ -476,8 +213,8 @@ static char *dupstr(const char *p) {
 }
 
 /* watch_mu held: takes s out of the list */
-static void stream_unlink(ml_stream *s) {
-  ml_stream **p;
+static void stream_unlink(ml_watcher *s) {
+  ml_watcher **p;
   for (p = &streams; *p; p = &(*p)->next) {
     if (*p == s) {
       *p = s->next;
@@ -487,7 +224,7 @@ static void stream_unlink(ml_stream *s) {
 }
 
 /* watch_mu held: unlinks and joins a finished stream, then frees it */
-static void stream_reap(ml_stream *s) {
+static void stream_reap(ml_watcher *s) {
   stream_unlink(s);
   if (s->joinable) {
     pthread_mutex_unlock(&watch_mu);
@@ -504,9 +241,9 @@ static void stream_reap(ml_stream *s) {
  * pool NULL: an external stream (no thread).  NULL on out-of-memory or
  * when no thread can be started.
  */
-static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const char *db,
+static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const char *db,
                              const char *coll, const char *field, uint32_t t, uint32_t i) {
-  ml_stream *s, *nx;
+  ml_watcher *s, *nx;
   pthread_condattr_t ca;
   sigset_t all, old;
   pid_t pid = getpid();
@@ -514,43 +251,43 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
 
   for (s = streams; s; s = nx) {
     nx = s->next;
-    if (s->c != c || s->pool != pool || s->pid != pid || strcmp(s->db, db) ||
-        strcmp(s->coll, coll) || strcmp(s->field, field))
+    if (s->c != c || s->pool != pool || s->pid != pid || strcmp(s->m.db, db) ||
+        strcmp(s->m.coll, coll) || strcmp(s->m.field, field))
       continue;
-    if (s->state == ST_STARTING || s->state == ST_RUNNING) return s;
-    if (s->state == ST_FAILED && ml_monotonic() - s->failed_at < FAILED_FOR) return s;
-    if (s->stop && !finished(s)) return s;    /* stopped, not ended yet: "retry" */
-    if (s->waiters == 0 && finished(s) && !s->in_call) {
+    if (s->m.state == ST_STARTING || s->m.state == ST_RUNNING) return s;
+    if (s->m.state == ST_FAILED && ml_monotonic() - s->m.failed_at < FAILED_FOR) return s;
+    if (s->m.stop && !ml_stream_finished(&s->m)) return s;    /* stopped, not ended yet: "retry" */
+    if (s->m.waiters == 0 && ml_stream_finished(&s->m) && !s->in_call) {
       stream_reap(s);
       nx = streams;             /* reaping released watch_mu: walk again */
     }
   }
-  s = (ml_stream *)calloc(1, sizeof *s);
+  s = (ml_watcher *)calloc(1, sizeof *s);
   if (!s) return NULL;
-  s->db = dupstr(db);
-  s->coll = dupstr(coll);
-  s->field = dupstr(field);
-  if (!s->db || !s->coll || !s->field) {
-    free(s->db);
-    free(s->coll);
-    free(s->field);
+  s->m.db = dupstr(db);
+  s->m.coll = dupstr(coll);
+  s->m.field = dupstr(field);
+  if (!s->m.db || !s->m.coll || !s->m.field) {
+    free(s->m.db);
+    free(s->m.coll);
+    free(s->m.field);
     free(s);
     return NULL;
   }
-  if (!ml_process_tag(s->tag)) memcpy(s->tag, "-no-randomness-", 16);
+  if (!ml_process_tag(s->m.tag)) memcpy(s->m.tag, "-no-randomness-", 16);
   s->c = c;
   s->pool = pool;
   s->pid = pid;
-  s->start_t = t;
-  s->start_i = i;
-  s->drop_t = t;
-  s->drop_i = i;
+  s->m.start_t = t;
+  s->m.start_i = i;
+  s->m.drop_t = t;
+  s->m.drop_i = i;
   {
     int32_t sock = mongoc_uri_get_option_as_int32(c->uri, MONGOC_URI_SOCKETTIMEOUTMS, 0);
-    s->await_ms = pool ? AWAIT_MS : AWAIT_EXTERNAL;
-    if (sock > 0 && sock / 2 < s->await_ms) s->await_ms = sock / 2;
+    s->m.await_ms = pool ? AWAIT_MS : AWAIT_EXTERNAL;
+    if (sock > 0 && sock / 2 < s->m.await_ms) s->m.await_ms = sock / 2;
   }
-  s->state = ST_STARTING;
+  s->m.state = ST_STARTING;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&s->cv, &ca);
@@ -574,12 +311,12 @@ static ml_stream *stream_get(ml_client *c, mongoc_client_pool_t *pool, const cha
 }
 
 void ml_watch_stop(ml_client *c) {
-  ml_stream *s;
+  ml_watcher *s;
   pid_t pid = getpid();
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == pid) {
-      s->stop = 1;
+      s->m.stop = 1;
       pthread_cond_broadcast(&s->cv);
     }
   for (s = streams; s;) {
@@ -589,8 +326,8 @@ void ml_watch_stop(ml_client *c) {
     } else if (!s->pool) {
       /* external: the adapter's next ops end an open one (watch_next
        * frees it then); a waiter meanwhile is told to retry */
-      if (s->open || s->op_kind) {
-        if (s->state != ST_FAILED) s->state = ST_DONE;
+      if (s->m.open || s->m.op_kind) {
+        if (s->m.state != ST_FAILED) s->m.state = ST_DONE;
         s = s->next;
       } else {
         stream_unlink(s);
@@ -620,25 +357,25 @@ void ml_watch_stop(ml_client *c) {
  * something may be due (math.huge: no stream of the client needs one) */
 int ml_m_watch_next(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
-  ml_stream *s, *nx;
+  ml_watcher *s, *nx;
   double now = ml_monotonic(), wake = HUGE_VAL, w;
   pid_t pid = getpid();
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = nx) {
     nx = s->next;
     if (s->c != c || s->pid != pid || s->pool) continue;
-    if (s->op_kind) {
+    if (s->m.op_kind) {
       if (now + 1 < wake) wake = now + 1;     /* in flight */
       continue;
     }
-    if (stream_next(s, now, &w)) {
+    if (ml_stream_next(&s->m, now, &w)) {
       s->op_id = ++op_ids;
       lua_pushinteger(L, (lua_Integer)s->op_id);
-      ml_push_op(L, &s->op);
+      ml_push_op(L, &s->m.op);
       pthread_mutex_unlock(&watch_mu);
       return 2;
     }
-    if (s->stop && finished(s)) {
+    if (s->m.stop && ml_stream_finished(&s->m)) {
       stream_unlink(s);
       stream_free(s);
     } else if (w < wake) {
@@ -659,7 +396,7 @@ int ml_m_watch_done(lua_State *L) {
   long id = (long)luaL_checkinteger(L, 2);
   size_t len = 0;
   const char *bytes = lua_type(L, 3) == LUA_TSTRING ? lua_tolstring(L, 3, &len) : NULL;
-  ml_stream *s;
+  ml_watcher *s;
   bson_t reply;
   bson_error_t err;
   int ok = 0;
@@ -672,9 +409,9 @@ int ml_m_watch_done(lua_State *L) {
   }
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
-    if (s->c == c && s->pid == getpid() && !s->pool && s->op_kind && s->op_id == id) {
-      stream_done(s, ok, &reply, &err);
-      if (s->stop && finished(s)) {
+    if (s->c == c && s->pid == getpid() && !s->pool && s->m.op_kind && s->op_id == id) {
+      ml_stream_done(&s->m, ml_monotonic(), ok, &reply, &err);
+      if (s->m.stop && ml_stream_finished(&s->m)) {
         stream_unlink(s);
         stream_free(s);
       }
@@ -696,48 +433,6 @@ int ml_m_watch_stop(lua_State *L) {
 }
 
 /* ---- Lua --------------------------------------------------------------- */
-
-/* does an event's key (BSON {"k": _id}) name the same _id as key?  Equal
- * bytes, or numbers of equal value stored as another type (an _id the
- * caller passes as 42 matches one stored as 42.0 or as an int64) */
-static int key_equal(const uint8_t *data, size_t len, const bson_t *key) {
-  bson_t b;
-  bson_iter_t ia, ib;
-  if (len == key->len && memcmp(data, bson_get_data(key), len) == 0) return 1;
-  if (!bson_init_static(&b, data, len) || !bson_iter_init_find(&ia, &b, "k") ||
-      !bson_iter_init_find(&ib, key, "k"))
-    return 0;
-  if (!BSON_ITER_HOLDS_NUMBER(&ia) || !BSON_ITER_HOLDS_NUMBER(&ib)) return 0;
-  if (!BSON_ITER_HOLDS_DOUBLE(&ia) && !BSON_ITER_HOLDS_DOUBLE(&ib))
-    return bson_iter_as_int64(&ia) == bson_iter_as_int64(&ib);
-  return bson_iter_as_double(&ia) == bson_iter_as_double(&ib);
-}
-
-/* watch_mu held: has a release of key after (t, i) been seen, for every
- * waiter or for this one (waiter NULL: any release)?  0 no, 1 yes (*mine:
- * handed to waiter by name), 2 it granted the lock to waiter (*grant: that
- * event) */
-static int seen(const ml_stream *s, const bson_t *key, const char *waiter, uint32_t t,
-                uint32_t i, const watch_event **grant, int *mine) {
-  unsigned long long n = s->seq < RING ? s->seq : RING, k;
-  if (ts_after(s->drop_t, s->drop_i, t, i)) return 1;
-  for (k = 0; k < n; k++) {
-    const watch_event *e = &s->ring[(s->seq - 1 - k) % RING];
-    if (!ts_after(e->t, e->i, t, i)) continue;
-    if (e->next[0] && waiter &&
-        (memcmp(e->next, s->tag, 16) != 0 || strcmp(e->next + 16, waiter) != 0))
-      continue;
-    if (!e->key || key_equal(e->key, e->keylen, key)) {
-      *mine = e->next[0] && waiter;
-      if (waiter && e->owner[0] && e->key && strcmp(e->owner, waiter) == 0) {
-        *grant = e;
-        return 2;
-      }
-      return 1;
-    }
-  }
-  return 0;
-}
 
 static uint32_t check_u32(lua_State *L, int idx) {
   lua_Number n = luaL_checknumber(L, idx);
@@ -777,7 +472,7 @@ static int l_watch_wait(lua_State *L) {
   double timeout = luaL_checknumber(L, 8);
   const char *waiter = luaL_optstring(L, 9, NULL);
   mongoc_client_pool_t *pool;
-  ml_stream *s;
+  ml_watcher *s;
   bson_t key;
   double deadline;
   const char *res;
@@ -817,20 +512,20 @@ static int l_watch_wait(lua_State *L) {
     bson_destroy(&key);
     return ml_pushfail(L, "change stream: cannot start its thread", 0);
   }
-  s->waiters++;
+  s->m.waiters++;
   /* the thread reads while anyone waits; a non-blocking caller (OpenResty)
    * comes back within 20 ms, so it counts as waiting a while longer */
-  if (!(timeout > 0)) s->polled_until = ml_monotonic() + POLL_GRACE;
+  if (!(timeout > 0)) s->m.polled_until = ml_monotonic() + POLL_GRACE;
   pthread_cond_broadcast(&s->cv);
   for (;;) {
-    if (s->state == ST_FAILED) {
+    if (s->m.state == ST_FAILED) {
       /* copied out, and pushed with watch_mu released: a push may run the
        * collector, whose finalizers (a client's close) take watch_mu */
-      char msg[sizeof s->errmsg];
-      uint32_t code = s->errcode;
-      memcpy(msg, s->errmsg, sizeof msg);
-      s->waiters--;
-      s->idle_since = ml_monotonic();
+      char msg[sizeof s->m.errmsg];
+      uint32_t code = s->m.errcode;
+      memcpy(msg, s->m.errmsg, sizeof msg);
+      s->m.waiters--;
+      s->m.idle_since = ml_monotonic();
       pthread_mutex_unlock(&watch_mu);
       bson_destroy(&key);
       lua_pushnil(L);
@@ -839,10 +534,10 @@ static int l_watch_wait(lua_State *L) {
       else lua_pushnil(L);
       return 3;
     }
-    if (s->state == ST_DONE || s->stop) { res = "retry"; break; }
-    if (s->state == ST_RUNNING) {
-      if (ts_after(s->start_t, s->start_i, t, i)) { res = "retry"; break; }
-      int r = seen(s, &key, waiter, t, i, &grant, &mine);
+    if (s->m.state == ST_DONE || s->m.stop) { res = "retry"; break; }
+    if (s->m.state == ST_RUNNING) {
+      if (ml_ts_after(s->m.start_t, s->m.start_i, t, i)) { res = "retry"; break; }
+      int r = ml_stream_seen(&s->m, &key, waiter, t, i, &grant, &mine);
       if (r == 2) {
         res = "granted";
         token = grant->token;
@@ -853,11 +548,11 @@ static int l_watch_wait(lua_State *L) {
     if (ml_monotonic() >= deadline) { res = "timeout"; break; }
     cv_wait_until(&s->cv, deadline);
   }
-  s->waiters--;
-  s->idle_since = ml_monotonic();
-  if (res[0] == 'e' || res[0] == 'g') s->answered++;
-  if (res[0] == 'g') s->granted++;
-  if (mine) s->handed++;
+  s->m.waiters--;
+  s->m.idle_since = ml_monotonic();
+  if (res[0] == 'e' || res[0] == 'g') s->m.answered++;
+  if (res[0] == 'g') s->m.granted++;
+  if (mine) s->m.handed++;
   pthread_mutex_unlock(&watch_mu);
   bson_destroy(&key);
   lua_pushstring(L, res);
@@ -867,24 +562,24 @@ static int l_watch_wait(lua_State *L) {
 }
 
 void ml_watch_stats(ml_client *c, ml_watch_counts *out) {
-  ml_stream *s;
+  ml_watcher *s;
   pid_t pid = getpid();
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next) {
     if (s->c != c || s->pid != pid) continue;
-    if (s->state == ST_RUNNING || s->state == ST_STARTING) {
+    if (s->m.state == ST_RUNNING || s->m.state == ST_STARTING) {
       out->streams++;
       if (s->pool) out->threads++;
     }
-    if (s->state == ST_FAILED) out->failed++;
-    out->events += s->events;
-    out->reopens += s->reopens;
-    out->getmores += s->getmores;
-    out->opens += s->opens;
-    out->answered += s->answered;
-    out->granted += s->granted;
-    out->handed += s->handed;
+    if (s->m.state == ST_FAILED) out->failed++;
+    out->events += s->m.events;
+    out->reopens += s->m.reopens;
+    out->getmores += s->m.getmores;
+    out->opens += s->m.opens;
+    out->answered += s->m.answered;
+    out->granted += s->m.granted;
+    out->handed += s->m.handed;
   }
   pthread_mutex_unlock(&watch_mu);
 }

@@ -1,0 +1,492 @@
+/*
+ * The lease engine's decisions (engine.h): plain C over the leases
+ * (lease.h) and the protocol's builders and parsers (protocol.h); no Lua,
+ * no I/O.  renew.c describes what it does and runs it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "protocol_shared.h"
+
+static double retry_delay(int64_t ttl_ms) {
+  double d = (double)ttl_ms / 10000.0;
+  if (d < 0.05) d = 0.05;
+  if (d > 1.0) d = 1.0;
+  return d;
+}
+
+/* l->mu held: when a held, renewed (or topped-up) lease is due */
+static double renew_at(const ml_lease *l) {
+  double at = l->deadline - (double)l->ttl_ms * (2.0 / 3.0) / 1000.0;
+  /* a grant's short lease is extended to the ttl once (ml_lock_new) */
+  if (!l->renew || (l->topup_at && l->topup_at < at)) at = l->topup_at;
+  return at;
+}
+
+static int grow(void **v, size_t *cap, size_t need, size_t size) {
+  void *p;
+  size_t c = *cap ? *cap : 16;
+  if (need <= *cap) return 1;
+  while (c < need) c *= 2;
+  p = realloc(*v, c * size);
+  if (!p) return 0;
+  *v = p;
+  *cap = c;
+  return 1;
+}
+
+/* the work's leases given back, its op freed */
+static void work_clear(ml_work *w) {
+  size_t i;
+  for (i = 0; i < w->n; i++) ml_lease_unref(w->set[i]);
+  free(w->set);
+  if (w->has_op) ml_op_destroy(&w->op);
+  memset(w, 0, sizeof *w);
+}
+
+static int work_add(ml_work *w, ml_lease *l) {
+  if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) return 0;
+  pthread_mutex_lock(&l->mu);
+  l->refs++;
+  pthread_mutex_unlock(&l->mu);
+  w->set[w->n++] = l;
+  return 1;
+}
+
+static int same_coll(const ml_lease *a, const ml_lease *b) {
+  return !strcmp(a->db, b->db) && !strcmp(a->coll, b->coll);
+}
+
+static int named_kind(const ml_lease *l) {
+  return l->kind != ML_KIND_DOCUMENT;
+}
+
+/* document locks renewed by one command: one collection, fields and ttl */
+static int same_doc_group(const ml_lease *a, const ml_lease *b) {
+  return same_coll(a, b) && !strcmp(a->owner_field, b->owner_field) &&
+         !strcmp(a->time_field, b->time_field) && a->time_mode == b->time_mode &&
+         a->owner_form == b->owner_form && a->ttl_ms == b->ttl_ms;
+}
+
+static int cmp_lease_id(const void *x, const void *y) {
+  const ml_lease *a = *(ml_lease *const *)x, *b = *(ml_lease *const *)y;
+  return bson_compare(&a->iddoc, &b->iddoc);
+}
+
+/* distinct documents among the leases of w (one collection) */
+static size_t distinct_docs(ml_work *w) {
+  ml_lease **v;
+  size_t i, d = 0;
+  if (w->n < 2) return w->n;
+  v = (ml_lease **)malloc(w->n * sizeof *v);
+  if (!v) return w->n;
+  memcpy(v, w->set, w->n * sizeof *v);
+  qsort(v, w->n, sizeof *v, cmp_lease_id);
+  for (i = 0; i < w->n; i++)
+    if (i == 0 || bson_compare(&v[i - 1]->iddoc, &v[i]->iddoc) != 0) d++;
+  free(v);
+  return d;
+}
+
+/* the lease at index i leaves the items (order not kept) */
+static void item_drop(ml_engine *e, size_t i) {
+  ml_lease_unref(e->items[i].lease);
+  e->items[i] = e->items[--e->n];
+}
+
+/* the batch of document locks like the item at i */
+static void build_doc_renew(ml_engine *e, size_t first, ml_work *w) {
+  ml_lease *l0 = e->items[first].lease;
+  bson_t ids = BSON_INITIALIZER;
+  const char **owners;
+  ml_lockref r;
+  size_t i, k = 0;
+  for (i = 0; i < e->n; i++) {
+    ml_lease *l = e->items[i].lease;
+    int take;
+    if (e->items[i].alone || !same_doc_group(l, l0)) continue;
+    pthread_mutex_lock(&l->mu);
+    take = l->held && l->renew && !l->ending && !l->lost;
+    pthread_mutex_unlock(&l->mu);
+    if (take) (void)work_add(w, l);
+  }
+  owners = (const char **)malloc((w->n ? w->n : 1) * sizeof *owners);
+  for (i = 0; i < w->n; i++) {
+    bson_iter_t it;
+    char key[24];
+    const char *kp;
+    bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
+    if (bson_iter_init_find(&it, &w->set[i]->iddoc, "_id")) {
+      bson_append_iter(&ids, kp, -1, &it);
+      if (owners) owners[k] = w->set[i]->owner;
+      k++;
+    }
+  }
+  ml_lease_lockref(l0, &r);
+  w->kind = W_DOC_RENEW;
+  w->ttl = l0->ttl_ms;
+  ml_build_doc_renew(&w->op, &r, &ids, owners ? owners : (const char **)&l0->owner,
+                     owners ? k : 0, l0->ttl_ms);
+  w->has_op = 1;
+  free(owners);
+  bson_destroy(&ids);
+}
+
+/* leases released by one command: one collection, and the same kind of
+ * document (a document lock's: the same fields) */
+#define RELEASE_BATCH 1000
+static int same_release_group(const ml_lease *a, const ml_lease *b) {
+  int sa = a->kind == ML_KIND_SHARED || a->kind == ML_KIND_PERMIT;
+  int sb = b->kind == ML_KIND_SHARED || b->kind == ML_KIND_PERMIT;
+  if (!same_coll(a, b) || sa != sb || (a->kind == ML_KIND_NAMED) != (b->kind == ML_KIND_NAMED))
+    return 0;
+  return a->kind != ML_KIND_DOCUMENT ||
+         (!strcmp(a->owner_field, b->owner_field) && !strcmp(a->time_field, b->time_field) &&
+          a->time_mode == b->time_mode && a->owner_form == b->owner_form);
+}
+
+/* w->op: the release of w's leases (one: a retryable update of its own) */
+static void build_release(ml_work *w) {
+  ml_lease *l = w->set[0];
+  ml_lockref r;
+  ml_lease_lockref(l, &r);
+  if (w->n == 1) {
+    ml_lease_release_op(l, NULL, &w->op);
+  } else {
+    bson_t ids = BSON_INITIALIZER;
+    const char **owners = (const char **)malloc(w->n * sizeof *owners);
+    size_t i, k = 0;
+    for (i = 0; i < w->n && owners; i++) {
+      bson_iter_t it;
+      char key[24];
+      const char *kp;
+      if (!bson_iter_init_find(&it, &w->set[i]->iddoc, "_id")) continue;
+      bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
+      bson_append_iter(&ids, kp, -1, &it);
+      owners[k++] = w->set[i]->owner;
+    }
+    if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
+      ml_build_share_release_many(&w->op, l->db, l->coll, &ids, owners ? owners : &r.db, k);
+    else
+      ml_build_release_many(&w->op, &r, &ids, owners ? owners : &r.db, k);
+    free(owners);
+    bson_destroy(&ids);
+  }
+  w->has_op = 1;
+}
+
+/*
+ * The next command to run now in *w (returns 1), or 0 and
+ * in *wake when one may be due.  Drops items whose lease no longer wants
+ * renewal and marks leases past their deadline lost.
+ */
+static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
+  size_t i, due = (size_t)-1;
+  double due_time = now + 3600;
+  *wake = now + 3600;
+  if (e->work.kind != W_NONE) return 0;
+  memset(w, 0, sizeof *w);
+  w->id = ++e->seq;
+  if (e->nrel > 0) {
+    /* releases nobody waits for, oldest first: those of the first one's
+     * collection and kind in one command */
+    ml_lease *l0 = e->rel[0];
+    size_t j, k = 0;
+    for (j = 0; j < e->nrel; j++) {
+      ml_lease *l = e->rel[j];
+      if (w->n < RELEASE_BATCH && same_release_group(l, l0)) {
+        if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) break;
+        w->set[w->n++] = l;     /* the queue's reference */
+        pthread_mutex_lock(&l->mu);
+        l->ending = 1;
+        pthread_mutex_unlock(&l->mu);
+      } else {
+        e->rel[k++] = l;
+      }
+    }
+    for (; j < e->nrel; j++) e->rel[k++] = e->rel[j];
+    e->nrel = k;
+    if (w->n == 0) return 0;
+    w->kind = W_RELEASE;
+    build_release(w);
+    return 1;
+  }
+  if (now < e->due_at) {
+    *wake = e->due_at;
+    return 0;
+  }
+  for (i = 0; i < e->n;) {
+    ml_lease *l = e->items[i].lease;
+    int drop = 0;
+    pthread_mutex_lock(&l->mu);
+    if (!l->held || (!l->renew && !l->topup_at) || e->stop) {
+      drop = 1;
+    } else if (l->ending) {
+      /* the Lua side is releasing it: no renewal, no verdict */
+    } else if (now >= l->deadline) {
+      ml_lease_set_lost(l);
+      drop = 1;
+    } else {
+      double at = renew_at(l);
+      if (at < e->items[i].retry_at) at = e->items[i].retry_at;
+      if (at < due_time) {
+        due_time = at;
+        due = i;
+      }
+      if (l->deadline < *wake) *wake = l->deadline;
+    }
+    /* every loss of a renewed lease is counted here, once, whoever found
+     * it: a renewal, this deadline, or the Lua side's own look at it */
+    if (drop && l->lost) e->lost++;
+    pthread_mutex_unlock(&l->mu);
+    if (drop) item_drop(e, i);
+    else i++;
+  }
+  if (due == (size_t)-1 || due_time > now) {
+    if (due_time < *wake) *wake = due_time;
+    e->due_at = *wake;
+    return 0;
+  }
+  e->due_at = now;             /* look again when this one is done */
+  {
+    renew_item *it = &e->items[due];
+    ml_lease *l = it->lease;
+    int alone;
+    pthread_mutex_lock(&l->mu);
+    alone = it->alone || !l->renew;
+    pthread_mutex_unlock(&l->mu);
+    if (alone) {
+      /* a top-up, or a document lock to be renewed by itself */
+      (void)work_add(w, l);
+      pthread_mutex_lock(&l->mu);
+      w->ttl = l->ttl_ms;
+      pthread_mutex_unlock(&l->mu);
+      w->kind = W_EXTEND;
+      ml_lease_extend_op(l, w->ttl, &w->op);
+      w->has_op = 1;
+      return 1;
+    }
+    if (!named_kind(l)) {
+      build_doc_renew(e, due, w);
+      return 1;
+    }
+    /* every renewed lease of the collection */
+    for (i = 0; i < e->n; i++) {
+      ml_lease *o = e->items[i].lease;
+      int take;
+      if (!named_kind(o) || !same_coll(o, l)) continue;
+      pthread_mutex_lock(&o->mu);
+      take = o->held && o->renew && !o->ending && !o->lost;
+      pthread_mutex_unlock(&o->mu);
+      if (take) (void)work_add(w, o);
+    }
+    w->kind = W_RENEW;
+    w->docs = distinct_docs(w);
+    ml_build_renew(&w->op, l->db, l->coll, e->keeper);
+    w->has_op = 1;
+    return 1;
+  }
+}
+
+/* l->mu held: the renewal of l (begun at started) was made */
+static void renewed(ml_lease *l, double started) {
+  if (!l->held || l->lost || l->ending) return;
+  l->deadline = ml_lease_deadline(started, l->ttl_ms);
+  l->topup_at = 0;
+}
+
+/* l->mu held: l's renewal could not be made: lost, unless a release under
+ * way or done explains it */
+static void not_renewed(ml_lease *l) {
+  if (l->held && !l->ending) ml_lease_set_lost(l);
+}
+
+/* every item of the leases of w retries at `at` */
+static void retry_later(ml_engine *e, ml_work *w, double at) {
+  size_t i, j;
+  for (i = 0; i < e->n; i++)
+    for (j = 0; j < w->n; j++)
+      if (e->items[i].lease == w->set[j]) e->items[i].retry_at = at;
+}
+
+/* reply's owners (a check's {o, h: [..]} documents): is owner among them */
+static int check_has(const bson_t *reply, const char *owner) {
+  bson_iter_t docs, d, h;
+  if (!ml_reply_batch(reply, &docs, NULL)) return 0;
+  while (bson_iter_next(&docs)) {
+    if (!BSON_ITER_HOLDS_DOCUMENT(&docs) || !bson_iter_recurse(&docs, &d)) continue;
+    while (bson_iter_next(&d)) {
+      if (!strcmp(bson_iter_key(&d), "o") && BSON_ITER_HOLDS_UTF8(&d) &&
+          !strcmp(bson_iter_utf8(&d, NULL), owner))
+        return 1;
+      if (!strcmp(bson_iter_key(&d), "h") && BSON_ITER_HOLDS_ARRAY(&d) && bson_iter_recurse(&d, &h))
+        while (bson_iter_next(&h))
+          if (BSON_ITER_HOLDS_UTF8(&h) && !strcmp(bson_iter_utf8(&h, NULL), owner)) return 1;
+    }
+  }
+  return 0;
+}
+
+/*
+ * The outcome of e->work (begun at started): reply when
+ * it ran (ok), else error.  Applies it to the leases and clears the work;
+ * a check to run next is left in e->work's place by queueing it.
+ */
+int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
+                   const bson_error_t *error) {
+  ml_work *w = &e->work;
+  int64_t n = ok ? ml_parse_matched(reply) : -1;
+  size_t i;
+  (void)error;
+  switch (w->kind) {
+  case W_RELEASE:
+    for (i = 0; i < w->n; i++) {
+      ml_lease *l = w->set[i];
+      pthread_mutex_lock(&l->mu);
+      if (n == 0) ml_lease_set_lost(l);
+      l->held = 0;              /* nobody waits for it: not sent is ended too */
+      pthread_mutex_unlock(&l->mu);
+    }
+    if (n > 0) {
+      e->released += (long)n;
+      ml_lease_count_release(w->set[0], (long)n);   /* one kind per batch */
+    }
+    work_clear(w);
+    e->due_at = 0;
+    return 1;
+  case W_EXTEND: {
+    (void)ml_lease_extend_done(w->set[0], n, w->ttl, started);
+    if (n > 0) e->renewals++;
+    else if (n < 0) {
+      e->failures++;
+      ml_lease_renewal_failed(w->set[0]);
+      retry_later(e, w, ml_monotonic() + retry_delay(w->ttl));
+    }
+    break;
+  }
+  case W_RENEW:
+  case W_DOC_RENEW: {
+    size_t expect = w->kind == W_RENEW ? w->docs : w->n;
+    int64_t min_ttl = INT64_MAX;
+    e->batches++;
+    if (n < 0) {
+      e->failures++;
+      for (i = 0; i < w->n; i++) {
+        if (w->set[i]->ttl_ms < min_ttl) min_ttl = w->set[i]->ttl_ms;
+        ml_lease_renewal_failed(w->set[i]);
+      }
+      retry_later(e, w, ml_monotonic() + retry_delay(min_ttl));
+      break;
+    }
+    /* every lease of the batch was renewed when it matched as many
+     * documents as the batch has (leases added meanwhile may have matched
+     * too) */
+    if ((size_t)n == expect + w->added || (w->added == 0 && (size_t)n == expect)) {
+      for (i = 0; i < w->n; i++) {
+        ml_lease *l = w->set[i];
+        pthread_mutex_lock(&l->mu);
+        renewed(l, started);
+        pthread_mutex_unlock(&l->mu);
+      }
+      e->renewals += (long)w->n;
+      break;
+    }
+    if (w->kind == W_DOC_RENEW) {
+      /* which is lost: each is renewed by itself, once */
+      size_t j;
+      for (j = 0; j < e->n; j++)
+        for (i = 0; i < w->n; i++)
+          if (e->items[j].lease == w->set[i]) e->items[j].alone = 1;
+      e->due_at = 0;
+      break;
+    }
+    {
+      /* a check follows, for the same leases (their references move to
+       * it); built in place: a bson_t must not be copied */
+      ml_lease **set = w->set;
+      size_t cnt = w->n, cap = w->cap;
+      w->set = NULL;
+      w->n = 0;
+      work_clear(w);
+      w->kind = W_CHECK;
+      w->set = set;
+      w->n = cnt;
+      w->cap = cap;
+      w->started = started;
+      w->id = ++e->seq;
+      ml_build_renew_check(&w->op, set[0]->db, set[0]->coll, e->keeper);
+      w->has_op = 1;
+      e->checks++;
+      return 0;                 /* in flight: the caller hands it out */
+    }
+  }
+  case W_CHECK:
+    if (n < 0 && !ok) {
+      /* unknown: the next renewal (due at once) asks again */
+      e->failures++;
+      for (i = 0; i < w->n; i++) ml_lease_renewal_failed(w->set[i]);
+      break;
+    }
+    for (i = 0; i < w->n; i++) {
+      ml_lease *l = w->set[i];
+      int alive = check_has(reply, l->owner);
+      pthread_mutex_lock(&l->mu);
+      if (alive) renewed(l, w->started);
+      else not_renewed(l);
+      pthread_mutex_unlock(&l->mu);
+      if (alive) e->renewals++;
+    }
+    break;
+  case W_NONE:
+    break;
+  }
+  work_clear(w);
+  e->due_at = 0;               /* look at every item again */
+  return 0;
+}
+
+int ml_engine_next(ml_engine *e, double now, double *wake) {
+  return engine_next(e, now, &e->work, wake);
+}
+
+int ml_engine_add(ml_engine *e, ml_lease *l, double *due) {
+  size_t i;
+  for (i = 0; i < e->n; i++)
+    if (e->items[i].lease == l) break;
+  if (i == e->n) {
+    if (!grow((void **)&e->items, &e->cap, e->n + 1, sizeof *e->items)) return 0;
+    memset(&e->items[e->n], 0, sizeof e->items[e->n]);
+    e->items[e->n++].lease = l;
+    pthread_mutex_lock(&l->mu);
+    l->refs++;
+    pthread_mutex_unlock(&l->mu);
+    /* a renewal in flight in l's collection may match l's document */
+    if (e->work.kind == W_RENEW && named_kind(l) && same_coll(l, e->work.set[0])) e->work.added++;
+  }
+  pthread_mutex_lock(&l->mu);
+  *due = renew_at(l);
+  if (l->deadline < *due) *due = l->deadline;
+  pthread_mutex_unlock(&l->mu);
+  return 1;
+}
+
+int ml_engine_queue_release(ml_engine *e, ml_lease *l) {
+  if (!grow((void **)&e->rel, &e->caprel, e->nrel + 1, sizeof *e->rel)) return 0;
+  e->rel[e->nrel++] = l;
+  return 1;
+}
+
+void ml_engine_clear(ml_engine *e, int free_arrays) {
+  while (e->n) item_drop(e, e->n - 1);
+  while (e->nrel) ml_lease_unref(e->rel[--e->nrel]);
+  if (e->work.kind != W_NONE) work_clear(&e->work);
+  if (free_arrays) {
+    free(e->items);
+    free(e->rel);
+    e->items = NULL;
+    e->rel = NULL;
+    e->cap = e->caprel = 0;
+  }
+}
+
