@@ -974,7 +974,7 @@ static int l_parse_status(lua_State *L) {
  * waiter of id (nil: of every document) */
 static int l_parse_events(lua_State *L) {
   bson_t reply;
-  bson_iter_t docs, it, tok;
+  bson_iter_t docs;
   size_t len;
   const char *tag;
   int64_t id = 0;
@@ -1024,13 +1024,13 @@ static int l_parse_events(lua_State *L) {
   bson_snprintf(buf, sizeof buf, "%lld", (long long)id);
   lua_pushstring(L, buf);
   lua_setfield(L, -2, "cursor_id");
-  if (bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &tok) &&
-      BSON_ITER_HOLDS_DOCUMENT(&tok)) {
+  {
     const uint8_t *data;
     uint32_t tlen;
-    bson_iter_document(&tok, &tlen, &data);
-    lua_pushlstring(L, (const char *)data, tlen);
-    lua_setfield(L, -2, "resume_token");
+    if (ml_reply_resume_token(&reply, &data, &tlen)) {
+      lua_pushlstring(L, (const char *)data, tlen);
+      lua_setfield(L, -2, "resume_token");
+    }
   }
   return 1;
 }

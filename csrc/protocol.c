@@ -1065,6 +1065,15 @@ int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id) {
   return 0;
 }
 
+int ml_reply_resume_token(const bson_t *reply, const uint8_t **data, uint32_t *len) {
+  bson_iter_t it;
+  if (!bson_iter_init(&it, reply) || !bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &it) ||
+      !BSON_ITER_HOLDS_DOCUMENT(&it))
+    return 0;
+  bson_iter_document(&it, len, data);
+  return 1;
+}
+
 /* the new value of field in an event: updatedFields (an update) or
  * fullDocument (a replace) */
 static int event_field(const bson_t *doc, const char *field, bson_iter_t *k) {

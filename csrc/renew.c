@@ -500,25 +500,18 @@ int ml_m_engine_next(lua_State *L) {
   return 2;
 }
 
-/* client:engine_done(id, started, reply, err, code) -> true: the outcome of
- * the command engine_next gave (reply a BSON string, or nil and the error) */
+/* client:engine_done(id, started, reply, err, code, ereply, domain) -> true:
+ * the outcome of the command engine_next gave, as client:run answers it */
 int ml_m_engine_done(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   long id = (long)luaL_checkinteger(L, 2);
   double started = luaL_checknumber(L, 3);
-  size_t len = 0;
-  const char *bytes = lua_type(L, 4) == LUA_TSTRING ? lua_tolstring(L, 4, &len) : NULL;
   ml_renew *st;
   bson_t reply;
   bson_error_t err;
-  int ok = 0;
+  int ok;
   memset(&err, 0, sizeof err);
-  if (bytes) ok = bson_init_static(&reply, (const uint8_t *)bytes, len);
-  if (!ok) {
-    bson_init(&reply);
-    bson_set_error(&err, MONGOC_ERROR_SERVER, (uint32_t)luaL_optinteger(L, 6, 0), "%s",
-                   luaL_optstring(L, 5, "no reply"));
-  }
+  ok = ml_arg_outcome(L, 4, &reply, &err);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
   if (st && st->pid == getpid() && st->e.work.kind != W_NONE && st->e.work.id == id) {

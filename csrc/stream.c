@@ -82,23 +82,19 @@ void ml_stream_fail(ml_stream *s, const bson_error_t *e, double now) {
 /* a batch (the aggregate's or a getMore's) into the ring;
  * 0 when the reply holds none */
 static int take_batch(ml_stream *s, const bson_t *reply) {
-  bson_iter_t docs, it;
+  bson_iter_t docs;
   int64_t id = 0;
+  const uint8_t *data;
+  uint32_t len;
   if (!ml_reply_batch(reply, &docs, &id)) return 0;
   while (bson_iter_next(&docs)) {
-    const uint8_t *data;
-    uint32_t len;
     bson_t doc;
     if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
     bson_iter_document(&docs, &len, &data);
     if (bson_init_static(&doc, data, len)) event_from(s, &doc);
   }
   s->cursor_id = id;
-  if (bson_iter_init(&it, reply) && bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &it) &&
-      BSON_ITER_HOLDS_DOCUMENT(&it)) {
-    const uint8_t *data;
-    uint32_t len;
-    bson_iter_document(&it, &len, &data);
+  if (ml_reply_resume_token(reply, &data, &len)) {
     if (s->resume) bson_destroy(s->resume);
     s->resume = bson_new_from_data(data, len);
   }

@@ -25,10 +25,10 @@
  * (which write only the queue) pass no filter.
  *
  * The stream is a state machine that never runs a command itself, as the
- * lease engine (renew.c): stream_next says which command to send (the
+ * lease engine (engine.c): ml_stream_next (stream.c) says which command to send (the
  * aggregate that opens it, a getMore, the killCursors that ends it, each
  * an op of ops.c in the stream's own session, transport.h) and
- * stream_done takes the reply.  Two adapters run it:
+ * ml_stream_done takes the reply.  Two adapters run it:
  *   - a thread per stream (the plain path, schedulers): it sends the ops on
  *     a connection of the client's pool in a session of its own
  *     (ml_run_in_session), and waiters block on the stream's cv;
@@ -39,7 +39,7 @@
  * Invariants:
  * - watch_mu guards every stream and its ring; waiters and the thread wait
  *   on the stream's cv with it.  Nothing else is locked while it is held.
- * - ring holds the last RING events; drop_t/drop_i is the newest cluster
+ * - ring holds the last ML_RING events; drop_t/drop_i is the newest cluster
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
  * - At most one op of a stream is in flight (op_kind).  getMores are sent
@@ -50,12 +50,12 @@
  *   adapter AWAIT_EXTERNAL, so a job holds a worker thread briefly.
  * - A getMore that fails, or a cursor the server closed, is followed by a
  *   killCursors (which ends the session) and a new aggregate after the
- *   last batch's resume token, so no event is skipped; after REOPENS such
+ *   last batch's resume token, so no event is skipped; after ML_STREAM_REOPENS such
  *   failures in a row the stream fails.  A stream whose first aggregate
  *   fails (no change streams: a standalone server) fails at once.  A failed
  *   stream is kept FAILED_FOR seconds, so that its waiters fall back to
  *   polling at once.
- * - A stream ends (killCursors) after IDLE seconds without a waiter, or
+ * - A stream ends (killCursors) after ML_STREAM_IDLE seconds without a waiter, or
  *   when its client closes.  Close does not wait for a thread's op in
  *   flight (in_call): it unlinks the stream and detaches the thread, which
  *   ends the stream and frees it when the op returns; the pool is then
@@ -388,25 +388,18 @@ int ml_m_watch_next(lua_State *L) {
   return 2;
 }
 
-/* client:watch_done(id, reply, err, code) -> true: the outcome of the op
- * watch_next gave (reply a BSON string, or nil and the error); waiters
+/* client:watch_done(id, reply, err, code, ereply, domain) -> true: the
+ * outcome of the op watch_next gave, as client:run answers it; waiters
  * look again after it */
 int ml_m_watch_done(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
   long id = (long)luaL_checkinteger(L, 2);
-  size_t len = 0;
-  const char *bytes = lua_type(L, 3) == LUA_TSTRING ? lua_tolstring(L, 3, &len) : NULL;
   ml_watcher *s;
   bson_t reply;
   bson_error_t err;
-  int ok = 0;
+  int ok;
   memset(&err, 0, sizeof err);
-  if (bytes) ok = bson_init_static(&reply, (const uint8_t *)bytes, len);
-  if (!ok) {
-    bson_init(&reply);
-    bson_set_error(&err, MONGOC_ERROR_SERVER, (uint32_t)luaL_optinteger(L, 5, 0), "%s",
-                   luaL_optstring(L, 4, "no reply"));
-  }
+  ok = ml_arg_outcome(L, 3, &reply, &err);
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == getpid() && !s->pool && s->m.op_kind && s->op_id == id) {

@@ -48,16 +48,7 @@ end
 
 -- runs bin/mongolock with MONGODB_URI=uri: exit status, stdout, stderr
 local function cli(uri, args)
-  local out, err = os.tmpname(), os.tmpname()
-  local words = {}
-  for i, a in ipairs(args) do words[i] = q(a) end
-  local p = assert(io.popen(format("%s%s %s %s </dev/null >%s 2>%s; echo $?", uri_env(uri), helpers.lua, q(BIN),
-    table.concat(words, " "), q(out), q(err)), "r"))
-  local code = tonumber(p:read("*l"))
-  p:close()
-  local o, e = helpers.read_file(out) or "", helpers.read_file(err) or ""
-  os.remove(out); os.remove(err)
-  return code, o, e
+  return helpers.mongolock(args, { env = uri_env(uri) })
 end
 
 describe("#integration #auth credentials and TLS", function()

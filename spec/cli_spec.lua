@@ -12,35 +12,13 @@ local format = string.format
 local max = math.max
 local q = helpers.shell_quote
 local root = helpers.root
-local BIN = root .. "/bin/mongolock"
 local DEAD = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
 
 local function read(path)
   return helpers.read_file(path) or ""
 end
 
--- the shell words that run the command with this interpreter
-local function cli_words(args)
-  local words = { helpers.lua, q(BIN) }
-  for _, a in ipairs(args) do words[#words + 1] = q(a) end
-  return table.concat(words, " ")
-end
-
--- runs the command to completion: exit status, stdout, stderr
-local function mongolock(args, opts)
-  opts = opts or {}
-  local out, err = os.tmpname(), os.tmpname()
-  local env = opts.env or ""
-  local stdin = opts.stdin and ("printf '%s' " .. q(opts.stdin) .. " | ") or ""
-  local redirect_in = opts.stdin and "" or " </dev/null"
-  local cmd = format("%s%s %s%s >%s 2>%s; echo $?", stdin, env, cli_words(args), redirect_in, q(out), q(err))
-  local p = assert(io.popen(cmd, "r"))
-  local code = tonumber(p:read("*l"))
-  p:close()
-  local o, e = read(out), read(err)
-  os.remove(out); os.remove(err)
-  return code, o, e
-end
+local cli_words, mongolock = helpers.cli_words, helpers.mongolock
 
 -- starts the command in the background; :pid() is mongolock's own pid
 local Bg = {}

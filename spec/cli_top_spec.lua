@@ -9,17 +9,7 @@ local format = string.format
 local q = helpers.shell_quote
 local BIN = helpers.root .. "/bin/mongolock"
 
-local function mongolock(args)
-  local words = { helpers.lua, q(BIN) }
-  for _, a in ipairs(args) do words[#words + 1] = q(a) end
-  local out, err = os.tmpname(), os.tmpname()
-  local p = assert(io.popen(format("%s </dev/null >%s 2>%s; echo $?", table.concat(words, " "), q(out), q(err))))
-  local code = tonumber(p:read("*l"))
-  p:close()
-  local o, e = helpers.read_file(out) or "", helpers.read_file(err) or ""
-  os.remove(out); os.remove(err)
-  return code, o, e
-end
+local mongolock = helpers.mongolock
 
 describe("#integration mongolock top", function()
   local client, locks, base

@@ -6,29 +6,12 @@ local core = require "mongolock.core"
 
 local format = string.format
 local q = helpers.shell_quote
-local BIN = helpers.root .. "/bin/mongolock"
 
 local function read(path)
   return helpers.read_file(path) or ""
 end
 
-local function words(args)
-  local w = { helpers.lua, q(BIN) }
-  for _, a in ipairs(args) do w[#w + 1] = q(a) end
-  return table.concat(w, " ")
-end
-
--- runs the command to completion: exit status, stdout, stderr
-local function mongolock(args)
-  local out, err = os.tmpname(), os.tmpname()
-  local p = assert(io.popen(format("%s%s </dev/null >%s 2>%s; echo $?", helpers.child_env, words(args),
-    q(out), q(err)), "r"))
-  local code = tonumber(p:read("*l"))
-  p:close()
-  local o, e = read(out), read(err)
-  os.remove(out); os.remove(err)
-  return code, o, e
-end
+local words, mongolock = helpers.cli_words, helpers.mongolock
 
 -- starts it in the background: :wait() -> status, stdout, stderr
 local function background(args)

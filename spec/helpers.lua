@@ -389,6 +389,32 @@ function helpers.command(path, args, prefix)
   return table.concat(parts, " ")
 end
 
+-- the shell words that run bin/mongolock with args under this interpreter
+function helpers.cli_words(args)
+  local words = { helpers.lua, shell_quote(helpers.root .. "/bin/mongolock") }
+  for _, a in ipairs(args) do words[#words + 1] = shell_quote(a) end
+  return table.concat(words, " ")
+end
+
+-- runs bin/mongolock to completion: exit status, stdout, stderr.  opts.env:
+-- shell assignments before it ('NAME=value ...'), after the specs' own;
+-- opts.stdin: its input (else /dev/null)
+function helpers.mongolock(args, opts)
+  opts = opts or {}
+  local out, err = os.tmpname(), os.tmpname()
+  local stdin = opts.stdin and ("printf '%s' " .. shell_quote(opts.stdin) .. " | ") or ""
+  local redirect_in = opts.stdin and "" or " </dev/null"
+  local env = opts.env and (opts.env .. " ") or ""
+  local p = assert(io.popen(format("%s%s%s%s%s >%s 2>%s; echo $?", stdin, helpers.child_env, env,
+    helpers.cli_words(args), redirect_in, shell_quote(out), shell_quote(err)), "r"))
+  local code = tonumber(p:read("*l"))
+  p:close()
+  local o, e = read_file(out) or "", read_file(err) or ""
+  os.remove(out)
+  os.remove(err)
+  return code, o, e
+end
+
 -- runs a script to completion; returns its stdout, whether it exited 0 and
 -- its exit status (echoed: LuaJIT's pclose does not report it)
 function helpers.run(path, args, prefix)

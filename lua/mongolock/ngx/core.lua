@@ -118,8 +118,8 @@ end
 -- ---- the change streams' adapter ---------------------------------------------
 
 local function stream_job(_, p, id, op)
-  local reply, err, code = transport.run(p.spec, op)
-  local ok, derr = pcall(p.cc.watch_done, p.cc, id, reply, err, code)
+  local reply, err, code, ereply, domain = transport.run(p.spec, op)
+  local ok, derr = pcall(p.cc.watch_done, p.cc, id, reply, err, code, ereply, domain)
   if not ok then log("ERR", "change stream: ", tostring(derr)) end
   local waiting = -p.events:count()
   if waiting > 0 then p.events:post(waiting) end
