@@ -9,6 +9,7 @@
 #                building needs (the default target)
 #   make bench   benchmarks (tables on stdout and into doc/benchmarks.md, plots under bench/out/)
 #   make torture, make test-asan, make test-valgrind: doc/testing.md
+#   make doc     the API reference (LDoc, config.ld) under build/doc/
 #
 # Debian packages are installed with apt-get when missing (run as root, or
 # install them yourself first); npm packages for the stand-in with npm ci.
@@ -37,6 +38,9 @@ PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua lua-socket lu
 	lua-cqueues
 PKGS_TORTURE := faketime
 PKGS_VALGRIND := valgrind
+# make doc's LDoc (and the spec that runs it)
+PKGS_DOC := lua-ldoc
+PKGS_TEST += $(PKGS_DOC)
 
 # $(call apt,PACKAGES): installs those of PACKAGES that are missing
 # (node and npm count as present when found on PATH, however installed)
@@ -154,6 +158,13 @@ run: deps build
 
 test: deps-test build build-luas
 	@tools/run-tests
+
+# the API reference: LDoc on the public modules' doc comments (config.ld)
+.PHONY: doc
+doc:
+	$(call apt,$(PKGS_DOC))
+	@rm -rf build/doc
+	ldoc .
 
 # the rock built with luarocks into a temporary tree and loaded from there
 .PHONY: check-rock

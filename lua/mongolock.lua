@@ -7,6 +7,9 @@
 -- The C core (mongolock.core) makes every round trip; this module checks
 -- arguments, writes every default down once, and hands out the objects.
 
+--- Distributed locks on MongoDB: `connect`, and the client it returns.
+-- @module mongolock
+
 local core = require "mongolock.core"
 local private = require "mongolock.private"
 
@@ -67,6 +70,7 @@ local function uri_has_w(uri)
   return q ~= nil and (";&" .. q):lower():find("[;&]w=") ~= nil
 end
 
+--- Connects to MongoDB (a libmongoc pool; no round trip until the first call).
 -- client, err = mongolock.connect(uri, opts)
 function _M.connect(uri, opts)
   check_type(uri, "string", 1, "connect")
@@ -146,42 +150,53 @@ end
 
 -- ---- the client ---------------------------------------------------------
 
+--- A client: what `connect` returns.
+-- @type client
+
+--- Named locks in one collection (default "locks").
 -- locks = client:locks(opts): named locks in one collection
 function client_mt:locks(opts)
   return require("mongolock.locks").new(self, opts)
 end
 
+--- Reader-writer locks on the named locks' documents.
 -- rw = client:rwlocks(opts), sem = client:semaphores(opts): reader-writer
 -- locks and counting semaphores (mongolock.shared)
 function client_mt:rwlocks(opts)
   return require("mongolock.shared").rwlocks(self, opts)
 end
+--- Counting semaphores (opts.permits) on the named locks' documents.
 function client_mt:semaphores(opts)
   return require("mongolock.shared").semaphores(self, opts)
 end
+--- Leader election on the named locks.
 -- el = client:elections(opts): leader election on the named locks
 -- (mongolock.elections)
 function client_mt:elections(opts)
   return require("mongolock.elections").new(self, opts)
 end
 
+--- Takes several locks of any kinds, all or none.
 -- set = client:acquire_all(entries, opts): several locks, all or none
 function client_mt.acquire_all(_, entries, opts)
   return require("mongolock.shared").acquire_all(entries, opts)
 end
 
+--- Locks on the application's own documents of db.coll.
 -- documents = client:documents(db, coll, opts): locks on the
 -- application's own documents (mongolock.documents)
 function client_mt:documents(...)
   return require("mongolock.documents").new(self, ...)
 end
 
+--- Optimistic concurrency on the documents of db.coll (a version field).
 -- vc = client:versioned(db, coll, opts): optimistic concurrency
 -- (mongolock.versioned)
 function client_mt:versioned(...)
   return require("mongolock.versioned").new(self, ...)
 end
 
+--- Runs any command on database db.
 -- reply = client:command(db, cmd [, opts]): any command; cmd holds only
 -- the command name, the other fields go in opts (csrc/command.c).
 -- nil, message, code, reply on failure; nil, "closed" on a closed client
@@ -237,6 +252,7 @@ local function histogram(counts, sum)
   return { buckets = b, counts = cum, sum = sum, count = acc }
 end
 
+--- What this client did since connect, counted without a round trip.
 -- stats = client:stats(): what this client did since connect, in this
 -- process.  No round trip, no lock: the acquire loop's counters are Lua
 -- tables of the client, the lease engine's and the change streams' C
@@ -281,6 +297,7 @@ function client_mt:stats()
   return out
 end
 
+--- Sets (or with nil removes) the callback for lost leases and failed renewals.
 -- client:on_lost(fn): fn(event) is called once for every lease of this
 -- client found lost (its renewal matched nothing, its local deadline
 -- passed, a release or extend found it taken), and for every renewal that
@@ -295,23 +312,27 @@ function client_mt:on_lost(fn)
   self._core:want_events(fn ~= nil)
 end
 
+--- Calls the on_lost callback for each event queued since.
 -- n = client:poll(): calls the on_lost callback for every event queued
 -- since; returns how many (and the callback's errors, a list, if any)
 function client_mt:poll()
   return private.deliver(self._core)
 end
 
+--- The URI's database, or "mongolock".
 -- the URI's database, or "mongolock"
 function client_mt:default_database()
   return self._database
 end
 
+--- Closes the client; idempotent.
 -- true; idempotent.  Handles made by this client answer "closed" afterwards.
 function client_mt:close()
   if rawget(self, "_scheduler") then require("mongolock.sched").close(self) end
   return self._core:close()
 end
 
+--- Whether the client is closed.
 function client_mt:closed()
   return self._core:closed()
 end
@@ -322,6 +343,12 @@ end
 
 _M.client_mt = client_mt
 
+--- Utilities.
+-- @section utilities
+
+--- Sleeps s seconds (ngx.sleep where it can yield).
+-- @function sleep
+-- @param s seconds
 -- mongolock.sleep(s): ngx.sleep where it yields, else the core's blocking
 -- sleep; mongolock.monotonic(): seconds of CLOCK_MONOTONIC
 _M.sleep = function(s)
@@ -330,6 +357,8 @@ _M.sleep = function(s)
   end
   return private.sleep(s)
 end
+--- Seconds of a monotonic clock.
+-- @function monotonic
 _M.monotonic = core.monotonic
 
 -- BSON values Lua has no type for (csrc/bson.c): mongolock.null,

@@ -334,10 +334,15 @@ end
 
 local core, mongolock, proc
 
+-- a loader's whole message on one line (its cause follows its first line)
+local function one_line(err)
+  return (tostring(err):gsub("%s*\n%s*", " "))
+end
+
 local function load_core()
   if core then return end
   local ok, m = pcall(require, "mongolock")
-  if not ok then fail(EXIT.software, "cannot load the mongolock module: %s", tostring(m):match("^[^\n]*")) end
+  if not ok then fail(EXIT.software, "cannot load the mongolock module: %s", one_line(m)) end
   mongolock = m
   core = require "mongolock.core"
 end
@@ -346,7 +351,7 @@ end
 local function load_proc()
   if proc then return proc end
   local ok, m = pcall(require, "mongolock.proc")
-  if not ok then fail(EXIT.software, "cannot load the mongolock.proc module: %s", tostring(m):match("^[^\n]*")) end
+  if not ok then fail(EXIT.software, "cannot load the mongolock.proc module: %s", one_line(m)) end
   proc = m
   return proc
 end

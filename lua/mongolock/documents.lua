@@ -21,6 +21,10 @@
 --   { fields = { owner = "LockId", time = "LockTime" }, time = "locked",
 --     owner_type = "uuid", ttl = <their lock duration> }
 
+--- Document locks: what `client:documents(db, coll, opts)` returns (the lock lives in two fields of
+-- the application's own document).
+-- @classmod docs
+
 local core = require "mongolock.core"
 local private = require "mongolock.private"
 local wait_mod = require "mongolock.wait"
@@ -187,6 +191,7 @@ local function attempt(self, id, o, deadline)
   return nil, doc, info
 end
 
+--- One attempt to lock the document id.
 -- doc, h = docs:try(id, opts): one attempt; nil, "busy", {owner,
 -- remaining, doc} when held by another; nil, "not found" when the document
 -- does not exist and opts.insert was not given
@@ -214,6 +219,7 @@ local function wait_for(self, id, o)
   })
 end
 
+--- Locks the document id, waiting up to opts.timeout; returns the document and the handle.
 -- doc, h = docs:lock(id, opts): waits up to opts.timeout (0: one attempt;
 -- math.huge: no limit), as named locks do (mongolock.wait: woken by the
 -- document's change stream when the holder unlocks it or its lock expires,
@@ -225,6 +231,7 @@ function _M.lock(self, id, opts)
   return wait_for(self, id, o)
 end
 
+--- Runs fn(doc, h, ...) holding the document id's lock; always releases.
 -- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err,
 -- code, as locks:with: runs fn(doc, h, ...) holding the lock, then
 -- releases it; re-raises fn's error after the release.  Nothing fn returns
@@ -254,6 +261,7 @@ function _M.with(self, id, opts, fn, ...)
   return nil, err, code
 end
 
+--- The lock state of the document id.
 -- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code
 -- (one aggregate; remaining by the server's clock)
 function _M.status(self, id)

@@ -28,6 +28,10 @@
 -- change stream through the client's run of the core's ops
 -- (core.op_proclaim, op_leader, op_observe, op_getmore, op_killcursors).
 
+--- Leader election: what `client:elections(opts)` returns; a campaign's leader; an observer of
+-- an election.
+-- @classmod el
+
 local core = require "mongolock.core"
 local private = require "mongolock.private"
 local locks_mod = require "mongolock.locks"
@@ -92,6 +96,7 @@ for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "to
   end
 end
 
+--- Steps down: releases the leader's lock.
 -- leader:resign() -> true | nil, "lost" | nil, "not held" | nil, err, code:
 -- the lock's release (the next campaigner is woken by its event)
 function Leader.resign(self)
@@ -99,6 +104,7 @@ function Leader.resign(self)
 end
 Leader.release = Leader.resign
 
+--- Publishes a new value in the same term.
 -- leader:proclaim(value) -> true | nil, "lost" | nil, "not held" | nil,
 -- err, code: the published value, in the same term (one update that
 -- matches this leader's live lease only)
@@ -124,6 +130,7 @@ end
 
 -- ---- campaign, leader -------------------------------------------------------------
 
+--- Waits until this caller leads the election name, publishing value.
 -- leader, err, info = el:campaign(name, value, opts): waits (as
 -- locks:acquire, opts.timeout) until this caller leads the election name
 function _M.campaign(self, name, value, opts)
@@ -173,6 +180,7 @@ local function info_of(name, doc)
   }
 end
 
+--- Who leads the election name, and the value published.
 -- info = el:leader(name): {name, value, token, owner, holder, remaining,
 -- acquired_at, expires_at} | nil (nobody leads) | nil, err, code
 function _M.leader(self, name)
@@ -182,12 +190,14 @@ function _M.leader(self, name)
   return info_of(name, doc)
 end
 
+--- The status of the election name's lock (as locks:status).
 -- el:status(name), el:force_release(name): the lock's (mongolock.locks)
 function _M.status(self, name)
   check_name(name, "status")
   return self.locks:status(name)
 end
 
+--- Ends the term of whoever leads the election name.
 function _M.force_release(self, name)
   check_name(name, "force_release")
   return self.locks:force_release(name)
@@ -394,6 +404,7 @@ local function confirm(o)
   return true
 end
 
+--- The next change of the election, waiting up to the observer's timeout.
 -- change | nil, "timeout" | nil, err, code: the next change, waiting up to
 -- the observer's timeout
 function Observer.next(o)
@@ -456,6 +467,7 @@ end
 
 observer_mt.__call = function(o) return o:next() end
 
+--- Ends the observer's change stream.
 -- it:close(): ends the observer's change stream; true
 function Observer.close(o)
   if o.closed then return true end
@@ -467,6 +479,7 @@ observer_mt.__close = function(o) o:close() end
 
 local OBSERVE_OPTS = private.set({ "timeout" })
 
+--- An iterator of the changes of the election name (leader, value).
 -- it = el:observe(name, opts): an iterator (a callable object) of changes;
 -- each call returns the next {name, change = "current" | "leader" |
 -- "value" | "none", leader = boolean, token, value, owner, holder,

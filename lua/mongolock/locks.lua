@@ -13,6 +13,11 @@
 -- h:release(), h:extend(ttl), h:remaining(), <close>, __gc).  This module
 -- owns policy: defaults and options; the wait loop is mongolock.private's.
 
+--- Named locks: what `client:locks(opts)` returns (one document per name).
+-- A handle h (a lock held) has h.name, h.token, h.owner and h:release(), h:extend(ttl), h:remaining(),
+-- h:held(), h:check(), h:close() (README, Handles).
+-- @classmod locks
+
 local core = require "mongolock.core"
 local private = require "mongolock.private"
 local wait_mod = require "mongolock.wait"
@@ -178,6 +183,7 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
   return h, err, info
 end
 
+--- One attempt to take the lock name.
 -- h, err = locks:try(name, opts): one attempt; nil, "busy", info when held
 function _M.try(self, name, opts)
   check_name(name, "try")
@@ -240,6 +246,7 @@ local function wait_for(self, name, ttl_ms, o, on_step)
   })
 end
 
+--- Takes the lock name, waiting up to opts.timeout (default 10 s).
 -- h, err = locks:acquire(name, opts): waits up to opts.timeout (0: one
 -- attempt; math.huge: no limit); nil, "timeout", info when still held then
 function _M.acquire(self, name, opts)
@@ -266,6 +273,7 @@ function _M.campaign(self, name, value, opts, fname, level)
   return wait_for(self, name, ttl_ms, o)
 end
 
+--- Runs fn(h, ...) holding the lock name, renewed meanwhile; always releases.
 -- locks:with(name, opts, fn, ...) -> fn's results | nil, "lost" | nil, err:
 -- runs fn(h, ...) holding the lock (renewed in the background unless
 -- opts.renew = false); always releases; re-raises fn's error.  With
@@ -286,6 +294,7 @@ function _M.with(self, name, opts, fn, ...)
   return private.run_with(h, fn, ...)
 end
 
+--- The state of the lock name: holder, token, lease left, waiters.
 -- locks:status(name) -> {held, owner, token, acquired_at, expires_at,
 -- remaining, waiting (live queued waiters), holder = {host, pid, app}} |
 -- nil (never acquired) |
@@ -298,12 +307,14 @@ function _M.status(self, name)
   return st
 end
 
+--- The status of every lock of the collection, sorted by name.
 -- locks:list() -> { status, ... } sorted by name (each with .name)
 function _M.list(self)
   if self.core:closed() then return nil, "closed" end
   return core_of(self):list(self.database, self.collection)
 end
 
+--- Frees the lock name whoever holds it.
 -- locks:force_release(name) -> true | nil, "not held": frees the lock
 -- whoever holds it (for people cleaning up; the holder's next release or
 -- extend answers "not held" / "lost")

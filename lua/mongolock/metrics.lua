@@ -29,6 +29,9 @@
 -- (label kind); mongolock_renewals_total, _renewal_failures_total,
 -- _commands_total, _stream_reopens_total.
 
+--- Prometheus metrics of the clients of this process; inside nginx, of every worker.
+-- @module mongolock.metrics
+
 local private = require "mongolock.private"
 
 local pairs, ipairs, type, tostring, tonumber = pairs, ipairs, type, tostring, tonumber
@@ -92,6 +95,7 @@ local function add_stats(acc, s)
   return acc
 end
 
+--- The samples of every client of this process, as a table of series to values.
 -- samples of every client of this process (a closed one too, until it is
 -- collected: its acquisitions and releases still count)
 function _M.samples()
@@ -146,6 +150,7 @@ local function prefix()
   return tostring(ngx and ngx.worker and ngx.worker.pid() or require("mongolock.core").getpid()) .. "\t"
 end
 
+--- Copies this process's totals into the shared dict.
 -- ok, err = metrics.sync(dict): this process's totals into dict (under its
 -- pid; replaces what it wrote before)
 function _M.sync(dict)
@@ -160,6 +165,7 @@ function _M.sync(dict)
   return true
 end
 
+--- The text exposition of this process's clients, or of every worker's totals in dict.
 -- text = metrics.render([dict]): the text exposition of this process's
 -- clients, or (dict) of every worker's totals in it, summed
 function _M.render(dict)
@@ -173,6 +179,7 @@ function _M.render(dict)
   return text(acc)
 end
 
+--- Copies this worker's totals into dict every interval seconds (init_worker_by_lua).
 -- metrics.start(dict[, interval]): copies this worker's totals into dict
 -- every interval seconds (default 1), from init_worker_by_lua
 function _M.start(dict, interval)
@@ -186,6 +193,7 @@ function _M.start(dict, interval)
   return true
 end
 
+--- A content handler: every worker's totals, summed, as text/plain.
 -- metrics.serve(dict): a content handler: this worker's totals copied,
 -- then every worker's, summed, as text/plain; version=0.0.4
 function _M.serve(dict)

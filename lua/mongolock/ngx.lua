@@ -48,6 +48,9 @@
 --   sleeps keep their length, ngx.timer.at(0) still starts runners) and
 --   its janitor while a job or a result is pending.
 
+--- Inside nginx: where the round trips run. Only `configure` is public.
+-- @module mongolock.ngx
+
 local core = require "mongolock.core"
 
 local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
@@ -88,6 +91,7 @@ local function ngx_api()
   return ngx
 end
 
+--- Sets the thread pool, the jobs a worker runs at once, and idle and grace times.
 -- transport.configure{thread_pool =, max_running =, idle =, grace =, enabled =}
 -- (init_by_lua, or before the first round trip): raises on a bad option
 function _M.configure(opts)

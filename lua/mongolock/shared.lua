@@ -20,6 +20,10 @@
 -- share or permit is live, and readers that arrive while a writer waits
 -- queue behind it (writers first).
 
+--- Reader-writer locks (`client:rwlocks(opts)`), counting semaphores (`client:semaphores(opts)`) and
+-- sets of locks (`client:acquire_all(entries, opts)`).
+-- @classmod rw
+
 local core = require "mongolock.core"
 local private = require "mongolock.private"
 local locks_mod = require "mongolock.locks"
@@ -234,6 +238,7 @@ end
 
 local status_of
 
+--- The state of the name: its holders, permits, waiters.
 -- status(name) -> {name, permits, token, exclusive, holders = {{owner, mode,
 -- token, remaining, holder}}, in_use, waiting, writers} | nil (no such
 -- lock) | nil, err, code.  One aggregate.
@@ -245,6 +250,7 @@ function _M.status(self, name)
   return status_of(st)
 end
 
+--- The status of every name with shares, permits or waiters.
 -- list() -> { status, ... } of every name with shares, permits or waiting
 -- sharers (each with .name), sorted by name.  One aggregate.
 function _M.list(self)
@@ -267,6 +273,7 @@ function status_of(st)
     holders = holders, in_use = #holders, waiting = st.waiting, writers = st.writers }
 end
 
+--- Ends every share or permit of the name, whoever holds them.
 -- force_release(name) -> true | nil, "not held": ends every share or
 -- permit of the name, whoever holds them
 function _M.force_release(self, name)
@@ -277,22 +284,28 @@ end
 
 -- ---- reader-writer locks --------------------------------------------------
 
+--- Takes a reader's share of name, waiting up to opts.timeout.
 function _M.read(self, name, opts)
   check_name(name, "read", 2)
   return wait_for(self, "shared", name, check_call(self, opts, 2, "read", 2))
 end
 
+--- One attempt to take a reader's share of name.
 function _M.try_read(self, name, opts)
   check_name(name, "try_read", 2)
   return private.count_one(self.series, attempt(self, "shared", name, check_call(self, opts, 2, "try_read", 2)))
 end
 
+--- Runs fn(h, ...) holding a reader's share of name; always releases.
 function _M.with_read(self, name, opts, fn, ...)
   return with(self, "shared", "with_read", name, opts, fn, ...)
 end
 
+--- Takes name alone, as a writer, waiting up to opts.timeout.
 function _M.write(self, name, opts) return self.locks:acquire(name, opts) end
+--- One attempt to take name alone, as a writer.
 function _M.try_write(self, name, opts) return self.locks:try(name, opts) end
+--- Runs fn(h, ...) holding name alone, as a writer; always releases.
 function _M.with_write(self, name, opts, fn, ...) return self.locks:with(name, opts, fn, ...) end
 
 -- ---- semaphores -------------------------------------------------------------
@@ -300,16 +313,22 @@ function _M.with_write(self, name, opts, fn, ...) return self.locks:with(name, o
 local sem = setmetatable({}, { __index = _M })
 local sem_mt = { __index = sem }
 
+--- A semaphore: what `client:semaphores(opts)` returns (status, list and force_release as rw's).
+-- @type sem
+
+--- Takes a permit of name (opts.permits of the semaphore), waiting up to opts.timeout.
 function sem.acquire(self, name, opts)
   check_name(name, "acquire", 2)
   return wait_for(self, "permit", name, check_call(self, opts, 2, "acquire", 2))
 end
 
+--- One attempt to take a permit of name.
 function sem.try(self, name, opts)
   check_name(name, "try", 2)
   return private.count_one(self.series, attempt(self, "permit", name, check_call(self, opts, 2, "try", 2)))
 end
 
+--- Runs fn(h, ...) holding a permit of name; always releases.
 function sem.with(self, name, opts, fn, ...)
   return with(self, "permit", "with", name, opts, fn, ...)
 end
@@ -322,6 +341,10 @@ local SET_OPTS = private.set({ "timeout", "ttl", "renew" })
 local set_methods = {}
 local set_mt = { __index = set_methods, __name = "mongolock.LockSet" }
 
+--- A set: what `client:acquire_all(entries, opts)` returns.
+-- @type set
+
+--- Releases every lock of the set.
 -- set:release([changes]) -> true | nil, err of the first handle that
 -- failed (every handle is released anyway); afterwards nil, "not held".
 -- changes: {[i] = changes} for the document locks among the entries (i:
@@ -355,6 +378,7 @@ function set_methods.release(self, changes)
   return nil, first
 end
 
+--- The handle of the caller's i-th entry (and a document lock's document).
 -- set:get(i) -> h, doc: the handle of the caller's i-th entry and, for a
 -- document lock, the document as locked
 function set_methods.get(self, i)
@@ -363,6 +387,7 @@ function set_methods.get(self, i)
   return e.h, e.doc
 end
 
+--- Releases what is still held; errors are swallowed.
 -- set:close() -> true: releases what is held; errors are swallowed
 function set_methods.close(self)
   local hs = self.handles
@@ -371,6 +396,7 @@ function set_methods.close(self)
   return true
 end
 
+--- Whether every lock of the set is still held.
 -- set:check() -> true | nil, err of the first handle no longer held
 function set_methods.check(self)
   if not self.handles then return nil, "not held" end

@@ -31,6 +31,10 @@
 -- were written; only conflicting documents are read again, to hand back
 -- their current state.
 
+--- Optimistic concurrency: what `client:versioned(db, coll, opts)` returns (a version field in
+-- every document; a write applies only at the version the caller read).
+-- @classmod vc
+
 local core = require "mongolock.core"
 local private = require "mongolock.private"
 
@@ -356,6 +360,7 @@ end
 
 -- ---- single documents ------------------------------------------------------
 
+--- Inserts doc at version 1.
 -- ok, err = vc:insert(doc): sets doc[field] = 1 (and doc._id to a new
 -- ObjectId when it has none), then inserts it
 function _M.insert(self, doc)
@@ -377,6 +382,7 @@ function _M.insert(self, doc)
   return true
 end
 
+--- Replaces the stored document by doc if its version is still doc's.
 -- ok, err, current = vc:replace(doc): doc (with _id and version) replaces
 -- the stored document if its version is still doc's; doc[field] is bumped
 function _M.replace(self, doc)
@@ -389,6 +395,7 @@ function _M.replace(self, doc)
   return r, err, cur
 end
 
+--- Applies an update to the stored document if its version is still doc's.
 -- ok, err, current = vc:update(doc, update): applies update (operators:
 -- $set $unset $inc $mul $min $max $currentDate $push $addToSet $pull
 -- $rename, or a pipeline) if the stored version is still doc's;
@@ -402,6 +409,7 @@ function _M.update(self, doc, update)
   return r, err, cur
 end
 
+--- Deletes the stored document if its version is still doc's.
 -- ok, err, current = vc:delete(doc): one findAndModify that removes the
 -- document only at doc's version; a version mismatch raises inside the
 -- filter, so the three outcomes come from one round trip (the current
@@ -424,6 +432,7 @@ function _M.delete(self, doc)
   return nil, err, code
 end
 
+--- Reads the document id.
 -- doc | nil, "not found" | nil, err, code
 function _M.get(self, id)
   if id == nil then argerror(1, "get", "_id expected, got nil") end
@@ -437,6 +446,7 @@ function _M.get(self, id)
   return doc
 end
 
+--- Reads, changes with fn and replaces the document id, retrying fn on a conflict.
 -- doc, err = vc:modify(id, fn, opts): reads the document, calls fn(doc)
 -- for the new one (fn may change doc in place and return it; returning nil
 -- cancels: nil, "cancelled"), writes it with replace, and on a conflict
@@ -476,6 +486,7 @@ end
 
 -- ---- many documents --------------------------------------------------------
 
+--- Inserts docs at version 1, in one command.
 -- ok, results = vc:insert_many(docs): one insert command (unordered);
 -- results[i] = true | error message of docs[i]
 function _M.insert_many(self, docs)
@@ -589,6 +600,7 @@ local function check_docs(self, docs, fname)
   end
 end
 
+--- replace for each of docs, in one round trip when nothing conflicts.
 -- results, currents = vc:replace_many(docs): results[i] = true |
 -- "conflict" | "not found" | message; currents[i] the current document of
 -- a conflict.  One round trip when nothing conflicts.
@@ -605,6 +617,7 @@ function _M.replace_many(self, docs)
   return write_many(self, docs, changes)
 end
 
+--- update for each of docs, at each one's version.
 -- results, currents = vc:update_many(docs, update): the same update on
 -- each document, at each one's version
 function _M.update_many(self, docs, update)
@@ -617,6 +630,7 @@ function _M.update_many(self, docs, update)
   return write_many(self, docs, changes)
 end
 
+--- delete for each of docs, at each one's version.
 -- results, currents = vc:delete_many(docs): one delete command; a version
 -- mismatch raises inside each statement's filter, so conflicts are known
 -- per document.  results[i] = true | "conflict" | "not found" | "deleted

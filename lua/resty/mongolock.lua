@@ -29,6 +29,10 @@
 -- - A lock object holds at most one lock at a time; a lock object collected
 --   while holding releases through the handle's own __gc.
 
+--- lua-resty-lock's API on a mongolock named lock: OpenResty handlers on every host of a fleet exclude
+-- each other.
+-- @module resty.mongolock
+
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
 local private = require "mongolock.private"
@@ -111,6 +115,7 @@ local function locks_for(opts)
   return locks
 end
 
+--- A lock object (opts: uri or client, exptime, timeout, mode, permits, ...).
 -- syntax: obj, err = mongolock:new(opts)
 --         obj, err = mongolock:new(dict_name, opts)   (lua-resty-lock's form)
 -- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
@@ -331,6 +336,7 @@ local function lock_shared(self, key)
   return waited and (monotonic() - start) or 0
 end
 
+--- Takes the lock key, waiting up to timeout; returns the seconds waited.
 function _M.lock(self, key)
   -- a bad key raises here, before this object enters the gate
   check_name(key, "lock")
@@ -381,6 +387,7 @@ function _M.lock(self, key)
   return waited and (monotonic() - start) or 0
 end
 
+--- Releases the lock held.
 -- syntax: ok, err = obj:unlock()
 -- ok is 1 as in lua-resty-lock.  err: "unlocked" (this object holds no
 -- lock), or "lost" (the lease had expired, or the lock was taken or
@@ -400,6 +407,7 @@ function _M.unlock(self)
   return 1
 end
 
+--- Renews the lease for timeout seconds (default exptime).
 -- syntax: ok, err = obj:expire(timeout)
 -- Renews the lease for timeout seconds (default: exptime).  err:
 -- "unlocked" (no lock held), "lost" (the lease had ended: the object no
@@ -421,6 +429,7 @@ function _M.expire(self, timeout)
   return true
 end
 
+--- The fencing token of the lock held.
 -- syntax: token = obj:token()
 -- The fencing token of the lock held (nil when none): pass it to the
 -- resource the lock guards so that it can refuse a stale holder's writes.
@@ -429,6 +438,7 @@ function _M.token(self)
   return h and h.token or nil
 end
 
+--- The fencing token in exact decimal digits.
 -- syntax: s = obj:token_string()
 -- The same token in decimal digits, exact under LuaJIT too (nil when none).
 function _M.token_string(self)
