@@ -325,11 +325,12 @@ struct ml_acquire_attempt {
   const ml_attempt_kind *kind;
   int state;                        /* ML_ATTEMPT_PREPARED, SENT, TAKEN */
   double started;                   /* ml_monotonic() just before the op
-                                       was sent (or handed out) */
+                                       was sent (or a:op() returned it) */
   int renew;                        /* the handle asks for renewal */
-  ml_acquire_args a;                /* the named kinds' command; a.owner,
-                                       host, tag and keeper point into t
-                                       and keeper */
+  ml_acquire_args a;                /* the named kinds' command (a document
+                                       lock's: owner and ttl_ms alone);
+                                       a.owner, host, tag and keeper point
+                                       into t and keeper */
   ml_attempt t;                     /* owner (every kind's), tag, host */
   char keeper[17];
   size_t namelen;
