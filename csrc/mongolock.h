@@ -11,6 +11,8 @@
  *               method
  *   lock.c      mongolock.Lock: the lease (kind: named or document), every
  *               Lock method, the one release path
+ *   attempt.c   mongolock.Attempt: an acquire attempt of any kind, its op
+ *               and its outcome; the plain methods' one runner
  *   named.c     the named-lock commands (acquire, status, list, ...)
  *   documents.c the document-lock commands and a release's changes
  *   command.c   client:command
@@ -281,23 +283,70 @@ int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, in
                          ml_acquire_args *a, ml_attempt *t);
 
 /*
- * How an attempt method (client:acquire, share_acquire, doc_acquire) runs.
- * Each is split at its round trip, so that a transport other than
- * libmongoc's pool on this thread (an nginx worker thread) runs the op and
- * the same C code finishes it:
- *   ML_ATTEMPT_RUN   the plain method: build, ml_run, finish;
- *   ML_ATTEMPT_OP    client:X_op(<X's arguments>, [owner]) -> op, owner:
- *                    the op X would send (core.op_* envelope), nothing sent;
- *   ML_ATTEMPT_TAKE  client:take_X(<X's arguments>, owner, started, reply,
- *                    message, code, ereply, domain) -> X's answers: the
- *                    outcome of op, run elsewhere (started: core.monotonic()
- *                    just before it was sent; the rest as client:run
- *                    answers), finished as X finishes its own round trip:
- *                    the handle made, a write concern error's win given
- *                    back, a reply lost even to the retry released in the
- *                    background.
+ * An acquire attempt, one round trip of client:acquire, campaign,
+ * share_acquire or doc_acquire, as one shape for every kind (attempt.c):
+ * prepared from the method's arguments, its op built, its outcome taken
+ * by the kind's tail (the handle made, a write concern error's win given
+ * back, a reply lost even to the retry released in the background).  The
+ * plain method runs the three steps on this thread (ml_attempt_method);
+ * client:X_attempt(<X's arguments> [, owner]) makes a mongolock.Attempt
+ * (ml_attempt_prepare) for a transport that runs the op elsewhere (an nginx
+ * worker thread, a coroutine scheduler's pool):
+ *   a:op()      -> the op (core.op_* envelope), nothing sent; the attempt
+ *                  is sent from then (its started time: now)
+ *   a:take(reply, message, code, ereply, domain) -> X's answers: the
+ *                  outcome of the op as client:run answers it, taken once
+ *   a:owner()   -> the owner id its op writes
+ * Each kind plugs in its own table (ml_attempt_kind).
  */
-typedef enum { ML_ATTEMPT_RUN, ML_ATTEMPT_OP, ML_ATTEMPT_TAKE } ml_attempt_mode;
+typedef struct ml_acquire_attempt ml_acquire_attempt;
+
+typedef struct ml_attempt_kind {
+  const char *name;                 /* the plain method's name */
+  int owner_i;                      /* client:X_attempt's optional owner */
+  /* fills t (zeroed, t->kind set) from the method's arguments, the client
+   * at 1; owner_i: the slot of a given owner (0: none, a new one).  Raises
+   * on a bad argument, holding nothing then; 0 when getrandom failed (the
+   * caller gives back what t holds) */
+  int (*prepare)(lua_State *L, ml_client *c, ml_acquire_attempt *t, int owner_i);
+  /* initialises op->cmd: the command t sends */
+  void (*build)(const ml_acquire_attempt *t, ml_op *op);
+  /* [-0, +n] the tail, with the client at stack index 1: ok, reply and err
+   * as ml_run returns them (reply stays the caller's); pushes the
+   * method's answers and returns their count */
+  int (*take)(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok, const bson_t *reply,
+              const bson_error_t *err);
+} ml_attempt_kind;
+
+/* what an attempt keeps between its op and its outcome.  Its strings point
+ * into its own buffers or into the method's Lua arguments (on the stack
+ * for the plain method; a mongolock.Attempt keeps them in its uservalue) */
+struct ml_acquire_attempt {
+  const ml_attempt_kind *kind;
+  int state;                        /* ML_ATTEMPT_PREPARED, SENT, TAKEN */
+  double started;                   /* ml_monotonic() just before the op
+                                       was sent (or a:op() returned it) */
+  int renew;                        /* the handle asks for renewal */
+  ml_acquire_args a;                /* the named kinds' command (a document
+                                       lock's: owner and ttl_ms alone);
+                                       a.owner, host, tag and keeper point
+                                       into t and keeper */
+  ml_attempt t;                     /* owner (every kind's), tag, host */
+  char keeper[17];
+  size_t namelen;
+  int mode;                         /* shared kinds: ML_MODE_* */
+  int64_t permits;
+  ml_lockref ref;                   /* a document lock: ref.id is id */
+  bson_t *id, *insert;              /* owned (bson_copy); NULL once freed */
+};
+
+enum { ML_ATTEMPT_PREPARED, ML_ATTEMPT_SENT, ML_ATTEMPT_TAKEN };
+
+/* the plain method of kind k: prepare, build, run on this thread, take */
+int ml_attempt_method(lua_State *L, const ml_attempt_kind *k);
+/* client:X_attempt of kind k: [-0, +1] a mongolock.Attempt | nil,
+ * "getrandom failed" */
+int ml_attempt_prepare(lua_State *L, const ml_attempt_kind *k);
 
 /* a past reading of core.monotonic() at i (raises otherwise) */
 double ml_arg_started(lua_State *L, int i);
@@ -329,11 +378,9 @@ int ml_push_leave(lua_State *L, ml_leave_builder build);
 /* Client methods on locks, implemented next to what they make and
  * registered with the others in client.c: named.c (named locks) ... */
 int ml_m_acquire(lua_State *L);
-int ml_m_acquire_op(lua_State *L);
-int ml_m_take_acquire(lua_State *L);
+int ml_m_acquire_attempt(lua_State *L);
 int ml_m_campaign(lua_State *L);
-int ml_m_campaign_op(lua_State *L);
-int ml_m_take_campaign(lua_State *L);
+int ml_m_campaign_attempt(lua_State *L);
 int ml_m_status(lua_State *L);
 int ml_m_list(lua_State *L);
 int ml_m_force_release(lua_State *L);
@@ -342,13 +389,11 @@ int ml_m_granted(lua_State *L);
 int ml_m_ensure_index(lua_State *L);
 /* ... documents.c (document locks) ... */
 int ml_m_doc_acquire(lua_State *L);
-int ml_m_doc_acquire_op(lua_State *L);
-int ml_m_take_doc_acquire(lua_State *L);
+int ml_m_doc_acquire_attempt(lua_State *L);
 int ml_m_doc_status(lua_State *L);
 /* ... shared.c (reader shares and permits) ... */
 int ml_m_share_acquire(lua_State *L);
-int ml_m_share_acquire_op(lua_State *L);
-int ml_m_take_share_acquire(lua_State *L);
+int ml_m_share_acquire_attempt(lua_State *L);
 int ml_m_share_leave(lua_State *L);
 int ml_m_share_force_release(lua_State *L);
 int ml_m_share_status(lua_State *L);

@@ -8,9 +8,10 @@
 -- client's lease engine is driven from one timer per worker and client
 -- (the adapter below):
 --
---   op = <the C method's op, built by the C client>   (client:X_op, core.op_*)
---   reply, ... = transport.run(spec, op)              (mongolock.ngx)
---   <answer> = <the C method's own tail>              (client:take_X, core.parse_*)
+--   a = client:X_attempt(<X's arguments>)   (an acquire attempt of any kind)
+--   op = a:op()                             (or core.op_*: the op, built in C)
+--   reply, ... = transport.run(spec, op)    (mongolock.ngx)
+--   <answer> = a:take(reply, ...)           (or core.parse_*: the C tail)
 --
 -- so an attempt that won becomes a mongolock.Lock of the event loop's
 -- client, the same handle as everywhere else.
