@@ -72,7 +72,7 @@ end
 The one acquire loop of named locks (mongolock.locks), readers and
 permits (mongolock.shared) and document locks (mongolock.documents).
 run = {
-  owner     the kind's object (client, core): its round trips go to
+  owner     the kind's object (.client, .core): its round trips go to
             runners.core_of(owner)
   core      the client's core (closed, writable)
   bound     the client's server selection bound (s)
@@ -105,11 +105,11 @@ to the deadline) for a writable server, so an unreachable server costs no
 more than the timeout; timeout = 0 waits for one up to ONE_ATTEMPT_WAIT
 (one_attempt_ready).  An attempt in flight when the server dies or stops
 answering ends within the server bound.
-A transient failure (mongolock.errors.transient: an election, a stepdown, a closed
-socket, no server found) of an attempt or of a wait step is retried after
-a backoff step (outage_backoff, through run.wait in "poll" mode, so that a
-wrapped wait step sees it) until the deadline; then the loop gives up with
-that failure.  A permanent one returns at once.
+A transient failure (mongolock.errors.transient: an election, a
+stepdown, a closed socket, no server found) of an attempt or of a wait
+step is retried after a backoff step (outage_backoff, through run.wait in
+"poll" mode, so that a wrapped wait step sees it) until the deadline; then
+the loop gives up with that failure.  A permanent one returns at once.
 A waiter that gives up (a timeout, a failure) takes its place out of the
 queue, and passes on a lock an attempt took without its reply arriving
 (best effort, and only with a server to tell: the place lapses after the
