@@ -1,6 +1,7 @@
 -- #unit: the Lua modules load one way (doc/design.md, "Layers"): the
--- product modules and the adapters (mongolock.ngx.runner, mongolock.sched)
--- load the shared code, which never loads them back.  Every require of a
+-- product modules and the adapters (mongolock.ngx, mongolock.ngx.runner,
+-- mongolock.sched) load the shared code, which never loads them back (the
+-- client carries its runners: mongolock.runners).  Every require of a
 -- module under lua/ counts, at load and inside functions (the lazy ones),
 -- and so does pcall(require, "...").
 local helpers = require "helpers"
@@ -98,6 +99,35 @@ local y = require('f')
     local c = cycle({ a = { "b" }, b = { "c" }, c = { "a" }, d = {} })
     assert.same({ "a", "b", "c", "a" }, c)
     assert.is_nil(cycle({ a = { "b", "c" }, b = { "c" }, c = {} }))
+  end)
+
+  -- the adapters, and the modules above them that make clients and give
+  -- them their runners
+  local ADAPTERS = { ["mongolock.ngx"] = true, ["mongolock.ngx.runner"] = true,
+                     ["mongolock.ngx.thread"] = true, ["mongolock.sched"] = true }
+  local TOP = { ["mongolock"] = true, ["resty.mongolock"] = true, ["mongolock.cli"] = true }
+
+  it("keeps the adapters out of the shared code: none of it loads one, even through another module", function()
+    local g = graph()
+    for name in pairs(g) do
+      if not ADAPTERS[name] and not TOP[name] then
+        local seen, path = {}, {}
+        local function reach(n)
+          if seen[n] then return nil end
+          seen[n] = true
+          path[#path + 1] = n
+          if ADAPTERS[n] then return table.concat(path, " -> ") end
+          for _, m in ipairs(g[n]) do
+            local found = reach(m)
+            if found then return found end
+          end
+          path[#path] = nil
+          return nil
+        end
+        local found = reach(name)
+        assert.is_nil(found, found and ("the shared code loads an adapter: " .. found))
+      end
+    end
   end)
 
   it("has no cycle among the modules under lua/", function()
