@@ -112,7 +112,7 @@ static void wait_until(pthread_cond_t *cv, double when) {
 
 /*
  * A server selection for writes, for a waiter that found no writable server
- * among the monitors' descriptions (private.lua, await_server).  After a
+ * among the monitors' descriptions (loop.lua, await_server).  After a
  * connection error libmongoc marks the server unknown, and its monitor
  * looks again only after heartbeatFrequencyMS (10 s by default) unless a
  * selection asks for a check, which this one does (the monitor then checks

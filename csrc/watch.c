@@ -33,7 +33,7 @@
  *     a connection of the client's pool in a session of its own
  *     (ml_run_in_session), and waiters block on the stream's cv;
  *   - client:watch_next() / client:watch_done() (a client made external,
- *     inside nginx: mongolock.ngx.core runs each op as a worker thread's
+ *     inside nginx: mongolock.ngx.runner runs each op as a worker thread's
  *     job); waiters look without blocking and sleep on the event loop.
  *
  * Invariants:

@@ -6,12 +6,17 @@
 --
 -- The C core (mongolock.core) makes every round trip; this module checks
 -- arguments, writes every default down once, and hands out the objects.
+-- It gives each client its runners where the caller can yield (inside
+-- nginx mongolock.ngx.runner, with a scheduler mongolock.sched): the
+-- shared code below finds them on the client (mongolock.runners).
 
 --- Distributed locks on MongoDB: `connect`, and the client it returns.
 -- @module mongolock
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
+local stats = require "mongolock.stats"
 
 local type = type
 local error = error
@@ -20,9 +25,9 @@ local tonumber = tonumber
 local setmetatable = setmetatable
 local math_ceil = math.ceil
 
-local argerror = private.argerror
-local check_type = private.check_type
-local seconds = private.seconds
+local argerror = args.argerror
+local check_type = args.check_type
+local seconds = args.seconds
 
 local _M = { _VERSION = "0.1.0", core = core }
 
@@ -47,7 +52,7 @@ local connect_defaults = {
   -- seconds a round trip waits for an unreachable or silent server: server
   -- selection, connect and socket timeouts (the URI's own
   -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
-  server_timeout = private.SERVER_TIMEOUT,
+  server_timeout = args.SERVER_TIMEOUT,
   server_selection_timeout = nil, -- seconds; server selection alone
   scheduler = nil,                -- "cqueues" or a table (mongolock.sched): in
                                   -- its coroutines every wait yields to it
@@ -55,7 +60,7 @@ local connect_defaults = {
                                   -- its round trips (per client and process)
 }
 _M.connect_defaults = connect_defaults
-local CONNECT_OPTS = private.set({ "appname", "write_concern", "wtimeout", "pool_size",
+local CONNECT_OPTS = args.set({ "appname", "write_concern", "wtimeout", "pool_size",
   "server_timeout", "server_selection_timeout", "scheduler", "threads" })
 
 -- the URI's serverSelectionTimeoutMS in seconds, or nil
@@ -76,7 +81,7 @@ function _M.connect(uri, opts)
   check_type(uri, "string", 1, "connect")
   check_type(opts, "table", 2, "connect", true)
   opts = opts or {}
-  private.check_keys(opts, CONNECT_OPTS, 2, "connect")
+  args.check_keys(opts, CONNECT_OPTS, 2, "connect")
   local appname = check_type(opts.appname, "string", 2, "connect", true)
   -- the option, else the URI's own w, else the default
   local w = opts.write_concern
@@ -98,7 +103,7 @@ function _M.connect(uri, opts)
     pool = opts.pool_size
     if type(pool) ~= "number" or pool ~= pool or pool < 1 or pool % 1 ~= 0 or pool > 100000 then
       argerror(2, "connect", "pool_size must be an integer from 1 to 100000 (got "
-        .. private.shown(pool) .. ")")
+        .. args.shown(pool) .. ")")
     end
   end
   if opts.server_selection_timeout ~= nil then
@@ -110,19 +115,20 @@ function _M.connect(uri, opts)
     bound = seconds(opts.server_timeout, 2, "connect", "server_timeout")
     if bound > 86400 then
       argerror(2, "connect", "server_timeout must be at most a day (86400 seconds) (got "
-        .. private.shown(bound) .. ")")
+        .. args.shown(bound) .. ")")
     end
   end
-  local scheduler, threads
+  local scheduler, threads, sched
   if opts.scheduler ~= nil then
-    scheduler = require("mongolock.sched").check(opts.scheduler, 2, "connect")
+    sched = require "mongolock.sched"
+    scheduler = sched.check(opts.scheduler, 2, "connect")
   end
   if opts.threads ~= nil then
     threads = opts.threads
     if type(threads) ~= "number" or threads ~= threads or threads < 1 or threads % 1 ~= 0
        or threads > 256 then
       argerror(2, "connect", "threads must be an integer from 1 to 256 (got "
-        .. private.shown(threads) .. ")")
+        .. args.shown(threads) .. ")")
     end
   end
   local c, err = core.connect(uri, appname, w, wtimeout, pool, sst, math_ceil(bound * 1000))
@@ -144,7 +150,13 @@ function _M.connect(uri, opts)
                                 server_bound = selection, _scheduler = scheduler,
                                 _threads = threads, _series = { by = {} } }, client_mt)
   uris[client] = uri
-  private.clients[client] = true
+  stats.clients[client] = true
+  -- the runners where the caller can yield: inside nginx its worker
+  -- threads (in a phase that can yield), with a scheduler its thread pool
+  -- (in the scheduler's coroutines)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.run_worker_thread and ngx.get_phase then require("mongolock.ngx.runner").attach(client) end
+  if sched then sched.attach(client) end
   return client
 end
 
@@ -208,7 +220,7 @@ function client_mt:command(db, cmd, opts)
   if c:closed() then return nil, "closed" end
   -- where the caller can yield (inside nginx, in a scheduler's
   -- coroutine): in a worker thread, the reply decoded here
-  local nc = private.yielding_core(self)
+  local nc = runners.yielding_core(self)
   if nc then
     local ok, op = pcall(core.op_command, db, cmd, opts)
     if not ok then
@@ -241,10 +253,10 @@ end
 
 local KINDS = { "named", "document", "shared", "permit" }
 
--- a histogram of private.WAIT_BUCKETS from counts per bucket: cumulative
+-- a histogram of mongolock.stats.WAIT_BUCKETS from counts per bucket: cumulative
 -- counts, as Prometheus' _bucket series (counts[#buckets + 1] is +Inf)
 local function histogram(counts, sum)
-  local b, acc, cum = private.WAIT_BUCKETS, 0, {}
+  local b, acc, cum = stats.WAIT_BUCKETS, 0, {}
   for i = 1, #b + 1 do
     acc = acc + counts[i]
     cum[i] = acc
@@ -275,7 +287,7 @@ function client_mt:stats()
     stream_reopens = cn.stream_reopens, by_kind = {}, series = {},
   }
   local all_counts, all_sum = {}, 0
-  for i = 1, #private.WAIT_BUCKETS + 1 do all_counts[i] = 0 end
+  for i = 1, #stats.WAIT_BUCKETS + 1 do all_counts[i] = 0 end
   for _, k in ipairs(KINDS) do
     local lost, rel = cn.lost and cn.lost[k] or 0, cn.releases and cn.releases[k] or 0
     out.by_kind[k] = { acquisitions = 0, waits = 0, timeouts = 0, busy = 0, lost = lost, releases = rel }
@@ -308,7 +320,7 @@ end
 -- and inside nginx from the lease engine's timer.  nil removes it.
 function client_mt:on_lost(fn)
   check_type(fn, "function", 1, "on_lost", true)
-  private.listeners[self._core] = fn
+  stats.listeners[self._core] = fn
   self._core:want_events(fn ~= nil)
 end
 
@@ -316,7 +328,7 @@ end
 -- n = client:poll(): calls the on_lost callback for every event queued
 -- since; returns how many (and the callback's errors, a list, if any)
 function client_mt:poll()
-  return private.deliver(self._core)
+  return stats.deliver(self._core)
 end
 
 --- The URI's database, or "mongolock".
@@ -353,9 +365,9 @@ _M.client_mt = client_mt
 -- sleep; mongolock.monotonic(): seconds of CLOCK_MONOTONIC
 _M.sleep = function(s)
   if type(s) ~= "number" or s ~= s or s < 0 or s == math.huge then
-    argerror(1, "sleep", "a finite number of seconds >= 0 expected, got " .. private.shown(s), 2)
+    argerror(1, "sleep", "a finite number of seconds >= 0 expected, got " .. args.shown(s), 2)
   end
-  return private.sleep(s)
+  return runners.sleep(s)
 end
 --- Seconds of a monotonic clock.
 -- @function monotonic

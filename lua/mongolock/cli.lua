@@ -924,13 +924,13 @@ local function cmd_wait(args)
   local rw = rwlocks_of(client, locks)
   local deadline = args.timeout and core.monotonic() + args.timeout or huge
   local step = 0.01
-  local private = require "mongolock.private"
+  local errors = require "mongolock.errors"
   -- a transient failure (an election, a closed socket, no server found:
-  -- mongolock.private.transient) is looked at again while a call (at most
+  -- mongolock.errors.transient) is looked at again while a call (at most
   -- the server timeout) still ends before the deadline
   local bound = server_timeout(args)
   local function failed(err, code)
-    if private.transient(code, err) and core.monotonic() + bound < deadline then return true end
+    if errors.transient(code, err) and core.monotonic() + bound < deadline then return true end
     fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
   end
   while true do

@@ -22,7 +22,7 @@
 -- term it was written in (valueToken), so that a value is never shown for
 -- a term that did not write it.
 --
--- Every round trip goes through mongolock.private.core_of (inside nginx a
+-- Every round trip goes through mongolock.runners.core_of (inside nginx a
 -- worker thread's job): campaigns through the one acquire loop of the
 -- named locks (mongolock.locks), proclaim, leader and the observer's
 -- change stream through the client's run of the core's ops
@@ -33,7 +33,8 @@
 -- @classmod el
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 local locks_mod = require "mongolock.locks"
 
 local type = type
@@ -44,10 +45,10 @@ local math_min = math.min
 local math_max = math.max
 local math_huge = math.huge
 local monotonic = core.monotonic
-local core_of = private.core_of
-local check_type = private.check_type
-local check_name = private.check_name
-local argerror = private.argerror
+local core_of = runners.core_of
+local check_type = args.check_type
+local check_name = args.check_name
+local argerror = args.argerror
 local null = core.null
 
 local _M = { _VERSION = "0.1.0", VALUE_MAX = 16384 }
@@ -446,7 +447,7 @@ function Observer.next(o)
           ok, err, code = more(o, wait)
         else
           -- no change stream (a standalone server): the server is asked again
-          private.sleep(math_min(wait, o.poll))
+          runners.sleep(math_min(wait, o.poll))
           ok, err, code = confirm(o)
           if ok then compare(o) end
         end
@@ -477,7 +478,7 @@ end
 
 observer_mt.__close = function(o) o:close() end
 
-local OBSERVE_OPTS = private.set({ "timeout" })
+local OBSERVE_OPTS = args.set({ "timeout" })
 
 --- An iterator of the changes of the election name (leader, value).
 -- it = el:observe(name, opts): an iterator (a callable object) of changes;
@@ -490,9 +491,9 @@ function _M.observe(self, name, opts)
   check_name(name, "observe")
   check_type(opts, "table", 2, "observe", true)
   opts = opts or {}
-  private.check_keys(opts, OBSERVE_OPTS, 2, "observe")
+  args.check_keys(opts, OBSERVE_OPTS, 2, "observe")
   local timeout = math_huge
-  if opts.timeout ~= nil then timeout = private.timeout(opts.timeout, 2, "observe", "timeout") end
+  if opts.timeout ~= nil then timeout = args.timeout(opts.timeout, 2, "observe", "timeout") end
   local session, err = core.waiter_id()
   if not session then return nil, err end
   return setmetatable({ el = self, name = name, timeout = timeout, session = session, queue = {},

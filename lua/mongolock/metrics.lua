@@ -32,7 +32,8 @@
 --- Prometheus metrics of the clients of this process; inside nginx, of every worker.
 -- @module mongolock.metrics
 
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local stats = require "mongolock.stats"
 
 local pairs, ipairs, type, tostring, tonumber = pairs, ipairs, type, tostring, tonumber
 local string_format = string.format
@@ -100,7 +101,7 @@ end
 -- collected: its acquisitions and releases still count)
 function _M.samples()
   local acc = {}
-  for client in pairs(private.clients) do add_stats(acc, client:stats()) end
+  for client in pairs(stats.clients) do add_stats(acc, client:stats()) end
   -- the families without labels are there with no client too
   for _, f in ipairs(CLIENT) do acc["mongolock_" .. f[1] .. "_total"] = acc["mongolock_" .. f[1] .. "_total"] or 0 end
   return acc
@@ -155,7 +156,7 @@ end
 -- pid; replaces what it wrote before)
 function _M.sync(dict)
   if type(dict) ~= "table" and type(dict) ~= "userdata" then
-    private.argerror(1, "sync", "shared dict expected, got " .. type(dict))
+    args.argerror(1, "sync", "shared dict expected, got " .. type(dict))
   end
   local p = prefix()
   for key, v in pairs(_M.samples()) do

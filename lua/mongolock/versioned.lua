@@ -36,7 +36,8 @@
 -- @classmod vc
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 
 local type = type
 local pairs = pairs
@@ -50,8 +51,8 @@ local string_find = string.find
 local string_sub = string.sub
 local table_sort = table.sort
 
-local argerror = private.argerror
-local check_type = private.check_type
+local argerror = args.argerror
+local check_type = args.check_type
 local null = core.null
 local array = core.array
 
@@ -67,8 +68,8 @@ local _M = {
 local defaults = _M.defaults
 
 local mt = { __index = _M }
-local NEW_OPTS = private.set({ "field", "retries" })
-local MODIFY_OPTS = private.set({ "retries" })
+local NEW_OPTS = args.set({ "field", "retries" })
+local MODIFY_OPTS = args.set({ "retries" })
 
 local function check_name(v, n, fname, what)
   if type(v) ~= "string" then
@@ -83,11 +84,11 @@ end
 -- vc = versioned.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)
   -- database and collection names as every other kind checks them
-  private.check_db(db, 1, "versioned", "database", 2)
-  private.check_coll(coll, db, 2, "versioned", "collection", 2)
+  args.check_db(db, 1, "versioned", "database", 2)
+  args.check_coll(coll, db, 2, "versioned", "collection", 2)
   check_type(opts, "table", 3, "versioned", true)
   opts = opts or {}
-  private.check_keys(opts, NEW_OPTS, 3, "versioned")
+  args.check_keys(opts, NEW_OPTS, 3, "versioned")
   local field = opts.field
   if field == nil then field = defaults.field end
   check_name(field, 3, "versioned", "field")
@@ -109,9 +110,9 @@ end
 
 -- one command: where the caller can yield (inside nginx, in a scheduler's
 -- coroutine), through client:command, which runs its round trip elsewhere
--- (mongolock.private.yielding_core); else on the core
+-- (mongolock.runners.yielding_core); else on the core
 local function command(self, ...)
-  if private.yielding_core(self.client) then return self.client:command(...) end
+  if runners.yielding_core(self.client) then return self.client:command(...) end
   return self.core:command(...)
 end
 
@@ -457,7 +458,7 @@ function _M.modify(self, id, fn, opts)
   check_bson({ _id = id }, 1, "modify", 2, "_id")
   check_type(fn, "function", 2, "modify")
   check_type(opts, "table", 3, "modify", true)
-  if opts then private.check_keys(opts, MODIFY_OPTS, 3, "modify") end
+  if opts then args.check_keys(opts, MODIFY_OPTS, 3, "modify") end
   local retries = self.retries
   if opts and opts.retries ~= nil then
     retries = opts.retries

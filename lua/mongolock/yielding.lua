@@ -4,7 +4,7 @@
 -- mongolock.yielding: the core client's stand-in where the caller can
 -- yield and its round trips run elsewhere.  The portable modules
 -- (mongolock.locks, mongolock.shared, mongolock.documents) call a core
--- client; mongolock.private.core_of gives them this stand-in instead, with
+-- client; mongolock.runners.core_of gives them this stand-in instead, with
 -- the C client's methods, arguments and answers.  Each round trip is one
 -- job of a runner:
 --
@@ -19,7 +19,7 @@
 -- release, extend and close, where the caller can yield, are the lease's
 -- steps (core.lease_step, core.lease_done) around a job.
 --
--- Two runners: inside nginx (mongolock.ngx.core: nginx worker threads,
+-- Two runners: inside nginx (mongolock.ngx.runner: nginx worker threads,
 -- timers) and in a coroutine scheduler (mongolock.sched: the core's
 -- worker-thread pool, the scheduler's waits).  A runner is a table:
 --
