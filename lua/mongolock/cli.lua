@@ -1181,7 +1181,7 @@ end
 
 -- Returns the exit status and true: once the handle is released (or was
 -- never taken) nothing needs the client closed, and the process exits
--- without waiting for the driver's threads (a change stream's getMore
+-- without waiting for the driver's threads (a change stream's read
 -- after a wait awaits up to half the socket timeout, and a dead server's
 -- call lasts up to the server timeout).
 local function cmd_exec(args)
