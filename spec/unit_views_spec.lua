@@ -178,4 +178,130 @@ describe("#unit views", function()
     }, "\n")
     assert.are.same({}, field_hits("sample", words))
   end)
+  it("keeps Lua and libmongoc out of the views' protocol", function()
+    local src = source("csrc/protocol_views.c") .. source("csrc/protocol_views.h")
+    for name in src:gmatch('#include%s*[<"]([^>"]+)') do
+      assert.is_nil(name:match("^lua") or name:match("^lauxlib") or name:match("^mongoc")
+        or name:match("compat%.h") or name:match("mongolock%.h") or name:match("transport%.h"),
+        "protocol_views includes " .. name)
+    end
+  end)
+end)
+
+-- the core's views, fed replies made here (no server)
+describe("#unit views of the core", function()
+  local core = require "mongolock.core"
+  local enc, arr = core.bson_encode, core.array
+  local function decode(op) return assert(core.bson_decode(op)) end
+  local function batch(docs, extra)
+    local cursor = { id = core.Int64(7), firstBatch = arr(docs) }
+    for k, v in pairs(extra or {}) do cursor[k] = v end
+    return enc({ cursor = cursor, ok = 1 })
+  end
+
+  it("builds the queue view and reads its rows as waiters", function()
+    local op = decode(core.op_queue_view{ db = "d", coll = "c" })
+    assert.equal("cursor", op.kind)
+    assert.is_true(op.cmd.pipeline[1]["$match"]["queue.0"]["$exists"])
+    local w = core.parse_queue_view(batch({
+      { _id = "a", w = arr({ { h = { host = "x", pid = 3, app = "y" }, p = false, left = 1500 },
+                             { p = true, left = -5 } }) },
+      { _id = "b", w = arr({}) },
+    }))
+    assert.same({ a = { { host = "x", pid = 3, app = "y", polling = false, remaining = 1.5 },
+                        { polling = true, remaining = 0 } }, b = {} }, w)
+  end)
+
+  it("reads a leader read's reply once into the election's view", function()
+    local doc = { owner = "o", token = 12, value = "v", valueToken = 12, holder = { host = "h", pid = 1 },
+                  acquiredAt = core.Date(1000), expiresAt = core.Date(4000), ttl = 3000, held = true,
+                  remainingMs = 2500 }
+    local reply = enc({ cursor = { id = 0, firstBatch = arr({ doc }) }, ok = 1,
+                        operationTime = core.Timestamp(5, 2) })
+    local v, ot = core.parse_election(reply)
+    assert.same({ t = 5, i = 2 }, ot)
+    assert.same({ owner = "o", token = 12, value = "v", value_term = 12, holder = { host = "h", pid = 1 },
+                  acquired_at = 1, expires_at = 4, lease_ms = 3000, held = true, remaining = 2.5 }, v)
+    local none, none_ot = core.parse_election(enc({ cursor = { id = 0, firstBatch = arr({}) }, ok = 1 }))
+    assert.is_false(none)
+    assert.is_false(none_ot)
+    -- null fields are absent
+    v = core.parse_election(enc({ cursor = { id = 0, firstBatch = arr({ { owner = core.null,
+      held = false, remainingMs = -20 } }) }, ok = 1 }))
+    assert.same({ held = false, remaining = 0 }, v)
+  end)
+
+  it("runs an observer's stream by stream.c's machine and gives its events as view changes", function()
+    local s = core.view_stream{ db = "d", coll = "c", name = "n", t = 5, i = 2 }
+    assert.equal("starting", s:state())
+    local open = decode(assert(s:next(1)))
+    assert.equal("c", open.cmd.aggregate)
+    assert.equal(5, open.cmd.pipeline[1]["$changeStream"].startAtOperationTime.t)
+    assert.equal("n", open.cmd.pipeline[2]["$match"]["$or"][1]["documentKey._id"])
+    assert.matches("^%x+$", open.session)
+    assert.equal(32, #open.session)
+    assert.has_error(function() s:next(1) end)     -- its command has no outcome yet
+    local events = assert(s:done(batch({
+      { operationType = "update", clusterTime = core.Timestamp(6, 1),
+        updateDescription = { updatedFields = { owner = core.null, ["holder.host"] = "h2",
+                                                ["holder.app"] = core.null, expiresAt = core.Date(9000),
+                                                value = "x", queue = arr({}) },
+                              removedFields = arr({ "ttl", "next" }) } },
+      { operationType = "replace", clusterTime = core.Timestamp(6, 2),
+        fullDocument = { _id = "n", owner = "o2", token = 4, queue = arr({}) } },
+      { operationType = "delete", clusterTime = core.Timestamp(6, 3) },
+      { operationType = "invalidate" },
+    }, { postBatchResumeToken = { _data = "aa" } })))
+    assert.equal("running", s:state())
+    assert.equal(4, #events)
+    local u = events[1]
+    assert.same({ "update", 6, 1 }, { u.kind, u.t, u.i })
+    assert.same({ expires_at = 9, value = "x" }, u.fields)
+    assert.same({ owner = true, expires_at = true, value = true }, u.touched)
+    assert.same({ owner = true, lease_ms = true }, u.cleared)
+    assert.same({ host = "h2" }, u.holder_set)
+    assert.same({ app = true }, u.holder_unset)
+    assert.same({ kind = "replace", t = 6, i = 2, fields = { owner = "o2", token = 4 } }, events[2])
+    assert.same({ kind = "delete", t = 6, i = 3 }, events[3])
+    assert.same({ kind = "end" }, events[4])
+    -- reads while it runs: a getMore of the cursor, awaiting what it is given
+    local more = decode(assert(s:next(2)))
+    assert.equal(7, tonumber(tostring(more.cmd.getMore)))
+    assert.equal(2000, tonumber(tostring(more.cmd.maxTimeMS)))
+    assert.equal(open.session, more.session)
+    -- a failed read: its error, then the cursor's end and a new opening
+    -- after the last batch's resume token
+    assert.same({ nil, "boom", 6 }, { s:done(nil, "boom", 6) })
+    local kill = decode(assert(s:next(1)))
+    assert.is_not_nil(kill.cmd.killCursors)
+    assert.same({}, s:done(enc({ ok = 1 })))
+    local again, wait
+    for _ = 1, 50 do
+      again, wait = s:next(1)
+      if again then break end
+      assert.is_true(wait > 0 and wait < 1)
+      core.sleep(wait)
+    end
+    again = decode(assert(again))
+    assert.same({ _data = "aa" }, again.cmd.pipeline[1]["$changeStream"].resumeAfter)
+    assert.are_not.equal(open.session, again.session)
+    assert.same({}, assert(s:done(batch({}))))
+    -- closed: its last command ends the cursor, then nothing
+    s:close()
+    assert.is_not_nil(decode(assert(s:next(0))).cmd.killCursors)
+    s:done(enc({ ok = 1 }))
+    assert.same({ nil, math.huge }, { s:next(0) })
+  end)
+
+  it("watches every change of a collection from now, and fails when it cannot open", function()
+    local s = core.view_stream{ db = "d", coll = "c" }
+    local open = decode(assert(s:next(0)))
+    assert.same({}, open.cmd.pipeline[1]["$changeStream"])
+    assert.is_not_nil(open.cmd.pipeline[2]["$project"])
+    assert.same({ nil, "no change streams", 40573 }, { s:done(nil, "no change streams", 40573) })
+    local state, err, code = s:state()
+    assert.same({ "failed", "change stream: no change streams", 40573 }, { state, err, code })
+    assert.same({ nil, math.huge }, { s:next(0) })
+    assert.same({}, core.parse_queue_view(enc({ ok = 1 })))     -- a reply without a cursor
+  end)
 end)
