@@ -838,9 +838,10 @@ local function cmd_top(args)
       show(snap, core.monotonic() - at, how)
     end
   end
-  -- the stream's last command ends its cursor (best effort)
+  -- the stream's last command ends its cursor (best effort; not after a
+  -- failure, when the server may not answer)
   stream:close()
-  local op = stream:next(0)
+  local op = streaming and stream:next(0)
   if op then stream:done(cc:run(op)) end
   client:close()
   return EXIT.ok
