@@ -74,6 +74,7 @@ build = {
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c", "csrc/attempt.c",
         "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c", "csrc/stats.c",
+        "csrc/protocol_views.c", "csrc/views.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
       incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },

@@ -19,6 +19,7 @@
 #include <sys/random.h>
 
 #include "mongolock.h"
+#include "views.h"
 
 double ml_monotonic(void) {
   struct timespec ts;
@@ -284,6 +285,7 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_pool_open(L);
   ml_bson_open(L);
   ml_ops_open(L);
+  ml_views_open(L);
   lua_pushlightuserdata(L, (void *)&internals);
   lua_setfield(L, LUA_REGISTRYINDEX, ML_INTERNALS_KEY);
   return 1;

@@ -10,7 +10,8 @@
 
 #include "stream.h"
 
-/* session keys made (the caller serialises: watch.c's mutex) */
+/* session keys made (atomic: the streams of watch.c, serialised by its
+ * mutex, and views.c's, each run by its own reader, count here) */
 static unsigned long openings;
 
 int ml_ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
@@ -139,7 +140,8 @@ int ml_stream_next(ml_stream *s, double now, double *wake) {
     return 0;
   } else {
     /* each opening in a session of its own (transport.h) */
-    bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag, ++openings);
+    bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag,
+                  __atomic_add_fetch(&openings, 1, __ATOMIC_RELAXED));
     ml_build_watch(&s->op, s->db, s->coll, s->field, s->tag, s->start_t, s->start_i, s->resume);
     s->op_kind = OP_OPEN;
   }
