@@ -175,6 +175,9 @@ void ml_pushint64(lua_State *L, int64_t v);
 
 #include "lease.h"
 
+/* one command sent for c (stats.c) */
+void ml_obs_command(const ml_client *c);
+
 /* client:counters(), client:take_events(), client:watch_events(bool) */
 int ml_m_counters(lua_State *L);
 int ml_m_take_events(lua_State *L);
@@ -188,15 +191,6 @@ typedef struct ml_lock {
                                    h.name, h.token, ... stay readable after
                                    close; never used to act on the lock */
 } ml_lock;
-
-/*
- * Fills s (zeroed first) for a lease on the lock document of a named kind
- * (exclusive, shared, permit): {_id: name} in db.coll (ml_named_ref), the
- * owner or holders in owner_field.  id must outlive s.
- */
-void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
-                         const bson_t *id, const char *owner_field, const char *owner,
-                         int64_t ttl_ms);
 
 /*
  * [-0, +1] pushes a new mongolock.Lock for a lease just won.  client_idx is

@@ -170,6 +170,9 @@ void ml_build_renew(ml_op *op, const char *db, const char *coll, const char *kee
  * shares and permits]}.
  */
 void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const char *keeper);
+/* is owner among a check's reply (its {o, h: [..]} documents): a live
+ * exclusive lease's owner or one of a live share's or permit's */
+int ml_parse_check_has(const bson_t *reply, const char *owner);
 /*
  * Renewal of document locks: every listed (_id, owner) pair of r's
  * collection and fields whose lease is still live, in one update with
