@@ -9,12 +9,13 @@
  *               client:run, core.parse_*), the tables parsed replies make
  *   client.c    mongolock.Client: pool, fork, errors; registers every Client
  *               method
- *   lock.c      mongolock.Lock: the lease (kind: named or document), every
- *               Lock method, the one release path
+ *   lock.c      mongolock.Lock: the handle on a lease, every Lock method,
+ *               the one release path
  *   named.c     the named-lock commands (acquire, status, list, ...)
  *   documents.c the document-lock commands and a release's changes
  *   command.c   client:command
- *   lease.h     the lease as plain C (the handle's, the engine's)
+ *   lease.h/.c  the lease as plain C (the handle's, the engine's), each
+ *               kind's commands; obs.c its counters and events (no Lua)
  *   engine.c    the lease engine's decisions: renewal in batches, queued
  *               releases (no Lua, no I/O; engine.h)
  *   renew.c     the engines of the process and their adapters (a thread per
@@ -22,7 +23,7 @@
  *   stream.c    a change stream's machine and ring (no Lua, no I/O; stream.h)
  *   watch.c     change-stream waits: the streams and their adapters
  *   bson.c      Lua value <-> BSON, and the typed values (null, ObjectId, ...)
- *   core.c      luaopen_mongolock_core: module table, clock, ids
+ *   core.c      luaopen_mongolock_core: module table, core.monotonic, ids
  *
  * testing.c is the specs' module (mongolock.testing), built next to the
  * core and never shipped; it reads the core through ml_internals.  proc.c
