@@ -1,8 +1,10 @@
 /*
  * A change stream's state machine (stream.h): the ring and the matching of
  * waiters, and which command the stream sends next, as plain C over the
- * protocol's builders and parsers; no Lua, no I/O.  watch.c describes what
- * a stream is for and runs it.
+ * protocol's builders and parsers; no Lua, no I/O, no clock (each call is
+ * given now).  Includes stream.h, protocol.h, libbson and the C library
+ * only.  watch.c describes what a stream is for and runs it, serialising
+ * every call on one stream.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -10,7 +12,7 @@
 
 #include "stream.h"
 
-/* session keys made (the caller serialises: watch.c's mutex) */
+/* session keys made (the callers serialise: watch.c's mutex) */
 static unsigned long openings;
 
 int ml_ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
@@ -20,7 +22,7 @@ int ml_ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
 /* ---- the ring ---------------------------------------------------------- */
 
 /* appends an event (key may be NULL: wakes everyone; next
- * NULL or "": wakes every waiter of key); the caller broadcasts s->cv */
+ * NULL or "": wakes every waiter of key); the caller wakes its waiters */
 static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_event *ev) {
   const char *next = ev->next;
   watch_event *e = &s->ring[s->seq % ML_RING];
@@ -104,11 +106,12 @@ static int take_batch(ml_stream *s, const bson_t *reply) {
 /* a stream that ended (idle, closed, failed) and has
  * nothing left to send */
 int ml_stream_finished(const ml_stream *s) {
-  return !s->open && !s->op_kind && (s->stop || s->state == ML_STREAM_FAILED || s->state == ML_STREAM_DONE);
+  return !s->open && !s->op_kind &&
+         (s->stop || s->state == ML_STREAM_FAILED || s->state == ML_STREAM_DONE);
 }
 
 /*
- * watch_mu held.  The next op of s (built into s->op, s->op_kind set), or
+ * The next op of s (built into s->op, s->op_kind set), or
  * 0 with *wake the time something may be due (HUGE_VAL: nothing, the
  * stream is finished or waits for its op in flight).
  */
