@@ -2,13 +2,14 @@
  * The lease engine and its adapters.  What every held lease of a client
  * does over its life in this process is decided in one place for every
  * kind and every transport, engine.c (plain C over lease.h and the
- * protocol: no Lua, no I/O); this file keeps the engines of the process,
- * runs them and is their Lua side.  The engine renews the leases in batches (one command per collection
- * and renewal period, however many leases), retries a failed renewal
- * every ttl/10 (50 ms .. 1 s), marks a lease lost when its renewal could
- * not be made or its local deadline passes, tops up a grant's short lease,
- * and sends the releases nobody waits for (a collected handle's, a lost
- * reply's).
+ * protocol: no Lua, no I/O, no clock); this file keeps the engines of the
+ * process, runs them, keeps their time (ml_monotonic, passed to each call)
+ * and is their Lua side.  The engine renews the leases in batches (one
+ * command per collection and renewal period, however many leases), retries
+ * a failed renewal every ttl/10 (50 ms .. 1 s), marks a lease lost when its
+ * renewal could not be made or its local deadline passes, tops up a grant's
+ * short lease, and sends the releases nobody waits for (a collected
+ * handle's, a lost reply's).
  *
  * The engine only says which command to run next and takes its outcome
  * (ml_engine_next, ml_engine_done); a transport runs it.  Two adapters:
@@ -42,8 +43,8 @@
  *   A lease's mu is taken only inside renew_mu (or alone, by the Lua side).
  * - A lease appears in at most one item of one state; each item, each
  *   queued release and each lease of the work in flight owns one reference.
- * - At most one command runs at a time per state (st->e.work.kind != ML_WORK_NONE
- *   from engine_next until engine_done).
+ * - At most one command runs at a time per state (st->e.work.kind !=
+ *   ML_WORK_NONE from ml_engine_next until ml_engine_done).
  * - fork: the prepare handler holds renew_mu across fork(), so the child
  *   inherits no mutex held by a renewal thread.  In the child the parent's
  *   states are abandoned (never joined, never freed) and new ones are made
