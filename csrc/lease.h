@@ -141,7 +141,7 @@ typedef struct ml_obs {
   long releases[ML_KINDS];      /* releases that matched, per kind */
   long lost[ML_KINDS];          /* leases found lost, per kind (once each) */
   int want;                     /* queue events (atomic) */
-  ml_lease_event *ev;                 /* (mu) the queue, oldest first */
+  ml_lease_event *ev;           /* (mu) the queue, oldest first */
   size_t nev, cap;              /* (mu) */
   long dropped;                 /* (mu) events dropped from a full queue */
 } ml_obs;
