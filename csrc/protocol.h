@@ -6,7 +6,8 @@
  * Each operation is build -> run -> parse -> lease: a builder fills an
  * ml_op (the command as the server receives it, and how it is run), a
  * transport (transport.h) runs it and hands back the reply, a parser here
- * reads the reply, and the caller (lock.c, client.c) makes the lease.
+ * reads the reply, and the caller (named.c, shared.c, documents.c) makes
+ * the lease (lease.h).
  *
  * Every builder uses libbson's BCON, the JSON-like notation of the design
  * document; pieces used by several commands are BCON fragments (macros of
