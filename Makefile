@@ -101,8 +101,9 @@ WARN := -std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werro
 MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
 MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
 # csrc/proc.c is the command's own module (mongolock.proc), not the core's;
-# csrc/testing.c is the specs' module (mongolock.testing), never shipped
-CSRC := $(filter-out csrc/proc.c csrc/testing.c,$(wildcard csrc/*.c))
+# csrc/testing.c is the specs' module (mongolock.testing), never shipped;
+# csrc/test_model.c is the plain C parts' test program (build/test/model)
+CSRC := $(filter-out csrc/proc.c csrc/testing.c csrc/test_model.c,$(wildcard csrc/*.c))
 CHDR := $(wildcard csrc/*.h)
 
 # one build tree per Lua: build/<lua>/mongolock/core.so
@@ -156,7 +157,7 @@ LUA_CPATH_luajit := $(CURDIR)/build/luajit/?.so;;
 run: deps build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' tools/with-standin lua5.4 examples/counter.lua
 
-test: deps-test build build-luas
+test: deps-test build build-luas build/test/model
 	@tools/run-tests
 
 # the API reference: LDoc on the public modules' doc comments (config.ld)
@@ -165,6 +166,18 @@ doc:
 	$(call apt,$(PKGS_DOC))
 	@rm -rf build/doc
 	ldoc .
+
+# the parts of the core that link alone (the lease, its engine, the change
+# stream's machine, the protocol) and their test program: libbson and
+# pthreads, no Lua, no libmongoc (tools/run-tests runs it as "model-c")
+MODEL_SRC := csrc/test_model.c csrc/engine.c csrc/lease.c csrc/obs.c csrc/stream.c \
+	csrc/protocol.c csrc/protocol_shared.c
+MODEL_HDR := csrc/engine.h csrc/lease.h csrc/stream.h csrc/protocol.h csrc/protocol_shared.h
+BSON_CFLAGS = $(shell pkg-config --cflags libbson-1.0)
+BSON_LIBS = $(shell pkg-config --libs libbson-1.0)
+build/test/model: $(MODEL_SRC) $(MODEL_HDR) | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) $(BSON_CFLAGS) -o $@ $(MODEL_SRC) $(BSON_LIBS) -lpthread -lm
 
 # the rock built with luarocks into a temporary tree and loaded from there
 .PHONY: check-rock

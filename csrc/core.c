@@ -21,12 +21,6 @@
 #include "mongolock.h"
 #include "views.h"
 
-double ml_monotonic(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 struct timespec ml_timespec(double s) {
   struct timespec ts;
   if (!(s > 0)) s = 0;                 /* also NaN */

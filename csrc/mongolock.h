@@ -9,14 +9,15 @@
  *               client:run, core.parse_*), the tables parsed replies make
  *   client.c    mongolock.Client: pool, fork, errors; registers every Client
  *               method
- *   lock.c      mongolock.Lock: the lease (kind: named or document), every
- *               Lock method, the one release path
+ *   lock.c      mongolock.Lock: the handle on a lease, every Lock method,
+ *               the one release path
  *   attempt.c   mongolock.Attempt: an acquire attempt of any kind, its op
  *               and its outcome; the plain methods' one runner
  *   named.c     the named-lock commands (acquire, status, list, ...)
  *   documents.c the document-lock commands and a release's changes
  *   command.c   client:command
- *   lease.h     the lease as plain C (the handle's, the engine's)
+ *   lease.h/.c  the lease as plain C (the handle's, the engine's), each
+ *               kind's commands; obs.c its counters and events (no Lua)
  *   engine.c    the lease engine's decisions: renewal in batches, queued
  *               releases (no Lua, no I/O; engine.h)
  *   renew.c     the engines of the process and their adapters (a thread per
@@ -24,7 +25,7 @@
  *   stream.c    a change stream's machine and ring (no Lua, no I/O; stream.h)
  *   watch.c     change-stream waits: the streams and their adapters
  *   bson.c      Lua value <-> BSON, and the typed values (null, ObjectId, ...)
- *   core.c      luaopen_mongolock_core: module table, clock, ids
+ *   core.c      luaopen_mongolock_core: module table, core.monotonic, ids
  *
  * testing.c is the specs' module (mongolock.testing), built next to the
  * core and never shipped; it reads the core through ml_internals.  proc.c
@@ -177,6 +178,9 @@ void ml_pushint64(lua_State *L, int64_t v);
 
 #include "lease.h"
 
+/* one command sent for c (stats.c) */
+void ml_obs_command(const ml_client *c);
+
 /* client:counters(), client:take_events(), client:watch_events(bool) */
 int ml_m_counters(lua_State *L);
 int ml_m_take_events(lua_State *L);
@@ -190,15 +194,6 @@ typedef struct ml_lock {
                                    h.name, h.token, ... stay readable after
                                    close; never used to act on the lock */
 } ml_lock;
-
-/*
- * Fills s (zeroed first) for a lease on the lock document of a named kind
- * (exclusive, shared, permit): {_id: name} in db.coll (ml_named_ref), the
- * owner or holders in owner_field.  id must outlive s.
- */
-void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
-                         const bson_t *id, const char *owner_field, const char *owner,
-                         int64_t ttl_ms);
 
 /*
  * [-0, +1] pushes a new mongolock.Lock for a lease just won.  client_idx is

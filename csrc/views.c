@@ -297,7 +297,7 @@ static int l_view_stream(lua_State *L) {
   s->name = name ? dupstr(name) : NULL;
   if (!s->m.db || !s->m.coll || !s->m.field || (name && !s->name)) return luaL_error(L, "out of memory");
   if (!ml_process_tag(s->m.tag)) memcpy(s->m.tag, "-no-randomness-", 16);
-  s->m.state = ST_STARTING;
+  s->m.state = ML_STREAM_STARTING;
   s->m.start_t = s->m.drop_t = t;
   s->m.start_i = s->m.drop_i = i;
   s->m.waiters = 1;             /* its reader: it never goes idle */
@@ -313,7 +313,7 @@ static int l_stream_next(lua_State *L) {
   await = await * 1000;
   s->m.await_ms = await >= 1 ? (await <= 86400000 ? (int64_t)await : 86400000) : 1;
   if (ml_stream_next(&s->m, now, &wake)) {
-    if (s->m.op_kind == OP_OPEN) {
+    if (s->m.op_kind == ML_STREAM_OP_OPEN) {
       /* the machine's opening is a waiter's (releases only): this
        * stream's reads the document, or every change */
       ml_op_destroy(&s->m.op);
@@ -343,7 +343,7 @@ static int l_stream_done(lua_State *L) {
   memset(&err, 0, sizeof err);
   ok = ml_arg_outcome(L, 2, &reply, &err);
   lua_newtable(L);
-  if (ok && kind != OP_KILL) {
+  if (ok && kind != ML_STREAM_OP_KILL) {
     batch = ml_reply_batch(&reply, &docs, NULL);
     while (batch && bson_iter_next(&docs)) {
       const uint8_t *data;
@@ -358,7 +358,7 @@ static int l_stream_done(lua_State *L) {
   }
   ml_stream_done(&s->m, ml_monotonic(), ok, &reply, &err);
   bson_destroy(&reply);
-  if (kind == OP_KILL) return 1;
+  if (kind == ML_STREAM_OP_KILL) return 1;
   if (!ok) {
     lua_pushnil(L);
     lua_pushstring(L, err.message);
@@ -374,8 +374,8 @@ static int l_stream_state(lua_State *L) {
   static const char *const states[] = {"starting", "running", "failed", "done"};
   view_stream *s = check_stream(L);
   int st = s->m.state;
-  lua_pushstring(L, st >= ST_STARTING && st <= ST_DONE ? states[st] : "done");
-  if (st != ST_FAILED) return 1;
+  lua_pushstring(L, st >= ML_STREAM_STARTING && st <= ML_STREAM_DONE ? states[st] : "done");
+  if (st != ML_STREAM_FAILED) return 1;
   lua_pushstring(L, s->m.errmsg);
   if (s->m.errcode) lua_pushinteger(L, (lua_Integer)s->m.errcode);
   else lua_pushnil(L);
