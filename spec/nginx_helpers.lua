@@ -88,7 +88,10 @@ local function start_nginx(opts)
   end
   for _ = 1, 10 do
     local port = math.random(20000, 60000)
-    local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d;", port))
+    -- reuseport: the kernel spreads connections over the workers by their
+    -- addresses, so that a loaded machine's busiest worker does not accept
+    -- them all (open_pingers wants some on each worker)
+    local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d reuseport;", port))
     assert(n == 1, "the example's listen directive moved")
     -- /worker-pid (open_pingers) and the caller's locations
     local locations = WORKER_PID .. (opts.locations or "")
