@@ -817,6 +817,17 @@ local function top_text(snap, elapsed, how)
   return concat(out)
 end
 
+-- what a plain snapshot shows but its times: the same key, nothing new
+local function top_key(snap)
+  local parts = {}
+  for _, r in ipairs(snap.locks) do
+    parts[#parts + 1] = concat({ tostring(r.name), r.state, token_text(r.token), holder_text(r.holder),
+      tostring(r.waiting) }, "\0")
+    for _, w in ipairs(r.waiters) do parts[#parts + 1] = holder_text(w) .. (w.polling and " p" or "") end
+  end
+  return concat(parts, "\n")
+end
+
 -- seconds until the soonest lease or queue place of snap ends (an expiry
 -- writes nothing, so no event tells it), or nil
 local function top_next_end(snap)
@@ -843,17 +854,21 @@ local function cmd_top(args)
   -- on a terminal each snapshot replaces the last, its countdown redrawn
   -- every second; into a pipe or a file the snapshots follow one another,
   -- plain, one per change and a blank line apart
+  -- plain, one per change and a blank line apart (a renewal, which only
+  -- moves a lease's end, or a poll that finds nothing new shows nothing)
   local live = not args.once and not args.json and load_proc().isatty(1)
-  local shown = false
+  local shown
   local function show(snap, elapsed, how)
     if args.json then
       io.stdout:write(top_json(snap), "\n")
     elseif live then
       io.stdout:write("\27[H\27[2J", top_text(snap, elapsed, how))
     else
+      local key = top_key(snap)
+      if key == shown then return end
       io.stdout:write(shown and "\n" or "", top_text(snap, elapsed, not args.once and how or nil))
+      shown = key
     end
-    shown = true
     io.stdout:flush()
   end
   if args.once then
