@@ -13,6 +13,8 @@
  *   proc.wait(pid, timeout[, s]) -> "exit", code | "signal", name, signo | false
  *   proc.kill(pid, name)         -> true | nil, message, errno
  *   proc.wait_group(pid, timeout) -> true (the group is empty) | false
+ *   proc.wait_input(timeout)     -> "eof" | "data" | false | nil (stdin not watched)
+ *   proc.isatty(fd)              -> boolean
  *
  * Invariants:
  * - A spawned child leads a process group of its own (pgid = its pid), and
@@ -57,6 +59,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -528,6 +531,55 @@ static int l_subreaper(lua_State *L) {
   return 1;
 }
 
+/*
+ * proc.wait_input(timeout) -> "eof" | "data" | false | nil, for mongolock
+ * hold: waits up to timeout seconds for stdin to end.  "eof": stdin (a
+ * pipe, FIFO, socket, or a terminal whose foreground group this process
+ * is) has ended; "data": input came, read and dropped; false: the time
+ * passed or a trapped signal is pending; nil: stdin is not watched (a
+ * file, /dev/null, closed, or a terminal this process is in the background
+ * of, where a read would stop it).
+ */
+static int l_wait_input(lua_State *L) {
+  double timeout = luaL_checknumber(L, 1);
+  struct stat sb;
+  struct pollfd pfd[2];
+  char buf[4096];
+  ssize_t n;
+  luaL_argcheck(L, timeout >= 0, 1, "non-negative number expected");
+  if (fstat(0, &sb) != 0 || !(S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode) ||
+                              (isatty(0) && tcgetpgrp(0) == getpgrp()))) {
+    lua_pushnil(L);
+    return 1;
+  }
+  drain_pipe();
+  pfd[0].fd = 0;
+  pfd[0].events = POLLIN;
+  pfd[0].revents = 0;
+  pfd[1].fd = wake_pipe[0];
+  pfd[1].events = POLLIN;
+  pfd[1].revents = 0;
+  if (!any_caught() &&
+      poll(pfd, wake_pipe[0] < 0 ? 1 : 2, timeout > 3600 ? 3600000 : (int)(timeout * 1000)) < 0 &&
+      errno != EINTR)
+    return push_errno(L, "poll", errno);
+  if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  n = read(0, buf, sizeof buf);
+  if (n > 0) lua_pushliteral(L, "data");
+  else if (n < 0 && (errno == EINTR || errno == EAGAIN)) lua_pushboolean(L, 0);
+  else lua_pushliteral(L, "eof");          /* ended, or unreadable for good */
+  return 1;
+}
+
+/* proc.isatty(fd) -> boolean: is descriptor fd a terminal? */
+static int l_isatty(lua_State *L) {
+  lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
 static const luaL_Reg proc_funcs[] = {
   {"trap", l_trap},
   {"untrap", l_untrap},
@@ -537,6 +589,8 @@ static const luaL_Reg proc_funcs[] = {
   {"wait", l_wait},
   {"kill", l_kill},
   {"wait_group", l_wait_group},
+  {"wait_input", l_wait_input},
+  {"isatty", l_isatty},
   {NULL, NULL}
 };
 

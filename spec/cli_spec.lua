@@ -335,6 +335,27 @@ describe("#unit mongolock command", function()
     assert.matches("^mongolock: %-%-ttl: '0.001' is less than a second", err)
   end)
 
+  it("says what is wrong with a lock or election name in the command's words, exit 64", function()
+    local env = { env = "MONGODB_URI=" .. q(DEAD) }
+    local cases = {
+      { { "status", "\255" }, "^mongolock: the lock name is not valid UTF%-8 %(see 'mongolock status %-%-help'%)\n$" },
+      { { "wait", "-w", "1", "\255" }, "^mongolock: the lock name is not valid UTF%-8 " },
+      { { "exec", "-n", "\255", "true" }, "^mongolock: the lock name is not valid UTF%-8 " },
+      { { "release", "--force", "--yes", "" }, "^mongolock: the lock name is empty " },
+      { { "hold", "-n", "\255" }, "^mongolock: the lock name is not valid UTF%-8 " },
+      { { "leader", "\255" }, "^mongolock: the election name is not valid UTF%-8 " },
+      { { "elect", "-n", "\255", "true" }, "^mongolock: the election name is not valid UTF%-8 " },
+      { { "status", ("x"):rep(1025) }, "^mongolock: the lock name is longer than 1024 bytes " },
+    }
+    for _, case in ipairs(cases) do
+      local code, _, err = mongolock(case[1], env)
+      assert.equal(64, code, err)
+      assert_one_line(err)
+      assert.matches(case[2], err)
+      assert.is_nil(err:find("bad argument", 1, true), err)
+    end
+  end)
+
   it("says where the server should come from when there is none", function()
     local code, _, err = mongolock({ "status", "job" }, { env = "MONGODB_URI=" })
     assert.equal(64, code)

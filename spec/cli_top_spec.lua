@@ -78,6 +78,34 @@ describe("#integration mongolock top", function()
     assert.is_true(h:release())
   end)
 
+  it("prints plain snapshots, without the terminal's escapes, when stdout is not a terminal", function()
+    local h = assert(locks:acquire("plain"))
+    local out, rc = os.tmpname(), os.tmpname()
+    os.remove(rc)
+    local words = { helpers.lua, q(BIN) }
+    for _, a in ipairs(args("top", "--seconds", "3")) do words[#words + 1] = q(a) end
+    os.execute(format("( %s%s </dev/null >%s 2>&1; echo $? >%s ) >/dev/null 2>&1 &", helpers.child_env,
+      table.concat(words, " "), q(out), q(rc)))
+    local function text() return helpers.read_file(out) or "" end
+    assert.is_truthy(helpers.eventually(function() return text():find("\nplain ", 1, true) end, 8), text())
+    local n = select(2, text():gsub("NAME +STATE", ""))
+    assert.is_true(h:release())
+    -- the release shows as a new snapshot, after the first
+    assert.is_truthy(helpers.eventually(function()
+      return select(2, text():gsub("NAME +STATE", "")) > n and text():find("\nplain +free")
+    end, 6), text())
+    local code = helpers.eventually(function() return tonumber((helpers.read_file(rc) or ""):match("%d+")) end, 10)
+    assert.equal(0, code, "top --seconds 3 still runs")
+    local all = text()
+    os.remove(out)
+    os.remove(rc)
+    assert.is_nil(all:find("\27", 1, true), all)
+    assert.matches("^mongolock top  " .. locks.database:gsub("%p", "%%%0") .. "%.", all)
+    -- no countdown redraws between events: a snapshot per event (at most
+    -- the first, the release's and one when the lease shown would end)
+    assert.is_true(select(2, all:gsub("NAME +STATE", "")) <= 3, all)
+  end)
+
   it("is refreshed by the change stream: a release shows at once", function()
     local h = assert(locks:acquire("live"))
     -- top without --once, for a bounded time, printing each refresh as JSON

@@ -59,9 +59,25 @@ describe("#integration mongolock exec --shared / --permits", function()
     assert.equal(1, (exec("-n", "--permits", "2", name, "--", "true")))
     assert.is_true(a:release())
     assert.is_true(b:release())
+    -- another N is a usage conflict, said in the command's words
     local code, _, err = exec("-n", "--permits", "3", name, "--", "true")
-    assert.equal(69, code)
+    assert.equal(64, code, err)
     assert.matches("has 2 permits, not 3", err, 1, true)
+    assert.matches("^mongolock: semaphore [^\n]+ has 2 permits, not 3: every caller of [^\n]+ must give "
+      .. "%-%-permits 2\n$", err)
+    code, _, err = exec("-w", "1", "--permits", "3", name, "--", "true")
+    assert.equal(64, code, err)
+    code, _, err = exec("-n", "--shared", name, "--", "true")
+    assert.equal(64, code, err)
+    assert.matches("^mongolock: [^\n]+ is a semaphore of 2 permits, not a reader%-writer lock: take it with "
+      .. "%-%-permits 2, not %-%-shared\n$", err)
+    local rname = helpers.unique("rwnotsem")
+    local r = assert(rw:try_read(rname))
+    code, _, err = exec("-n", "--permits", "2", rname, "--", "true")
+    assert.equal(64, code, err)
+    assert.matches("^mongolock: [^\n]+ is a reader%-writer lock, not a semaphore: take a share with "
+      .. "%-%-shared, not %-%-permits\n$", err)
+    assert.is_true(r:release())
     -- status shows the permits in use and their holders
     local h = assert(sems:try(name))
     local args = { "--uri", helpers.uri(), "--database", helpers.database, "--collection", coll,

@@ -91,6 +91,29 @@ describe("#integration README", function()
     c:close()
   end)
 
+  it("the Synopsis prints the token's exact digits (LuaJIT's print writes 14 significant digits)", function()
+    local printed = {}
+    local env = env_for(nil)
+    rawset(env, "print", function(...)
+      local words = {}
+      for i = 1, select("#", ...) do words[i] = tostring((select(i, ...))) end
+      printed[#printed + 1] = table.concat(words, " ")
+    end)
+    local chunk = assert(load(synopsis.src, "@README.md:" .. synopsis.line, "t", env))
+    local res = pack(xpcall(chunk, debug.traceback))
+    assert(res[1], res[2])
+    local token
+    for _, line in ipairs(printed) do token = token or line:match("token (%S+)$") end
+    assert.is_truthy(token, "the Synopsis printed no token: " .. table.concat(printed, "\n"))
+    -- tokens are above 10^15: 16 digits, no exponent
+    assert.matches("^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d+$", token)
+    local c = helpers.connect()
+    local st = assert(c:locks({ ttl = 30 }):status("nightly-report"))
+    c:close()
+    -- the token of the Synopsis's first acquisition; its try took a later one
+    assert.is_true(tonumber(token) <= st.token, token .. " > " .. string.format("%.0f", st.token))
+  end)
+
   for i, b in ipairs(blocks) do
     local head = first_line(b.src)
     local title = ("block %d (README.md:%d) runs as written"):format(i, b.line)

@@ -13,6 +13,8 @@
 --   mongolock --version
 --   mongolock status NAME [--json]      mongolock list [--json]
 --   mongolock top [--once] [--json] [--seconds S]
+--   mongolock hold [-w S | -n] [--ttl S] NAME  (prints the token; holds
+--     until SIGINT, SIGTERM, SIGHUP or the end of stdin)
 --   mongolock release --force NAME [--yes]
 --   mongolock wait NAME [-w S]          mongolock demo [ARGS...]
 --
@@ -116,6 +118,14 @@ local function exit_code(s)
   return n
 end
 
+local function permits_value(v)
+  local n = tonumber(v)
+  if not n or n < 1 or n > 1000000 or n % 1 ~= 0 then
+    return nil, "permits must be an integer from 1 to 1000000"
+  end
+  return n
+end
+
 -- "mongolock 0.1.0 (Lua 5.4)": the command's version and the interpreter
 function _M.version_text()
   local jit = rawget(_G, "jit")
@@ -132,12 +142,13 @@ used when --uri is not given.  Every call to the server gives up after
 URI sets serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS.
 
 Exit status: 0 success (status: the lock is held; leader: someone leads); 1
-busy or timed out (-E), status: free or expired, leader: nobody leads; 64
-bad usage; 69 server unreachable or failing; 70 internal error; exec and
-elect pass the command's status through (126 not
-executable, 127 not found, 128+N killed by signal N), except that a command
-that exited 0 gives 75 when the lease was lost while it ran and 69 when the
-release failed or is unconfirmed.]]
+busy or timed out (-E), status: free or expired, leader: nobody leads
+(--watch -w: nobody led in time); 64 bad usage; 69 server unreachable or
+failing; 70 internal error; exec and elect pass the command's status through
+(126 not executable, 127 not found, 128+N killed by signal N), except that a
+command that exited 0 gives 75 when the lease was lost while it ran and 69
+when the release failed or is unconfirmed; hold: 75 lost, 69 the release
+failed or is unconfirmed.]]
 
 -- the options that take a value, per command ("" for the global ones):
 -- alias -> the option's long name; filled by option() as parser() runs
@@ -223,13 +234,7 @@ the command exited 0.]])
   e:mutex(
     e:flag("--shared", "Take a reader's share of NAME as a reader-writer lock (writers: without it)."),
     option(e, "exec", "--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
-      :convert(function(v)
-        local n = tonumber(v)
-        if not n or n < 1 or n > 1000000 or n % 1 ~= 0 then
-          return nil, "permits must be an integer from 1 to 1000000"
-        end
-        return n
-      end)
+      :convert(permits_value)
   )
   option(e, "exec", "-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
     :convert(exit_code)
@@ -240,6 +245,36 @@ the command exited 0.]])
   e:flag("--release-on-exit", "Release the lock as soon as the command exits, even while processes it "
     .. "started go on in its process group (default: hold it until the group is empty).")
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
+
+  local hd = p:command("hold", [[
+Take the lock NAME, print its fencing token (exact decimal digits) on
+stdout, and hold it, renewing its lease, until mongolock gets SIGINT,
+SIGTERM or SIGHUP or its stdin ends; then release it and exit 0.  As
+`etcdctl lock NAME` without a command, for a shell that holds a lock while
+it does several things (`coproc mongolock hold NAME`, then close the
+coprocess's stdin or kill it).  Stdin is watched when it is a pipe, a FIFO,
+a socket or the terminal (^D ends it; what comes is read and dropped); a
+file or /dev/null (a script's background job gets /dev/null) is not, and
+then only a signal ends the hold.  It waits for the lock as exec does.
+When the lease is lost mongolock says why on stderr and exits 75; when the
+release failed or is unconfirmed, 69.]])
+    :summary("Take a lock, print its token, hold it until a signal or the end of stdin.")
+  hd:argument("name", "Lock name.")
+  hd:mutex(
+    option(hd, "hold", "-w --timeout", "Give up after waiting this many seconds (0: one attempt, as -n; "
+      .. "without -w or -n: wait for ever)."):convert(seconds_or_zero),
+    hd:flag("-n --nonblock", "Fail at once when the lock is held (one attempt).")
+  )
+  option(hd, "hold", "--ttl", "Lease length in seconds (1 to a year); renewed every ttl/3.", "30")
+    :convert(at_least_second(at_most(seconds, YEAR, "a year")))
+  hd:mutex(
+    hd:flag("--shared", "Take a reader's share of NAME as a reader-writer lock (writers: without it)."),
+    option(hd, "hold", "--permits", "Take one of N permits of NAME as a semaphore (every caller gives the same N).")
+      :convert(permits_value)
+  )
+  option(hd, "hold", "-E --conflict-exit-code", "Exit status when busy or timed out.", "1")
+    :convert(exit_code)
+  hd:flag("-v --verbose", "Say on stderr when the lock is taken and released, and what ended the hold.")
 
   local el = p:command("elect", [[
 Run a command while this process leads the election NAME: wait to lead (as
@@ -277,7 +312,8 @@ SIGKILL after --kill-after seconds, unless --on-lost=warn.]])
 Show the leader of the election NAME: its value, term (token), holder and
 the time left on its lease; exit 0 when someone leads, 1 when nobody does.
 With --watch, print the leader, then each change (a new leader, a new value,
-no leader) as it happens, one line each, for -w seconds or until interrupted.]])
+no leader) as it happens, one line each, for -w seconds (then exit 0 when
+someone led meanwhile, 1 when nobody did) or until interrupted.]])
     :summary("Show (or watch) the leader of an election.")
   ld:argument("name", "Election name.")
   ld:flag("--json", "One JSON object per line on stdout.")
@@ -301,7 +337,9 @@ A live view of the collection's locks: each lock's state, token, holder, time
 left and queue length, with the waiters in its queue.  Refreshed by a change
 stream of the collection (any write to a lock shows at once; an expiry, which
 writes nothing, when its time runs out); polls every 2 seconds only where the
-server has no change streams.  It never writes.]])
+server has no change streams.  It never writes.  Into a pipe or a file
+(stdout not a terminal) it writes plain snapshots, one per change, a blank
+line apart, without the terminal's escapes.]])
     :summary("Watch the collection's locks live (--once: one snapshot).")
   t:flag("--once", "One snapshot, then exit.")
   t:flag("--json", "Each snapshot as one line of JSON on stdout.")
@@ -407,6 +445,27 @@ local function open_locks(args)
   return client, locks
 end
 
+-- the subcommand running (set by main), for the command's words on a
+-- usage failure
+local running
+
+-- the library's complaint about a name ("name is not valid UTF-8") in the
+-- command's words: "the lock name is not valid UTF-8 (see 'mongolock
+-- status --help')"
+local NAME_SAYS = { ["name must not be empty"] = "is empty", ["name longer than 1024 bytes"] =
+  "is longer than 1024 bytes", ["name contains a NUL byte"] = "contains a NUL byte",
+  ["name is not valid UTF-8"] = "is not valid UTF-8" }
+local function usage_words(msg)
+  local what = msg:match("^bad argument #1 to '[^']*' %((.*)%)$")
+  local says = what and NAME_SAYS[what]
+  local help = running and format(" (see 'mongolock %s --help')", running) or ""
+  if says then
+    local noun = (running == "elect" or running == "leader") and "election" or "lock"
+    return format("the %s name %s%s", noun, says, help)
+  end
+  return (msg:match("^bad argument #%d+ to '[^']*' %((.*)%)$") or msg) .. help
+end
+
 -- calls locks[method](locks, ...) turning a raised argument error (a bad
 -- name) into a usage failure; any other error stays internal
 local function call(locks, method, ...)
@@ -414,7 +473,7 @@ local function call(locks, method, ...)
   if not ok then
     local msg = tostring(a):match("^[^\n]*")
     if msg:find("bad argument", 1, true) then
-      fail(EXIT.usage, "%s", (msg:gsub("^[^:]*:%d+: ", "")))
+      fail(EXIT.usage, "%s", usage_words((msg:gsub("^[^:]*:%d+: ", ""))))
     end
     fail(EXIT.software, "internal error: %s", msg)
   end
@@ -758,6 +817,17 @@ local function top_text(snap, elapsed, how)
   return concat(out)
 end
 
+-- what a plain snapshot shows but its times: the same key, nothing new
+local function top_key(snap)
+  local parts = {}
+  for _, r in ipairs(snap.locks) do
+    parts[#parts + 1] = concat({ tostring(r.name), r.state, token_text(r.token), holder_text(r.holder),
+      tostring(r.waiting) }, "\0")
+    for _, w in ipairs(r.waiters) do parts[#parts + 1] = holder_text(w) .. (w.polling and " p" or "") end
+  end
+  return concat(parts, "\n")
+end
+
 -- seconds until the soonest lease or queue place of snap ends (an expiry
 -- writes nothing, so no event tells it), or nil
 local function top_next_end(snap)
@@ -781,11 +851,23 @@ local function cmd_top(args)
     if not snap then fail(EXIT.unavailable, "top: %s", tostring(err)) end
     return snap, core.monotonic()
   end
+  -- on a terminal each snapshot replaces the last, its countdown redrawn
+  -- every second; into a pipe or a file the snapshots follow one another,
+  -- plain, one per change and a blank line apart
+  -- plain, one per change and a blank line apart (a renewal, which only
+  -- moves a lease's end, or a poll that finds nothing new shows nothing)
+  local live = not args.once and not args.json and load_proc().isatty(1)
+  local shown
   local function show(snap, elapsed, how)
     if args.json then
       io.stdout:write(top_json(snap), "\n")
+    elseif live then
+      io.stdout:write("\27[H\27[2J", top_text(snap, elapsed, how))
     else
-      io.stdout:write(args.once and "" or "\27[H\27[2J", top_text(snap, elapsed, not args.once and how or nil))
+      local key = top_key(snap)
+      if key == shown then return end
+      io.stdout:write(shown and "\n" or "", top_text(snap, elapsed, not args.once and how or nil))
+      shown = key
     end
     io.stdout:flush()
   end
@@ -839,7 +921,7 @@ local function cmd_top(args)
       if core.monotonic() >= stop_at then break end
       snap, at = snapshot()
       show(snap, 0, how)
-    elseif not args.json then
+    elseif live then
       show(snap, core.monotonic() - at, how)
     end
   end
@@ -1004,23 +1086,39 @@ local function acquire_interruptible(locks, name, opts, caught)
   return h, err, info
 end
 
+-- NAME is another kind, or a semaphore of another N, than the options
+-- ask for (the library's info.mismatch): a usage conflict, in the command's
+-- words
+local function mismatch(args, info)
+  if args.permits and info.permits then
+    fail(EXIT.usage, "semaphore %s has %d permits, not %d: every caller of %s must give --permits %d",
+      args.name, info.permits, args.permits, args.name, info.permits)
+  elseif info.permits then
+    fail(EXIT.usage, "%s is a semaphore of %d permits, not a reader-writer lock: take it with --permits %d, "
+      .. "not --shared", args.name, info.permits, info.permits)
+  end
+  fail(EXIT.usage, "%s is a reader-writer lock, not a semaphore: take a share with --shared, not --permits",
+    args.name)
+end
+
 -- waits for the lock the way flock(1) does: once (-n, -w 0), up to -w
 -- seconds, or for ever.  Caught signals end the wait.  Returns the handle
 -- (renewed every ttl/3 by the library's background renewal), or nil and an
 -- exit status.
 local function exec_acquire(args, locks)
   local opts = { ttl = args.ttl, renew = true }
-  local h, err
+  local h, err, info
   local caught = {}
   if args.nonblock or args.timeout == 0 then
-    h, err = call(locks, "try", args.name, opts)
+    h, err, info = call(locks, "try", args.name, opts)
     if not h and err == "busy" then return nil, args.conflict_exit_code end
   else
     opts.timeout = args.timeout or huge   -- for ever, as flock(1)
-    h, err = acquire_interruptible(locks, args.name, opts, caught)
+    h, err, info = acquire_interruptible(locks, args.name, opts, caught)
     if not h and err == "timeout" then return nil, args.conflict_exit_code end
     if not h and err == INTERRUPTED then return nil, signal_status(caught[1].name) end
   end
+  if not h and type(info) == "table" and info.mismatch then mismatch(args, info) end
   if not h then fail(EXIT.unavailable, "cannot take %s: %s", args.name, tostring(err)) end
   -- a signal that came while the lock was being taken: nothing runs
   for _, sig in ipairs(proc.signals()) do caught[#caught + 1] = sig end
@@ -1190,27 +1288,73 @@ end
 -- without waiting for the driver's threads (a change stream's read
 -- after a wait awaits up to half the socket timeout, and a dead server's
 -- call lasts up to the server timeout).
+-- the object exec and hold take NAME from: locks, or with --shared or
+-- --permits a reader's share or a permit (the same handles, taken by
+-- mongolock.shared)
+local function kind_of(args, client, locks)
+  if not (args.shared or args.permits) then return locks end
+  local o = { database = locks.database, collection = locks.collection }
+  if args.permits then
+    o.permits = args.permits
+    return client:semaphores(o)
+  end
+  local rw = client:rwlocks(o)
+  return { try = function(_, ...) return rw:try_read(...) end,
+           acquire = function(_, ...) return rw:read(...) end,
+           status = function(_, ...) return rw:status(...) end }
+end
+
 local function cmd_exec(args)
   local client, locks = open_locks(args)
-  if args.shared or args.permits then
-    -- a reader's share or a permit: the same handles, taken by mongolock.shared
-    local o = { database = locks.database, collection = locks.collection }
-    if args.permits then
-      o.permits = args.permits
-      locks = client:semaphores(o)
-    else
-      local rw = client:rwlocks(o)
-      locks = { try = function(_, ...) return rw:try_read(...) end,
-                acquire = function(_, ...) return rw:read(...) end,
-                status = function(_, ...) return rw:status(...) end }
-    end
-  end
+  locks = kind_of(args, client, locks)
   load_proc().trap()
   local h, status = exec_acquire(args, locks)
   if not h then return status, true end
   if args.verbose then warn("took %s (token %s)", args.name, h:token_string()) end
   local code, lost = supervise(args, h, args.cmd, locks)
   return (finish_exec(args, h, code, lost, locks)), true
+end
+
+-- ---- hold ---------------------------------------------------------------------------------
+
+-- takes NAME as exec does, prints its token (exact digits), and holds it
+-- (renewed by the library's background renewal) until a trapped signal or
+-- the end of stdin (when it is a pipe, a FIFO, a socket or the terminal),
+-- then releases it: exit 0, 75 when the lease was lost meanwhile, 69 when
+-- the release failed or is unconfirmed
+local function cmd_hold(args)
+  local client, locks = open_locks(args)
+  locks = kind_of(args, client, locks)
+  load_proc().trap()
+  local h, status = exec_acquire(args, locks)
+  if not h then return status, true end
+  io.stdout:write(h:token_string(), "\n")
+  io.stdout:flush()
+  -- how often signals and h:lost() are looked at: a fraction of the
+  -- renewal period
+  local look = min(0.25, args.ttl / 6)
+  local watching = proc.wait_input(0) ~= nil
+  if args.verbose then
+    warn("took %s (token %s); holding it until SIGINT, SIGTERM or SIGHUP%s", args.name, h:token_string(),
+      watching and " or the end of stdin" or "")
+  end
+  local lost = false
+  while true do
+    local got = watching and proc.wait_input(look)
+    if got == nil then watching = false end
+    if not watching then core.sleep(look) end
+    local sig = proc.signals()[1]
+    if got == "eof" or sig then
+      if args.verbose then warn("%s: releasing %s", sig and ("SIG" .. sig.name) or "end of stdin", args.name) end
+      break
+    end
+    if h:lost() then
+      lost = true
+      warn("lost the lock %s: %s", args.name, lost_cause(args, h, locks))
+      break
+    end
+  end
+  return (finish_exec(args, h, 0, lost, locks)), true
 end
 
 -- ---- elect, leader --------------------------------------------------------------------------
@@ -1293,6 +1437,9 @@ local function cmd_leader(args)
   load_proc().trap()
   local stop = args.timeout and core.monotonic() + args.timeout or huge
   local it = call(el, "observe", args.name, { timeout = SLICE })
+  -- whether anyone led while it watched: with -w, the exit status (1:
+  -- nobody led in time)
+  local led = false
   while true do
     local sig = proc.signals()[1]
     if sig then
@@ -1302,13 +1449,15 @@ local function cmd_leader(args)
     if core.monotonic() >= stop then break end
     local ch, err = it()
     if ch then
-      print_leader(args, leader_record(args.name, ch))
+      local rec = leader_record(args.name, ch)
+      led = led or rec.leader
+      print_leader(args, rec)
     elseif err ~= "timeout" then
       fail(EXIT.unavailable, "watching %s: %s", args.name, tostring(err))
     end
   end
   it:close()
-  return EXIT.ok, true
+  return led and EXIT.ok or EXIT.free, true
 end
 
 -- ---- demo -------------------------------------------------------------------------------
@@ -1371,7 +1520,7 @@ end
 
 local commands = {
   exec = cmd_exec, elect = cmd_elect, leader = cmd_leader, status = cmd_status, list = cmd_list,
-  top = cmd_top,
+  top = cmd_top, hold = cmd_hold,
   release = cmd_release, wait = cmd_wait, demo = cmd_demo,
 }
 
@@ -1460,6 +1609,7 @@ function _M.main(argv, info)
     return EXIT.usage
   end
   local command = commands[args.command]
+  running = args.command
   local done, code, quick = xpcall(function() return command(args, info) end, function(e)
     if getmetatable(e) == failure_mt then return e end
     if getenv("MONGOLOCK_DEBUG") then io.stderr:write(debug.traceback(tostring(e), 2), "\n") end

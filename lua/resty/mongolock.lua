@@ -434,6 +434,7 @@ end
 -- syntax: token = obj:token()
 -- The fencing token of the lock held (nil when none): pass it to the
 -- resource the lock guards so that it can refuse a stale holder's writes.
+-- A number: LuaJIT prints it with 14 digits, obj:token_string() has them all.
 function _M.token(self)
   local h = self.handle
   return h and h.token or nil
