@@ -212,7 +212,9 @@ function _M.acquire(run)
       local ask = math_min((run.owner.client.attempt_bound or _M.ONE_ATTEMPT_WAIT) / 2, (deadline - started) / 4)
       if not await_server(run.core, deadline - ask) then
         if run.core:closed() then return lose("closed") end
-        return lose(no_server(run.core, ask, last_failure))
+        local cause, ccode = no_server(run.core, ask, last_failure)
+        -- the rest of the time (a refusal answers at once) still waits
+        if not await_server(run.core, deadline) then return lose(cause, ccode) end
       end
     end
     if run.on_step then run.on_step(false) end
