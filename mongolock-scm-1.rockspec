@@ -68,7 +68,7 @@ build = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c",
         "csrc/engine.c", "csrc/renew.c", "csrc/stream.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
-        "csrc/named.c",
+        "csrc/named.c", "csrc/args.c", "csrc/sys.c",
         "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c", "csrc/stats.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0

@@ -18,32 +18,6 @@
 
 #include "mongolock.h"
 
-/* ---- errors ------------------------------------------------------------ */
-
-int ml_pusherror(lua_State *L, const bson_error_t *e) {
-  lua_pushnil(L);
-  lua_pushstring(L, e->message[0] ? e->message : "unknown error");
-  if (e->code) lua_pushinteger(L, (lua_Integer)e->code);
-  else lua_pushnil(L);
-  return 3;
-}
-
-int ml_pushfail(lua_State *L, const char *msg, int code) {
-  lua_pushnil(L);
-  lua_pushstring(L, msg);
-  if (code) lua_pushinteger(L, code);
-  else lua_pushnil(L);
-  return 3;
-}
-
-void ml_pushint64(lua_State *L, int64_t v) {
-#if ML_HAS_INTEGERS
-  lua_pushinteger(L, (lua_Integer)v);
-#else
-  lua_pushnumber(L, (lua_Number)v);
-#endif
-}
-
 /* ---- process exit ------------------------------------------------------ */
 
 /*

@@ -21,55 +21,11 @@
 
 /* ---- helpers ----------------------------------------------------------- */
 
-/* converts the Lua value at idx into *v, backed by *holder (destroy it after
- * use); 0 with err on failure */
-static int tovalue(lua_State *L, int idx, bson_t *holder, bson_value_t *v, char *err,
-                   size_t errlen) {
-  bson_iter_t it;
-  idx = lua_absindex(L, idx);
-  lua_createtable(L, 0, 1);
-  lua_pushvalue(L, idx);
-  lua_setfield(L, -2, "v");
-  bson_init(holder);
-  if (!ml_tobson(L, -1, holder, err, errlen)) {
-    lua_pop(L, 1);
-    return 0;
-  }
-  lua_pop(L, 1);
-  if (!bson_iter_init_find(&it, holder, "v")) {
-    snprintf(err, errlen, "value expected");
-    return 0;
-  }
-  *v = *bson_iter_value(&it);
-  return 1;
-}
-
 static const char *arg_field(lua_State *L, int i) {
   size_t len;
   const char *msg, *s = luaL_checklstring(L, i, &len);
   if ((msg = ml_check_field(s, len)) != NULL) luaL_argerror(L, i, msg);
   return s;
-}
-
-
-/* the _id at idx as {_id: value} in *out (always initialised; destroy it);
- * NULL, or why the value cannot be an _id (written to err) */
-const char *ml_doc_id(lua_State *L, int idx, bson_t *out, char *err, size_t errlen) {
-  bson_t holder;
-  bson_value_t v;
-  bson_init(out);
-  if (lua_isnoneornil(L, idx)) return "_id expected, got nil";
-  if (!tovalue(L, idx, &holder, &v, err, errlen)) {
-    bson_destroy(&holder);
-    return err;
-  }
-  if (v.value_type == BSON_TYPE_ARRAY) {
-    bson_destroy(&holder);
-    return "an array cannot be an _id";
-  }
-  BSON_APPEND_VALUE(out, "_id", &v);
-  bson_destroy(&holder);
-  return NULL;
 }
 
 /* the _id at idx as {_id: value} in *out (destroy it); raises on a value
@@ -81,19 +37,6 @@ static void arg_id(lua_State *L, int idx, bson_t *out) {
     bson_destroy(out);
     luaL_argerror(L, idx, msg);
   }
-}
-
-/* the insert document (the table at idx) in *ins (initialised by the
- * caller); NULL, or why it cannot be one (written to err) */
-const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const char *time_field,
-                          bson_t *ins, char *err, size_t errlen) {
-  bson_iter_t ii;
-  if (!ml_tobson(L, idx, ins, err, errlen)) return err;
-  if (bson_iter_init(&ii, ins))
-    while (bson_iter_next(&ii))
-      if (!strcmp(bson_iter_key(&ii), owner_field) || !strcmp(bson_iter_key(&ii), time_field))
-        return "the insert document must not set the lock fields";
-  return NULL;
 }
 
 /* the document lock of arguments 2 .. 9: db, coll, id (checked, not
@@ -318,85 +261,3 @@ int ml_m_doc_status(lua_State *L) {
 
 /* ---- release with changes ---------------------------------------------- */
 
-/* the lock's two fields, which changes must not touch */
-typedef struct {
-  const char *owner_field, *time_field;
-} lock_fields;
-
-/* does key (a field path) start with one of the lock's fields or _id? */
-static int touches(const char *key, const lock_fields *l) {
-  size_t n = strcspn(key, ".");
-  return (n == strlen(l->owner_field) && !strncmp(key, l->owner_field, n)) ||
-         (n == strlen(l->time_field) && !strncmp(key, l->time_field, n)) ||
-         (n == 3 && !strncmp(key, "_id", 3));
-}
-
-/*
- * Converts changes (the table at idx) into an update document of operators
- * in out: a table whose keys all start with '$' is one already; any other
- * is the $set of its fields.  0 with err when malformed or when it touches
- * the lock fields or _id.
- */
-int ml_doc_changes(lua_State *L, int idx, const ml_lease *lease, bson_t *out, char *err,
-                   size_t errlen) {
-  return ml_doc_changes_of(L, idx, lease->owner_field, lease->time_field, out, err, errlen);
-}
-
-int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
-                      bson_t *out, char *err, size_t errlen) {
-  lock_fields fields = {owner_field, time_field}, *l = &fields;
-  bson_t tmp = BSON_INITIALIZER;
-  bson_iter_t it, sub;
-  int ops = 0, plain = 0;
-  if (!ml_tobson(L, idx, &tmp, err, errlen)) {
-    bson_destroy(&tmp);
-    return 0;
-  }
-  bson_iter_init(&it, &tmp);
-  while (bson_iter_next(&it)) {
-    if (bson_iter_key(&it)[0] == '$') ops++;
-    else plain++;
-  }
-  if (ops && plain) {
-    snprintf(err, errlen, "changes mix update operators and fields");
-    bson_destroy(&tmp);
-    return 0;
-  }
-  bson_iter_init(&it, &tmp);
-  while (bson_iter_next(&it)) {
-    if (plain) {
-      if (touches(bson_iter_key(&it), l)) {
-        snprintf(err, errlen, "changes must not touch %s", bson_iter_key(&it));
-        bson_destroy(&tmp);
-        return 0;
-      }
-      continue;
-    }
-    if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
-      snprintf(err, errlen, "%s needs a document", bson_iter_key(&it));
-      bson_destroy(&tmp);
-      return 0;
-    }
-    while (bson_iter_next(&sub)) {
-      if (touches(bson_iter_key(&sub), l)) {
-        snprintf(err, errlen, "changes must not touch %s", bson_iter_key(&sub));
-        bson_destroy(&tmp);
-        return 0;
-      }
-    }
-    if (!strcmp(bson_iter_key(&it), "$rename")) {
-      bson_iter_recurse(&it, &sub);
-      while (bson_iter_next(&sub)) {
-        if (BSON_ITER_HOLDS_UTF8(&sub) && touches(bson_iter_utf8(&sub, NULL), l)) {
-          snprintf(err, errlen, "changes must not touch %s", bson_iter_utf8(&sub, NULL));
-          bson_destroy(&tmp);
-          return 0;
-        }
-      }
-    }
-  }
-  if (plain) BSON_APPEND_DOCUMENT(out, "$set", &tmp);
-  else bson_concat(out, &tmp);
-  bson_destroy(&tmp);
-  return 1;
-}

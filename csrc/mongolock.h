@@ -43,29 +43,14 @@
 #include "compat.h"
 #include "protocol.h"
 #include "transport.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "args.h"
 
 #define ML_CLIENT_MT "mongolock.Client"
 #define ML_LOCK_MT "mongolock.Lock"
 
 /* ---- core.c ------------------------------------------------------------ */
-
-/* sleeps for s seconds (s <= 0 returns at once); restarts on EINTR */
-void ml_sleep(double s);
-
-/*
- * Writes 128 random bits from getrandom(2) as 32 lowercase hex digits and a
- * NUL into out.  Returns 1, or 0 when the kernel gave no randomness (out is
- * then untouched).
- */
-int ml_random_owner(char out[33]);
-
-/* this process's tag, 16 hex digits and a NUL (drawn again after fork);
- * 0 when the kernel gave no randomness */
-int ml_process_tag(char out[17]);
-
-/* seconds on CLOCK_MONOTONIC as an absolute timespec (for timed waits on
- * condition variables with a monotonic clock), clamped to 0 .. 1e12 */
-struct timespec ml_timespec(double s);
 
 /* [-0, +0] add the Client / Lock metatables and functions to the module
  * table at the top of the stack (called once from luaopen_mongolock_core) */
@@ -161,15 +146,6 @@ const char *ml_client_dbname(const ml_client *c);
 /* appends writeConcern (the client's) to opts: every write command uses it */
 void ml_client_append_wc(const ml_client *c, bson_t *opts);
 
-/* [-0, +3] pushes nil, e->message, e->code; returns 3 */
-int ml_pusherror(lua_State *L, const bson_error_t *e);
-
-/* [-0, +3] pushes nil, msg, code; returns 3 (code 0 pushes nil as the code) */
-int ml_pushfail(lua_State *L, const char *msg, int code);
-
-/* [-0, +1] pushes an int64 as a Lua integer (5.4) or number (LuaJIT; exact
- * up to 2^53, which tokens stay below until the year 2248) */
-void ml_pushint64(lua_State *L, int64_t v);
 
 /* ---- lock.c ------------------------------------------------------------ */
 
@@ -254,31 +230,6 @@ extern int (*ml_gc_handoff)(ml_client *c, ml_lease *l);
  * with error set */
 int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op, bson_error_t *error);
 
-/* named.c: the arguments of the lock commands.  A lock name at i (1..1024
- * bytes of UTF-8, no NUL; a number is no name); a waiter id at i (32
- * lowercase hex digits); a ttl in milliseconds at i (positive, at most a
- * year, rounded up).  Each raises at the caller. */
-const char *ml_arg_name(lua_State *L, int i, size_t *len);
-/* the lock of arguments 2 .. 4: database, collection, name */
-const char *ml_arg_lock(lua_State *L, const char **db, const char **coll);
-const char *ml_arg_waiter(lua_State *L, int i);
-int64_t ml_arg_ttl_ms(lua_State *L, int i);
-/* what an attempt's strings point into */
-typedef struct ml_attempt {
-  char owner[33], tag[17], host[256];
-} ml_attempt;
-/* an acquire's attempt (ml_acquire_args) from arguments: the holder (this
- * host and process, the app at app_i or else the URI's appname) and, with a
- * waiter id at waiter_i, the waiter with queue_ms at waiter_i + 1 and
- * polling at waiter_i + 2 (the waiter id is then the owner), else a new
- * owner id; a's strings point into t.  Raises on a bad argument; returns
- * 0 when getrandom failed. */
-int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
-                   ml_attempt *t);
-/* the same with the owner at owner_i (owner_i > 0): 32 lowercase hex
- * digits, or nil for a new one; a waiter's must be nil or the waiter id */
-int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, int owner_i,
-                         ml_acquire_args *a, ml_attempt *t);
 
 /*
  * How an attempt method (client:acquire, share_acquire, doc_acquire) runs.
@@ -298,25 +249,6 @@ int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, in
  *                    background.
  */
 typedef enum { ML_ATTEMPT_RUN, ML_ATTEMPT_OP, ML_ATTEMPT_TAKE } ml_attempt_mode;
-
-/* a past reading of core.monotonic() at i (raises otherwise) */
-double ml_arg_started(lua_State *L, int i);
-
-/* [-0, +2] pushes op as its envelope (and destroys it), then owner;
- * returns 2 */
-int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner);
-
-/*
- * The outcome of a round trip run elsewhere, at i .. i + 4 as client:run
- * answers it: reply (BSON string) | nil, message, code, ereply (BSON string
- * or nil), domain (libmongoc's error domain, or nil).  Returns 1 with
- * *reply a copy of reply, or 0 with *err set and *reply a copy of ereply
- * (empty without one), as ml_run returns them.  An error without a domain
- * (the transport's own, before or around the call) counts as one without a
- * reply (MONGOC_ERROR_STREAM) unless ereply is the server's answer: what
- * the op asked may have been applied.  Raises on malformed BSON.
- */
-int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err);
 
 /* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
  * none when it matched nothing (none not NULL), or nil, message, code */
@@ -356,21 +288,6 @@ int ml_m_share_status(lua_State *L);
 int ml_m_command(lua_State *L);
 int ml_m_run(lua_State *L);
 
-/* documents.c: a document lock's release changes (the table at idx) as an
- * update of operators in out; 0 with err when malformed or when they touch
- * the lock fields or _id */
-int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
-                   size_t errlen);
-/* the same for the lock fields owner_field and time_field */
-int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
-                      bson_t *out, char *err, size_t errlen);
-/* the _id at idx as {_id: value} in *out (always initialised: destroy it);
- * NULL, or why the value cannot be an _id */
-const char *ml_doc_id(lua_State *L, int idx, bson_t *out, char *err, size_t errlen);
-/* the insert document at idx in *ins (initialised by the caller); NULL, or
- * why it cannot be one (malformed, or it sets a lock field) */
-const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const char *time_field,
-                          bson_t *ins, char *err, size_t errlen);
 /* [-0, +1] a busy document attempt's info {owner, remaining, doc,
  * operation_time} */
 void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,
@@ -396,34 +313,10 @@ void ml_push_status_list(lua_State *L, const bson_t *reply);
  * BSON string) or nil, message, code, reply; returns the count */
 int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode);
 
-/* raises unless the database at i and the collection at i + 1 are names
- * MongoDB takes (protocol.c's rule) */
-void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll);
-
 /* [-0, +0] adds op_* and parse_* to the module table on top */
 void ml_ops_open(lua_State *L);
 
 /* ---- bson.c ------------------------------------------------------------ */
-
-/*
- * Converts the Lua table at idx into a BSON document appended to out (which
- * the caller has initialised).  Returns 1 on success; on malformed input
- * (cycles, mixed keys, NaN, depth > 100, invalid UTF-8, ...) returns 0 and
- * writes a message into err.  Never raises, so the caller can destroy out
- * before raising.
- */
-int ml_tobson(lua_State *L, int idx, bson_t *out, char *err, size_t errlen);
-
-/* [-0, +1] pushes doc as a Lua table (typed values for non-Lua BSON types) */
-void ml_pushbson(lua_State *L, const bson_t *doc);
-
-/* [-0, +1] pushes the value the iterator points at */
-void ml_pushbsonvalue(lua_State *L, const bson_iter_t *it);
-
-/* [-0, +0] registers the typed-value metatables and adds the constructors
- * (null, array, ObjectId, Date, Binary, Timestamp, Decimal128, Int64, ...)
- * to the module table at the top of the stack */
-void ml_bson_open(lua_State *L);
 
 /* command.c: the op of client:command(db, cmd, opts) with db at index
  * first (raises on malformed arguments) */
@@ -471,14 +364,6 @@ int ml_m_watch_next(lua_State *L);
 int ml_m_watch_done(lua_State *L);
 int ml_m_watch_stop(lua_State *L);
 
-/* [-0, +1] pushes op as its envelope (a BSON string, ops.c) */
-void ml_push_op(lua_State *L, const ml_op *op);
-
-/* the op of an envelope (ops.c): views into env's bytes, never destroyed;
- * 0 when env is not an op */
-int ml_op_view(const bson_t *env, ml_op *op);
-/* the op of the envelope string at Lua index i (raises when it is not one) */
-void ml_arg_op(lua_State *L, int i, ml_op *op);
 
 /* pool.c: [-0, +0] adds pool (worker threads that run ops) to the module
  * table at the top of the stack */

@@ -11,93 +11,8 @@
 
 #include "mongolock.h"
 
-/* ---- validation -------------------------------------------------------- */
-
-/* raises unless argument i is a string (numbers are not converted) */
-static const char *arg_string(lua_State *L, int i, size_t *len) {
-  if (lua_type(L, i) != LUA_TSTRING)
-    luaL_argerror(L, i, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, i)));
-  return lua_tolstring(L, i, len);
-}
-
-const char *ml_arg_name(lua_State *L, int i, size_t *len) {
-  const char *s = arg_string(L, i, len);
-  const char *msg = ml_check_name(s, *len);
-  if (msg) luaL_argerror(L, i, msg);
-  return s;
-}
-
-
-/* the lock of arguments 2 .. 4: database, collection, name */
-const char *ml_arg_lock(lua_State *L, const char **db, const char **coll) {
-  size_t len;
-  ml_arg_ns(L, 2, db, coll);
-  return ml_arg_name(L, 4, &len);
-}
-
-/* a waiter id (core.waiter_id()): 32 lowercase hex digits */
-const char *ml_arg_waiter(lua_State *L, int i) {
-  size_t len;
-  const char *w = luaL_checklstring(L, i, &len);
-  luaL_argcheck(L, ml_is_hex(w, len, 32), i, "waiter id must be 32 lowercase hex digits");
-  return w;
-}
-
-/* ttl in milliseconds: a positive number up to a year, rounded up */
-int64_t ml_arg_ttl_ms(lua_State *L, int i) {
-  int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
-  luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
-  return ms;
-}
-
-int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, int owner_i,
-                         ml_acquire_args *a, ml_attempt *t) {
-  const char *given = NULL;
-  a->app = luaL_optstring(L, app_i, NULL);
-  t->tag[0] = '\0';
-  if (owner_i > 0 && !lua_isnoneornil(L, owner_i)) {
-    size_t len;
-    given = luaL_checklstring(L, owner_i, &len);
-    luaL_argcheck(L, ml_is_hex(given, len, 32), owner_i, "owner must be 32 lowercase hex digits");
-  }
-  if (!lua_isnoneornil(L, waiter_i)) {
-    a->waiter = ml_arg_waiter(L, waiter_i);
-    a->queue_ms = ml_arg_ttl_ms(L, waiter_i + 1);
-    a->polling = lua_toboolean(L, waiter_i + 2);
-    /* a waiter's attempts all write its id as the owner */
-    luaL_argcheck(L, !given || !strcmp(given, a->waiter), owner_i, "a waiter's owner is its id");
-    memcpy(t->owner, a->waiter, 33);
-    if (!ml_process_tag(t->tag)) return 0;
-    a->tag = t->tag;
-  } else if (given) {
-    memcpy(t->owner, given, 33);
-  } else if (!ml_random_owner(t->owner)) {
-    return 0;
-  }
-  a->owner = t->owner;
-  if (!a->app) a->app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
-  if (gethostname(t->host, sizeof t->host) != 0) t->host[0] = '\0';
-  t->host[sizeof t->host - 1] = '\0';
-  if (!bson_utf8_validate(t->host, strlen(t->host), false)) t->host[0] = '\0';
-  a->host = t->host;
-  a->pid = (int64_t)getpid();
-  return 1;
-}
-
-int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
-                   ml_attempt *t) {
-  return ml_arg_attempt_owner(L, c, app_i, waiter_i, 0, a, t);
-}
-
-double ml_arg_started(lua_State *L, int i) {
-  double started = luaL_checknumber(L, i);
-  /* a time of this process's monotonic clock, not in its future: a
-   * deadline is computed from it */
-  luaL_argcheck(L, started == started && started <= ml_monotonic() && started > 0, i,
-                "started must be a past reading of core.monotonic()");
-  return started;
-}
-
+/* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
+ * none when it matched nothing (none not NULL), or nil, message, code */
 int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
   bson_error_t err;
   int64_t n = ml_run_update(ml_client_get(L, c), c, op, &err);
@@ -152,10 +67,11 @@ static int acquire(lua_State *L, ml_attempt_mode mode, int campaign) {
   if (campaign) {
     size_t vlen;
     const char *msg;
-    a.value = arg_string(L, 10, &vlen);      /* a string, not a number */
+    a.value = ml_arg_string(L, 10, &vlen);      /* a string, not a number */
     if ((msg = ml_check_value(a.value, vlen)) != NULL) luaL_argerror(L, 10, msg);
   }
-  if (!ml_arg_attempt_owner(L, c, 6, 8, mode == ML_ATTEMPT_RUN ? 0 : 11, &a, &t))
+  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 6, 8,
+                            mode == ML_ATTEMPT_RUN ? 0 : 11, &a, &t))
     return ml_pushfail(L, "getrandom failed", 0);
   /* a campaigner is never granted the lock by a release (which would not
    * publish its value): its queue entry says it polls, and it takes a lock

@@ -62,8 +62,6 @@
 #include "mongolock.h"
 #include "protocol_shared.h"
 
-static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
-
 /* ---- the tables of parsed replies -------------------------------------- */
 
 /* [-0, +1] holder sub-document as {host=, pid=, app=} (or nil) */
@@ -185,17 +183,6 @@ void ml_push_status_list(lua_State *L, const bson_t *reply) {
 
 /* ---- arguments --------------------------------------------------------- */
 
-void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll) {
-  size_t len;
-  const char *msg;
-  luaL_checktype(L, i, LUA_TSTRING);        /* a number is no name */
-  *db = lua_tolstring(L, i, &len);
-  if ((msg = ml_check_db(*db, len)) != NULL) luaL_argerror(L, i, msg);
-  luaL_checktype(L, i + 1, LUA_TSTRING);
-  *coll = lua_tolstring(L, i + 1, &len);
-  if ((msg = ml_check_coll(*db, *coll, len)) != NULL) luaL_argerror(L, i + 1, msg);
-}
-
 /* field key of the table at 1: a string (NULL when absent and optional) */
 static const char *opt_str(lua_State *L, const char *key, int required, size_t *len) {
   const char *s = NULL;
@@ -301,57 +288,6 @@ static int push_op(lua_State *L, ml_op *op) {
   ml_push_op(L, op);
   ml_op_destroy(op);
   return 1;
-}
-
-void ml_push_op(lua_State *L, const ml_op *op) {
-  bson_t env = BSON_INITIALIZER;
-  BCON_APPEND(&env, "kind", BCON_UTF8(kinds[op->kind]), "retry", BCON_BOOL(op->retry != 0),
-              "db", BCON_UTF8(op->db));
-  if (op->coll) BCON_APPEND(&env, "coll", BCON_UTF8(op->coll));
-  if (op->session) BCON_APPEND(&env, "session", BCON_UTF8(op->session));
-  BCON_APPEND(&env, "cmd", BCON_DOCUMENT(&op->cmd));
-  lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
-  bson_destroy(&env);
-}
-
-/* a BSON string argument as a view (raises when malformed) */
-static void arg_bson(lua_State *L, int i, bson_t *out) {
-  size_t len, off;
-  const char *s = luaL_checklstring(L, i, &len);
-  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(out, (const uint8_t *)s, len) ||
-      !bson_validate(out, BSON_VALIDATE_NONE, &off))
-    luaL_argerror(L, i, "malformed BSON");
-}
-
-int ml_op_view(const bson_t *env, ml_op *op) {
-  bson_iter_t it;
-  int k;
-  const uint8_t *data;
-  uint32_t len;
-  memset(op, 0, sizeof *op);
-  op->kind = (ml_run_kind)-1;
-  if (bson_iter_init_find(&it, env, "kind") && BSON_ITER_HOLDS_UTF8(&it))
-    for (k = 0; kinds[k]; k++)
-      if (!strcmp(bson_iter_utf8(&it, NULL), kinds[k])) op->kind = (ml_run_kind)k;
-  if (bson_iter_init_find(&it, env, "retry")) op->retry = bson_iter_as_bool(&it);
-  if (bson_iter_init_find(&it, env, "db") && BSON_ITER_HOLDS_UTF8(&it))
-    op->db = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
-    op->coll = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, env, "session") && BSON_ITER_HOLDS_UTF8(&it))
-    op->session = bson_iter_utf8(&it, NULL);
-  if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, env, "cmd") ||
-      !BSON_ITER_HOLDS_DOCUMENT(&it))
-    return 0;
-  bson_iter_document(&it, &len, &data);
-  return bson_init_static(&op->cmd, data, len);
-}
-
-/* the op of an envelope at i: views into the Lua string (never destroyed) */
-void ml_arg_op(lua_State *L, int i, ml_op *op) {
-  bson_t env;
-  arg_bson(L, i, &env);
-  if (!ml_op_view(&env, op)) luaL_argerror(L, i, "not an op (core.op_*)");
 }
 
 /* ---- builders ---------------------------------------------------------- */
@@ -493,7 +429,7 @@ static int l_op_watch(lua_State *L) {
   tok = opt_str(L, "resume_token", 0, &len);
   if (tok) {
     lua_getfield(L, 1, "resume_token");
-    arg_bson(L, lua_gettop(L), &token);
+    ml_arg_bson(L, lua_gettop(L), &token);
   }
   ml_build_watch(&op, db, coll, field, tag, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
   op.session = session;
@@ -568,7 +504,7 @@ static int l_op_observe(lua_State *L) {
   tok = opt_str(L, "resume_token", 0, &len);
   if (tok) {
     lua_getfield(L, 1, "resume_token");
-    arg_bson(L, lua_gettop(L), &token);
+    ml_arg_bson(L, lua_gettop(L), &token);
   }
   ml_build_observe(&op, db, coll, name, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
   op.session = session;
@@ -749,43 +685,6 @@ int ml_m_run(lua_State *L) {
   return 5;
 }
 
-int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner) {
-  push_op(L, op);
-  lua_pushstring(L, owner);
-  return 2;
-}
-
-/* a BSON string at i, or nil (0); raises when malformed */
-static int opt_bson(lua_State *L, int i, bson_t *view) {
-  if (lua_isnoneornil(L, i)) return 0;
-  arg_bson(L, i, view);
-  return 1;
-}
-
-int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err) {
-  bson_t r, e;
-  int has_reply = opt_bson(L, i, &r), has_ereply = opt_bson(L, i + 3, &e);
-  const char *msg = lua_isnoneornil(L, i + 1) ? NULL : luaL_checkstring(L, i + 1);
-  lua_Integer code = luaL_optinteger(L, i + 2, 0);
-  lua_Integer domain = luaL_optinteger(L, i + 4, 0);
-  if (!reply) return has_reply;            /* checked only */
-  if (has_reply) {
-    bson_copy_to(&r, reply);
-    return 1;
-  }
-  if (has_ereply) bson_copy_to(&e, reply);
-  else bson_init(reply);
-  if (domain <= 0) {
-    /* the transport's own error: without the server's answer (one has
-     * ok), what the op asked may have been applied */
-    bson_iter_t it;
-    domain = has_ereply && bson_iter_init_find(&it, &e, "ok") ? MONGOC_ERROR_SERVER
-                                                                : MONGOC_ERROR_STREAM;
-  }
-  bson_set_error(err, (uint32_t)domain, (uint32_t)code, "%s", msg ? msg : "unknown error");
-  return 0;
-}
-
 /* ---- parsers ----------------------------------------------------------- */
 
 /* core.parse_acquire(reply, owner) -> {won, token, remaining, position,
@@ -795,7 +694,7 @@ static int l_parse_acquire(lua_State *L) {
   size_t len;
   const char *owner;
   ml_acquire_reply r;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   owner = luaL_checklstring(L, 2, &len);
   luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
   if (ml_parse_acquire(&reply, owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) <= 0)
@@ -815,7 +714,7 @@ static int l_parse_doc_acquire(lua_State *L) {
   const char *owner, *field, *msg;
   ml_acquire_reply r;
   int ok;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   owner = luaL_checklstring(L, 2, &len);
   luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
   field = luaL_checklstring(L, 3, &len);
@@ -840,7 +739,7 @@ static int l_parse_doc_acquire(lua_State *L) {
  * nil, "not found" */
 static int l_parse_doc_status(lua_State *L) {
   bson_t reply;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   return ml_push_doc_status(L, &reply);
 }
 
@@ -926,7 +825,7 @@ static int l_parse_share_acquire(lua_State *L) {
   const char *owner, *m;
   ml_share_reply r;
   int mode;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   owner = luaL_checklstring(L, 2, &len);
   luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
   m = luaL_checkstring(L, 3);
@@ -952,7 +851,7 @@ static int l_parse_share_acquire(lua_State *L) {
 static int l_parse_update(lua_State *L) {
   bson_t reply;
   int64_t n;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   n = ml_parse_matched(&reply);
   if (n < 0) return ml_pushfail(L, "update reply without matchedCount", 0);
   lua_pushinteger(L, (lua_Integer)n);
@@ -962,7 +861,7 @@ static int l_parse_update(lua_State *L) {
 /* core.parse_status(reply) -> {status, ...} */
 static int l_parse_status(lua_State *L) {
   bson_t reply;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   ml_push_status_list(L, &reply);
   return 1;
 }
@@ -980,7 +879,7 @@ static int l_parse_events(lua_State *L) {
   int64_t id = 0;
   char buf[32];
   int n = 0;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   tag = luaL_checklstring(L, 2, &len);
   luaL_argcheck(L, ml_is_hex(tag, len, 16), 2, "16 lowercase hex digits expected");
   lua_createtable(L, 0, 3);

@@ -68,7 +68,8 @@ static int share_acquire(lua_State *L, ml_attempt_mode how) {
     permits = n;
   }
   a.ttl_ms = ml_arg_ttl_ms(L, 7);
-  if (!ml_arg_attempt_owner(L, c, 8, 10, how == ML_ATTEMPT_RUN ? 0 : 13, &a, &t))
+  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 8, 10,
+                            how == ML_ATTEMPT_RUN ? 0 : 13, &a, &t))
     return ml_pushfail(L, "getrandom failed", 0);
   if (how == ML_ATTEMPT_TAKE) {
     luaL_argcheck(L, !lua_isnoneornil(L, 13), 13, "the owner of the attempt expected");
