@@ -65,7 +65,7 @@ build = {
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
     ["mongolock.core"] = {
       sources = {
-        "csrc/core.c", "csrc/client.c", "csrc/lock.c",
+        "csrc/module.c", "csrc/client.c", "csrc/lock.c",
         "csrc/engine.c", "csrc/renew.c", "csrc/stream.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
         "csrc/named.c", "csrc/args.c", "csrc/sys.c",

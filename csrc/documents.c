@@ -66,50 +66,6 @@ static int64_t arg_lockref(lua_State *L, ml_lockref *r) {
   return ttl_ms;
 }
 
-/* [-0, +1] what a busy attempt tells: {owner = <value>, remaining = s,
- * doc = <current>, operation_time = {t, i}} */
-void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,
-                      const char *owner_field) {
-  lua_createtable(L, 0, 4);
-  ml_pushbson(L, &ar->value);
-  lua_getfield(L, -1, owner_field);
-  lua_setfield(L, -3, "owner");
-  lua_setfield(L, -2, "doc");
-  lua_pushnumber(L, (lua_Number)(ar->remaining_ms > 0 ? ar->remaining_ms : 0) / 1000.0);
-  lua_setfield(L, -2, "remaining");
-  ml_set_operation_time(L, reply);
-}
-
-/* a status aggregate's reply (ml_build_doc_status): pushes {held, state,
- * owner, remaining}, or nil, "not found"; returns the values pushed */
-int ml_push_doc_status(lua_State *L, const bson_t *reply) {
-  bson_iter_t docs, f;
-  int64_t rem = 0;
-  int held, has_owner;
-  if (!ml_reply_batch(reply, &docs, NULL) || !bson_iter_next(&docs) ||
-      !BSON_ITER_HOLDS_DOCUMENT(&docs))
-    return ml_pushfail(L, "not found", 0);
-  bson_iter_recurse(&docs, &f);
-  has_owner = bson_iter_find(&f, "owner") && !BSON_ITER_HOLDS_NULL(&f);
-  bson_iter_recurse(&docs, &f);
-  if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
-  held = has_owner && rem > 0;
-  lua_createtable(L, 0, 4);
-  lua_pushboolean(L, held);
-  lua_setfield(L, -2, "held");
-  lua_pushstring(L, held ? "held" : has_owner ? "expired" : "free");
-  lua_setfield(L, -2, "state");
-  if (held) {
-    bson_iter_recurse(&docs, &f);
-    bson_iter_find(&f, "owner");
-    ml_pushbsonvalue(L, &f);
-    lua_setfield(L, -2, "owner");
-  }
-  lua_pushnumber(L, held ? (lua_Number)rem / 1000.0 : 0);
-  lua_setfield(L, -2, "remaining");
-  return 1;
-}
-
 /*
  * client:doc_acquire(db, coll, id, ttl_ms, owner_field, time_field,
  *                    "expires" | "locked", "hex" | "uuid", insert | nil,
@@ -218,14 +174,14 @@ static int doc_acquire(lua_State *L, ml_attempt_mode mode) {
   return 3;
 }
 
-int ml_m_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_RUN); }
+static int ml_m_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_RUN); }
 
 /* client:doc_acquire_op(<doc_acquire's arguments> [, owner]) -> op, owner;
  * client:take_doc_acquire(<doc_acquire's arguments>, owner, started,
  * reply, message, code, ereply, domain) -> doc_acquire's answers
  * (ml_attempt_mode) */
-int ml_m_doc_acquire_op(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_OP); }
-int ml_m_take_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_TAKE); }
+static int ml_m_doc_acquire_op(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_OP); }
+static int ml_m_take_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_TAKE); }
 
 /*
  * client:doc_status(db, coll, id, ttl_ms, owner_field, time_field,
@@ -234,7 +190,7 @@ int ml_m_take_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_TAKE)
  *      nil, "not found" | nil, message, code
  * One aggregate; remaining by the server's clock.
  */
-int ml_m_doc_status(lua_State *L) {
+static int ml_m_doc_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_lockref r;
   int64_t ttl_ms;
@@ -261,3 +217,11 @@ int ml_m_doc_status(lua_State *L) {
 
 /* ---- release with changes ---------------------------------------------- */
 
+/* Client methods: document locks (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_documents_methods[] = {
+  {"doc_acquire", ml_m_doc_acquire},
+  {"doc_acquire_op", ml_m_doc_acquire_op},
+  {"take_doc_acquire", ml_m_take_doc_acquire},
+  {"doc_status", ml_m_doc_status},
+  {NULL, NULL}
+};

@@ -796,10 +796,6 @@ static int l_release_later(lua_State *L) {
   return 1;
 }
 
-int ml_m_release_later(lua_State *L) {
-  return l_release_later(L);
-}
-
 /* client:set_methods(t) -> true: the handles of this client look up
  * methods in t first (a transport's release, extend and close) */
 static int l_set_methods(lua_State *L) {
@@ -860,6 +856,10 @@ void ml_lock_open(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, ML_METHODS_KEY);
 }
 
-int ml_m_set_methods(lua_State *L) {
-  return l_set_methods(L);
-}
+/* Client methods: handles' transports and background releases (module.c
+ * adds them to mongolock.Client) */
+const luaL_Reg ml_lock_client_methods[] = {
+  {"set_methods", l_set_methods},
+  {"release_later", l_release_later},
+  {NULL, NULL}
+};

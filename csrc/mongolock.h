@@ -152,10 +152,6 @@ void ml_client_append_wc(const ml_client *c, bson_t *opts);
 #include "lease.h"
 
 /* client:counters(), client:take_events(), client:watch_events(bool) */
-int ml_m_counters(lua_State *L);
-int ml_m_take_events(lua_State *L);
-int ml_m_want_events(lua_State *L);
-int ml_m_has_events(lua_State *L);
 
 /* the userdata: a box, so that the lease can outlive it (handed to renew.c) */
 typedef struct ml_lock {
@@ -258,35 +254,15 @@ typedef void (*ml_leave_builder)(ml_op *op, const char *db, const char *coll, co
                                  const char *waiter, const char *tag);
 int ml_push_leave(lua_State *L, ml_leave_builder build);
 
-/* Client methods on locks, implemented next to what they make and
- * registered with the others in client.c: named.c (named locks) ... */
-int ml_m_acquire(lua_State *L);
-int ml_m_acquire_op(lua_State *L);
-int ml_m_take_acquire(lua_State *L);
-int ml_m_campaign(lua_State *L);
-int ml_m_campaign_op(lua_State *L);
-int ml_m_take_campaign(lua_State *L);
-int ml_m_status(lua_State *L);
-int ml_m_list(lua_State *L);
-int ml_m_force_release(lua_State *L);
-int ml_m_leave(lua_State *L);
-int ml_m_granted(lua_State *L);
-int ml_m_ensure_index(lua_State *L);
+/* [-0, +0] adds methods to every mongolock.Client (client.c): module.c
+ * adds the Client methods each file implements, from these tables */
+void ml_client_methods(lua_State *L, const luaL_Reg *methods);
+extern const luaL_Reg ml_named_methods[], ml_documents_methods[], ml_shared_methods[],
+    ml_lock_client_methods[], ml_stats_methods[], ml_renew_methods[], ml_watch_methods[],
+    ml_command_methods[], ml_ops_methods[];
 /* ... documents.c (document locks) ... */
-int ml_m_doc_acquire(lua_State *L);
-int ml_m_doc_acquire_op(lua_State *L);
-int ml_m_take_doc_acquire(lua_State *L);
-int ml_m_doc_status(lua_State *L);
 /* ... shared.c (reader shares and permits) ... */
-int ml_m_share_acquire(lua_State *L);
-int ml_m_share_acquire_op(lua_State *L);
-int ml_m_take_share_acquire(lua_State *L);
-int ml_m_share_leave(lua_State *L);
-int ml_m_share_force_release(lua_State *L);
-int ml_m_share_status(lua_State *L);
 /* ... command.c and ops.c */
-int ml_m_command(lua_State *L);
-int ml_m_run(lua_State *L);
 
 /* [-0, +1] a busy document attempt's info {owner, remaining, doc,
  * operation_time} */
@@ -321,6 +297,8 @@ void ml_ops_open(lua_State *L);
 /* command.c: the op of client:command(db, cmd, opts) with db at index
  * first (raises on malformed arguments) */
 void ml_command_op(lua_State *L, int first, ml_op *op);
+/* [-0, +0] adds op_command to the module table at the top of the stack */
+void ml_command_open(lua_State *L);
 
 /* ---- renew.c, watch.c: background renewal and change-stream waits ----- */
 
@@ -345,8 +323,6 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
 const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]);
 
 /* client:set_methods(t), client:release_later(...) (lock.c) */
-int ml_m_set_methods(lua_State *L);
-int ml_m_release_later(lua_State *L);
 
 /* the list of the leases of c's handles (close releases those held); a
  * lease leaves it when its handle is collected or c closes (the list owns
@@ -357,12 +333,7 @@ void ml_held_unlink(ml_lease *l);
 void ml_held_forget(ml_client *c);
 
 /* client:engine_next(), client:engine_done(): the external adapter */
-int ml_m_engine_next(lua_State *L);
-int ml_m_engine_done(lua_State *L);
 /* client:watch_next(), watch_done(), watch_stop(): its change streams' */
-int ml_m_watch_next(lua_State *L);
-int ml_m_watch_done(lua_State *L);
-int ml_m_watch_stop(lua_State *L);
 
 
 /* pool.c: [-0, +0] adds pool (worker threads that run ops) to the module

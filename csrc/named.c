@@ -121,13 +121,13 @@ static int acquire(lua_State *L, ml_attempt_mode mode, int campaign) {
   return 3;
 }
 
-int ml_m_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 0); }
+static int ml_m_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 0); }
 
 /* client:acquire_op(<acquire's arguments> [, owner]) -> op, owner;
  * client:take_acquire(<acquire's arguments>, owner, started, reply,
  * message, code, ereply, domain) -> acquire's answers (ml_attempt_mode) */
-int ml_m_acquire_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 0); }
-int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 0); }
+static int ml_m_acquire_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 0); }
+static int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 0); }
 
 /*
  * client:campaign(db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value)
@@ -139,9 +139,9 @@ int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 0); }
  * its value.  client:campaign_op and client:take_campaign split it at its
  * round trip as acquire_op and take_acquire do.
  */
-int ml_m_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 1); }
-int ml_m_campaign_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 1); }
-int ml_m_take_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 1); }
+static int ml_m_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 1); }
+static int ml_m_campaign_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 1); }
+static int ml_m_take_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 1); }
 
 /*
  * Runs a status op and pushes an array of status tables: one command when
@@ -166,7 +166,7 @@ static int run_status(lua_State *L, ml_client *c, ml_op *op) {
 
 /* client:status(db, coll, name) -> status | nil (no such lock) |
  * nil, message, code.  One aggregate. */
-int ml_m_status(lua_State *L) {
+static int ml_m_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   ml_op op;
@@ -180,7 +180,7 @@ int ml_m_status(lua_State *L) {
 }
 
 /* client:list(db, coll) -> {status, ...} sorted by name | nil, msg, code */
-int ml_m_list(lua_State *L) {
+static int ml_m_list(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll;
   ml_op op;
@@ -192,7 +192,7 @@ int ml_m_list(lua_State *L) {
 /* client:force_release(db, coll, name) -> true | nil, "not held" |
  * nil, msg, code.  Frees the lock whoever holds it (one update; the
  * document and its token stay). */
-int ml_m_force_release(lua_State *L) {
+static int ml_m_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   ml_op op;
@@ -220,7 +220,7 @@ static int64_t arg_token(lua_State *L, int i) {
   return (int64_t)n;
 }
 
-int ml_m_granted(lua_State *L) {
+static int ml_m_granted(lua_State *L) {
   size_t namelen;
   const char *db, *coll, *name, *w;
   int64_t ttl_ms, queue_ms, grant, token;
@@ -268,14 +268,14 @@ int ml_push_leave(lua_State *L, ml_leave_builder build) {
   return ml_push_update(L, c, &op, NULL);
 }
 
-int ml_m_leave(lua_State *L) {
+static int ml_m_leave(lua_State *L) {
   return ml_push_leave(L, ml_build_leave);
 }
 
 /* client:ensure_index(db, coll, expire_after_seconds) -> true |
  * nil, msg, code.  The TTL index on expiresAt (cleanup of idle documents
  * only; correctness never depends on it). */
-int ml_m_ensure_index(lua_State *L) {
+static int ml_m_ensure_index(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll;
   lua_Integer secs;
@@ -295,3 +295,20 @@ int ml_m_ensure_index(lua_State *L) {
   lua_pushboolean(L, 1);
   return 1;
 }
+
+/* Client methods: named locks (client:acquire, status, list, ...) (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_named_methods[] = {
+  {"acquire", ml_m_acquire},
+  {"acquire_op", ml_m_acquire_op},
+  {"take_acquire", ml_m_take_acquire},
+  {"campaign", ml_m_campaign},
+  {"campaign_op", ml_m_campaign_op},
+  {"take_campaign", ml_m_take_campaign},
+  {"status", ml_m_status},
+  {"list", ml_m_list},
+  {"force_release", ml_m_force_release},
+  {"leave", ml_m_leave},
+  {"granted", ml_m_granted},
+  {"ensure_index", ml_m_ensure_index},
+  {NULL, NULL}
+};

@@ -13,7 +13,6 @@
  *   op = core.op_force_release{db=, coll=, name=}
  *   op = core.op_status{db=, coll=, name=}       (name nil: the list)
  *   op = core.op_ensure_index{db=, coll=, expire_after=}
- *   op = core.op_command(db, cmd, opts)          (what client:command sends)
  *   op = core.op_doc_acquire{db=, coll=, id=, owner_field=, time_field=,
  *                            time=, owner_type=, owner=, ttl_ms=, insert=}
  *   op = core.op_doc_release{<the same lock>, owner=, changes=}
@@ -179,6 +178,50 @@ void ml_push_status_list(lua_State *L, const bson_t *reply) {
     push_status(L, &st);
     lua_rawseti(L, -2, (int)++n);
   }
+}
+
+/* [-0, +1] what a busy attempt tells: {owner = <value>, remaining = s,
+ * doc = <current>, operation_time = {t, i}} */
+void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,
+                      const char *owner_field) {
+  lua_createtable(L, 0, 4);
+  ml_pushbson(L, &ar->value);
+  lua_getfield(L, -1, owner_field);
+  lua_setfield(L, -3, "owner");
+  lua_setfield(L, -2, "doc");
+  lua_pushnumber(L, (lua_Number)(ar->remaining_ms > 0 ? ar->remaining_ms : 0) / 1000.0);
+  lua_setfield(L, -2, "remaining");
+  ml_set_operation_time(L, reply);
+}
+
+/* a status aggregate's reply (ml_build_doc_status): pushes {held, state,
+ * owner, remaining}, or nil, "not found"; returns the values pushed */
+int ml_push_doc_status(lua_State *L, const bson_t *reply) {
+  bson_iter_t docs, f;
+  int64_t rem = 0;
+  int held, has_owner;
+  if (!ml_reply_batch(reply, &docs, NULL) || !bson_iter_next(&docs) ||
+      !BSON_ITER_HOLDS_DOCUMENT(&docs))
+    return ml_pushfail(L, "not found", 0);
+  bson_iter_recurse(&docs, &f);
+  has_owner = bson_iter_find(&f, "owner") && !BSON_ITER_HOLDS_NULL(&f);
+  bson_iter_recurse(&docs, &f);
+  if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
+  held = has_owner && rem > 0;
+  lua_createtable(L, 0, 4);
+  lua_pushboolean(L, held);
+  lua_setfield(L, -2, "held");
+  lua_pushstring(L, held ? "held" : has_owner ? "expired" : "free");
+  lua_setfield(L, -2, "state");
+  if (held) {
+    bson_iter_recurse(&docs, &f);
+    bson_iter_find(&f, "owner");
+    ml_pushbsonvalue(L, &f);
+    lua_setfield(L, -2, "owner");
+  }
+  lua_pushnumber(L, held ? (lua_Number)rem / 1000.0 : 0);
+  lua_setfield(L, -2, "remaining");
+  return 1;
 }
 
 /* ---- arguments --------------------------------------------------------- */
@@ -397,12 +440,6 @@ static int l_op_ensure_index(lua_State *L) {
   secs = opt_num(L, "expire_after", 1, 0);
   if (!(secs >= 0 && secs <= INT32_MAX)) bad(L, "expire_after", "out of range");
   ml_build_ensure_index(&op, db, coll, (int32_t)secs);
-  return push_op(L, &op);
-}
-
-static int l_op_command(lua_State *L) {
-  ml_op op;
-  ml_command_op(L, 1, &op);
   return push_op(L, &op);
 }
 
@@ -663,7 +700,7 @@ int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
 /* client:run(op) -> reply | nil, message, code, reply, domain (BSON
  * strings; domain: libmongoc's error domain, which tells an error without
  * a reply, MONGOC_ERROR_STREAM, from the others); registered in client.c */
-int ml_m_run(lua_State *L) {
+static int ml_m_run(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   bson_t reply;
   bson_error_t err;
@@ -942,7 +979,6 @@ static const luaL_Reg ops_funcs[] = {
   {"op_force_release", l_op_force_release},
   {"op_status", l_op_status},
   {"op_ensure_index", l_op_ensure_index},
-  {"op_command", l_op_command},
   {"op_watch", l_op_watch},
   {"op_getmore", l_op_getmore},
   {"op_killcursors", l_op_killcursors},
@@ -973,3 +1009,9 @@ void ml_ops_open(lua_State *L) {
   /* [module] */
   luaL_setfuncs(L, ops_funcs, 0);
 }
+
+/* Client methods: any op (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_ops_methods[] = {
+  {"run", ml_m_run},
+  {NULL, NULL}
+};

@@ -110,23 +110,23 @@ static int share_acquire(lua_State *L, ml_attempt_mode how) {
   return 3;
 }
 
-int ml_m_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_RUN); }
+static int ml_m_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_RUN); }
 
 /* client:share_acquire_op(<share_acquire's arguments> [, owner]) -> op,
  * owner; client:take_share_acquire(<share_acquire's arguments>, owner,
  * started, reply, message, code, ereply, domain) -> share_acquire's
  * answers (ml_attempt_mode) */
-int ml_m_share_acquire_op(lua_State *L) { return share_acquire(L, ML_ATTEMPT_OP); }
-int ml_m_take_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_TAKE); }
+static int ml_m_share_acquire_op(lua_State *L) { return share_acquire(L, ML_ATTEMPT_OP); }
+static int ml_m_take_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_TAKE); }
 
 /* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
-int ml_m_share_leave(lua_State *L) {
+static int ml_m_share_leave(lua_State *L) {
   return ml_push_leave(L, ml_build_share_leave);
 }
 
 /* client:share_force_release(db, coll, name) -> true | nil, "not held" |
  * nil, msg, code: ends every share and permit of the name */
-int ml_m_share_force_release(lua_State *L) {
+static int ml_m_share_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name = ml_arg_lock(L, &db, &coll);
   ml_op op;
@@ -139,7 +139,7 @@ int ml_m_share_force_release(lua_State *L) {
  * | nil (no such lock) | nil, msg, code.  name nil: the array of every
  * such document with shares, permits or sharers waiting, sorted by name.
  * One aggregate (while the result fits the first batch). */
-int ml_m_share_status(lua_State *L) {
+static int ml_m_share_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   size_t namelen;
@@ -190,3 +190,14 @@ int ml_m_share_status(lua_State *L) {
   bson_destroy(&reply);
   return 1;
 }
+
+/* Client methods: reader shares and permits (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_shared_methods[] = {
+  {"share_acquire", ml_m_share_acquire},
+  {"share_acquire_op", ml_m_share_acquire_op},
+  {"take_share_acquire", ml_m_take_share_acquire},
+  {"share_leave", ml_m_share_leave},
+  {"share_force_release", ml_m_share_force_release},
+  {"share_status", ml_m_share_status},
+  {NULL, NULL}
+};
