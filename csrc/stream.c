@@ -128,10 +128,10 @@ int ml_stream_next(ml_stream *s, double now, double *wake) {
   }
   if (s->open && (ending || s->stale)) {
     ml_build_killcursors(&s->op, s->db, s->coll, s->cursor_id);
-    s->op_kind = OP_KILL;
+    s->op_kind = ML_STREAM_OP_KILL;
   } else if (s->open) {
     ml_build_getmore(&s->op, s->db, s->coll, s->cursor_id, s->await_ms);
-    s->op_kind = OP_MORE;
+    s->op_kind = ML_STREAM_OP_MORE;
   } else if (ending) {
     return 0;
   } else if (now < s->retry_at) {
@@ -141,7 +141,7 @@ int ml_stream_next(ml_stream *s, double now, double *wake) {
     /* each opening in a session of its own (transport.h) */
     bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag, ++openings);
     ml_build_watch(&s->op, s->db, s->coll, s->field, s->tag, s->start_t, s->start_i, s->resume);
-    s->op_kind = OP_OPEN;
+    s->op_kind = ML_STREAM_OP_OPEN;
   }
   s->op.session = s->session;
   return 1;
@@ -171,16 +171,16 @@ static void closed_by_server(ml_stream *s, double now) {
 void ml_stream_done(ml_stream *s, double now, int ok, const bson_t *reply, const bson_error_t *err) {
   int kind = s->op_kind;
   bson_error_t e;
-  s->op_kind = OP_NONE;
+  s->op_kind = ML_STREAM_OP_NONE;
   ml_op_destroy(&s->op);
-  if (ok || kind == OP_KILL) memset(&e, 0, sizeof e);
+  if (ok || kind == ML_STREAM_OP_KILL) memset(&e, 0, sizeof e);
   else e = *err;
-  if (ok && kind != OP_KILL && !take_batch(s, reply)) {
+  if (ok && kind != ML_STREAM_OP_KILL && !take_batch(s, reply)) {
     ok = 0;
     bson_snprintf(e.message, sizeof e.message, "a reply without a cursor");
   }
   switch (kind) {
-  case OP_OPEN:
+  case ML_STREAM_OP_OPEN:
     s->opens++;
     if (!ok) {
       /* the transport ended the session; a first opening that fails
@@ -197,7 +197,7 @@ void ml_stream_done(ml_stream *s, double now, int ok, const bson_t *reply, const
     if (s->cursor_id == 0) closed_by_server(s, now);
     else s->tries = 0;
     break;
-  case OP_MORE:
+  case ML_STREAM_OP_MORE:
     s->getmores++;
     if (!ok) {
       call_failed(s, &e, now);  /* (failed for good: killCursors next) */
@@ -208,7 +208,7 @@ void ml_stream_done(ml_stream *s, double now, int ok, const bson_t *reply, const
       s->tries = 0;
     }
     break;
-  case OP_KILL:
+  case ML_STREAM_OP_KILL:
     /* sent for a cursor the server closed too: it ends the session */
     s->open = 0;
     s->cursor_id = 0;

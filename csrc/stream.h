@@ -16,7 +16,7 @@
 #define ML_STREAM_REOPENS 3     /* failed calls in a row before it fails */
 
 enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
-enum { OP_NONE, OP_OPEN, OP_MORE, OP_KILL };
+enum { ML_STREAM_OP_NONE, ML_STREAM_OP_OPEN, ML_STREAM_OP_MORE, ML_STREAM_OP_KILL };
 
 typedef struct watch_event {
   uint8_t *key;                 /* BSON of {"k": documentKey._id}; NULL = any */
@@ -54,7 +54,7 @@ typedef struct ml_stream {
   bson_t *resume;               /* the last batch's postBatchResumeToken */
   int tries;                    /* failed calls in a row */
   double retry_at;              /* no new aggregate before */
-  int op_kind;                  /* the op in flight, OP_NONE */
+  int op_kind;                  /* the op in flight, ML_STREAM_OP_NONE */
   ml_op op;
   long events, reopens, getmores, opens;
   long answered, handed, granted;  /* watch_wait's answers: an event, a

@@ -157,13 +157,13 @@ static void *watch_main(void *arg) {
        * that a failed getMore tells the pool's topology, which acquire
        * reads) and its session: each opening starts one, killCursors or a
        * failed aggregate ends it */
-      if (kind == OP_OPEN) {
+      if (kind == ML_STREAM_OP_OPEN) {
         bson_error_t ignored;
         if (cs) mongoc_client_session_destroy(cs);
         cs = mongoc_client_start_session(mc, NULL, &ignored);   /* NULL: no sessions */
       }
       ok = ml_run_in_session(mc, cs, &s->m.op, &reply, &err);
-      if (cs && (kind == OP_KILL || (kind == OP_OPEN && !ok))) {
+      if (cs && (kind == ML_STREAM_OP_KILL || (kind == ML_STREAM_OP_OPEN && !ok))) {
         mongoc_client_session_destroy(cs);
         cs = NULL;
       }
