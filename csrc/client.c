@@ -17,7 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "lease.h"
+#include "args.h"
+#include "client.h"
+#include "renew.h"
 
 /* ---- process exit ------------------------------------------------------ */
 

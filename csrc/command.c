@@ -1,6 +1,6 @@
 /*
- * Generic commands on a client: client:command(db, cmd [, opts]) (registered
- * in client.c), and the op it runs (also core.op_command, ops.c).
+ * Generic commands on a client: client:command(db, cmd [, opts])
+ * (ml_command_methods), and the op it runs (also core.op_command).
  *
  * Results follow the project's convention: the server's reply as a Lua
  * table, or nil, message, code, reply where code is MongoDB's error code
@@ -10,7 +10,12 @@
  */
 #include <string.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "ops.h"
+#include "command.h"
 
 /* a database name (MongoDB's limits, protocol.c) */
 static const char *check_db(lua_State *L, int i) {

@@ -3,7 +3,8 @@
  * the document itself (owner and time, names configurable), the handle is
  * the same mongolock.Lock as for named locks (lock.c's lease, of kind
  * ML_KIND_DOCUMENT).  The client's doc_acquire and doc_status are here
- * (registered in client.c), and the changes a release may write.
+ * (ml_documents_methods); the changes a release may write are read by
+ * args.c (ml_doc_changes).
  *
  * Acquire is one findAndModify on {_id} alone whose update pipeline takes
  * the lock only when it is free by the server's clock, and (when the caller
@@ -17,7 +18,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "documents.h"
+#include "ops.h"
 
 /* ---- helpers ----------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * The lease as plain C (no Lua, no I/O): what a handle holds (lock.c), what
  * the lease engine decides on (engine.c), and the client's counters and
- * lease events they both write (stats.c).  mongolock.h includes it.
+ * lease events they both write (stats.c).  lock.h and renew.h include it.
  */
 #ifndef MONGOLOCK_LEASE_H
 #define MONGOLOCK_LEASE_H

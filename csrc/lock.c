@@ -6,7 +6,7 @@
  * round trip each; every time decision is made by the server ($$NOW); the
  * only local clock read is the monotonic one, for the local deadline.
  *
- * Handle states (mongolock.h, ml_lease): held, lost, not held, closed, read
+ * Handle states (lease.h, ml_lease): held, lost, not held, closed, read
  * by lease_state and answered alike by every method and kind.  Every way a
  * handle ends (release, close, __close, __gc) goes through lock_end, and
  * the release itself (there and in the renewal thread) is ml_lease_end;
@@ -18,7 +18,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "renew.h"
 #include "protocol_shared.h"
 
 int (*ml_gc_handoff)(ml_client *c, ml_lease *l) = NULL;
@@ -320,7 +328,7 @@ static ml_client *lock_client(lua_State *L, int idx) {
   return c;
 }
 
-/* a handle's state (mongolock.h, ml_lease): what every method answers */
+/* a handle's state (lease.h, ml_lease): what every method answers */
 enum { ML_HANDLE_HELD, ML_HANDLE_LOST, ML_HANDLE_NOT_HELD, ML_HANDLE_CLOSED };
 static const char *const state_names[] = {"held", "lost", "not held", "closed"};
 

@@ -18,7 +18,21 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 
-#include "mongolock.h"
+#include "lease.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "documents.h"
+#include "shared.h"
+#include "ops.h"
+#include "command.h"
+#include "stats.h"
+#include "renew.h"
+#include "watch.h"
+#include "pool.h"
+#include "module.h"
 
 double ml_monotonic(void) {
   struct timespec ts;
@@ -130,7 +144,7 @@ static const luaL_Reg core_funcs[] = {
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-/* for mongolock.testing (mongolock.h) */
+/* for mongolock.testing (module.h) */
 static const ml_internals internals = {
   ml_checkclient, ml_client_get, ml_renew_stats, ml_renew_flush, ml_watch_stats
 };

@@ -1,5 +1,5 @@
 /*
- * The client's commands on named locks (registered in client.c): acquire
+ * The client's commands on named locks (ml_named_methods): acquire
  * and try, status and list, force release, leave, the TTL index.  One lock
  * document per name in one collection (doc/design.md); the commands are
  * built by protocol.c and run by transport.c, one round trip each; a won
@@ -9,7 +9,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "ops.h"
+#include "renew.h"
 
 /* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
  * none when it matched nothing (none not NULL), or nil, message, code */

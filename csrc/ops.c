@@ -58,7 +58,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "ops.h"
 #include "protocol_shared.h"
 
 /* ---- the tables of parsed replies -------------------------------------- */
@@ -699,7 +706,7 @@ int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
 
 /* client:run(op) -> reply | nil, message, code, reply, domain (BSON
  * strings; domain: libmongoc's error domain, which tells an error without
- * a reply, MONGOC_ERROR_STREAM, from the others); registered in client.c */
+ * a reply, MONGOC_ERROR_STREAM, from the others) */
 static int ml_m_run(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   bson_t reply;

@@ -57,7 +57,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "renew.h"
+#include "watch.h"
 #include "engine.h"
 
 typedef struct ml_renew {

@@ -9,7 +9,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "shared.h"
+#include "ops.h"
+#include "renew.h"
 #include "protocol_shared.h"
 
 /* [-0, +1] the reply's projected document, with operation_time */

@@ -1,5 +1,5 @@
 /*
- * What a client did (ml_obs, mongolock.h): counters since connect and the
+ * What a client did (ml_obs, lease.h): counters since connect and the
  * events of its leases (lost, a failed renewal), for client:stats() and
  * client:on_lost() (lua/mongolock.lua).
  *
@@ -13,7 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "client.h"
+#include "stats.h"
+#include "renew.h"
+#include "watch.h"
 
 static const char *const kind_names[ML_KINDS] = {"named", "document", "shared", "permit"};
 

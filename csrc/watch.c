@@ -74,7 +74,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "renew.h"
+#include "watch.h"
 #include "stream.h"
 #include "transport.h"
 
