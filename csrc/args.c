@@ -46,14 +46,12 @@ void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll) {
   if ((msg = ml_check_coll(*db, *coll, len)) != NULL) luaL_argerror(L, i + 1, msg);
 }
 
-
 /* raises unless argument i is a string (numbers are not converted) */
 const char *ml_arg_string(lua_State *L, int i, size_t *len) {
   if (lua_type(L, i) != LUA_TSTRING)
     luaL_argerror(L, i, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, i)));
   return lua_tolstring(L, i, len);
 }
-
 
 const char *ml_arg_name(lua_State *L, int i, size_t *len) {
   const char *s = ml_arg_string(L, i, len);
@@ -62,14 +60,12 @@ const char *ml_arg_name(lua_State *L, int i, size_t *len) {
   return s;
 }
 
-
 /* the lock of arguments 2 .. 4: database, collection, name */
 const char *ml_arg_lock(lua_State *L, const char **db, const char **coll) {
   size_t len;
   ml_arg_ns(L, 2, db, coll);
   return ml_arg_name(L, 4, &len);
 }
-
 
 /* a waiter id (core.waiter_id()): 32 lowercase hex digits */
 const char *ml_arg_waiter(lua_State *L, int i) {
@@ -79,14 +75,12 @@ const char *ml_arg_waiter(lua_State *L, int i) {
   return w;
 }
 
-
 /* ttl in milliseconds: a positive number up to a year, rounded up */
 int64_t ml_arg_ttl_ms(lua_State *L, int i) {
   int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
   luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
   return ms;
 }
-
 
 double ml_arg_started(lua_State *L, int i) {
   double started = luaL_checknumber(L, i);
@@ -96,7 +90,6 @@ double ml_arg_started(lua_State *L, int i) {
                 "started must be a past reading of core.monotonic()");
   return started;
 }
-
 
 int ml_arg_attempt_owner(lua_State *L, const char *default_app, int app_i, int waiter_i,
                          int owner_i, ml_acquire_args *a, ml_attempt *t) {
@@ -132,7 +125,6 @@ int ml_arg_attempt_owner(lua_State *L, const char *default_app, int app_i, int w
   return 1;
 }
 
-
 /* ---- document locks' arguments ------------------------------------------ */
 
 /* converts the Lua value at idx into *v, backed by *holder (destroy it after
@@ -158,7 +150,6 @@ static int tovalue(lua_State *L, int idx, bson_t *holder, bson_value_t *v, char 
   return 1;
 }
 
-
 /* the _id at idx as {_id: value} in *out (always initialised; destroy it);
  * NULL, or why the value cannot be an _id (written to err) */
 const char *ml_doc_id(lua_State *L, int idx, bson_t *out, char *err, size_t errlen) {
@@ -179,7 +170,6 @@ const char *ml_doc_id(lua_State *L, int idx, bson_t *out, char *err, size_t errl
   return NULL;
 }
 
-
 /* the insert document (the table at idx) in *ins (initialised by the
  * caller); NULL, or why it cannot be one (written to err) */
 const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const char *time_field,
@@ -192,7 +182,6 @@ const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const 
         return "the insert document must not set the lock fields";
   return NULL;
 }
-
 
 /* the lock's two fields, which changes must not touch */
 typedef struct {
@@ -207,8 +196,7 @@ static int touches(const char *key, const lock_fields *l) {
          (n == 3 && !strncmp(key, "_id", 3));
 }
 
-
-int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
+static int changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
                       bson_t *out, char *err, size_t errlen) {
   lock_fields fields = {owner_field, time_field}, *l = &fields;
   bson_t tmp = BSON_INITIALIZER;
@@ -275,13 +263,12 @@ int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char
  */
 int ml_doc_changes(lua_State *L, int idx, const ml_lease *lease, bson_t *out, char *err,
                    size_t errlen) {
-  return ml_doc_changes_of(L, idx, lease->owner_field, lease->time_field, out, err, errlen);
+  return changes_of(L, idx, lease->owner_field, lease->time_field, out, err, errlen);
 }
 
 /* ---- ops and their outcomes ---------------------------------------------- */
 
 static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
-
 
 void ml_push_op(lua_State *L, const ml_op *op) {
   bson_t env = BSON_INITIALIZER;
@@ -294,7 +281,6 @@ void ml_push_op(lua_State *L, const ml_op *op) {
   bson_destroy(&env);
 }
 
-
 /* a BSON string argument as a view (raises when malformed) */
 void ml_arg_bson(lua_State *L, int i, bson_t *out) {
   size_t len, off;
@@ -303,7 +289,6 @@ void ml_arg_bson(lua_State *L, int i, bson_t *out) {
       !bson_validate(out, BSON_VALIDATE_NONE, &off))
     luaL_argerror(L, i, "malformed BSON");
 }
-
 
 int ml_op_view(const bson_t *env, ml_op *op) {
   bson_iter_t it;
@@ -329,14 +314,12 @@ int ml_op_view(const bson_t *env, ml_op *op) {
   return bson_init_static(&op->cmd, data, len);
 }
 
-
 /* the op of an envelope at i: views into the Lua string (never destroyed) */
 void ml_arg_op(lua_State *L, int i, ml_op *op) {
   bson_t env;
   ml_arg_bson(L, i, &env);
   if (!ml_op_view(&env, op)) luaL_argerror(L, i, "not an op (core.op_*)");
 }
-
 
 int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner) {
   ml_push_op(L, op);
@@ -345,14 +328,12 @@ int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner) {
   return 2;
 }
 
-
 /* a BSON string at i, or nil (0); raises when malformed */
 static int opt_bson(lua_State *L, int i, bson_t *view) {
   if (lua_isnoneornil(L, i)) return 0;
   ml_arg_bson(L, i, view);
   return 1;
 }
-
 
 int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err) {
   bson_t r, e;

@@ -77,9 +77,6 @@ const char *ml_doc_insert(lua_State *L, int idx, const char *owner_field, const 
  * fields of l or _id */
 int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *err,
                    size_t errlen);
-/* the same for the lock fields owner_field and time_field */
-int ml_doc_changes_of(lua_State *L, int idx, const char *owner_field, const char *time_field,
-                      bson_t *out, char *err, size_t errlen);
 
 /* ---- ops and their outcomes ---------------------------------------------- */
 

@@ -571,7 +571,7 @@ static int l_set_external(lua_State *L) {
 }
 
 /* client:keeper() -> the 16 hex digits the leases this client renews in
- * this process carry (op_acquire's keeper) | nil, message */
+ * this process carry (an acquire's keeper) | nil, message */
 static int l_keeper(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   char k[17];
