@@ -25,7 +25,6 @@ void ml_push_status_list(lua_State *L, const bson_t *reply);
  * BSON string) or nil, message, code, reply; returns the count */
 int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode);
 
-
 /* [-0, +1] a busy document attempt's info {owner, remaining, doc,
  * operation_time} */
 void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,

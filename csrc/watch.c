@@ -75,7 +75,6 @@
 #include <unistd.h>
 
 #include "compat.h"
-#include "transport.h"
 #include "lease.h"
 #include "sys.h"
 #include "bson_lua.h"
