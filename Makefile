@@ -9,6 +9,7 @@
 #                building needs (the default target)
 #   make bench   benchmarks (tables on stdout and into doc/benchmarks.md, plots under bench/out/)
 #   make torture, make test-asan, make test-valgrind: doc/testing.md
+#   make doc     the API reference (LDoc, config.ld) under build/doc/
 #
 # Debian packages are installed with apt-get when missing (run as root, or
 # install them yourself first); npm packages for the stand-in with npm ci.
@@ -37,6 +38,9 @@ PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua lua-socket lu
 	lua-cqueues
 PKGS_TORTURE := faketime
 PKGS_VALGRIND := valgrind
+# make doc's LDoc (and the spec that runs it)
+PKGS_DOC := lua-ldoc
+PKGS_TEST += $(PKGS_DOC)
 
 # $(call apt,PACKAGES): installs those of PACKAGES that are missing
 # (node and npm count as present when found on PATH, however installed)
@@ -97,8 +101,9 @@ WARN := -std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werro
 MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
 MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
 # csrc/proc.c is the command's own module (mongolock.proc), not the core's;
-# csrc/testing.c is the specs' module (mongolock.testing), never shipped
-CSRC := $(filter-out csrc/proc.c csrc/testing.c,$(wildcard csrc/*.c))
+# csrc/testing.c is the specs' module (mongolock.testing), never shipped;
+# csrc/test_model.c is the plain C parts' test program (build/test/model)
+CSRC := $(filter-out csrc/proc.c csrc/testing.c csrc/test_model.c,$(wildcard csrc/*.c))
 CHDR := $(wildcard csrc/*.h)
 
 # one build tree per Lua: build/<lua>/mongolock/core.so
@@ -152,8 +157,27 @@ LUA_CPATH_luajit := $(CURDIR)/build/luajit/?.so;;
 run: deps build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' tools/with-standin lua5.4 examples/counter.lua
 
-test: deps-test build build-luas
+test: deps-test build build-luas build/test/model
 	@tools/run-tests
+
+# the API reference: LDoc on the public modules' doc comments (config.ld)
+.PHONY: doc
+doc:
+	$(call apt,$(PKGS_DOC))
+	@rm -rf build/doc
+	ldoc .
+
+# the parts of the core that link alone (the lease, its engine, the change
+# stream's machine, the protocol) and their test program: libbson and
+# pthreads, no Lua, no libmongoc (tools/run-tests runs it as "model-c")
+MODEL_SRC := csrc/test_model.c csrc/engine.c csrc/lease.c csrc/obs.c csrc/stream.c \
+	csrc/protocol.c csrc/protocol_shared.c
+MODEL_HDR := csrc/engine.h csrc/lease.h csrc/stream.h csrc/protocol.h csrc/protocol_shared.h
+BSON_CFLAGS = $(shell pkg-config --cflags libbson-1.0)
+BSON_LIBS = $(shell pkg-config --libs libbson-1.0)
+build/test/model: $(MODEL_SRC) $(MODEL_HDR) | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) $(BSON_CFLAGS) -o $@ $(MODEL_SRC) $(BSON_LIBS) -lpthread -lm
 
 # the rock built with luarocks into a temporary tree and loaded from there
 .PHONY: check-rock

@@ -321,13 +321,6 @@ void ml_arg_op(lua_State *L, int i, ml_op *op) {
   if (!ml_op_view(&env, op)) luaL_argerror(L, i, "not an op (core.op_*)");
 }
 
-int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner) {
-  ml_push_op(L, op);
-  ml_op_destroy(op);
-  lua_pushstring(L, owner);
-  return 2;
-}
-
 /* a BSON string at i, or nil (0); raises when malformed */
 static int opt_bson(lua_State *L, int i, bson_t *view) {
   if (lua_isnoneornil(L, i)) return 0;

@@ -87,10 +87,6 @@ void ml_arg_bson(lua_State *L, int i, bson_t *out);
  * coll, session, cmd}) */
 void ml_push_op(lua_State *L, const ml_op *op);
 
-/* [-0, +2] pushes op as its envelope (and destroys it), then owner;
- * returns 2 */
-int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner);
-
 /* the op of an envelope: views into env's bytes, never destroyed; 0 when
  * env is not an op */
 int ml_op_view(const bson_t *env, ml_op *op);

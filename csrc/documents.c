@@ -29,6 +29,8 @@
 #include "named.h"
 #include "documents.h"
 #include "ops.h"
+#include "stats.h"
+#include "attempt.h"
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -87,112 +89,86 @@ static int64_t arg_lockref(lua_State *L, ml_lockref *r) {
  *    | nil, "not found"            (no such document and no insert given)
  *    | nil, message, code
  */
-static int doc_acquire(lua_State *L, ml_attempt_mode mode) {
-  ml_client *c = ml_checkclient(L, 1);
-  ml_lockref r;
-  int64_t ttl_ms;
-  int have_insert, renew, ok, found, pushed;
-  bson_t id, ins = BSON_INITIALIZER, reply;
-  char err[512], owner[33];
-  bson_error_t e;
-  ml_acquire_reply ar;
-  ml_lease_spec s;
-  ml_op op;
-  double started;
+static int prepare_doc(lua_State *L, ml_client *c, ml_acquire_attempt *t, int owner_i) {
+  ml_lockref *r = &t->ref;
+  int have_insert;
+  bson_t id, ins = BSON_INITIALIZER;
+  char err[512];
+  (void)c;
 
-  ttl_ms = arg_lockref(L, &r);
+  t->a.ttl_ms = arg_lockref(L, r);
   have_insert = !lua_isnoneornil(L, 10);
   if (have_insert) luaL_checktype(L, 10, LUA_TTABLE);
-  renew = lua_toboolean(L, 11);
-  started = 0;
-  if (mode == ML_ATTEMPT_TAKE) {
-    /* what may raise is checked before anything is allocated */
-    started = ml_arg_started(L, 13);
-    ml_arg_outcome(L, 14, NULL, NULL);
-  }
+  t->renew = lua_toboolean(L, 11);
   /* the _id first: it raises on a bad one (then nothing else is built),
    * and what is built after it is given back on every way out */
   arg_id(L, 4, &id);
-  r.id = &id;
   if (have_insert) {
-    const char *bad = ml_doc_insert(L, 10, r.owner_field, r.time_field, &ins, err, sizeof err);
+    const char *bad = ml_doc_insert(L, 10, r->owner_field, r->time_field, &ins, err, sizeof err);
     if (bad) {
       bson_destroy(&ins);
       bson_destroy(&id);
       return luaL_argerror(L, 10, bad);
     }
   }
-  if (mode != ML_ATTEMPT_RUN && !lua_isnoneornil(L, 12)) {
+  if (owner_i > 0 && !lua_isnoneornil(L, owner_i)) {
     size_t len;
-    const char *given = lua_tolstring(L, 12, &len);
+    const char *given = lua_tolstring(L, owner_i, &len);
     if (!given || !ml_is_hex(given, len, 32)) {
       bson_destroy(&ins);
       bson_destroy(&id);
-      return luaL_argerror(L, 12, "owner must be 32 lowercase hex digits");
+      return luaL_argerror(L, owner_i, "owner must be 32 lowercase hex digits");
     }
-    memcpy(owner, given, 33);
-  } else if (mode == ML_ATTEMPT_TAKE) {
+    memcpy(t->t.owner, given, 33);
+  } else if (!ml_random_owner(t->t.owner)) {
     bson_destroy(&ins);
     bson_destroy(&id);
-    return luaL_argerror(L, 12, "the owner of the attempt expected");
-  } else if (!ml_random_owner(owner)) {
-    bson_destroy(&ins);
-    bson_destroy(&id);
-    return ml_pushfail(L, "getrandom failed", 0);
+    return 0;
   }
+  t->a.owner = t->t.owner;
+  t->id = bson_copy(&id);
+  r->id = t->id;
+  bson_destroy(&id);
+  if (have_insert) t->insert = bson_copy(&ins);
+  bson_destroy(&ins);
+  return 1;
+}
 
-  if (mode == ML_ATTEMPT_TAKE) {
-    bson_destroy(&ins);
-    ok = ml_arg_outcome(L, 14, &reply, &e);   /* checked above: no raise */
-  } else {
-    ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
-    bson_destroy(&ins);
-    if (mode == ML_ATTEMPT_OP) {
-      bson_destroy(&id);
-      return ml_push_op_owner(L, &op, owner);
-    }
-    started = ml_monotonic();
-    ml_obs_command(c);
-    ok = ml_run(ml_client_get(L, c), c->wc, &op, &reply, &e);
-    ml_op_destroy(&op);
-  }
-  found = ml_parse_acquire(&reply, owner, r.owner_field, r.owner_form, 1, &ar);
-  if (ok && found <= 0) {
-    bson_destroy(&id);
-    bson_destroy(&reply);
+static void build_doc(const ml_acquire_attempt *t, ml_op *op) {
+  ml_build_doc_acquire(op, &t->ref, t->a.owner, t->a.ttl_ms, t->insert);
+}
+
+static int take_doc(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok,
+                    const bson_t *reply, const bson_error_t *e) {
+  ml_acquire_reply ar;
+  ml_lease_spec s;
+  int found, pushed;
+  found = ml_parse_acquire(reply, t->a.owner, t->ref.owner_field, t->ref.owner_form, 1, &ar);
+  if (ok && found <= 0)
     return ml_pushfail(L, found == 0 ? "not found" : "findAndModify returned no document", 0);
-  }
   memset(&s, 0, sizeof s);
-  s.ref = r;                    /* r.id is &id */
-  s.owner = owner;
-  s.ttl_ms = ttl_ms;
-  s.started = started;
-  s.renew = renew;
+  s.ref = t->ref;               /* ref.id is t->id */
+  s.owner = t->a.owner;
+  s.ttl_ms = t->a.ttl_ms;
+  s.started = t->started;
+  s.renew = t->renew;
   s.kind = ML_KIND_DOCUMENT;
   /* a write concern error after a won write: ml_push_won gives it back */
-  pushed = ml_push_won(L, c, ok ? 1 : 0, found > 0 && ar.won, &s, &e);
+  pushed = ml_push_won(L, c, ok ? 1 : 0, found > 0 && ar.won, &s, e);
   if (pushed == 1) ml_pushbson(L, &ar.value);     /* [.. h doc] */
-  if (pushed) {
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return pushed == 1 ? 2 : pushed;
-  }
+  if (pushed) return pushed == 1 ? 2 : pushed;
   lua_pushnil(L);
   lua_pushliteral(L, "busy");
-  ml_push_doc_info(L, &ar, &reply, r.owner_field);
-  bson_destroy(&id);
-  bson_destroy(&reply);
+  ml_push_doc_info(L, &ar, reply, t->ref.owner_field);
   return 3;
 }
 
-static int ml_m_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_RUN); }
+/* client:doc_acquire_attempt(<doc_acquire's arguments> [, owner]) -> a
+ * mongolock.Attempt (ml_attempt_kind) */
+static const ml_attempt_kind doc_kind = {"doc_acquire", 12, prepare_doc, build_doc, take_doc};
 
-/* client:doc_acquire_op(<doc_acquire's arguments> [, owner]) -> op, owner;
- * client:take_doc_acquire(<doc_acquire's arguments>, owner, started,
- * reply, message, code, ereply, domain) -> doc_acquire's answers
- * (ml_attempt_mode) */
-static int ml_m_doc_acquire_op(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_OP); }
-static int ml_m_take_doc_acquire(lua_State *L) { return doc_acquire(L, ML_ATTEMPT_TAKE); }
+static int ml_m_doc_acquire(lua_State *L) { return ml_attempt_method(L, &doc_kind); }
+static int ml_m_doc_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &doc_kind); }
 
 /*
  * client:doc_status(db, coll, id, ttl_ms, owner_field, time_field,
@@ -231,8 +207,7 @@ static int ml_m_doc_status(lua_State *L) {
 /* Client methods: document locks (module.c adds them to mongolock.Client) */
 const luaL_Reg ml_documents_methods[] = {
   {"doc_acquire", ml_m_doc_acquire},
-  {"doc_acquire_op", ml_m_doc_acquire_op},
-  {"take_doc_acquire", ml_m_take_doc_acquire},
+  {"doc_acquire_attempt", ml_m_doc_acquire_attempt},
   {"doc_status", ml_m_doc_status},
   {NULL, NULL}
 };

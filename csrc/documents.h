@@ -8,8 +8,7 @@
 
 #include "compat.h"
 
-/* Client methods: doc_acquire, doc_acquire_op, take_doc_acquire,
- * doc_status */
+/* Client methods: doc_acquire, doc_acquire_attempt, doc_status */
 extern const luaL_Reg ml_documents_methods[];
 
 #endif

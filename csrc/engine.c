@@ -1,13 +1,15 @@
 /*
  * The lease engine's decisions (engine.h): plain C over the leases
- * (lease.h) and the protocol's builders and parsers (protocol.h); no Lua,
- * no I/O.  renew.c describes what it does and runs it.
+ * (lease.h: each kind's commands come from its table, ml_kind_of) and the
+ * protocol's builders and parsers (protocol.h).  Includes engine.h,
+ * lease.h, protocol.h, libbson and the C library only: no Lua, no
+ * libmongoc, no I/O, and no clock (the adapters pass now).  renew.c
+ * describes what it does and runs it.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
-#include "protocol_shared.h"
 
 static double retry_delay(int64_t ttl_ms) {
   double d = (double)ttl_ms / 10000.0;
@@ -54,19 +56,9 @@ static int work_add(ml_work *w, ml_lease *l) {
   return 1;
 }
 
-static int same_coll(const ml_lease *a, const ml_lease *b) {
-  return !strcmp(a->db, b->db) && !strcmp(a->coll, b->coll);
-}
-
-static int named_kind(const ml_lease *l) {
-  return l->kind != ML_KIND_DOCUMENT;
-}
-
-/* document locks renewed by one command: one collection, fields and ttl */
-static int same_doc_group(const ml_lease *a, const ml_lease *b) {
-  return same_coll(a, b) && !strcmp(a->owner_field, b->owner_field) &&
-         !strcmp(a->time_field, b->time_field) && a->time_mode == b->time_mode &&
-         a->owner_form == b->owner_form && a->ttl_ms == b->ttl_ms;
+/* renewed with the leases of its collection by the keeper id */
+static int by_keeper(const ml_lease *l) {
+  return ml_kind_of(l->kind)->by_keeper;
 }
 
 static int cmp_lease_id(const void *x, const void *y) {
@@ -95,8 +87,9 @@ static void item_drop(ml_engine *e, size_t i) {
   e->items[i] = e->items[--e->n];
 }
 
-/* the batch of document locks like the item at i */
-static void build_doc_renew(ml_engine *e, size_t first, ml_work *w) {
+/* the renewal of the leases renewed with the item at first by a batch of
+ * their _ids (not by_keeper: document locks of the same fields and ttl) */
+static void build_batch_renew(ml_engine *e, size_t first, ml_work *w) {
   ml_lease *l0 = e->items[first].lease;
   bson_t ids = BSON_INITIALIZER;
   const char **owners;
@@ -105,7 +98,7 @@ static void build_doc_renew(ml_engine *e, size_t first, ml_work *w) {
   for (i = 0; i < e->n; i++) {
     ml_lease *l = e->items[i].lease;
     int take;
-    if (e->items[i].alone || !same_doc_group(l, l0)) continue;
+    if (e->items[i].alone || !ml_lease_same_renewal(l, l0)) continue;
     pthread_mutex_lock(&l->mu);
     take = l->held && l->renew && !l->ending && !l->lost;
     pthread_mutex_unlock(&l->mu);
@@ -124,27 +117,18 @@ static void build_doc_renew(ml_engine *e, size_t first, ml_work *w) {
     }
   }
   ml_lease_lockref(l0, &r);
-  w->kind = W_DOC_RENEW;
+  w->kind = ML_WORK_DOC_RENEW;
   w->ttl = l0->ttl_ms;
-  ml_build_doc_renew(&w->op, &r, &ids, owners ? owners : (const char **)&l0->owner,
-                     owners ? k : 0, l0->ttl_ms);
+  ml_kind_of(l0->kind)->renew_many(&w->op, &r, &ids,
+                                    owners ? owners : (const char **)&l0->owner, owners ? k : 0,
+                                    l0->ttl_ms);
   w->has_op = 1;
   free(owners);
   bson_destroy(&ids);
 }
 
-/* leases released by one command: one collection, and the same kind of
- * document (a document lock's: the same fields) */
+/* leases released by one command (ml_lease_same_release) */
 #define RELEASE_BATCH 1000
-static int same_release_group(const ml_lease *a, const ml_lease *b) {
-  int sa = a->kind == ML_KIND_SHARED || a->kind == ML_KIND_PERMIT;
-  int sb = b->kind == ML_KIND_SHARED || b->kind == ML_KIND_PERMIT;
-  if (!same_coll(a, b) || sa != sb || (a->kind == ML_KIND_NAMED) != (b->kind == ML_KIND_NAMED))
-    return 0;
-  return a->kind != ML_KIND_DOCUMENT ||
-         (!strcmp(a->owner_field, b->owner_field) && !strcmp(a->time_field, b->time_field) &&
-          a->time_mode == b->time_mode && a->owner_form == b->owner_form);
-}
 
 /* w->op: the release of w's leases (one: a retryable update of its own) */
 static void build_release(ml_work *w) {
@@ -166,10 +150,7 @@ static void build_release(ml_work *w) {
       bson_append_iter(&ids, kp, -1, &it);
       owners[k++] = w->set[i]->owner;
     }
-    if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-      ml_build_share_release_many(&w->op, l->db, l->coll, &ids, owners ? owners : &r.db, k);
-    else
-      ml_build_release_many(&w->op, &r, &ids, owners ? owners : &r.db, k);
+    ml_kind_of(l->kind)->release_many(&w->op, &r, &ids, owners ? owners : &r.db, k);
     free(owners);
     bson_destroy(&ids);
   }
@@ -185,7 +166,7 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
   size_t i, due = (size_t)-1;
   double due_time = now + 3600;
   *wake = now + 3600;
-  if (e->work.kind != W_NONE) return 0;
+  if (e->work.kind != ML_WORK_NONE) return 0;
   memset(w, 0, sizeof *w);
   w->id = ++e->seq;
   if (e->nrel > 0) {
@@ -195,7 +176,7 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
     size_t j, k = 0;
     for (j = 0; j < e->nrel; j++) {
       ml_lease *l = e->rel[j];
-      if (w->n < RELEASE_BATCH && same_release_group(l, l0)) {
+      if (w->n < RELEASE_BATCH && ml_lease_same_release(l, l0)) {
         if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) break;
         w->set[w->n++] = l;     /* the queue's reference */
         pthread_mutex_lock(&l->mu);
@@ -208,7 +189,7 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
     for (; j < e->nrel; j++) e->rel[k++] = e->rel[j];
     e->nrel = k;
     if (w->n == 0) return 0;
-    w->kind = W_RELEASE;
+    w->kind = ML_WORK_RELEASE;
     build_release(w);
     return 1;
   }
@@ -262,26 +243,26 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
       pthread_mutex_lock(&l->mu);
       w->ttl = l->ttl_ms;
       pthread_mutex_unlock(&l->mu);
-      w->kind = W_EXTEND;
+      w->kind = ML_WORK_EXTEND;
       ml_lease_extend_op(l, w->ttl, &w->op);
       w->has_op = 1;
       return 1;
     }
-    if (!named_kind(l)) {
-      build_doc_renew(e, due, w);
+    if (!by_keeper(l)) {
+      build_batch_renew(e, due, w);
       return 1;
     }
     /* every renewed lease of the collection */
     for (i = 0; i < e->n; i++) {
       ml_lease *o = e->items[i].lease;
       int take;
-      if (!named_kind(o) || !same_coll(o, l)) continue;
+      if (!ml_lease_same_renewal(o, l)) continue;
       pthread_mutex_lock(&o->mu);
       take = o->held && o->renew && !o->ending && !o->lost;
       pthread_mutex_unlock(&o->mu);
       if (take) (void)work_add(w, o);
     }
-    w->kind = W_RENEW;
+    w->kind = ML_WORK_RENEW;
     w->docs = distinct_docs(w);
     ml_build_renew(&w->op, l->db, l->coll, e->keeper);
     w->has_op = 1;
@@ -310,37 +291,19 @@ static void retry_later(ml_engine *e, ml_work *w, double at) {
       if (e->items[i].lease == w->set[j]) e->items[i].retry_at = at;
 }
 
-/* reply's owners (a check's {o, h: [..]} documents): is owner among them */
-static int check_has(const bson_t *reply, const char *owner) {
-  bson_iter_t docs, d, h;
-  if (!ml_reply_batch(reply, &docs, NULL)) return 0;
-  while (bson_iter_next(&docs)) {
-    if (!BSON_ITER_HOLDS_DOCUMENT(&docs) || !bson_iter_recurse(&docs, &d)) continue;
-    while (bson_iter_next(&d)) {
-      if (!strcmp(bson_iter_key(&d), "o") && BSON_ITER_HOLDS_UTF8(&d) &&
-          !strcmp(bson_iter_utf8(&d, NULL), owner))
-        return 1;
-      if (!strcmp(bson_iter_key(&d), "h") && BSON_ITER_HOLDS_ARRAY(&d) && bson_iter_recurse(&d, &h))
-        while (bson_iter_next(&h))
-          if (BSON_ITER_HOLDS_UTF8(&h) && !strcmp(bson_iter_utf8(&h, NULL), owner)) return 1;
-    }
-  }
-  return 0;
-}
-
 /*
- * The outcome of e->work (begun at started): reply when
- * it ran (ok), else error.  Applies it to the leases and clears the work;
- * a check to run next is left in e->work's place by queueing it.
+ * The outcome of e->work (begun at started, taken at now): reply when it
+ * ran (ok), else error.  Applies it to the leases and clears the work, or
+ * builds the check that follows in e->work's place.
  */
-int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
+int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_t *reply,
                    const bson_error_t *error) {
   ml_work *w = &e->work;
   int64_t n = ok ? ml_parse_matched(reply) : -1;
   size_t i;
   (void)error;
   switch (w->kind) {
-  case W_RELEASE:
+  case ML_WORK_RELEASE:
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
       pthread_mutex_lock(&l->mu);
@@ -355,19 +318,19 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
     work_clear(w);
     e->due_at = 0;
     return 1;
-  case W_EXTEND: {
+  case ML_WORK_EXTEND: {
     (void)ml_lease_extend_done(w->set[0], n, w->ttl, started);
     if (n > 0) e->renewals++;
     else if (n < 0) {
       e->failures++;
       ml_lease_renewal_failed(w->set[0]);
-      retry_later(e, w, ml_monotonic() + retry_delay(w->ttl));
+      retry_later(e, w, now + retry_delay(w->ttl));
     }
     break;
   }
-  case W_RENEW:
-  case W_DOC_RENEW: {
-    size_t expect = w->kind == W_RENEW ? w->docs : w->n;
+  case ML_WORK_RENEW:
+  case ML_WORK_DOC_RENEW: {
+    size_t expect = w->kind == ML_WORK_RENEW ? w->docs : w->n;
     int64_t min_ttl = INT64_MAX;
     e->batches++;
     if (n < 0) {
@@ -376,7 +339,7 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
         if (w->set[i]->ttl_ms < min_ttl) min_ttl = w->set[i]->ttl_ms;
         ml_lease_renewal_failed(w->set[i]);
       }
-      retry_later(e, w, ml_monotonic() + retry_delay(min_ttl));
+      retry_later(e, w, now + retry_delay(min_ttl));
       break;
     }
     /* every lease of the batch was renewed when it matched as many
@@ -392,7 +355,7 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
       e->renewals += (long)w->n;
       break;
     }
-    if (w->kind == W_DOC_RENEW) {
+    if (w->kind == ML_WORK_DOC_RENEW) {
       /* which is lost: each is renewed by itself, once */
       size_t j;
       for (j = 0; j < e->n; j++)
@@ -409,7 +372,7 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
       w->set = NULL;
       w->n = 0;
       work_clear(w);
-      w->kind = W_CHECK;
+      w->kind = ML_WORK_CHECK;
       w->set = set;
       w->n = cnt;
       w->cap = cap;
@@ -421,7 +384,7 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
       return 0;                 /* in flight: the caller hands it out */
     }
   }
-  case W_CHECK:
+  case ML_WORK_CHECK:
     if (n < 0 && !ok) {
       /* unknown: the next renewal (due at once) asks again */
       e->failures++;
@@ -430,7 +393,7 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
     }
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
-      int alive = check_has(reply, l->owner);
+      int alive = ml_kind_of(l->kind)->check_has(reply, l->owner);
       pthread_mutex_lock(&l->mu);
       if (alive) renewed(l, w->started);
       else not_renewed(l);
@@ -438,7 +401,7 @@ int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply,
       if (alive) e->renewals++;
     }
     break;
-  case W_NONE:
+  case ML_WORK_NONE:
     break;
   }
   work_clear(w);
@@ -462,7 +425,7 @@ int ml_engine_add(ml_engine *e, ml_lease *l, double *due) {
     l->refs++;
     pthread_mutex_unlock(&l->mu);
     /* a renewal in flight in l's collection may match l's document */
-    if (e->work.kind == W_RENEW && named_kind(l) && same_coll(l, e->work.set[0])) e->work.added++;
+    if (e->work.kind == ML_WORK_RENEW && ml_lease_same_renewal(l, e->work.set[0])) e->work.added++;
   }
   pthread_mutex_lock(&l->mu);
   *due = renew_at(l);
@@ -480,7 +443,7 @@ int ml_engine_queue_release(ml_engine *e, ml_lease *l) {
 void ml_engine_clear(ml_engine *e, int free_arrays) {
   while (e->n) item_drop(e, e->n - 1);
   while (e->nrel) ml_lease_unref(e->rel[--e->nrel]);
-  if (e->work.kind != W_NONE) work_clear(&e->work);
+  if (e->work.kind != ML_WORK_NONE) work_clear(&e->work);
   if (free_arrays) {
     free(e->items);
     free(e->rel);

@@ -1,9 +1,10 @@
 /*
  * The lease engine's decisions (engine.c): what every renewed lease of a
  * client does in this process, for every kind and every transport, as
- * plain C with no Lua and no I/O.  It never runs a command: engine_next
- * puts the next one in e->work, engine_done takes its outcome; the
- * adapters (renew.c: a thread, or Lua inside nginx) run it and keep time.
+ * plain C with no Lua, no I/O and no clock.  It never runs a command:
+ * ml_engine_next puts the next one in e->work, ml_engine_done takes its
+ * outcome; the adapters (renew.c: a thread, or Lua inside nginx) run it
+ * and keep time (each call is given now).
  * The caller serialises every call on one engine (renew.c's mutex).
  */
 #ifndef MONGOLOCK_ENGINE_H
@@ -18,19 +19,31 @@ typedef struct renew_item {
                                    batch of document locks matched fewer) */
 } renew_item;
 
-typedef enum { W_NONE = 0, W_RELEASE, W_EXTEND, W_RENEW, W_DOC_RENEW, W_CHECK } work_kind;
+/* what the command in flight is: a release (of one lease, or many of one
+ * collection and kind), an extend of one lease (a top-up, or a lease
+ * renewed by itself), the renewal of a collection's leases by the keeper
+ * id, the renewal of a batch of document locks by their _ids, the check
+ * after a renewal by the keeper id that matched fewer */
+typedef enum {
+  ML_WORK_NONE = 0,
+  ML_WORK_RELEASE,
+  ML_WORK_EXTEND,
+  ML_WORK_RENEW,
+  ML_WORK_DOC_RENEW,
+  ML_WORK_CHECK
+} ml_work_kind;
 
 /* the command in flight and what its outcome applies to */
 typedef struct ml_work {
-  work_kind kind;
+  ml_work_kind kind;
   long id;
   ml_lease **set;               /* the leases it is for (a reference each) */
   size_t n, cap;
-  size_t docs;                  /* W_RENEW: distinct documents of set */
-  size_t added;                 /* W_RENEW: leases of its collection added
+  size_t docs;                  /* ML_WORK_RENEW: distinct documents of set */
+  size_t added;                 /* ML_WORK_RENEW: leases of its collection added
                                    while it ran (they may have matched) */
-  int64_t ttl;                  /* W_EXTEND, W_DOC_RENEW */
-  double started;               /* W_CHECK: when the renewal it checks began */
+  int64_t ttl;                  /* ML_WORK_EXTEND, ML_WORK_DOC_RENEW */
+  double started;               /* ML_WORK_CHECK: when the renewal it checks began */
   int handed;                   /* given to the external adapter */
   ml_op op;
   int has_op;
@@ -55,12 +68,14 @@ typedef struct ml_engine {
  * wants renewal and marks leases past their deadline lost. */
 int ml_engine_next(ml_engine *e, double now, double *wake);
 
-/* The outcome of e->work (begun at started): reply when it ran (ok), else
- * error.  Applies it to the leases and clears the work, or leaves the
- * check that follows a batch that matched fewer in its place (handed
- * out next).  Returns 1 when it was a release (a waiter of the queue's
- * end may look again). */
-int ml_engine_done(ml_engine *e, double started, int ok, const bson_t *reply, const bson_error_t *error);
+/* The outcome of e->work (begun at started; now: when the outcome came,
+ * monotonic, from which a failed renewal's retry is timed): reply when it
+ * ran (ok), else error.  Applies it to the leases and clears the work, or
+ * leaves the check that follows a batch that matched fewer in its place
+ * (handed out next).  Returns 1 when it was a release (a waiter of the
+ * queue's end may look again). */
+int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_t *reply,
+                   const bson_error_t *error);
 
 /* l (a lease that asked for renewal) among e's items (one reference
  * taken); *due: when it may need a command.  0 out of memory. */

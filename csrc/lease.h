@@ -1,7 +1,10 @@
 /*
  * The lease as plain C (no Lua, no I/O): what a handle holds (lock.c), what
- * the lease engine decides on (engine.c), and the client's counters and
- * lease events they both write (stats.c).  lock.h and renew.h include it.
+ * the lease engine decides on (engine.c), each kind's commands (lease.c's
+ * table, ml_kind_ops), and the client's counters and lease events they
+ * both write (obs.c).  Implemented by lease.c and obs.c, which include
+ * nothing but this header, protocol*.h, libbson and pthreads; the binding's
+ * lock.h, renew.h and stats.c include it.
  */
 #ifndef MONGOLOCK_LEASE_H
 #define MONGOLOCK_LEASE_H
@@ -27,6 +30,7 @@ double ml_monotonic(void);
  *     permit, an entry of a named lock's holders (protocol_shared.h).
  */
 typedef enum { ML_KIND_NAMED = 0, ML_KIND_DOCUMENT = 1, ML_KIND_SHARED = 2, ML_KIND_PERMIT = 3 } ml_kind;
+#define ML_KINDS 4
 
 /*
  * What a caller of ml_lock_new describes: the lock document and the lease
@@ -108,8 +112,8 @@ typedef struct ml_lease {
 } ml_lease;
 
 /*
- * A client's counters and its queue of lease events (stats.c): what
- * client:counters() and client:take_events() read.  Shared by the client and
+ * A client's counters and its queue of lease events (obs.c; stats.c
+ * gives them to Lua): what client:counters() and client:take_events() read.  Shared by the client and
  * each of its leases (refs), so a lease that outlives its client's userdata
  * still writes somewhere valid.
  *
@@ -120,7 +124,6 @@ typedef struct ml_lease {
  * lease's mu, never the other way round; at most ML_EVENTS_MAX wait in the
  * queue (older ones are dropped, and counted).
  */
-#define ML_KINDS 4
 #define ML_EVENTS_MAX 1024
 typedef struct ml_lease_event {
   ml_kind kind;
@@ -138,7 +141,7 @@ typedef struct ml_obs {
   long releases[ML_KINDS];      /* releases that matched, per kind */
   long lost[ML_KINDS];          /* leases found lost, per kind (once each) */
   int want;                     /* queue events (atomic) */
-  ml_lease_event *ev;                 /* (mu) the queue, oldest first */
+  ml_lease_event *ev;           /* (mu) the queue, oldest first */
   size_t nev, cap;              /* (mu) */
   long dropped;                 /* (mu) events dropped from a full queue */
 } ml_obs;
@@ -148,8 +151,8 @@ ml_obs *ml_obs_ref(ml_obs *o);
 void ml_obs_unref(ml_obs *o);
 /* adds n to *counter (relaxed atomic); o may be NULL */
 void ml_obs_add(ml_obs *o, long *counter, long n);
-/* one command sent for c */
-void ml_obs_command(const struct ml_client *c);
+/* frees what an event taken from the queue owns */
+void ml_lease_event_free(ml_lease_event *e);
 /* l->mu held: l is lost (held 0); the first time, counted and its event
  * queued */
 void ml_lease_set_lost(ml_lease *l);
@@ -166,17 +169,87 @@ void ml_lease_renewal_failed(ml_lease *l);
  */
 double ml_lease_deadline(double started, int64_t ms);
 
+/*
+ * A new lease for what s describes (everything copied), held, with one
+ * reference (the caller's) and no counters (obs NULL: the binding sets
+ * them); its deadline from s->started and the grant's or the ttl's length.
+ */
+ml_lease *ml_lease_new(const ml_lease_spec *s);
+
+/*
+ * Fills s (zeroed first) for a lease on the lock document of a named kind
+ * (exclusive, shared, permit): {_id: name} in db.coll (ml_named_ref), the
+ * owner or holders in owner_field.  id must outlive s.
+ */
+void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
+                         const bson_t *id, const char *owner_field, const char *owner,
+                         int64_t ttl_ms);
+
 /* [-0, +0] drops one reference to lease (frees it at zero) */
 void ml_lease_unref(ml_lease *l);
 
+/*
+ * What each kind does with the lease's commands (lease.c's table, indexed
+ * by ml_kind): the engine and the handle ask it instead of switching on
+ * the kind.
+ */
+typedef struct ml_kind_ops {
+  const char *name;             /* "named", "document", "shared", "permit" */
+  int queued;                   /* its document has the waiter queue */
+  int changes;                  /* its release may write the application's
+                                   changes (a document lock's) */
+  int own_fields;               /* its fields are the application's: leases
+                                   share a command only with the same
+                                   fields */
+  int release_class;            /* leases of one collection, one class and
+                                   the same fields are released by one
+                                   release_many */
+  int by_keeper;                /* renewed with every such lease of its
+                                   collection by the keeper id
+                                   (ml_build_renew; check_has reads the
+                                   check that follows a batch that matched
+                                   fewer); 0: by a batch of its _ids of the
+                                   same fields and ttl (renew_many) */
+  void (*release)(ml_op *op, const ml_lockref *r, const char *owner, const bson_t *extra);
+  void (*release_many)(ml_op *op, const ml_lockref *r, const bson_t *ids,
+                       const char *const *owners, size_t n);
+  void (*extend)(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms);
+  void (*renew_many)(ml_op *op, const ml_lockref *r, const bson_t *ids,
+                     const char *const *owners, size_t n, int64_t ttl_ms);
+  int (*check_has)(const bson_t *reply, const char *owner);
+} ml_kind_ops;
+
+const ml_kind_ops *ml_kind_of(ml_kind kind);
+
+/* a and b released by one command (release_many): one collection, one
+ * release class (and for own_fields kinds the same fields) */
+int ml_lease_same_release(const ml_lease *a, const ml_lease *b);
+/* a and b renewed by one command: by_keeper kinds of one collection; else
+ * one collection, the same fields and the same ttl */
+int ml_lease_same_renewal(const ml_lease *a, const ml_lease *b);
+
 /* the steps of the lease's commands, shared by the handle's methods
- * (lock.c) and the engine (renew.c): r for the builders; the release of l
+ * (lock.c) and the engine (engine.c): r for the builders; the release of l
  * (marked as ending first; extra: a document lock's changes or NULL); the
- * extend of l to ttl_ms; l's state after such an extend begun at started
- * matched n documents (-1: an error): 1 extended, 0 lost, -1 */
+ * release of what s describes (a lease not yet made); the extend of l to
+ * ttl_ms */
 void ml_lease_lockref(const ml_lease *l, ml_lockref *r);
 void ml_lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op);
+void ml_lease_spec_release_op(const ml_lease_spec *s, ml_op *op);
 void ml_lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op);
+
+/*
+ * The documents a release matched, from its outcome (ok: reply is the
+ * server's answer; else the error's reply, or empty): a write concern
+ * error comes after the write was applied on the primary, so its count
+ * says what the release did; -1 for any other error.
+ */
+int64_t ml_release_matched(int ok, const bson_t *reply);
+/* l's state after its release matched n documents (-1: not sent, or no
+ * answer): 1 released, 0 it was no longer ours, -1 still held */
+int ml_lease_release_done(ml_lease *l, int64_t n);
+/* l's state after an extend to ttl_ms begun at started matched n
+ * documents (-1: an error, nothing changes): 1 extended, 0 lost, -1 */
 int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started);
 
 #endif

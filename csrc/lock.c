@@ -11,6 +11,8 @@
  * handle ends (release, close, __close, __gc) goes through lock_end, and
  * the release itself (there and in the renewal thread) is ml_lease_end;
  * closing is idempotent (liolib-style: lease = NULL marks it closed).
+ * The lease itself, its commands and its state changes are lease.c's: this
+ * file runs them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,68 +30,11 @@
 #include "lock.h"
 #include "renew.h"
 #include "protocol_shared.h"
+#include "stats.h"
 
 int (*ml_gc_handoff)(ml_client *c, ml_lease *l) = NULL;
 
-/* ---- the lease --------------------------------------------------------- */
-
-void ml_lease_unref(ml_lease *l) {
-  int refs;
-  pthread_mutex_lock(&l->mu);
-  refs = --l->refs;
-  pthread_mutex_unlock(&l->mu);
-  if (refs > 0) return;
-  pthread_mutex_destroy(&l->mu);
-  ml_obs_unref(l->obs);
-  bson_free(l->db);
-  bson_free(l->coll);
-  bson_free(l->owner_field);
-  bson_free(l->time_field);
-  bson_destroy(&l->iddoc);
-  bson_value_destroy(&l->id);
-  bson_free(l);
-}
-
-double ml_lease_deadline(double started, int64_t ms) {
-  return started + (double)ms / 1000.0 * (1.0 - 1e-3) - 0.002;
-}
-
-static ml_lease *lease_new(const ml_lease_spec *s) {
-  ml_lease *l = (ml_lease *)bson_malloc0(sizeof *l);
-  bson_iter_t it;
-  pthread_mutex_init(&l->mu, NULL);
-  l->db = bson_strdup(s->ref.db);
-  l->coll = bson_strdup(s->ref.coll);
-  bson_copy_to(s->ref.id, &l->iddoc);
-  if (bson_iter_init_find(&it, &l->iddoc, "_id")) bson_value_copy(bson_iter_value(&it), &l->id);
-  else l->id.value_type = BSON_TYPE_NULL;
-  l->kind = s->kind;
-  l->owner_field = bson_strdup(s->ref.owner_field ? s->ref.owner_field : ML_F_OWNER);
-  l->time_field = bson_strdup(s->ref.time_field ? s->ref.time_field : ML_F_EXPIRES);
-  l->time_mode = s->ref.time_mode;
-  l->owner_form = s->ref.owner_form;
-  bson_strncpy(l->owner, s->owner, sizeof l->owner);
-  l->token = s->token;
-  l->pid = getpid();
-  l->ttl_ms = s->ttl_ms;
-  l->deadline = ml_lease_deadline(s->started, s->grant_ms > 0 && s->grant_ms < s->ttl_ms
-                                                ? s->grant_ms : s->ttl_ms);
-  l->held = 1;
-  l->renew = s->renew;
-  l->refs = 1;
-  return l;
-}
-
-void ml_lease_lockref(const ml_lease *l, ml_lockref *r) {
-  r->db = l->db;
-  r->coll = l->coll;
-  r->id = &l->iddoc;
-  r->owner_field = l->owner_field;
-  r->time_field = l->time_field;
-  r->time_mode = l->time_mode;
-  r->owner_form = l->owner_form;
-  r->queued = l->kind == ML_KIND_NAMED;
-}
+/* ---- the lease's commands, run (lease.c builds them) ----------------- */
 
 int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op,
                       bson_error_t *error) {
@@ -107,49 +52,6 @@ int64_t ml_run_update(mongoc_client_t *mc, const ml_client *c, ml_op *op,
   return n;
 }
 
-/* the release of l (extra: a document lock's changes, may be NULL); marks
- * it as ending first: a renewal that then matches nothing saw the release,
- * not a loss */
-void ml_lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op) {
-  ml_lockref r;
-  pthread_mutex_lock(&l->mu);
-  l->ending = 1;
-  pthread_mutex_unlock(&l->mu);
-  ml_lease_lockref(l, &r);
-  if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-    ml_build_share_release(op, l->db, l->coll, &l->iddoc, l->owner);
-  else
-    ml_build_release(op, &r, l->owner, extra);
-}
-
-/*
- * The documents a release matched, from its outcome: a write concern
- * error comes after the write was applied on the primary, so its count
- * says what the release did (were it rolled back, the lease would end at
- * its ttl, as a release not sent does); -1 for any other error.
- */
-static int64_t release_matched(int ok, const bson_t *reply) {
-  if (ok || bson_has_field(reply, "writeConcernError") || bson_has_field(reply, "writeConcernErrors"))
-    return ml_parse_matched(reply);
-  return -1;
-}
-
-/* l's state after its release matched n documents (-1: not sent, or no
- * answer): 1 released, 0 it was no longer ours, -1 still held */
-static int lease_release_done(ml_lease *l, int64_t n) {
-  pthread_mutex_lock(&l->mu);
-  if (n > 0) {
-    l->held = 0;
-    ml_lease_count_release(l, 1);
-  } else if (n == 0) {
-    ml_lease_set_lost(l);
-  } else {
-    l->ending = 0;              /* still held: renewal goes on */
-  }
-  pthread_mutex_unlock(&l->mu);
-  return n < 0 ? -1 : n > 0 ? 1 : 0;
-}
-
 int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bson_t *extra,
                  bson_error_t *error) {
   ml_op op;
@@ -160,41 +62,13 @@ int ml_lease_end(mongoc_client_t *mc, const ml_client *c, ml_lease *l, const bso
   ml_obs_command(c);
   ok = ml_run(mc, c->wc, &op, &reply, error);
   ml_op_destroy(&op);
-  n = release_matched(ok, &reply);
+  n = ml_release_matched(ok, &reply);
   if (ok && n < 0)
     bson_set_error(error, MONGOC_ERROR_PROTOCOL, MONGOC_ERROR_PROTOCOL_INVALID_REPLY,
                    "update reply without matchedCount");
   bson_destroy(&reply);
   if (n >= 0) error->code = 0;
-  return lease_release_done(l, n);
-}
-
-void ml_lease_extend_op(ml_lease *l, int64_t ttl_ms, ml_op *op) {
-  ml_lockref r;
-  ml_lease_lockref(l, &r);
-  if (l->kind == ML_KIND_SHARED || l->kind == ML_KIND_PERMIT)
-    ml_build_share_extend(op, l->db, l->coll, &l->iddoc, l->owner, ttl_ms);
-  else
-    ml_build_extend(op, &r, l->owner, ttl_ms);
-}
-
-/* l's state after an extend to ttl_ms begun at started matched n (-1: an
- * error, nothing changes); returns 1 extended, 0 lost, -1 */
-int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started) {
-  if (n < 0) return -1;
-  pthread_mutex_lock(&l->mu);
-  if (n > 0 && l->held && !l->lost) {
-    /* locked-at documents expire at lockTime + the ttl every party uses:
-     * the lease length does not change */
-    if (l->time_mode == ML_TIME_EXPIRES_AT) l->ttl_ms = ttl_ms;
-    l->deadline = ml_lease_deadline(started, l->ttl_ms);
-    l->topup_at = 0;
-  } else if (n == 0 && l->held && !l->ending) {
-    /* a release under way or done is not a loss: it cleared the owner */
-    ml_lease_set_lost(l);
-  }
-  pthread_mutex_unlock(&l->mu);
-  return n > 0 ? 1 : 0;
+  return ml_lease_release_done(l, n);
 }
 
 int ml_lease_extend(mongoc_client_t *mc, const ml_client *c, ml_lease *l,
@@ -213,18 +87,6 @@ ml_lock *ml_checklock(lua_State *L, int idx) {
   return (ml_lock *)luaL_checkudata(L, idx, ML_LOCK_MT);
 }
 
-void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
-                         const bson_t *id, const char *owner_field, const char *owner,
-                         int64_t ttl_ms) {
-  memset(s, 0, sizeof *s);
-  ml_named_ref(&s->ref, db, coll, id);
-  s->ref.owner_field = owner_field;
-  s->ref.queued = kind == ML_KIND_NAMED;
-  s->owner = owner;
-  s->ttl_ms = ttl_ms;
-  s->kind = kind;
-}
-
 ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   ml_lock *h;
   client_idx = lua_absindex(L, client_idx);
@@ -238,7 +100,7 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   lua_pushvalue(L, client_idx);
   lua_rawseti(L, -2, 1);
   ml_setuservalue(L, -2);
-  h->lease = lease_new(spec);
+  h->lease = ml_lease_new(spec);
   h->lease->obs = ml_obs_ref(((ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT))->obs);
   h->keep = h->lease;
   h->keep->refs++;              /* not yet visible to any other thread */
@@ -267,15 +129,6 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   return h;
 }
 
-/* builds the release of the lease s describes, as ml_lease_end does for a
- * handle's (s->ref.queued was set with the spec: ml_lease_spec_named) */
-static void spec_release(ml_op *op, const ml_lease_spec *s) {
-  if (s->kind == ML_KIND_SHARED || s->kind == ML_KIND_PERMIT)
-    ml_build_share_release(op, s->ref.db, s->ref.coll, s->ref.id, s->owner);
-  else
-    ml_build_release(op, &s->ref, s->owner, NULL);
-}
-
 int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec *s,
                 const bson_error_t *err) {
   if (ok == 0) {
@@ -287,8 +140,8 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
       bson_t reply;
       bson_error_t err2;
       int64_t n;
-      spec_release(&op, s);
-      n = release_matched(ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err2), &reply);
+      ml_lease_spec_release_op(s, &op);
+      n = ml_release_matched(ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err2), &reply);
       ml_op_destroy(&op);
       bson_destroy(&reply);
       if (n < 0) {
@@ -307,7 +160,7 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
        * thread, as a collected handle's does (it matches nothing when the
        * write was not applied); the caller does not wait for a server that
        * may be gone. */
-      ml_lease *l = lease_new(s);
+      ml_lease *l = ml_lease_new(s);
       if (!ml_gc_handoff(c, l)) ml_lease_unref(l);
     }
     return ml_pusherror(L, err);
@@ -404,7 +257,7 @@ static int release_changes(lua_State *L, ml_lock *h, int idx, bson_t *extra) {
   if (lua_isnoneornil(L, idx)) return 0;
   if (lua_type(L, idx) != LUA_TTABLE)
     luaL_error(L, "bad argument #1 to 'release' (table expected, got %s)", luaL_typename(L, idx));
-  if (h->keep && h->keep->kind != ML_KIND_DOCUMENT)
+  if (h->keep && !ml_kind_of(h->keep->kind)->changes)
     luaL_error(L, "bad argument #1 to 'release' (a named lock's release takes no changes)");
   if (h->lease && !ml_doc_changes(L, idx, h->lease, extra, msg, sizeof msg)) {
     bson_destroy(extra);
@@ -640,8 +493,7 @@ static int l_index(lua_State *L) {
   } else if (!strcmp(k, "database")) lua_pushstring(L, l->db);
   else if (!strcmp(k, "collection")) lua_pushstring(L, l->coll);
   else if (!strcmp(k, "kind")) {
-    static const char *const kinds[] = {"named", "document", "shared", "permit"};
-    lua_pushstring(L, kinds[l->kind]);
+    lua_pushstring(L, ml_kind_of(l->kind)->name);
   }
   else if (!strcmp(k, "renew")) {
     int v;
@@ -738,8 +590,8 @@ static int l_lease_done(lua_State *L) {
     return push_state(L, ML_HANDLE_CLOSED);
   }
   if (closing || !strcmp(what, "release")) {
-    n = release_matched(ok, &reply);
-    r = lease_release_done(l, n);
+    n = ml_release_matched(ok, &reply);
+    r = ml_lease_release_done(l, n);
     if (closing) {
       if (r < 0) {
         pthread_mutex_lock(&l->mu);
@@ -795,7 +647,7 @@ static int l_release_later(lua_State *L) {
   ml_lease_spec_named(&s, shared ? ML_KIND_SHARED : ML_KIND_NAMED, db, coll, &id,
                       shared ? ML_F_HOLDERS : ML_F_OWNER, owner, 1000);
   s.started = ml_monotonic();
-  l = lease_new(&s);
+  l = ml_lease_new(&s);
   bson_destroy(&id);
   if (!ml_gc_handoff || !ml_gc_handoff(c, l)) {
     ml_lease_unref(l);

@@ -23,15 +23,6 @@ typedef struct ml_lock {
 } ml_lock;
 
 /*
- * Fills s (zeroed first) for a lease on the lock document of a named kind
- * (exclusive, shared, permit): {_id: name} in db.coll (ml_named_ref), the
- * owner or holders in owner_field.  id must outlive s.
- */
-void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const char *coll,
-                         const bson_t *id, const char *owner_field, const char *owner,
-                         int64_t ttl_ms);
-
-/*
  * [-0, +1] pushes a new mongolock.Lock for a lease just won.  client_idx is
  * the client's stack index (kept alive through the handle's uservalue).
  * Raises only on out-of-memory.

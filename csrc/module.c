@@ -2,8 +2,10 @@
  * Internal to mongolock: programs use require "mongolock", not this module
  * (nor mongolock.core through it), which may change without notice.
  *
- * luaopen_mongolock_core: the module table, the local monotonic clock,
- * sleeping, and random owner ids.
+ * luaopen_mongolock_core: the module table, the local monotonic clock
+ * (lease.c's ml_monotonic), sleeping, and random owner ids; it opens each
+ * part (its metatables, its core.* functions) and adds the Client methods
+ * each file exports.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -32,13 +34,9 @@
 #include "renew.h"
 #include "watch.h"
 #include "pool.h"
+#include "attempt.h"
+#include "views.h"
 #include "module.h"
-
-double ml_monotonic(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* core.monotonic() -> seconds (a local, monotonic clock; not wall time) */
 static int l_monotonic(lua_State *L) {
@@ -237,11 +235,13 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_client_methods(L, ml_command_methods);
   ml_client_methods(L, ml_ops_methods);
   ml_lock_open(L);
+  ml_attempt_open(L);
   ml_watch_open(L);
   ml_pool_open(L);
   ml_bson_open(L);
   ml_ops_open(L);
   ml_command_open(L);
+  ml_views_open(L);
   lua_pushlightuserdata(L, (void *)&internals);
   lua_setfield(L, LUA_REGISTRYINDEX, ML_INTERNALS_KEY);
   return 1;

@@ -19,6 +19,8 @@
 #include "named.h"
 #include "ops.h"
 #include "renew.h"
+#include "stats.h"
+#include "attempt.h"
 
 /* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
  * none when it matched nothing (none not NULL), or nil, message, code */
@@ -54,89 +56,79 @@ int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
  * ends with that error, so nothing else may hold the lock under its id.
  */
 /* campaign: client:campaign's arguments (value in polling's place) */
-static int acquire(lua_State *L, ml_attempt_mode mode, int campaign) {
-  ml_client *c = ml_checkclient(L, 1);
-  ml_acquire_args a;
-  size_t namelen;
-  ml_attempt t;
-  const char *owner = t.owner;
-  bson_t reply, id;
-  bson_error_t err;
-  ml_acquire_reply r;
-  ml_op op;
-  ml_lease_spec s;
-  double started;
-  int ok, pushed;
-  char keeper[17];
-
-  memset(&a, 0, sizeof a);
-  ml_arg_ns(L, 2, &a.db, &a.coll);
-  a.name = ml_arg_name(L, 4, &namelen);
-  a.ttl_ms = ml_arg_ttl_ms(L, 5);
+static int prepare_named(lua_State *L, ml_client *c, ml_acquire_attempt *t, int owner_i,
+                         int campaign) {
+  ml_acquire_args *a = &t->a;
+  ml_arg_ns(L, 2, &a->db, &a->coll);
+  a->name = ml_arg_name(L, 4, &t->namelen);
+  a->ttl_ms = ml_arg_ttl_ms(L, 5);
   if (campaign) {
     size_t vlen;
     const char *msg;
-    a.value = ml_arg_string(L, 10, &vlen);      /* a string, not a number */
-    if ((msg = ml_check_value(a.value, vlen)) != NULL) luaL_argerror(L, 10, msg);
+    a->value = ml_arg_string(L, 10, &vlen);      /* a string, not a number */
+    if ((msg = ml_check_value(a->value, vlen)) != NULL) luaL_argerror(L, 10, msg);
   }
-  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 6, 8,
-                            mode == ML_ATTEMPT_RUN ? 0 : 11, &a, &t))
-    return ml_pushfail(L, "getrandom failed", 0);
+  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 6, 8, owner_i, a,
+                            &t->t)) return 0;
   /* a campaigner is never granted the lock by a release (which would not
    * publish its value): its queue entry says it polls, and it takes a lock
    * that was freed by an attempt of its own, woken by the release's event */
-  if (campaign && a.waiter) a.polling = 1;
-  if (mode == ML_ATTEMPT_TAKE) {
-    luaL_argcheck(L, !lua_isnoneornil(L, 11), 11, "the owner of the attempt expected");
-    started = ml_arg_started(L, 12);
-    ok = ml_arg_outcome(L, 13, &reply, &err);
-  } else {
-    if (lua_toboolean(L, 7)) a.keeper = ml_renew_keeper(L, c, keeper);
-    ml_build_acquire(&op, &a);
-    if (mode == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
-    {
-      mongoc_client_t *mc = ml_client_get(L, c);
-      started = ml_monotonic();
-      ml_obs_command(c);
-      ok = ml_run(mc, c->wc, &op, &reply, &err);
-    }
-    ml_op_destroy(&op);
-  }
-  ok = ml_parse_acquire(&reply, owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) > 0 ? ok : ok ? -1 : 0;
+  if (campaign && a->waiter) a->polling = 1;
+  t->renew = lua_toboolean(L, 7);
+  if (t->renew) a->keeper = ml_renew_keeper(L, c, t->keeper);
+  return 1;
+}
+
+static int prepare_acquire(lua_State *L, ml_client *c, ml_acquire_attempt *t, int owner_i) {
+  return prepare_named(L, c, t, owner_i, 0);
+}
+
+static int prepare_campaign(lua_State *L, ml_client *c, ml_acquire_attempt *t, int owner_i) {
+  return prepare_named(L, c, t, owner_i, 1);
+}
+
+static void build_named(const ml_acquire_attempt *t, ml_op *op) {
+  ml_build_acquire(op, &t->a);
+}
+
+static int take_named(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok,
+                      const bson_t *reply, const bson_error_t *err) {
+  const ml_acquire_args *a = &t->a;
+  ml_acquire_reply r;
+  ml_lease_spec s;
+  bson_t id;
+  int pushed;
+  ok = ml_parse_acquire(reply, a->owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) > 0 ? ok : ok ? -1 : 0;
 
   bson_init(&id);
-  bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
-  ml_lease_spec_named(&s, ML_KIND_NAMED, a.db, a.coll, &id, ML_F_OWNER, owner, a.ttl_ms);
+  bson_append_utf8(&id, "_id", 3, a->name, (int)t->namelen);
+  ml_lease_spec_named(&s, ML_KIND_NAMED, a->db, a->coll, &id, ML_F_OWNER, a->owner, a->ttl_ms);
   s.token = r.token;
-  s.started = started;
-  s.waiter = a.waiter != NULL;
+  s.started = t->started;
+  s.waiter = a->waiter != NULL;
   /* won by a grant this attempt found: the lease the server has left */
-  if (r.won && r.has_remaining && r.remaining_ms < a.ttl_ms) {
+  if (r.won && r.has_remaining && r.remaining_ms < a->ttl_ms) {
     s.grant_ms = r.remaining_ms;
-    s.grant_bounded = a.waiter != NULL && a.queue_ms < a.ttl_ms;
+    s.grant_bounded = a->waiter != NULL && a->queue_ms < a->ttl_ms;
   }
-  s.renew = lua_toboolean(L, 7);
-  pushed = ml_push_won(L, c, ok, r.won, &s, &err);
-  if (pushed) {
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return pushed;
-  }
+  s.renew = t->renew;
+  pushed = ml_push_won(L, c, ok, r.won, &s, err);
   bson_destroy(&id);
+  if (pushed) return pushed;
   lua_pushnil(L);
   lua_pushliteral(L, "busy");
-  ml_push_acquire_info(L, &r, &reply);
-  bson_destroy(&reply);
+  ml_push_acquire_info(L, &r, reply);
   return 3;
 }
 
-static int ml_m_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 0); }
+/* client:acquire_attempt(<acquire's arguments> [, owner]) -> a
+ * mongolock.Attempt (ml_attempt_kind); owner: 32 lowercase hex digits
+ * (a waiter's must be its id), else a new one */
+static const ml_attempt_kind acquire_kind = {"acquire", 11, prepare_acquire, build_named,
+                                             take_named};
 
-/* client:acquire_op(<acquire's arguments> [, owner]) -> op, owner;
- * client:take_acquire(<acquire's arguments>, owner, started, reply,
- * message, code, ereply, domain) -> acquire's answers (ml_attempt_mode) */
-static int ml_m_acquire_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 0); }
-static int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 0); }
+static int ml_m_acquire(lua_State *L) { return ml_attempt_method(L, &acquire_kind); }
+static int ml_m_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &acquire_kind); }
 
 /*
  * client:campaign(db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value)
@@ -145,12 +137,14 @@ static int ml_m_take_acquire(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 
  * in polling's place, published in the lock document by the attempt that
  * takes the lock (ML_F_VALUE, its term in ML_F_VTOKEN).  Its waiter is
  * always marked polling, so that no release grants it the lock without
- * its value.  client:campaign_op and client:take_campaign split it at its
- * round trip as acquire_op and take_acquire do.
+ * its value.  client:campaign_attempt(<campaign's arguments> [, owner])
+ * is its mongolock.Attempt, as acquire_attempt is acquire's.
  */
-static int ml_m_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_RUN, 1); }
-static int ml_m_campaign_op(lua_State *L) { return acquire(L, ML_ATTEMPT_OP, 1); }
-static int ml_m_take_campaign(lua_State *L) { return acquire(L, ML_ATTEMPT_TAKE, 1); }
+static const ml_attempt_kind campaign_kind = {"campaign", 11, prepare_campaign, build_named,
+                                              take_named};
+
+static int ml_m_campaign(lua_State *L) { return ml_attempt_method(L, &campaign_kind); }
+static int ml_m_campaign_attempt(lua_State *L) { return ml_attempt_prepare(L, &campaign_kind); }
 
 /*
  * Runs a status op and pushes an array of status tables: one command when
@@ -308,11 +302,9 @@ static int ml_m_ensure_index(lua_State *L) {
 /* Client methods: named locks (client:acquire, status, list, ...) (module.c adds them to mongolock.Client) */
 const luaL_Reg ml_named_methods[] = {
   {"acquire", ml_m_acquire},
-  {"acquire_op", ml_m_acquire_op},
-  {"take_acquire", ml_m_take_acquire},
+  {"acquire_attempt", ml_m_acquire_attempt},
   {"campaign", ml_m_campaign},
-  {"campaign_op", ml_m_campaign_op},
-  {"take_campaign", ml_m_take_campaign},
+  {"campaign_attempt", ml_m_campaign_attempt},
   {"status", ml_m_status},
   {"list", ml_m_list},
   {"force_release", ml_m_force_release},

@@ -38,10 +38,10 @@
  * kind is "write", "update", "cursor" or "command" (how transport.c runs
  * it), cmd the command as the server receives it.  The C methods
  * (client:acquire, h:release, ...) run the same builders and parsers
- * without the envelope; an attempt's op and its outcome cross as the
- * methods' own split (client:acquire_op / take_acquire, doc_acquire_op /
- * take_doc_acquire, share_acquire_op / take_share_acquire), a handle's
- * release and extend as core.lease_step / core.lease_done (lock.c).
+ * without the envelope; an attempt's op and its outcome cross as a
+ * mongolock.Attempt (attempt.c: client:acquire_attempt, ..., a:op(),
+ * a:take(...)), a handle's release and extend as core.lease_step /
+ * core.lease_done (lock.c).
  *
  * This file also holds the Lua tables that parsed replies make, shared by
  * those methods and the parse_* functions.
@@ -60,6 +60,7 @@
 #include "client.h"
 #include "ops.h"
 #include "protocol_shared.h"
+#include "stats.h"
 
 /* ---- the tables of parsed replies -------------------------------------- */
 

@@ -565,6 +565,23 @@ void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const cha
     "]", "cursor", "{", "}");
 }
 
+int ml_parse_check_has(const bson_t *reply, const char *owner) {
+  bson_iter_t docs, d, h;
+  if (!ml_reply_batch(reply, &docs, NULL)) return 0;
+  while (bson_iter_next(&docs)) {
+    if (!BSON_ITER_HOLDS_DOCUMENT(&docs) || !bson_iter_recurse(&docs, &d)) continue;
+    while (bson_iter_next(&d)) {
+      if (!strcmp(bson_iter_key(&d), "o") && BSON_ITER_HOLDS_UTF8(&d) &&
+          !strcmp(bson_iter_utf8(&d, NULL), owner))
+        return 1;
+      if (!strcmp(bson_iter_key(&d), "h") && BSON_ITER_HOLDS_ARRAY(&d) && bson_iter_recurse(&d, &h))
+        while (bson_iter_next(&h))
+          if (BSON_ITER_HOLDS_UTF8(&h) && !strcmp(bson_iter_utf8(&h, NULL), owner)) return 1;
+    }
+  }
+  return 0;
+}
+
 void ml_pairs_filter(bson_t *q, const char *owner_field, ml_owner_form form, const bson_t *ids,
                      const char *const *owners, size_t n) {
   bson_t in, os;

@@ -6,7 +6,8 @@
  * Each operation is build -> run -> parse -> lease: a builder fills an
  * ml_op (the command as the server receives it, and how it is run), a
  * transport (transport.h) runs it and hands back the reply, a parser here
- * reads the reply, and the caller (lock.c, client.c) makes the lease.
+ * reads the reply, and the caller (named.c, shared.c, documents.c) makes
+ * the lease (lease.h).
  *
  * Every builder uses libbson's BCON, the JSON-like notation of the design
  * document; pieces used by several commands are BCON fragments (macros of
@@ -170,6 +171,9 @@ void ml_build_renew(ml_op *op, const char *db, const char *coll, const char *kee
  * shares and permits]}.
  */
 void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const char *keeper);
+/* is owner among a check's reply (its {o, h: [..]} documents): a live
+ * exclusive lease's owner or one of a live share's or permit's */
+int ml_parse_check_has(const bson_t *reply, const char *owner);
 /*
  * Renewal of document locks: every listed (_id, owner) pair of r's
  * collection and fields whose lease is still live, in one update with

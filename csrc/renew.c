@@ -2,13 +2,14 @@
  * The lease engine and its adapters.  What every held lease of a client
  * does over its life in this process is decided in one place for every
  * kind and every transport, engine.c (plain C over lease.h and the
- * protocol: no Lua, no I/O); this file keeps the engines of the process,
- * runs them and is their Lua side.  The engine renews the leases in batches (one command per collection
- * and renewal period, however many leases), retries a failed renewal
- * every ttl/10 (50 ms .. 1 s), marks a lease lost when its renewal could
- * not be made or its local deadline passes, tops up a grant's short lease,
- * and sends the releases nobody waits for (a collected handle's, a lost
- * reply's).
+ * protocol: no Lua, no I/O, no clock); this file keeps the engines of the
+ * process, runs them, keeps their time (ml_monotonic, passed to each call)
+ * and is their Lua side.  The engine renews the leases in batches (one
+ * command per collection and renewal period, however many leases), retries
+ * a failed renewal every ttl/10 (50 ms .. 1 s), marks a lease lost when its
+ * renewal could not be made or its local deadline passes, tops up a grant's
+ * short lease, and sends the releases nobody waits for (a collected
+ * handle's, a lost reply's).
  *
  * The engine only says which command to run next and takes its outcome
  * (ml_engine_next, ml_engine_done); a transport runs it.  Two adapters:
@@ -42,8 +43,8 @@
  *   A lease's mu is taken only inside renew_mu (or alone, by the Lua side).
  * - A lease appears in at most one item of one state; each item, each
  *   queued release and each lease of the work in flight owns one reference.
- * - At most one command runs at a time per state (st->e.work.kind != W_NONE
- *   from engine_next until engine_done).
+ * - At most one command runs at a time per state (st->e.work.kind !=
+ *   ML_WORK_NONE from ml_engine_next until ml_engine_done).
  * - fork: the prepare handler holds renew_mu across fork(), so the child
  *   inherits no mutex held by a renewal thread.  In the child the parent's
  *   states are abandoned (never joined, never freed) and new ones are made
@@ -66,6 +67,7 @@
 #include "renew.h"
 #include "watch.h"
 #include "engine.h"
+#include "stats.h"
 
 typedef struct ml_renew {
   struct ml_renew *next;        /* all states of this process (renew_mu) */
@@ -119,7 +121,7 @@ static void wait_until(pthread_cond_t *cv, double when) {
 
 /*
  * A server selection for writes, for a waiter that found no writable server
- * among the monitors' descriptions (private.lua, await_server).  After a
+ * among the monitors' descriptions (loop.lua, await_server).  After a
  * connection error libmongoc marks the server unknown, and its monitor
  * looks again only after heartbeatFrequencyMS (10 s by default) unless a
  * selection asks for a check, which this one does (the monitor then checks
@@ -142,7 +144,7 @@ static void *renew_main(void *arg) {
   pthread_mutex_lock(&renew_mu);
   for (;;) {
     double now = ml_monotonic();
-    int has_work = st->e.work.kind != W_NONE;
+    int has_work = st->e.work.kind != ML_WORK_NONE;
     if (!mc && (st->e.n || st->e.nrel || st->scan || has_work)) {
       /* try_pop: a pool exhausted by the Lua side must not block close */
       pthread_mutex_unlock(&renew_mu);
@@ -160,7 +162,8 @@ static void *renew_main(void *arg) {
       ml_obs_command(st->c);
       ok = ml_run(mc, st->c->wc, &st->e.work.op, &reply, &err);
       pthread_mutex_lock(&renew_mu);
-      if (ml_engine_done(&st->e, started, ok, &reply, &err)) pthread_cond_broadcast(&st->done);
+      if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
+        pthread_cond_broadcast(&st->done);
       bson_destroy(&reply);
       continue;
     }
@@ -487,7 +490,7 @@ static int ml_m_engine_next(lua_State *L) {
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
   if (st && st->pid == getpid()) {
-    if (st->e.work.kind == W_NONE) has = ml_engine_next(&st->e, now, &wake);
+    if (st->e.work.kind == ML_WORK_NONE) has = ml_engine_next(&st->e, now, &wake);
     else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
     else wake = now + 1;                      /* in flight */
     if (has) {
@@ -497,7 +500,7 @@ static int ml_m_engine_next(lua_State *L) {
       pthread_mutex_unlock(&renew_mu);
       return 2;
     }
-    if (st->e.n == 0 && st->e.nrel == 0 && st->e.work.kind == W_NONE) wake = HUGE_VAL;
+    if (st->e.n == 0 && st->e.nrel == 0 && st->e.work.kind == ML_WORK_NONE) wake = HUGE_VAL;
   } else {
     wake = HUGE_VAL;
   }
@@ -521,8 +524,9 @@ static int ml_m_engine_done(lua_State *L) {
   ok = ml_arg_outcome(L, 4, &reply, &err);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid == getpid() && st->e.work.kind != W_NONE && st->e.work.id == id) {
-    if (ml_engine_done(&st->e, started, ok, &reply, &err)) pthread_cond_broadcast(&st->done);
+  if (st && st->pid == getpid() && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
+    if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
+      pthread_cond_broadcast(&st->done);
   }
   pthread_mutex_unlock(&renew_mu);
   bson_destroy(&reply);
@@ -558,7 +562,7 @@ int ml_renew_flush(ml_client *c, double timeout) {
     ml_renew *st = (ml_renew *)c->renew_state;
     pending = 0;
     if (!st || st->pid != getpid()) break;
-    pending = st->e.nrel > 0 || st->e.work.kind == W_RELEASE;
+    pending = st->e.nrel > 0 || st->e.work.kind == ML_WORK_RELEASE;
     if (!pending || ml_monotonic() >= until) break;
     if (st->external) {
       pthread_mutex_unlock(&renew_mu);

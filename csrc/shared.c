@@ -21,6 +21,8 @@
 #include "ops.h"
 #include "renew.h"
 #include "protocol_shared.h"
+#include "stats.h"
+#include "attempt.h"
 
 /* [-0, +1] the reply's projected document, with operation_time */
 static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
@@ -46,88 +48,66 @@ static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
  * retry either, a share it may have taken is released in the background
  * (ml_push_won).
  */
-static int share_acquire(lua_State *L, ml_attempt_mode how) {
-  ml_client *c = ml_checkclient(L, 1);
-  ml_acquire_args a;
-  ml_attempt t;
-  const char *owner = t.owner;
-  size_t namelen;
+static int prepare_share(lua_State *L, ml_client *c, ml_acquire_attempt *t, int owner_i) {
+  ml_acquire_args *a = &t->a;
   const char *mode_s;
-  int mode;
-  int64_t permits = 0;
-  mongoc_client_t *mc;
-  bson_t reply, id;
-  bson_error_t err;
-  ml_share_reply r;
-  ml_op op;
-  ml_lease_spec s;
-  double started;
-  int ok, pushed;
-  char keeper[17];
-
-  memset(&a, 0, sizeof a);
-  ml_arg_ns(L, 2, &a.db, &a.coll);
-  a.name = ml_arg_name(L, 4, &namelen);
+  ml_arg_ns(L, 2, &a->db, &a->coll);
+  a->name = ml_arg_name(L, 4, &t->namelen);
   mode_s = luaL_checkstring(L, 5);
-  if (!strcmp(mode_s, "shared")) mode = ML_MODE_SHARED;
-  else if (!strcmp(mode_s, "permit")) mode = ML_MODE_PERMIT;
+  if (!strcmp(mode_s, "shared")) t->mode = ML_MODE_SHARED;
+  else if (!strcmp(mode_s, "permit")) t->mode = ML_MODE_PERMIT;
   else return luaL_argerror(L, 5, "mode must be \"shared\" or \"permit\"");
-  if (mode == ML_MODE_PERMIT) {
+  if (t->mode == ML_MODE_PERMIT) {
     lua_Integer n = luaL_checkinteger(L, 6);
     luaL_argcheck(L, n >= 1 && n <= ML_PERMITS_MAX, 6, "permits must be an integer from 1 to 1000000");
-    permits = n;
+    t->permits = n;
   }
-  a.ttl_ms = ml_arg_ttl_ms(L, 7);
-  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 8, 10,
-                            how == ML_ATTEMPT_RUN ? 0 : 13, &a, &t))
-    return ml_pushfail(L, "getrandom failed", 0);
-  if (how == ML_ATTEMPT_TAKE) {
-    luaL_argcheck(L, !lua_isnoneornil(L, 13), 13, "the owner of the attempt expected");
-    started = ml_arg_started(L, 14);
-    ok = ml_arg_outcome(L, 15, &reply, &err);
-  } else {
-    if (lua_toboolean(L, 9)) a.keeper = ml_renew_keeper(L, c, keeper);
-    ml_build_share_acquire(&op, &a, mode, permits);
-    if (how == ML_ATTEMPT_OP) return ml_push_op_owner(L, &op, owner);
-    mc = ml_client_get(L, c);
-    started = ml_monotonic();
-    ml_obs_command(c);
-    ok = ml_run(mc, c->wc, &op, &reply, &err);
-    ml_op_destroy(&op);
-  }
-  ok = ml_parse_share_acquire(&reply, owner, mode, permits, &r) > 0 ? ok : ok ? -1 : 0;
+  a->ttl_ms = ml_arg_ttl_ms(L, 7);
+  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 8, 10, owner_i, a,
+                            &t->t)) return 0;
+  t->renew = lua_toboolean(L, 9);
+  if (t->renew) a->keeper = ml_renew_keeper(L, c, t->keeper);
+  return 1;
+}
+
+static void build_share(const ml_acquire_attempt *t, ml_op *op) {
+  ml_build_share_acquire(op, &t->a, t->mode, t->permits);
+}
+
+static int take_share(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok,
+                      const bson_t *reply, const bson_error_t *err) {
+  const ml_acquire_args *a = &t->a;
+  ml_share_reply r;
+  ml_lease_spec s;
+  bson_t id;
+  int pushed;
+  ok = ml_parse_share_acquire(reply, a->owner, t->mode, t->permits, &r) > 0 ? ok : ok ? -1 : 0;
 
   bson_init(&id);
-  bson_append_utf8(&id, "_id", 3, a.name, (int)namelen);
-  ml_lease_spec_named(&s, mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED, a.db, a.coll,
-                      &id, ML_F_HOLDERS, owner, a.ttl_ms);
+  bson_append_utf8(&id, "_id", 3, a->name, (int)t->namelen);
+  ml_lease_spec_named(&s, t->mode == ML_MODE_PERMIT ? ML_KIND_PERMIT : ML_KIND_SHARED, a->db,
+                      a->coll, &id, ML_F_HOLDERS, a->owner, a->ttl_ms);
   s.token = r.token;
-  s.started = started;
-  s.waiter = a.waiter != NULL;
-  s.renew = lua_toboolean(L, 9);
-  pushed = ml_push_won(L, c, ok, r.won, &s, &err);
-  if (pushed) {
-    bson_destroy(&id);
-    bson_destroy(&reply);
-    return pushed;
-  }
+  s.started = t->started;
+  s.waiter = a->waiter != NULL;
+  s.renew = t->renew;
+  pushed = ml_push_won(L, c, ok, r.won, &s, err);
   bson_destroy(&id);
+  if (pushed) return pushed;
   lua_pushnil(L);
   if (r.mismatch) lua_pushliteral(L, "mismatch");
   else lua_pushliteral(L, "busy");
-  push_info(L, &r.value, &reply);
-  bson_destroy(&reply);
+  push_info(L, &r.value, reply);
   return 3;
 }
 
-static int ml_m_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_RUN); }
+/* client:share_acquire_attempt(<share_acquire's arguments> [, owner]) -> a
+ * mongolock.Attempt (ml_attempt_kind) */
+static const ml_attempt_kind share_kind = {"share_acquire", 13, prepare_share, build_share,
+                                           take_share};
 
-/* client:share_acquire_op(<share_acquire's arguments> [, owner]) -> op,
- * owner; client:take_share_acquire(<share_acquire's arguments>, owner,
- * started, reply, message, code, ereply, domain) -> share_acquire's
- * answers (ml_attempt_mode) */
-static int ml_m_share_acquire_op(lua_State *L) { return share_acquire(L, ML_ATTEMPT_OP); }
-static int ml_m_take_share_acquire(lua_State *L) { return share_acquire(L, ML_ATTEMPT_TAKE); }
+static int ml_m_share_acquire(lua_State *L) { return ml_attempt_method(L, &share_kind); }
+static int ml_m_share_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &share_kind); }
 
 /* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
 static int ml_m_share_leave(lua_State *L) {
@@ -204,8 +184,7 @@ static int ml_m_share_status(lua_State *L) {
 /* Client methods: reader shares and permits (module.c adds them to mongolock.Client) */
 const luaL_Reg ml_shared_methods[] = {
   {"share_acquire", ml_m_share_acquire},
-  {"share_acquire_op", ml_m_share_acquire_op},
-  {"take_share_acquire", ml_m_take_share_acquire},
+  {"share_acquire_attempt", ml_m_share_acquire_attempt},
   {"share_leave", ml_m_share_leave},
   {"share_force_release", ml_m_share_force_release},
   {"share_status", ml_m_share_status},

@@ -8,8 +8,8 @@
 
 #include "compat.h"
 
-/* Client methods: share_acquire, share_acquire_op, take_share_acquire,
- * share_leave, share_force_release, share_status */
+/* Client methods: share_acquire, share_acquire_attempt, share_leave,
+ * share_force_release, share_status */
 extern const luaL_Reg ml_shared_methods[];
 
 #endif

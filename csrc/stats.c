@@ -1,14 +1,10 @@
 /*
- * What a client did (ml_obs, lease.h): counters since connect and the
- * events of its leases (lost, a failed renewal), for client:stats() and
- * client:on_lost() (lua/mongolock.lua).
- *
- * Counting costs no round trip and no lock: each counter is a relaxed
- * atomic add on the client's own struct.  Loss and renewal failure are
- * decided in C threads that never call Lua (renew.c): their events wait in
- * a queue here until the Lua side takes them (client:take_events(), at
- * the next call into the library, from client:poll(), or inside nginx from
- * the engine adapter's timer).
+ * What a client did, given to Lua: the counters since connect and the
+ * events of its leases (lost, a failed renewal) that obs.c keeps (ml_obs,
+ * lease.h), for client:stats() and client:on_lost() (lua/mongolock.lua).
+ * Events wait in obs.c's queue until the Lua side takes them
+ * (client:take_events(), at the next call into the library, from
+ * client:poll(), or inside nginx from the engine adapter's timer).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -21,48 +17,6 @@
 #include "renew.h"
 #include "watch.h"
 
-static const char *const kind_names[ML_KINDS] = {"named", "document", "shared", "permit"};
-
-ml_obs *ml_obs_new(void) {
-  ml_obs *o = (ml_obs *)calloc(1, sizeof *o);
-  if (!o) return NULL;
-  pthread_mutex_init(&o->mu, NULL);
-  o->refs = 1;
-  return o;
-}
-
-ml_obs *ml_obs_ref(ml_obs *o) {
-  if (!o) return NULL;
-  pthread_mutex_lock(&o->mu);
-  o->refs++;
-  pthread_mutex_unlock(&o->mu);
-  return o;
-}
-
-static void event_free(ml_lease_event *e) {
-  bson_free(e->db);
-  bson_free(e->coll);
-  bson_destroy(&e->iddoc);
-}
-
-void ml_obs_unref(ml_obs *o) {
-  int refs;
-  size_t i;
-  if (!o) return;
-  pthread_mutex_lock(&o->mu);
-  refs = --o->refs;
-  pthread_mutex_unlock(&o->mu);
-  if (refs > 0) return;
-  for (i = 0; i < o->nev; i++) event_free(&o->ev[i]);
-  free(o->ev);
-  pthread_mutex_destroy(&o->mu);
-  free(o);
-}
-
-void ml_obs_add(ml_obs *o, long *counter, long n) {
-  if (o) __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
-}
-
 static long load(const long *counter) {
   return __atomic_load_n(counter, __ATOMIC_RELAXED);
 }
@@ -71,68 +25,13 @@ void ml_obs_command(const ml_client *c) {
   if (c && c->obs) __atomic_fetch_add(&c->obs->commands, 1, __ATOMIC_RELAXED);
 }
 
-/* l's fields read here never change after ml_lock_new */
-static void queue_event(ml_lease *l, int failed) {
-  ml_obs *o = l->obs;
-  ml_lease_event *e;
-  if (!o || !__atomic_load_n(&o->want, __ATOMIC_RELAXED)) return;
-  pthread_mutex_lock(&o->mu);
-  if (o->nev == ML_EVENTS_MAX) {
-    /* full: the oldest goes */
-    event_free(&o->ev[0]);
-    memmove(o->ev, o->ev + 1, (o->nev - 1) * sizeof *o->ev);
-    __atomic_store_n(&o->nev, o->nev - 1, __ATOMIC_RELAXED);
-    o->dropped++;
-  }
-  if (o->nev == o->cap) {
-    size_t cap = o->cap ? o->cap * 2 : 8;
-    ml_lease_event *v = (ml_lease_event *)realloc(o->ev, cap * sizeof *v);
-    if (!v) {
-      o->dropped++;
-      pthread_mutex_unlock(&o->mu);
-      return;
-    }
-    o->ev = v;
-    o->cap = cap;
-  }
-  e = &o->ev[o->nev];
-  /* nev is read without mu by has_events: every write of it is atomic */
-  __atomic_store_n(&o->nev, o->nev + 1, __ATOMIC_RELAXED);
-  e->kind = l->kind;
-  e->failed = failed;
-  e->db = bson_strdup(l->db);
-  e->coll = bson_strdup(l->coll);
-  bson_copy_to(&l->iddoc, &e->iddoc);
-  e->token = l->token;
-  memcpy(e->owner, l->owner, sizeof e->owner);
-  pthread_mutex_unlock(&o->mu);
-}
-
-void ml_lease_set_lost(ml_lease *l) {
-  l->held = 0;
-  if (l->lost) return;
-  l->lost = 1;
-  if (l->obs) {
-    ml_obs_add(l->obs, &l->obs->lost[l->kind], 1);
-    queue_event(l, 0);
-  }
-}
-
-void ml_lease_count_release(ml_lease *l, long n) {
-  if (l->obs && n > 0) ml_obs_add(l->obs, &l->obs->releases[l->kind], n);
-}
-
-void ml_lease_renewal_failed(ml_lease *l) {
-  queue_event(l, 1);
-}
-
 /* [-0, +1] {named = n, document = n, shared = n, permit = n} */
 static void push_kinds(lua_State *L, const long *v) {
   int k;
   lua_createtable(L, 0, ML_KINDS);
   for (k = 0; k < ML_KINDS; k++) {
     lua_pushnumber(L, (lua_Number)load(&v[k]));
-    lua_setfield(L, -2, kind_names[k]);
+    lua_setfield(L, -2, ml_kind_of((ml_kind)k)->name);
   }
 }
 
@@ -190,7 +89,7 @@ static int ml_m_want_events(lua_State *L) {
     if (!want) {
       size_t i;
       pthread_mutex_lock(&o->mu);
-      for (i = 0; i < o->nev; i++) event_free(&o->ev[i]);
+      for (i = 0; i < o->nev; i++) ml_lease_event_free(&o->ev[i]);
       __atomic_store_n(&o->nev, 0, __ATOMIC_RELAXED);
       pthread_mutex_unlock(&o->mu);
     }
@@ -232,7 +131,7 @@ static int ml_m_take_events(lua_State *L) {
     lua_createtable(L, 0, 7);
     lua_pushstring(L, e->failed ? "renewal failed" : "lost");
     lua_setfield(L, -2, "reason");
-    lua_pushstring(L, kind_names[e->kind]);
+    lua_pushstring(L, ml_kind_of(e->kind)->name);
     lua_setfield(L, -2, "kind");
     lua_pushstring(L, e->db);
     lua_setfield(L, -2, "database");
@@ -249,7 +148,7 @@ static int ml_m_take_events(lua_State *L) {
     lua_pushstring(L, e->owner);
     lua_setfield(L, -2, "owner");
     lua_rawseti(L, -2, (int)i + 1);
-    event_free(e);
+    ml_lease_event_free(e);
   }
   free(ev);
   return 1;

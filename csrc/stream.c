@@ -1,8 +1,10 @@
 /*
  * A change stream's state machine (stream.h): the ring and the matching of
  * waiters, and which command the stream sends next, as plain C over the
- * protocol's builders and parsers; no Lua, no I/O.  watch.c describes what
- * a stream is for and runs it.
+ * protocol's builders and parsers; no Lua, no I/O, no clock (each call is
+ * given now).  Includes stream.h, protocol.h, libbson and the C library
+ * only.  watch.c describes what a stream is for and runs it, serialising
+ * every call on one stream.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -10,7 +12,8 @@
 
 #include "stream.h"
 
-/* session keys made (the caller serialises: watch.c's mutex) */
+/* session keys made (atomic: the streams of watch.c, serialised by its
+ * mutex, and views.c's, each run by its own reader, count here) */
 static unsigned long openings;
 
 int ml_ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
@@ -20,7 +23,7 @@ int ml_ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2) {
 /* ---- the ring ---------------------------------------------------------- */
 
 /* appends an event (key may be NULL: wakes everyone; next
- * NULL or "": wakes every waiter of key); the caller broadcasts s->cv */
+ * NULL or "": wakes every waiter of key); the caller wakes its waiters */
 static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_event *ev) {
   const char *next = ev->next;
   watch_event *e = &s->ring[s->seq % ML_RING];
@@ -72,7 +75,7 @@ static void event_from(ml_stream *s, const bson_t *doc) {
 /* ---- the machine ------------------------------------------------------- */
 
 void ml_stream_fail(ml_stream *s, const bson_error_t *e, double now) {
-  s->state = ST_FAILED;
+  s->state = ML_STREAM_FAILED;
   s->failed_at = now;
   bson_snprintf(s->errmsg, sizeof s->errmsg, "change stream: %s",
                 e->message[0] ? e->message : "failed");
@@ -104,16 +107,17 @@ static int take_batch(ml_stream *s, const bson_t *reply) {
 /* a stream that ended (idle, closed, failed) and has
  * nothing left to send */
 int ml_stream_finished(const ml_stream *s) {
-  return !s->open && !s->op_kind && (s->stop || s->state == ST_FAILED || s->state == ST_DONE);
+  return !s->open && !s->op_kind &&
+         (s->stop || s->state == ML_STREAM_FAILED || s->state == ML_STREAM_DONE);
 }
 
 /*
- * watch_mu held.  The next op of s (built into s->op, s->op_kind set), or
+ * The next op of s (built into s->op, s->op_kind set), or
  * 0 with *wake the time something may be due (HUGE_VAL: nothing, the
  * stream is finished or waits for its op in flight).
  */
 int ml_stream_next(ml_stream *s, double now, double *wake) {
-  int ending = s->stop || s->state == ST_FAILED || s->state == ST_DONE;
+  int ending = s->stop || s->state == ML_STREAM_FAILED || s->state == ML_STREAM_DONE;
   *wake = HUGE_VAL;
   if (s->op_kind) return 0;
   if (!ending && s->open && !s->stale && s->waiters == 0 && now >= s->polled_until) {
@@ -123,7 +127,7 @@ int ml_stream_next(ml_stream *s, double now, double *wake) {
       *wake = s->idle_since + ML_STREAM_IDLE + 0.01;
       return 0;
     }
-    s->state = ST_DONE;
+    s->state = ML_STREAM_DONE;
     ending = 1;
   }
   if (s->open && (ending || s->stale)) {
@@ -139,7 +143,8 @@ int ml_stream_next(ml_stream *s, double now, double *wake) {
     return 0;
   } else {
     /* each opening in a session of its own (transport.h) */
-    bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag, ++openings);
+    bson_snprintf(s->session, sizeof s->session, "%s%016lx", s->tag,
+                  __atomic_add_fetch(&openings, 1, __ATOMIC_RELAXED));
     ml_build_watch(&s->op, s->db, s->coll, s->field, s->tag, s->start_t, s->start_i, s->resume);
     s->op_kind = ML_STREAM_OP_OPEN;
   }
@@ -185,13 +190,13 @@ void ml_stream_done(ml_stream *s, double now, int ok, const bson_t *reply, const
     if (!ok) {
       /* the transport ended the session; a first opening that fails
        * means no change streams here */
-      if (s->state == ST_STARTING) ml_stream_fail(s, &e, now);
+      if (s->state == ML_STREAM_STARTING) ml_stream_fail(s, &e, now);
       else call_failed(s, &e, now);
       break;
     }
     s->open = 1;
-    if (s->state == ST_STARTING) {
-      s->state = ST_RUNNING;
+    if (s->state == ML_STREAM_STARTING) {
+      s->state = ML_STREAM_RUNNING;
       s->idle_since = now;
     }
     if (s->cursor_id == 0) closed_by_server(s, now);
@@ -212,7 +217,7 @@ void ml_stream_done(ml_stream *s, double now, int ok, const bson_t *reply, const
     /* sent for a cursor the server closed too: it ends the session */
     s->open = 0;
     s->cursor_id = 0;
-    if (s->stale && s->state == ST_RUNNING && !s->stop) s->reopens++;
+    if (s->stale && s->state == ML_STREAM_RUNNING && !s->stop) s->reopens++;
     s->stale = 0;
     break;
   }

@@ -15,7 +15,10 @@
 #define ML_STREAM_IDLE 10.0     /* seconds without a waiter before it ends */
 #define ML_STREAM_REOPENS 3     /* failed calls in a row before it fails */
 
-enum { ST_STARTING, ST_RUNNING, ST_FAILED, ST_DONE };
+/* a stream's state (state): its first aggregate not yet answered,
+ * running, failed (its waiters fall back), ended */
+enum { ML_STREAM_STARTING, ML_STREAM_RUNNING, ML_STREAM_FAILED, ML_STREAM_DONE };
+/* the op in flight (op_kind): none, the aggregate, a getMore, killCursors */
 enum { ML_STREAM_OP_NONE, ML_STREAM_OP_OPEN, ML_STREAM_OP_MORE, ML_STREAM_OP_KILL };
 
 typedef struct watch_event {

@@ -33,7 +33,7 @@
  *     a connection of the client's pool in a session of its own
  *     (ml_run_in_session), and waiters block on the stream's cv;
  *   - client:watch_next() / client:watch_done() (a client made external,
- *     inside nginx: mongolock.ngx.core runs each op as a worker thread's
+ *     inside nginx: mongolock.ngx.runner runs each op as a worker thread's
  *     job); waiters look without blocking and sleep on the event loop.
  *
  * Invariants:
@@ -188,7 +188,7 @@ static void *watch_main(void *arg) {
     if (!mc || ml_stream_finished(&s->m)) break;
     cv_wait_until(&s->cv, wake == HUGE_VAL ? ml_monotonic() + ML_STREAM_IDLE : wake);
   }
-  if (s->m.state != ST_FAILED) s->m.state = ST_DONE;
+  if (s->m.state != ML_STREAM_FAILED) s->m.state = ML_STREAM_DONE;
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
@@ -261,8 +261,8 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
     if (s->c != c || s->pool != pool || s->pid != pid || strcmp(s->m.db, db) ||
         strcmp(s->m.coll, coll) || strcmp(s->m.field, field))
       continue;
-    if (s->m.state == ST_STARTING || s->m.state == ST_RUNNING) return s;
-    if (s->m.state == ST_FAILED && ml_monotonic() - s->m.failed_at < FAILED_FOR) return s;
+    if (s->m.state == ML_STREAM_STARTING || s->m.state == ML_STREAM_RUNNING) return s;
+    if (s->m.state == ML_STREAM_FAILED && ml_monotonic() - s->m.failed_at < FAILED_FOR) return s;
     if (s->m.stop && !ml_stream_finished(&s->m)) return s;    /* stopped, not ended yet: "retry" */
     if (s->m.waiters == 0 && ml_stream_finished(&s->m) && !s->in_call) {
       stream_reap(s);
@@ -294,7 +294,7 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
     s->m.await_ms = pool ? AWAIT_MS : AWAIT_EXTERNAL;
     if (sock > 0 && sock / 2 < s->m.await_ms) s->m.await_ms = sock / 2;
   }
-  s->m.state = ST_STARTING;
+  s->m.state = ML_STREAM_STARTING;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&s->cv, &ca);
@@ -334,7 +334,7 @@ void ml_watch_stop(ml_client *c) {
       /* external: the adapter's next ops end an open one (watch_next
        * frees it then); a waiter meanwhile is told to retry */
       if (s->m.open || s->m.op_kind) {
-        if (s->m.state != ST_FAILED) s->m.state = ST_DONE;
+        if (s->m.state != ML_STREAM_FAILED) s->m.state = ML_STREAM_DONE;
         s = s->next;
       } else {
         stream_unlink(s);
@@ -518,7 +518,7 @@ static int l_watch_wait(lua_State *L) {
   if (!(timeout > 0)) s->m.polled_until = ml_monotonic() + POLL_GRACE;
   pthread_cond_broadcast(&s->cv);
   for (;;) {
-    if (s->m.state == ST_FAILED) {
+    if (s->m.state == ML_STREAM_FAILED) {
       /* copied out, and pushed with watch_mu released: a push may run the
        * collector, whose finalizers (a client's close) take watch_mu */
       char msg[sizeof s->m.errmsg];
@@ -534,8 +534,8 @@ static int l_watch_wait(lua_State *L) {
       else lua_pushnil(L);
       return 3;
     }
-    if (s->m.state == ST_DONE || s->m.stop) { res = "retry"; break; }
-    if (s->m.state == ST_RUNNING) {
+    if (s->m.state == ML_STREAM_DONE || s->m.stop) { res = "retry"; break; }
+    if (s->m.state == ML_STREAM_RUNNING) {
       if (ml_ts_after(s->m.start_t, s->m.start_i, t, i)) { res = "retry"; break; }
       int r = ml_stream_seen(&s->m, &key, waiter, t, i, &grant, &mine);
       if (r == 2) {
@@ -568,11 +568,11 @@ void ml_watch_stats(ml_client *c, ml_watch_counts *out) {
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next) {
     if (s->c != c || s->pid != pid) continue;
-    if (s->m.state == ST_RUNNING || s->m.state == ST_STARTING) {
+    if (s->m.state == ML_STREAM_RUNNING || s->m.state == ML_STREAM_STARTING) {
       out->streams++;
       if (s->pool) out->threads++;
     }
-    if (s->m.state == ST_FAILED) out->failed++;
+    if (s->m.state == ML_STREAM_FAILED) out->failed++;
     out->events += s->m.events;
     out->reopens += s->m.reopens;
     out->getmores += s->m.getmores;

@@ -6,9 +6,17 @@
 --
 -- The C core (mongolock.core) makes every round trip; this module checks
 -- arguments, writes every default down once, and hands out the objects.
+-- It gives each client its runners where the caller can yield (inside
+-- nginx mongolock.ngx.runner, with a scheduler mongolock.sched): the
+-- shared code below finds them on the client (mongolock.runners).
+
+--- Distributed locks on MongoDB: `connect`, and the client it returns.
+-- @module mongolock
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
+local stats = require "mongolock.stats"
 
 local type = type
 local error = error
@@ -17,9 +25,9 @@ local tonumber = tonumber
 local setmetatable = setmetatable
 local math_ceil = math.ceil
 
-local argerror = private.argerror
-local check_type = private.check_type
-local seconds = private.seconds
+local argerror = args.argerror
+local check_type = args.check_type
+local seconds = args.seconds
 
 local _M = { _VERSION = "0.1.0", core = core }
 
@@ -44,7 +52,7 @@ local connect_defaults = {
   -- seconds a round trip waits for an unreachable or silent server: server
   -- selection, connect and socket timeouts (the URI's own
   -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
-  server_timeout = private.SERVER_TIMEOUT,
+  server_timeout = args.SERVER_TIMEOUT,
   server_selection_timeout = nil, -- seconds; server selection alone
   scheduler = nil,                -- "cqueues" or a table (mongolock.sched): in
                                   -- its coroutines every wait yields to it
@@ -52,7 +60,7 @@ local connect_defaults = {
                                   -- its round trips (per client and process)
 }
 _M.connect_defaults = connect_defaults
-local CONNECT_OPTS = private.set({ "appname", "write_concern", "wtimeout", "pool_size",
+local CONNECT_OPTS = args.set({ "appname", "write_concern", "wtimeout", "pool_size",
   "server_timeout", "server_selection_timeout", "scheduler", "threads" })
 
 -- the URI's serverSelectionTimeoutMS in seconds, or nil
@@ -67,12 +75,13 @@ local function uri_has_w(uri)
   return q ~= nil and (";&" .. q):lower():find("[;&]w=") ~= nil
 end
 
+--- Connects to MongoDB (a libmongoc pool; no round trip until the first call).
 -- client, err = mongolock.connect(uri, opts)
 function _M.connect(uri, opts)
   check_type(uri, "string", 1, "connect")
   check_type(opts, "table", 2, "connect", true)
   opts = opts or {}
-  private.check_keys(opts, CONNECT_OPTS, 2, "connect")
+  args.check_keys(opts, CONNECT_OPTS, 2, "connect")
   local appname = check_type(opts.appname, "string", 2, "connect", true)
   -- the option, else the URI's own w, else the default
   local w = opts.write_concern
@@ -94,7 +103,7 @@ function _M.connect(uri, opts)
     pool = opts.pool_size
     if type(pool) ~= "number" or pool ~= pool or pool < 1 or pool % 1 ~= 0 or pool > 100000 then
       argerror(2, "connect", "pool_size must be an integer from 1 to 100000 (got "
-        .. private.shown(pool) .. ")")
+        .. args.shown(pool) .. ")")
     end
   end
   if opts.server_selection_timeout ~= nil then
@@ -106,19 +115,20 @@ function _M.connect(uri, opts)
     bound = seconds(opts.server_timeout, 2, "connect", "server_timeout")
     if bound > 86400 then
       argerror(2, "connect", "server_timeout must be at most a day (86400 seconds) (got "
-        .. private.shown(bound) .. ")")
+        .. args.shown(bound) .. ")")
     end
   end
-  local scheduler, threads
+  local scheduler, threads, sched
   if opts.scheduler ~= nil then
-    scheduler = require("mongolock.sched").check(opts.scheduler, 2, "connect")
+    sched = require "mongolock.sched"
+    scheduler = sched.check(opts.scheduler, 2, "connect")
   end
   if opts.threads ~= nil then
     threads = opts.threads
     if type(threads) ~= "number" or threads ~= threads or threads < 1 or threads % 1 ~= 0
        or threads > 256 then
       argerror(2, "connect", "threads must be an integer from 1 to 256 (got "
-        .. private.shown(threads) .. ")")
+        .. args.shown(threads) .. ")")
     end
   end
   local c, err = core.connect(uri, appname, w, wtimeout, pool, sst, math_ceil(bound * 1000))
@@ -140,48 +150,65 @@ function _M.connect(uri, opts)
                                 server_bound = selection, _scheduler = scheduler,
                                 _threads = threads, _series = { by = {} } }, client_mt)
   uris[client] = uri
-  private.clients[client] = true
+  stats.clients[client] = true
+  -- the runners where the caller can yield: inside nginx its worker
+  -- threads (in a phase that can yield), with a scheduler its thread pool
+  -- (in the scheduler's coroutines)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.run_worker_thread and ngx.get_phase then require("mongolock.ngx.runner").attach(client) end
+  if sched then sched.attach(client) end
   return client
 end
 
 -- ---- the client ---------------------------------------------------------
 
+--- A client: what `connect` returns.
+-- @type client
+
+--- Named locks in one collection (default "locks").
 -- locks = client:locks(opts): named locks in one collection
 function client_mt:locks(opts)
   return require("mongolock.locks").new(self, opts)
 end
 
+--- Reader-writer locks on the named locks' documents.
 -- rw = client:rwlocks(opts), sem = client:semaphores(opts): reader-writer
 -- locks and counting semaphores (mongolock.shared)
 function client_mt:rwlocks(opts)
   return require("mongolock.shared").rwlocks(self, opts)
 end
+--- Counting semaphores (opts.permits) on the named locks' documents.
 function client_mt:semaphores(opts)
   return require("mongolock.shared").semaphores(self, opts)
 end
+--- Leader election on the named locks.
 -- el = client:elections(opts): leader election on the named locks
 -- (mongolock.elections)
 function client_mt:elections(opts)
   return require("mongolock.elections").new(self, opts)
 end
 
+--- Takes several locks of any kinds, all or none.
 -- set = client:acquire_all(entries, opts): several locks, all or none
 function client_mt.acquire_all(_, entries, opts)
   return require("mongolock.shared").acquire_all(entries, opts)
 end
 
+--- Locks on the application's own documents of db.coll.
 -- documents = client:documents(db, coll, opts): locks on the
 -- application's own documents (mongolock.documents)
 function client_mt:documents(...)
   return require("mongolock.documents").new(self, ...)
 end
 
+--- Optimistic concurrency on the documents of db.coll (a version field).
 -- vc = client:versioned(db, coll, opts): optimistic concurrency
 -- (mongolock.versioned)
 function client_mt:versioned(...)
   return require("mongolock.versioned").new(self, ...)
 end
 
+--- Runs any command on database db.
 -- reply = client:command(db, cmd [, opts]): any command; cmd holds only
 -- the command name, the other fields go in opts (csrc/command.c).
 -- nil, message, code, reply on failure; nil, "closed" on a closed client
@@ -193,7 +220,7 @@ function client_mt:command(db, cmd, opts)
   if c:closed() then return nil, "closed" end
   -- where the caller can yield (inside nginx, in a scheduler's
   -- coroutine): in a worker thread, the reply decoded here
-  local nc = private.yielding_core(self)
+  local nc = runners.yielding_core(self)
   if nc then
     local ok, op = pcall(core.op_command, db, cmd, opts)
     if not ok then
@@ -226,10 +253,10 @@ end
 
 local KINDS = { "named", "document", "shared", "permit" }
 
--- a histogram of private.WAIT_BUCKETS from counts per bucket: cumulative
+-- a histogram of mongolock.stats.WAIT_BUCKETS from counts per bucket: cumulative
 -- counts, as Prometheus' _bucket series (counts[#buckets + 1] is +Inf)
 local function histogram(counts, sum)
-  local b, acc, cum = private.WAIT_BUCKETS, 0, {}
+  local b, acc, cum = stats.WAIT_BUCKETS, 0, {}
   for i = 1, #b + 1 do
     acc = acc + counts[i]
     cum[i] = acc
@@ -237,6 +264,7 @@ local function histogram(counts, sum)
   return { buckets = b, counts = cum, sum = sum, count = acc }
 end
 
+--- What this client did since connect, counted without a round trip.
 -- stats = client:stats(): what this client did since connect, in this
 -- process.  No round trip, no lock: the acquire loop's counters are Lua
 -- tables of the client, the lease engine's and the change streams' C
@@ -259,7 +287,7 @@ function client_mt:stats()
     stream_reopens = cn.stream_reopens, by_kind = {}, series = {},
   }
   local all_counts, all_sum = {}, 0
-  for i = 1, #private.WAIT_BUCKETS + 1 do all_counts[i] = 0 end
+  for i = 1, #stats.WAIT_BUCKETS + 1 do all_counts[i] = 0 end
   for _, k in ipairs(KINDS) do
     local lost, rel = cn.lost and cn.lost[k] or 0, cn.releases and cn.releases[k] or 0
     out.by_kind[k] = { acquisitions = 0, waits = 0, timeouts = 0, busy = 0, lost = lost, releases = rel }
@@ -281,6 +309,7 @@ function client_mt:stats()
   return out
 end
 
+--- Sets (or with nil removes) the callback for lost leases and failed renewals.
 -- client:on_lost(fn): fn(event) is called once for every lease of this
 -- client found lost (its renewal matched nothing, its local deadline
 -- passed, a release or extend found it taken), and for every renewal that
@@ -291,27 +320,31 @@ end
 -- and inside nginx from the lease engine's timer.  nil removes it.
 function client_mt:on_lost(fn)
   check_type(fn, "function", 1, "on_lost", true)
-  private.listeners[self._core] = fn
+  stats.listeners[self._core] = fn
   self._core:want_events(fn ~= nil)
 end
 
+--- Calls the on_lost callback for each event queued since.
 -- n = client:poll(): calls the on_lost callback for every event queued
 -- since; returns how many (and the callback's errors, a list, if any)
 function client_mt:poll()
-  return private.deliver(self._core)
+  return stats.deliver(self._core)
 end
 
+--- The URI's database, or "mongolock".
 -- the URI's database, or "mongolock"
 function client_mt:default_database()
   return self._database
 end
 
+--- Closes the client; idempotent.
 -- true; idempotent.  Handles made by this client answer "closed" afterwards.
 function client_mt:close()
   if rawget(self, "_scheduler") then require("mongolock.sched").close(self) end
   return self._core:close()
 end
 
+--- Whether the client is closed.
 function client_mt:closed()
   return self._core:closed()
 end
@@ -322,14 +355,22 @@ end
 
 _M.client_mt = client_mt
 
+--- Utilities.
+-- @section utilities
+
+--- Sleeps s seconds (ngx.sleep where it can yield).
+-- @function sleep
+-- @param s seconds
 -- mongolock.sleep(s): ngx.sleep where it yields, else the core's blocking
 -- sleep; mongolock.monotonic(): seconds of CLOCK_MONOTONIC
 _M.sleep = function(s)
   if type(s) ~= "number" or s ~= s or s < 0 or s == math.huge then
-    argerror(1, "sleep", "a finite number of seconds >= 0 expected, got " .. private.shown(s), 2)
+    argerror(1, "sleep", "a finite number of seconds >= 0 expected, got " .. args.shown(s), 2)
   end
-  return private.sleep(s)
+  return runners.sleep(s)
 end
+--- Seconds of a monotonic clock.
+-- @function monotonic
 _M.monotonic = core.monotonic
 
 -- BSON values Lua has no type for (csrc/bson.c): mongolock.null,

@@ -7,7 +7,7 @@
 -- library's own stream (core.op_watch: the pipeline csrc/protocol.c builds)
 -- read by the library's own parser (core.parse_events).  Waiters are made
 -- with the library's own commands, as a transport runs them
--- (client:acquire_op / take_acquire, core.lease_step / lease_done).  A
+-- (client:acquire_attempt, a:op / a:take, core.lease_step / lease_done).  A
 -- plain $changeStream beside them shows each event as the server sent it.
 local helpers = require "helpers"
 local core = require "mongolock.core"
@@ -40,15 +40,13 @@ describe("#integration change events of the lock writes", function()
   local won = {}
 
   -- a waiter's attempt, as acquire makes it (the waiter id is the owner
-  -- id): client:acquire_op's op, in which the played process's tag stands
-  -- for this process's own (the same length: still a BSON document), run
-  -- by client:run and finished by client:take_acquire -> {won}
+  -- id): client:acquire_attempt's op (a:op()), in which the played
+  -- process's tag stands for this process's own (the same length: still a
+  -- BSON document), run by client:run and finished by a:take -> {won}
   local function attempt(w, tag)
-    local op = cc:acquire_op(DB, coll, name, 60000, "events", false, w, 60000, false, w)
-    op = op:gsub(core.process_tag(), tag)
-    local started = core.monotonic()
-    local h, err = cc:take_acquire(DB, coll, name, 60000, "events", false, w, 60000, false, w, started,
-      run(op))
+    local a = cc:acquire_attempt(DB, coll, name, 60000, "events", false, w, 60000, false, w)
+    local op = a:op():gsub(core.process_tag(), tag)
+    local h, err = a:take(run(op))
     if h then won[w] = h end
     assert(h or err == "busy", err)
     return { won = h ~= nil }

@@ -1,4 +1,4 @@
--- The handle cases, written once and run on every transport: on the plain
+-- The handle cases, written once and run wherever a client runs: on the plain
 -- client (spec/conformance_spec.lua) and inside nginx, where every round
 -- trip is a worker thread's job (spec/nginx_spec.lua, /conformance).
 --
@@ -16,7 +16,7 @@
 -- nothing.  Assertions are about what the handle and the server say; a
 -- time in them is a bound with a wide margin, never a speed.
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local runners = require "mongolock.runners"
 
 local format = string.format
 local unpack = table.unpack or rawget(_G, "unpack")
@@ -172,7 +172,7 @@ case("on_lost fires once for a lease taken by force", function(env)
     answers("force_release()", E(true), observed(env, locks):force_release("forced"))
     -- outside nginx the library delivers at a call into it (poll);
     -- inside nginx the lease engine's timer delivers by itself
-    local inside = private.ngx_core(env.client) ~= nil
+    local inside = runners.ngx_core(env.client) ~= nil
     check(eventually(env, function()
       if not inside then env.client:poll() end
       return #seen > 0
@@ -243,7 +243,7 @@ case("grant top-up", function(env)
   local locks = locks_of(env, { ttl = 10 })
   local ol = observed(env, locks)
   local held = check(ol:try("granted"))
-  local c = private.core_of(locks)
+  local c = runners.core_of(locks)
   local waiter = check(core.waiter_id())
   local started = core.monotonic()
   -- the waiter's attempt queues it (watching, so the release grants it)

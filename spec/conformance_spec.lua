@@ -49,7 +49,7 @@ describe("#integration handle conformance, in a cqueues scheduler's coroutine", 
       local cq = cqueues.new()
       local ok, err, inside
       cq:wrap(function()
-        inside = require("mongolock.private").sched_core(env.client) ~= nil
+        inside = require("mongolock.runners").sched_core(env.client) ~= nil
         ok, err = pcall(cases.run, name, env)
       end)
       assert(cq:loop())

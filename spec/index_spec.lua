@@ -1,11 +1,11 @@
 -- The TTL index only removes long-idle lock documents: no acquisition
 -- needs it, so its createIndexes failing (a stepdown, a user without the
 -- createIndex privilege) never fails an acquire.  The failure is reported
--- once per collection and process (mongolock.private.log) and counted
--- (private.index_failures), and a later acquire tries again
--- (private.index_retry seconds after the failure).
+-- once per collection and process (mongolock.locks.log) and counted
+-- (index_failures), and a later acquire tries again (index_retry seconds
+-- after the failure).
 local helpers = require "spec.helpers"
-local private = require "mongolock.private"
+local locks_mod = require "mongolock.locks"
 
 describe("#integration the TTL index", function()
   it("a stepdown on createIndexes fails no acquire; reported once; made by a later acquire", function()
@@ -20,23 +20,23 @@ describe("#integration the TTL index", function()
       return assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = mode, data = data }))
     end
     local logged = {}
-    local log, retry = private.log, private.index_retry
-    private.log = function(msg) logged[#logged + 1] = msg end
+    local log, retry = locks_mod.log, locks_mod.index_retry
+    locks_mod.log = function(msg) logged[#logged + 1] = msg end
     finally(function()
-      private.log, private.index_retry = log, retry
+      locks_mod.log, locks_mod.index_retry = log, retry
       fp("off")
       client:close()
       observer:close()
     end)
     local fired = fp("off").count
-    local failures = private.index_failures
+    local failures = locks_mod.index_failures
     fp("alwaysOn", { failCommands = mongolock.array({ "createIndexes" }), errorCode = 189, appName = app })
     -- the first attempt of each kind, a try and a waiting acquire
     assert(assert(locks:try(helpers.unique("t"))):release())
     assert(assert(locks:acquire(helpers.unique("a"), { timeout = 2 })):release())
     assert(assert(rw:read(helpers.unique("r"), { timeout = 2 })):release())
     assert.truthy(fp("off").count - fired >= 2, "createIndexes was refused")
-    assert.truthy(private.index_failures - failures >= 2)
+    assert.truthy(locks_mod.index_failures - failures >= 2)
     -- one line per collection and process: the named locks', the shares'
     assert.equal(2, #logged, table.concat(logged, "\n"))
     assert.truthy(logged[1]:find(coll, 1, true) and logged[1]:find("189", 1, true), logged[1])
@@ -50,7 +50,7 @@ describe("#integration the TTL index", function()
     end
     assert.equal(0, indexes())
     -- a later acquire makes it
-    private.index_retry = 0
+    locks_mod.index_retry = 0
     assert(assert(locks:acquire(helpers.unique("b"))):release())
     assert.equal(1, indexes())
     assert.equal(2, #logged)

@@ -249,7 +249,7 @@ local SPEC_LOCATIONS = [[
         location = /mongolock-stats {
             content_by_lua_block {
                 local out = {}
-                for _, m in ipairs({ "mongolock.ngx", "mongolock.ngx.core" }) do
+                for _, m in ipairs({ "mongolock.ngx", "mongolock.ngx.runner" }) do
                     local ok, mod = pcall(require, m)
                     if ok then
                         for k, v in pairs(mod.stats()) do out[#out + 1] = m .. "." .. k .. " " .. v .. "\n" end
@@ -469,7 +469,7 @@ ngx.say(table.concat(out, "\n"))
 -- mongolock.testing): read by the worker's jobs, no thread of its own
 local WAKE_HANDLER = [==[
 local mongolock = require "mongolock"
-local ncore = require "mongolock.ngx.core"
+local nrunner = require "mongolock.ngx.runner"
 local testing = require "mongolock.testing"
 local c = package.loaded.wake_spec_client
 if not c then
@@ -546,7 +546,7 @@ else
   WAIT.queue_ttl = 20
   acquire = function() return rw:read("g", WAIT) end
 end
-local s0, l0 = testing.watch_stats(c._core), ncore.stats()
+local s0, l0 = testing.watch_stats(c._core), nrunner.stats()
 ngx.update_time()
 local t0 = ngx.now()
 local t = ngx.thread.spawn(function() ngx.sleep(0.3); return release() end)
@@ -554,7 +554,7 @@ local h, err = acquire()
 ngx.update_time()
 local elapsed = ngx.now() - t0
 local _, released = ngx.thread.wait(t)
-local s1, l1 = testing.watch_stats(c._core), ncore.stats()
+local s1, l1 = testing.watch_stats(c._core), nrunner.stats()
 local out = {
   "acquired " .. tostring(h ~= nil and h.held ~= nil and h:held()) .. " " .. tostring(err),
   "released " .. tostring(released),
@@ -563,7 +563,7 @@ local out = {
   "wakes " .. (s1.answered - s0.answered),
   "handoffs " .. (s1.handed + s1.granted - s0.handed - s0.granted),
   "threads " .. s1.threads,
-  -- named locks (mongolock.ngx.core): attempts sent, locks made from a
+  -- named locks (mongolock.ngx.runner): attempts sent, locks made from a
   -- grant's event alone
   "attempts " .. (l1.attempts - l0.attempts),
   "granted " .. (l1.granted - l0.granted),
@@ -851,7 +851,7 @@ describe("#integration nginx with resty.mongolock", function()
       local scode, stats = nx.keepalive_get(p.sock, "/mongolock-stats")
       assert.equal(200, scode)
       print("# worker " .. p.pid .. ": " .. stats:gsub("\n(.)", " %1"))
-      handoffs = handoffs + (tonumber(stats:match("mongolock%.ngx%.core%.granted (%d+)")) or 0)
+      handoffs = handoffs + (tonumber(stats:match("mongolock%.ngx%.runner%.granted (%d+)")) or 0)
       p.sock:close()
     end
     assert.is_true(handoffs > 0, "no waiter was woken by a release handed to it")
@@ -1169,7 +1169,7 @@ describe("#integration nginx with resty.mongolock", function()
 
   -- issue 12: every kind's waiters wait on the client's change stream read
   -- by the worker (csrc/watch.c's machine, each getMore a worker-thread
-  -- job: mongolock.ngx.core), woken through a semaphore; no stream thread
+  -- job: mongolock.ngx.runner), woken through a semaphore; no stream thread
   -- is started
   local function wake(kind, id)
     local code, body = get(nginx.port, "/wake-spec?kind=" .. kind .. "&coll=" .. helpers.unique("wake")
@@ -1473,7 +1473,7 @@ describe("#integration nginx saturated: one worker, 4 thread VMs", function()
         local n
         conf, n = conf:gsub("worker_processes %d+;", "worker_processes 1;")
         assert.equal(1, n, "the example's worker_processes moved")
-        -- fewer VMs than mongolock.ngx's max_running (8): the transport
+        -- fewer VMs than mongolock.ngx's max_running (8): mongolock.ngx
         -- must hold calls back rather than pass "no available Lua vm" on
         if conf:find("lua_worker_thread_vm_pool_size %d+;") then
           conf = conf:gsub("lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 4;")

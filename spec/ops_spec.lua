@@ -1,8 +1,9 @@
 -- The protocol/transport seam seen from Lua (csrc/ops.c): pure builders
 -- (no server), client:run, and the parsers, which give what the C methods
 -- (locks:acquire, status, ...) give.  An attempt's op and its outcome cross
--- as the methods' own split (client:acquire_op / take_acquire, ...), a
--- handle's release and extend as core.lease_step / core.lease_done.
+-- as a mongolock.Attempt (a = client:acquire_attempt(...), a:op(),
+-- a:take(...), ...), a handle's release and extend as core.lease_step /
+-- core.lease_done.
 local core = require "mongolock.core"
 
 local OWNER = ("0123456789abcdef"):rep(2)
@@ -26,7 +27,8 @@ describe("#unit ops (builders, no server)", function()
   teardown(function() c:close() end)   -- closed first: h sends nothing
 
   it("builds an acquire as a retried findAndModify in an envelope", function()
-    local op, owner = c:acquire_op("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER)
+    local a = c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER)
+    local op, owner = a:op(), a:owner()
     assert.is_string(op)
     assert.equal(OWNER, owner)
     local e = decode(op)
@@ -46,7 +48,8 @@ describe("#unit ops (builders, no server)", function()
 
   it("writes a waiter's entry with its process tag, 48 hex digits in next", function()
     local w = OWNER2
-    local op, owner = c:acquire_op("d", "c", "n", 5000, nil, nil, w, 3000, true)
+    local a = c:acquire_attempt("d", "c", "n", 5000, nil, nil, w, 3000, true)
+    local op, owner = a:op(), a:owner()
     assert.equal(w, owner)
     local e = decode(op)
     local entry = e.cmd.update[4]["$set"].queue["$cond"][3]["$cond"][3]["$concatArrays"][2][1]
@@ -99,9 +102,9 @@ describe("#unit ops (builders, no server)", function()
     assert.same({ _id = 1 }, l.cmd.pipeline[2]["$sort"])
     local i = decode(core.op_ensure_index{ db = "d", coll = "c", expire_after = 60 })
     assert.equal(60, i.cmd.indexes[1].expireAfterSeconds)
-    local c = decode(core.op_command("admin", { ping = 1 }, { comment = "x" }))
-    assert.equal("command", c.kind)
-    assert.same({ ping = 1, comment = "x" }, c.cmd)
+    local cmd = decode(core.op_command("admin", { ping = 1 }, { comment = "x" }))
+    assert.equal("command", cmd.kind)
+    assert.same({ ping = 1, comment = "x" }, cmd.cmd)
   end)
 
   -- a status read sees only what a majority has (a write a failover may
@@ -179,7 +182,8 @@ describe("#unit ops (builders, no server)", function()
       local t = {}
       for kk, vv in pairs(ok) do t[kk] = vv end
       t[k] = v
-      return c:acquire_op(t.db, t.coll, t.name, t.ttl_ms, nil, nil, t.waiter, t.waiter and 1000, nil, t.owner)
+      return c:acquire_attempt(t.db, t.coll, t.name, t.ttl_ms, nil, nil, t.waiter, t.waiter and 1000, nil,
+        t.owner):op()
     end
     assert.has_error(function() acquire_op("owner", "XYZ") end)
     assert.has_error(function() acquire_op("owner", OWNER:upper()) end)
@@ -190,9 +194,9 @@ describe("#unit ops (builders, no server)", function()
     assert.has_error(function() acquire_op("waiter", "XYZ") end)
     assert.has_error(function() acquire_op("waiter", OWNER2) end)   -- a waiter's owner is its id
     assert.has_error(function() c:granted("d", "c", "n", nil, 1000, 1000, 1, core.monotonic()) end)
-    assert.has_error(function()
-      c:take_acquire("d", "c", "n", 1000, nil, nil, nil, nil, nil, OWNER, core.monotonic(), "not bson")
-    end)
+    local a = c:acquire_attempt("d", "c", "n", 1000, nil, nil, nil, nil, nil, OWNER)
+    a:op()
+    assert.has_error(function() a:take("not bson") end)
     assert.has_error(function() core.parse_update("\5\0\0\0") end)
   end)
 
@@ -222,14 +226,12 @@ describe("#integration ops (client:run)", function()
     return reply
   end
 
-  -- an attempt as a transport runs it: client:acquire_op's op run by
-  -- client:run, finished by client:take_acquire -> h | nil, "busy", info
+  -- an attempt as a transport runs it: client:acquire_attempt's op run by
+  -- client:run, finished by a:take -> h | nil, "busy", info
   local function attempt(name, owner, waiter)
-    local op = c:acquire_op(DB, locks.collection, name, 20000, "ops", false, waiter, waiter and 5000,
+    local a = c:acquire_attempt(DB, locks.collection, name, 20000, "ops", false, waiter, waiter and 5000,
       nil, owner)
-    local started = core.monotonic()
-    return c:take_acquire(DB, locks.collection, name, 20000, "ops", false, waiter, waiter and 5000,
-      nil, owner, started, run(op))
+    return a:take(run(a:op()))
   end
   -- h:release() or h:extend(ttl) as a transport runs it: the op of
   -- core.lease_step run by client:run, finished by core.lease_done; returns
@@ -393,22 +395,24 @@ describe("#unit ops of document locks (builders, no server)", function()
   setup(function() c = assert(core.connect(DEAD)) end)
   teardown(function() c:close() end)
 
-  -- client:doc_acquire_op on the lock of ref (t: what differs)
+  -- the op of client:doc_acquire_attempt on the lock of ref (t: what differs)
   local function acquire_op(t)
     local a = with({ ttl_ms = 5000, time = "expires", owner_type = "hex", owner = OWNER })
     for k, v in pairs(t) do a[k] = v end
-    return c:doc_acquire_op(a.db, a.coll, a.id, a.ttl_ms, a.owner_field, a.time_field, a.time, a.owner_type,
-      a.insert, nil, a.owner)
+    return c:doc_acquire_attempt(a.db, a.coll, a.id, a.ttl_ms, a.owner_field, a.time_field, a.time,
+      a.owner_type, a.insert, nil, a.owner):op()
   end
   -- a handle of OWNER on the lock of ref, from a reply as a transport's
-  -- client:take_doc_acquire takes it (no server)
+  -- attempt takes it (a:take; no server)
   local function handle(owner_type)
     local value = OWNER
     if owner_type == "uuid" then
       value = core.Binary((OWNER:gsub("..", function(x) return string.char(tonumber(x, 16)) end)), 4)
     end
-    local h = assert(c:take_doc_acquire("d", "c", 7, 5000, "lockId", "lockExpires", "expires",
-      owner_type or "hex", nil, nil, OWNER, core.monotonic(),
+    local a = c:doc_acquire_attempt("d", "c", 7, 5000, "lockId", "lockExpires", "expires",
+      owner_type or "hex", nil, nil, OWNER)
+    a:op()
+    local h = assert(a:take(
       core.bson_encode({ ok = 1, value = { doc = { _id = 7, lockId = value }, remainingMs = 5000 } })))
     handles[#handles + 1] = h
     return h
@@ -447,8 +451,8 @@ describe("#unit ops of document locks (builders, no server)", function()
       return function() acquire_op({ id = 7, [k] = v }) end
     end
     assert.has_error(function()
-      c:doc_acquire_op("d", "c", nil, 1000, "lockId", "lockExpires", "expires", "hex", nil, nil, OWNER)
-    end, "bad argument #3 to 'doc_acquire_op' (_id expected, got nil)")
+      c:doc_acquire_attempt("d", "c", nil, 1000, "lockId", "lockExpires", "expires", "hex", nil, nil, OWNER)
+    end, "bad argument #3 to 'doc_acquire_attempt' (_id expected, got nil)")
     assert.has_error(function()
       core.op_doc_status{ db = "d", coll = "c", owner_field = "lockId", time_field = "lockExpires", ttl_ms = 1000 }
     end, "bad argument #1 to 'op_doc_status' (id: _id expected, got nil)")
@@ -464,13 +468,11 @@ describe("#unit ops of document locks (builders, no server)", function()
     assert.has_error(function() core.lease_step(h, "release", { ["$set"] = { _id = 1 } }) end)
     assert.has_error(function() core.lease_step(h, "release", { a = 1, ["$set"] = { b = 1 } }) end)
     assert.has_error(function() core.lease_step(h, "extend", 0) end)
+    local a = c:doc_acquire_attempt("d", "c", 7, 1000, "lockId", "lockExpires", "expires", "hex", nil, nil, OWNER)
+    a:op()
+    assert.has_error(function() a:take("nope") end)
     assert.has_error(function()
-      c:take_doc_acquire("d", "c", 7, 1000, "lockId", "lockExpires", "expires", "hex", nil, nil, OWNER,
-        core.monotonic(), "nope")
-    end)
-    assert.has_error(function()
-      c:take_doc_acquire("d", "c", 7, 1000, "a.b", "lockExpires", "expires", "hex", nil, nil, OWNER,
-        core.monotonic(), core.bson_encode({ ok = 1 }))
+      c:doc_acquire_attempt("d", "c", 7, 1000, "a.b", "lockExpires", "expires", "hex", nil, nil, OWNER)
     end)
   end)
 end)
@@ -500,14 +502,12 @@ describe("#integration ops of document locks (client:run)", function()
     for k, v in pairs(extra or {}) do t[k] = v end
     return t
   end
-  -- an attempt as a transport runs it: client:doc_acquire_op's op run by
-  -- client:run, finished by client:take_doc_acquire -> h, doc | nil, ...
+  -- an attempt as a transport runs it: client:doc_acquire_attempt's op run
+  -- by client:run, finished by a:take -> h, doc | nil, ...
   local function attempt(id, owner, insert)
-    local op = c:doc_acquire_op(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex", insert, false,
-      owner)
-    local started = core.monotonic()
-    return c:take_doc_acquire(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex", insert, false,
-      owner, started, run(op))
+    local a = c:doc_acquire_attempt(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex", insert,
+      false, owner)
+    return a:take(run(a:op()))
   end
 
   it("acquires, tells busy, extends, releases with changes as docs:try and h:release do", function()
@@ -540,8 +540,10 @@ describe("#integration ops of document locks (client:run)", function()
     assert.is_true(core.lease_done(won, "extend", started, reply))
     -- the extend of an owner that does not hold it (a handle that believes
     -- it won, from a reply no server sent) matches nothing
-    local other = assert(c:take_doc_acquire(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex",
-      nil, false, OWNER2, core.monotonic(),
+    local a = c:doc_acquire_attempt(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex",
+      nil, false, OWNER2)
+    a:op()
+    local other = assert(a:take(
       core.bson_encode({ ok = 1, value = { doc = { _id = id, lockId = OWNER2 }, remainingMs = 20000 } })))
     assert.equal(0, core.parse_update(run((core.lease_step(other, "extend", 5)))))
     local release
@@ -579,12 +581,10 @@ describe("#integration ops of reader shares and permits (client:run)", function(
   it("acquires a permit, reads the status and force-releases as the methods do", function()
     local name = helpers.unique("sem")
     local coll = sems.collection
-    -- a permit's attempt as a transport runs it: client:share_acquire_op's
-    -- op run by client:run, finished by client:take_share_acquire
-    local op = c:share_acquire_op(DB, coll, name, "permit", 2, 20000, nil, false, nil, nil, nil, OWNER)
-    local started = core.monotonic()
-    local r = c:take_share_acquire(DB, coll, name, "permit", 2, 20000, nil, false, nil, nil, nil, OWNER,
-      started, run(op))
+    -- a permit's attempt as a transport runs it: client:share_acquire_attempt's
+    -- op run by client:run, finished by a:take
+    local a = c:share_acquire_attempt(DB, coll, name, "permit", 2, 20000, nil, false, nil, nil, nil, OWNER)
+    local r = a:take(run(a:op()))
     assert.is_userdata(r)
     local h = assert(sems:try(name))
     local st = core.bson_decode(run(core.op_share_status{ db = DB, coll = coll, name = name })).cursor.firstBatch
@@ -610,13 +610,13 @@ describe("#unit ops of elections (builders, no server)", function()
   teardown(function() c:close() end)
 
   it("a campaign's attempt publishes its value with its term only when it takes the lock", function()
-    local e = decode((c:campaign_op("d", "c", "n", 5000, nil, nil, nil, nil, "$not-a-path", OWNER)))
+    local e = decode((c:campaign_attempt("d", "c", "n", 5000, nil, nil, nil, nil, "$not-a-path", OWNER):op()))
     local stage = e.cmd.update[5]["$set"]
     assert.same({ "$_mlt", { ["$literal"] = "$not-a-path" }, "$value" }, stage.value["$cond"])
     assert.same({ "$_mlt", "$token", "$valueToken" }, stage.valueToken["$cond"])
     assert.same({ "_mlq", "_mlt", "_mlo" }, e.cmd.update[6]["$unset"])
     -- every other acquire has no such stage
-    local plain = decode((c:acquire_op("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER)))
+    local plain = decode((c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER):op()))
     assert.equal(5, #plain.cmd.update)
     assert.is_nil(plain.cmd.update[5]["$set"])
   end)

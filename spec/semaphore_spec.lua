@@ -461,14 +461,12 @@ describe("#integration the shared kinds' ops (as a transport runs them)", functi
     local name = helpers.unique("op")
     local c = client._core
     local owner = assert(core.random_owner())
-    -- an attempt: client:share_acquire_op's op run by client:run, finished
-    -- by client:take_share_acquire
+    -- an attempt: client:share_acquire_attempt's op run by client:run,
+    -- finished by a:take
     local function attempt(who, permits)
-      local op = c:share_acquire_op(helpers.database, coll, name, "permit", permits, 5000, nil, false, nil, nil,
-        nil, who)
-      local started = core.monotonic()
-      return c:take_share_acquire(helpers.database, coll, name, "permit", permits, 5000, nil, false, nil, nil,
-        nil, who, started, assert(c:run(op)))
+      local a = c:share_acquire_attempt(helpers.database, coll, name, "permit", permits, 5000, nil, false, nil,
+        nil, nil, who)
+      return a:take(assert(c:run(a:op())))
     end
     -- h:extend(ttl) or h:release() as a transport runs it (core.lease_step,
     -- client:run, core.lease_done): the documents matched, and the op
@@ -498,10 +496,10 @@ describe("#integration the shared kinds' ops (as a transport runs them)", functi
     assert.equal(0, core.parse_update(assert(c:run(release))))
     assert.equal(0, assert(sems:status(name)).in_use)
     assert.has_error(function()
-      c:share_acquire_op(helpers.database, coll, name, "permit", 0, 5000, nil, false, nil, nil, nil, owner)
+      c:share_acquire_attempt(helpers.database, coll, name, "permit", 0, 5000, nil, false, nil, nil, nil, owner)
     end)
     assert.has_error(function()
-      c:share_acquire_op(helpers.database, coll, name, "x", 1, 5000, nil, false, nil, nil, nil, owner)
+      c:share_acquire_attempt(helpers.database, coll, name, "x", 1, 5000, nil, false, nil, nil, nil, owner)
     end)
     client:close()
   end)

@@ -3,7 +3,9 @@
 -- (csrc/renew.c, csrc/watch.c) for every transport, and OpenResty's own
 -- Lua only runs its commands as jobs, keeps time and wakes waiters.  Its
 -- size is the measure that tells when a second copy of that behaviour
--- creeps back in.
+-- creeps back in.  The plain C parts (the protocol, the lease, its engine,
+-- the change stream's machine) prove they are plain by linking alone, with
+-- libbson and without Lua or libmongoc, into their test program.
 local helpers = require "helpers"
 
 local LIMIT = 1200
@@ -27,12 +29,100 @@ local function includes(file, seen, out)
   return out
 end
 
+-- the plain C parts, and the test program that links them alone
+local PLAIN = { "engine.c", "lease.c", "obs.c", "stream.c", "protocol.c", "protocol_shared.c", "protocol_views.c" }
+-- the Lua binding's files whose symbols the plain parts must not use
+local BINDING = { "lock.c", "module.c", "stats.c", "args.c", "sys.c", "client.c" }
+local CC = os.getenv("CC") or "cc"
+local WARN = "-std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror"
+
+-- runs a shell command: its combined output and whether it exited 0 (the
+-- status echoed: LuaJIT's and Lua 5.1's pclose do not report it)
+local function sh(cmd)
+  local p = assert(io.popen("{ " .. cmd .. " ; } 2>&1; echo \"exit:$?\"", "r"))
+  local out = p:read("*a")
+  p:close()
+  local status = tonumber(out:match("exit:(%d+)%s*$"))
+  return out:gsub("exit:%d+%s*$", ""), status == 0
+end
+
+-- a new empty directory (removed by the caller)
+local function tmpdir()
+  local out, ok = sh("mktemp -d")
+  assert(ok, out)
+  return (out:gsub("%s+$", ""))
+end
+
+local function csrc(f)
+  return helpers.shell_quote(helpers.root .. "/csrc/" .. f)
+end
+
+-- compiles csrc/f into dir/f.o with flags; asserts it compiled
+local function object(dir, f, flags)
+  local o = dir .. "/" .. f:gsub("%.c$", ".o")
+  local out, ok = sh(CC .. " " .. WARN .. " " .. flags .. " -c -o " .. helpers.shell_quote(o) .. " " .. csrc(f))
+  assert(ok, "cc -c csrc/" .. f .. ":\n" .. out)
+  return o
+end
+
+-- the symbols an object uses but does not define (nm -u), or defines
+-- globally (nm -g --defined-only), as a set
+local function symbols(o, defined)
+  local out, ok = sh("nm " .. (defined and "-g --defined-only " or "-u ") .. helpers.shell_quote(o))
+  assert(ok, out)
+  local set = {}
+  for name in out:gmatch("[%w_]+%s+([%w_.@]+)\n") do set[name] = true end
+  return set
+end
+
 describe("#unit layout", function()
+  local bson_cflags = (sh("pkg-config --cflags libbson-1.0"):gsub("%s+$", ""))
+  local bson_libs = (sh("pkg-config --libs libbson-1.0"):gsub("%s+$", ""))
+
+  -- as hiredis's test.c links its reader alone
+  it("links the plain C parts' test program with libbson alone, and it passes", function()
+    local dir = tmpdir()
+    local srcs = { csrc("test_model.c") }
+    for _, f in ipairs(PLAIN) do srcs[#srcs + 1] = csrc(f) end
+    local exe = helpers.shell_quote(dir .. "/model")
+    local out, ok = sh(CC .. " " .. WARN .. " " .. bson_cflags .. " -o " .. exe .. " " .. table.concat(srcs, " ")
+      .. " " .. bson_libs .. " -lpthread -lm")
+    if ok then out, ok = sh(exe) end
+    sh("rm -rf " .. helpers.shell_quote(dir))
+    assert(ok, out)
+    assert.is_truthy(out:match("\n1%.%.%d+\n") or out:match("^1%.%.%d+\n"), out)
+    assert.is_nil(out:match("not ok"), out)
+  end)
+
+  it("keeps the plain C parts free of the binding's symbols (" .. table.concat(BINDING, ", ")
+     .. "), Lua's and libmongoc's", function()
+    local dir = tmpdir()
+    local ok, err = pcall(function()
+      local binding = {}
+      local lua_inc = "-I/usr/include/lua5.4"
+      local mongoc = (sh("pkg-config --cflags libmongoc-1.0"):gsub("%s+$", ""))
+      for _, f in ipairs(BINDING) do
+        for name in pairs(symbols(object(dir, f, "-fPIC " .. lua_inc .. " " .. mongoc), true)) do
+          binding[name] = f
+        end
+      end
+      for _, f in ipairs(PLAIN) do
+        for name in pairs(symbols(object(dir, f, bson_cflags))) do
+          assert.is_nil(binding[name], f .. " uses " .. name .. " of " .. tostring(binding[name]))
+          assert.is_nil(name:match("^luaL?_") or name:match("^mongoc_"), f .. " uses " .. name)
+        end
+      end
+    end)
+    sh("rm -rf " .. helpers.shell_quote(dir))
+    assert(ok, err)
+  end)
+
   -- the decisions (the protocol, the lease engine, the change stream's
   -- machine) are plain C: what runs them (threads, Lua inside nginx) is
   -- elsewhere
   it("keeps Lua and libmongoc out of the protocol, the lease engine and the change stream's machine", function()
-    for _, f in ipairs({ "protocol.c", "protocol_shared.c", "engine.c", "stream.c" }) do
+    for _, f in ipairs({ "protocol.c", "protocol_shared.c", "protocol_views.c", "engine.c", "lease.c", "obs.c",
+                         "stream.c" }) do
       for _, h in ipairs(includes(f)) do
         assert.is_nil(h:match("^lua") or h:match("^lauxlib") or h:match("^mongoc") or h:match("compat%.h")
           or h:match("mongolock%.h") or h:match("transport%.h"), f .. " includes " .. h)

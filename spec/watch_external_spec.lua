@@ -1,5 +1,5 @@
 -- The change stream's machine (csrc/watch.c) driven from outside, as
--- inside nginx (mongolock.ngx.core): a client made external starts no
+-- inside nginx (mongolock.ngx.runner): a client made external starts no
 -- stream thread; client:watch_next() hands out each command of its
 -- streams, client:watch_done() takes the outcome, and waiters look with
 -- core.watch_wait(..., 0).  Here the specs are the adapter: they run each

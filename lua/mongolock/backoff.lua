@@ -26,7 +26,8 @@
 -- nil, message[, code], and acquire returns those.
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 
 local math_min = math.min
 local math_max = math.max
@@ -34,12 +35,12 @@ local random = core.random
 
 local _M = {
   _VERSION = "0.1.0",
-  defaults = private.backoff,   -- step 0.001 s, ratio 2, max_step 0.5 s
+  defaults = args.backoff,   -- step 0.001 s, ratio 2, max_step 0.5 s
 }
 
 -- sleep(s): ngx.sleep inside a yieldable OpenResty phase (the worker keeps
 -- serving), else the C core's blocking sleep.
-_M.sleep = private.sleep
+_M.sleep = runners.sleep
 
 -- The delay before the next attempt, and the step after it.
 --   step      current step (s), ratio, max_step: the backoff parameters

@@ -334,10 +334,15 @@ end
 
 local core, mongolock, proc
 
+-- a loader's whole message on one line (its cause follows its first line)
+local function one_line(err)
+  return (tostring(err):gsub("%s*\n%s*", " "))
+end
+
 local function load_core()
   if core then return end
   local ok, m = pcall(require, "mongolock")
-  if not ok then fail(EXIT.software, "cannot load the mongolock module: %s", tostring(m):match("^[^\n]*")) end
+  if not ok then fail(EXIT.software, "cannot load the mongolock module: %s", one_line(m)) end
   mongolock = m
   core = require "mongolock.core"
 end
@@ -346,7 +351,7 @@ end
 local function load_proc()
   if proc then return proc end
   local ok, m = pcall(require, "mongolock.proc")
-  if not ok then fail(EXIT.software, "cannot load the mongolock.proc module: %s", tostring(m):match("^[^\n]*")) end
+  if not ok then fail(EXIT.software, "cannot load the mongolock.proc module: %s", one_line(m)) end
   proc = m
   return proc
 end
@@ -681,30 +686,11 @@ end
 
 -- the waiters of every lock with a queue: name -> {{host, pid, app,
 -- polling, remaining}}, live entries only, by the server's clock; one
--- aggregate (it reads, never writes)
+-- aggregate (it reads, never writes), built and read by the core
 local function top_waiters(client, locks)
-  local r, err = client:command(locks.database, { aggregate = locks.collection }, {
-    pipeline = {
-      { ["$match"] = { ["queue.0"] = { ["$exists"] = true } } },
-      { ["$project"] = { w = { ["$map"] = {
-        input = { ["$filter"] = { input = "$queue", cond = { ["$gt"] = { "$$this.until", "$$NOW" } } } },
-        ["in"] = { h = "$$this.h", p = "$$this.p", left = { ["$subtract"] = { "$$this.until", "$$NOW" } } },
-      } } } },
-    },
-    cursor = { batchSize = 10000 },
-  })
+  local r, err = client._core:run(core.op_queue_view{ db = locks.database, coll = locks.collection })
   if not r then return nil, err end
-  local out = {}
-  for _, d in ipairs(r.cursor.firstBatch) do
-    local list = {}
-    for i, e in ipairs(d.w or {}) do
-      local h = type(e.h) == "table" and e.h or {}
-      list[i] = { host = h.host, pid = h.pid, app = h.app, polling = e.p == true,
-                  remaining = type(e.left) == "number" and max(e.left, 0) / 1000 or nil }
-    end
-    out[tostring(plain(d._id))] = list
-  end
-  return out
+  return core.parse_queue_view(r)
 end
 
 -- one snapshot: {database, collection, locks = {record, ...}} sorted by
@@ -809,38 +795,42 @@ local function cmd_top(args)
     return EXIT.ok
   end
   local stop_at = args.seconds and core.monotonic() + args.seconds or huge
-  -- the stream opens first, then the first read: no write in between is missed
-  local tag = core.process_tag()
-  local session = assert(core.waiter_id())
-  local cursor
-  local reply = cc:run(core.op_watch{ db = locks.database, coll = locks.collection, all = true,
-    session = session })
-  if reply then
-    local ok, batch = pcall(core.parse_events, reply, tag)
-    if ok and batch.cursor_id ~= "0" then cursor = batch.cursor_id end
+  -- the stream opens first, then the first read: no write in between is
+  -- missed.  The core's change stream of every change of the collection
+  -- (csrc/views.c) says which command it needs; they run here.
+  local stream = core.view_stream{ db = locks.database, coll = locks.collection }
+  -- runs the stream's next command, a read waiting up to wait seconds:
+  -- the number of changes it brought | nil, err
+  local function step(wait)
+    local op, due = stream:next(wait)
+    if not op then
+      if due == huge then return nil, select(2, stream:state()) or "the stream ended" end
+      core.sleep(min(due, wait))
+      return 0
+    end
+    local events, err = stream:done(cc:run(op))
+    if not events then return nil, err end
+    return #events
   end
-  local how = cursor and "change stream" or format("no change stream: every %d s", TOP_POLL)
+  local streaming = step(0) ~= nil and stream:state() == "running"
+  local how = streaming and "change stream" or format("no change stream: every %d s", TOP_POLL)
   local snap, at = snapshot()
   show(snap, 0, how)
   while core.monotonic() < stop_at do
     local now = core.monotonic()
     local ends = top_next_end(snap)
-    local due = min(stop_at, ends and at + ends + 0.05 or huge, cursor and huge or now + TOP_POLL)
+    local due = min(stop_at, ends and at + ends + 0.05 or huge, streaming and huge or now + TOP_POLL)
     local changed = false
-    if cursor then
-      -- a getMore waits for an event up to a second (the text view's
+    if streaming then
+      -- a read waits for an event up to a second (the text view's
       -- countdown is redrawn in between)
       local wait_ms = floor(max(0, min(1, due - now)) * 1000)
-      local r, err = cc:run(core.op_getmore{ db = locks.database, coll = locks.collection, cursor_id = cursor,
-        await_ms = max(wait_ms, 1), session = session })
-      local ok, batch = false, nil
-      if r then ok, batch = pcall(core.parse_events, r, tag) end
-      if not ok then
-        warn("top: the change stream failed (%s): polling every %d s", tostring(err or batch), TOP_POLL)
-        cursor, how = nil, format("no change stream: every %d s", TOP_POLL)
+      local n, err = step(max(wait_ms, 1) / 1000)
+      if not n then
+        warn("top: the change stream failed (%s): polling every %d s", tostring(err), TOP_POLL)
+        streaming, how = false, format("no change stream: every %d s", TOP_POLL)
       else
-        changed = #batch.events > 0
-        if batch.cursor_id == "0" then cursor = nil end
+        changed = n > 0
       end
     else
       core.sleep(max(0, min(1, due - now)))
@@ -853,10 +843,11 @@ local function cmd_top(args)
       show(snap, core.monotonic() - at, how)
     end
   end
-  if cursor then
-    pcall(cc.run, cc, core.op_killcursors{ db = locks.database, coll = locks.collection, cursor_id = cursor,
-      session = session })
-  end
+  -- the stream's last command ends its cursor (best effort; not after a
+  -- failure, when the server may not answer)
+  stream:close()
+  local op = streaming and stream:next(0)
+  if op then stream:done(cc:run(op)) end
   client:close()
   return EXIT.ok
 end
@@ -919,13 +910,13 @@ local function cmd_wait(args)
   local rw = rwlocks_of(client, locks)
   local deadline = args.timeout and core.monotonic() + args.timeout or huge
   local step = 0.01
-  local private = require "mongolock.private"
+  local errors = require "mongolock.errors"
   -- a transient failure (an election, a closed socket, no server found:
-  -- mongolock.private.transient) is looked at again while a call (at most
+  -- mongolock.errors.transient) is looked at again while a call (at most
   -- the server timeout) still ends before the deadline
   local bound = server_timeout(args)
   local function failed(err, code)
-    if private.transient(code, err) and core.monotonic() + bound < deadline then return true end
+    if errors.transient(code, err) and core.monotonic() + bound < deadline then return true end
     fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
   end
   while true do
@@ -1196,7 +1187,7 @@ end
 
 -- Returns the exit status and true: once the handle is released (or was
 -- never taken) nothing needs the client closed, and the process exits
--- without waiting for the driver's threads (a change stream's getMore
+-- without waiting for the driver's threads (a change stream's read
 -- after a wait awaits up to half the socket timeout, and a dead server's
 -- call lasts up to the server timeout).
 local function cmd_exec(args)

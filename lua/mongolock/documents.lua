@@ -21,8 +21,15 @@
 --   { fields = { owner = "LockId", time = "LockTime" }, time = "locked",
 --     owner_type = "uuid", ttl = <their lock duration> }
 
+--- Document locks: what `client:documents(db, coll, opts)` returns (the lock lives in two fields of
+-- the application's own document).
+-- @classmod docs
+
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local loop = require "mongolock.loop"
+local runners = require "mongolock.runners"
+local stats = require "mongolock.stats"
 local wait_mod = require "mongolock.wait"
 
 local type = type
@@ -39,8 +46,8 @@ local math_ceil = math.ceil
 local table_unpack = table.unpack or rawget(_G, "unpack")
 local function pack(...) return { n = select("#", ...), ... } end
 
-local argerror = private.argerror
-local check_type = private.check_type
+local argerror = args.argerror
+local check_type = args.check_type
 
 local _M = {
   _VERSION = "0.1.0",
@@ -53,9 +60,9 @@ local _M = {
     time = "expires",           -- the time field holds: "expires" (lease
                                 -- end) or "locked" (when it was locked)
     owner_type = "string",      -- "string" (32 hex digits) or "uuid"
-    step = private.backoff.step,          -- backoff: first step (s), ratio, cap
-    ratio = private.backoff.ratio,
-    max_step = private.backoff.max_step,
+    step = args.backoff.step,             -- backoff: first step (s), ratio, cap
+    ratio = args.backoff.ratio,
+    max_step = args.backoff.max_step,
     renew = false,              -- background renewal every ttl/3
     wait = wait_mod.default,    -- "auto" | "watch" | "poll" (mongolock.wait)
   },
@@ -65,9 +72,9 @@ local defaults = _M.defaults
 local mt = { __index = _M }
 
 local CALL_OPTS = { "ttl", "timeout", "renew", "wait", "step", "ratio", "max_step" }
-local VALID_NEW = private.set(CALL_OPTS, { "fields", "time", "owner_type" })
-local VALID_CALL = private.set(CALL_OPTS, { "insert" })
-local VALID_FIELDS = private.set({ "owner", "time" })
+local VALID_NEW = args.set(CALL_OPTS, { "fields", "time", "owner_type" })
+local VALID_CALL = args.set(CALL_OPTS, { "insert" })
+local VALID_FIELDS = args.set({ "owner", "time" })
 
 local function check_name(v, n, fname, what, level)
   if type(v) ~= "string" then
@@ -90,13 +97,13 @@ end
 
 -- the options both new and the calls take: name -> check
 local checks = {
-  ttl = private.ttl,
-  timeout = private.timeout,
-  step = private.seconds,
-  max_step = private.seconds,
+  ttl = args.ttl,
+  timeout = args.timeout,
+  step = args.seconds,
+  max_step = args.seconds,
   ratio = function(v, n, fname, what, level)
-    private.seconds(v, n, fname, what, level + 1)
-    if v < 1 then argerror(n, fname, "ratio must be >= 1 (got " .. private.shown(v) .. ")", level + 1) end
+    args.seconds(v, n, fname, what, level + 1)
+    if v < 1 then argerror(n, fname, "ratio must be >= 1 (got " .. args.shown(v) .. ")", level + 1) end
     return v
   end,
   renew = function(v, n, fname, what, level)
@@ -115,16 +122,16 @@ end
 
 -- docs = documents.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)
-  private.check_db(db, 1, "documents", "database", 2)
-  private.check_coll(coll, db, 2, "documents", "collection", 2)
+  args.check_db(db, 1, "documents", "database", 2)
+  args.check_coll(coll, db, 2, "documents", "collection", 2)
   check_type(opts, "table", 3, "documents", true, 2)
   opts = opts or {}
-  private.check_keys(opts, VALID_NEW, 3, "documents", 2)
+  args.check_keys(opts, VALID_NEW, 3, "documents", 2)
   local fields = check_type(opts.fields, "table", 3, "documents", true, 2) or {}
-  private.check_keys(fields, VALID_FIELDS, 3, "documents", 2)
+  args.check_keys(fields, VALID_FIELDS, 3, "documents", 2)
   local self = {
     client = client, core = client._core, db = db, coll = coll,
-    bound = client.server_bound or private.SERVER_TIMEOUT,
+    bound = client.server_bound or args.SERVER_TIMEOUT,
     owner_field = fields.owner ~= nil and check_field(fields.owner, 3, "documents", "fields.owner", 2)
       or defaults.owner_field,
     time_field = fields.time ~= nil and check_field(fields.time, 3, "documents", "fields.time", 2)
@@ -140,14 +147,14 @@ function _M.new(client, db, coll, opts)
     argerror(3, "documents", "fields.owner and fields.time must differ", 2)
   end
   if self.time ~= "expires" and self.time ~= "locked" then
-    argerror(3, "documents", 'time must be "expires" or "locked" (got ' .. private.shown(self.time)
+    argerror(3, "documents", 'time must be "expires" or "locked" (got ' .. args.shown(self.time)
       .. ")", 2)
   end
   if self.owner_type ~= "string" and self.owner_type ~= "uuid" then
     argerror(3, "documents", 'owner_type must be "string" or "uuid" (got '
-      .. private.shown(self.owner_type) .. ")", 2)
+      .. args.shown(self.owner_type) .. ")", 2)
   end
-  self.series = private.series(client, "document", db, coll)
+  self.series = stats.series(client, "document", db, coll)
   return setmetatable(self, mt)
 end
 
@@ -155,7 +162,7 @@ end
 local function call_opts(self, opts, fname)
   check_type(opts, "table", 2, fname, true, 3)
   opts = opts or {}
-  private.check_keys(opts, VALID_CALL, 2, fname, 3)
+  args.check_keys(opts, VALID_CALL, 2, fname, 3)
   local o = { insert = check_type(opts.insert, "table", 2, fname, true, 3) }
   for _, k in pairs(CALL_OPTS) do
     if opts[k] ~= nil then o[k] = checks[k](opts[k], 2, fname, k, 3) else o[k] = self[k] end
@@ -180,31 +187,32 @@ end
 -- waiting for the reply then
 local function attempt(self, id, o, deadline)
   if self.core:closed() then return nil, "closed" end
-  local h, doc, info = private.core_of(self):doc_acquire(self.db, self.coll, id,
+  local h, doc, info = runners.core_of(self):doc_acquire(self.db, self.coll, id,
     math_ceil(o.ttl * 1000), self.owner_field, self.time_field, self.time,
     self.owner_type == "uuid" and "uuid" or "hex", o.insert, o.renew, deadline)
   if h then return doc, h end
   return nil, doc, info
 end
 
+--- One attempt to lock the document id.
 -- doc, h = docs:try(id, opts): one attempt; nil, "busy", {owner,
 -- remaining, doc} when held by another; nil, "not found" when the document
 -- does not exist and opts.insert was not given
 function _M.try(self, id, opts)
   check_id(id, "try")
   local o = call_opts(self, opts, "try")
-  if not private.ngx_core(self.client) and not self.core:closed() then
+  if not runners.ngx_core(self.client) and not self.core:closed() then
     -- one attempt: a dead server answers within a second
-    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    local ready, err, code = loop.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
-  return private.count_one(self.series, attempt(self, id, o, nil))
+  return stats.count_one(self.series, attempt(self, id, o, nil))
 end
 
 -- the wait loop, once the arguments are checked
 local function wait_for(self, id, o)
-  return private.acquire_loop({
-    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod, series = self.series,
+  return loop.acquire({
+    owner = self, core = self.core, bound = self.bound, timeout = o.timeout, wait = wait_mod, series = self.series,
     attempt = function(_, _, deadline) return attempt(self, id, o, deadline) end,
     new_state = function(deadline)
       return { locks = { core = self.core, database = self.db, collection = self.coll, client = self.client },
@@ -214,6 +222,7 @@ local function wait_for(self, id, o)
   })
 end
 
+--- Locks the document id, waiting up to opts.timeout; returns the document and the handle.
 -- doc, h = docs:lock(id, opts): waits up to opts.timeout (0: one attempt;
 -- math.huge: no limit), as named locks do (mongolock.wait: woken by the
 -- document's change stream when the holder unlocks it or its lock expires,
@@ -225,6 +234,7 @@ function _M.lock(self, id, opts)
   return wait_for(self, id, o)
 end
 
+--- Runs fn(doc, h, ...) holding the document id's lock; always releases.
 -- docs:with(id, opts, fn, ...) -> fn's results | nil, "lost" | nil, err,
 -- code, as locks:with: runs fn(doc, h, ...) holding the lock, then
 -- releases it; re-raises fn's error after the release.  Nothing fn returns
@@ -254,12 +264,13 @@ function _M.with(self, id, opts, fn, ...)
   return nil, err, code
 end
 
+--- The lock state of the document id.
 -- status(id) -> {held, owner, remaining} | nil, "not found" | nil, err, code
 -- (one aggregate; remaining by the server's clock)
 function _M.status(self, id)
   check_id(id, "status")
   if self.core:closed() then return nil, "closed" end
-  return private.core_of(self):doc_status(self.db, self.coll, id, math_ceil(self.ttl * 1000),
+  return runners.core_of(self):doc_status(self.db, self.coll, id, math_ceil(self.ttl * 1000),
     self.owner_field, self.time_field, self.time, self.owner_type == "uuid" and "uuid" or "hex")
 end
 

@@ -22,29 +22,39 @@
 -- term it was written in (valueToken), so that a value is never shown for
 -- a term that did not write it.
 --
--- Every round trip goes through mongolock.private.core_of (inside nginx a
+-- Every round trip goes through mongolock.runners.core_of (inside nginx a
 -- worker thread's job): campaigns through the one acquire loop of the
 -- named locks (mongolock.locks), proclaim, leader and the observer's
--- change stream through the client's run of the core's ops
--- (core.op_proclaim, op_leader, op_observe, op_getmore, op_killcursors).
+-- change stream through the client's run of the core's ops (core.op_proclaim,
+-- op_leader, and the commands of a core.view_stream).  The core reads the
+-- lock document: core.parse_election gives the election's view (owner,
+-- token, value, value_term, holder, acquired_at, expires_at, lease_ms,
+-- held, remaining) and a view stream each change event as changes of that
+-- view (csrc/views.c); this file names none of the document's fields.
+
+--- Leader election: what `client:elections(opts)` returns; a campaign's leader; an observer of
+-- an election.
+-- @classmod el
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 local locks_mod = require "mongolock.locks"
 
 local type = type
 local pairs = pairs
+local ipairs = ipairs
+local next = next
 local tostring = tostring
 local setmetatable = setmetatable
 local math_min = math.min
 local math_max = math.max
 local math_huge = math.huge
 local monotonic = core.monotonic
-local core_of = private.core_of
-local check_type = private.check_type
-local check_name = private.check_name
-local argerror = private.argerror
-local null = core.null
+local core_of = runners.core_of
+local check_type = args.check_type
+local check_name = args.check_name
+local argerror = args.argerror
 
 local _M = { _VERSION = "0.1.0", VALUE_MAX = 16384 }
 
@@ -92,6 +102,7 @@ for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "to
   end
 end
 
+--- Steps down: releases the leader's lock.
 -- leader:resign() -> true | nil, "lost" | nil, "not held" | nil, err, code:
 -- the lock's release (the next campaigner is woken by its event)
 function Leader.resign(self)
@@ -99,6 +110,7 @@ function Leader.resign(self)
 end
 Leader.release = Leader.resign
 
+--- Publishes a new value in the same term.
 -- leader:proclaim(value) -> true | nil, "lost" | nil, "not held" | nil,
 -- err, code: the published value, in the same term (one update that
 -- matches this leader's live lease only)
@@ -124,6 +136,7 @@ end
 
 -- ---- campaign, leader -------------------------------------------------------------
 
+--- Waits until this caller leads the election name, publishing value.
 -- leader, err, info = el:campaign(name, value, opts): waits (as
 -- locks:acquire, opts.timeout) until this caller leads the election name
 function _M.campaign(self, name, value, opts)
@@ -134,60 +147,56 @@ function _M.campaign(self, name, value, opts)
   return leader_of(self, h, value)
 end
 
--- the server's view of the election: its document (false: none) and the
--- read's operation time ({t, i}; false on a server without one)
+-- the server's view of the election (false: no document) and the read's
+-- operation time ({t, i}; false on a server without one)
 local function read(self, name)
   if self.core:closed() then return nil, "closed" end
   local op = core.op_leader{ db = self.database, coll = self.collection, name = name }
   local reply, err, code = core_of(self):run(op)
   if not reply then return nil, err, code end
-  local r = core.bson_decode(reply)
-  local batch = type(r.cursor) == "table" and r.cursor.firstBatch or {}
-  local ot = r.operationTime
-  return batch[1] or false, ot and { t = ot.t, i = ot.i } or false
+  return core.parse_election(reply)
 end
 
-local function plain(v)
-  if v == nil or v == null then return nil end
-  return v
-end
-
-local function date_s(d)
-  if type(d) == "userdata" and d.ms then return d.ms / 1000 end
+-- the leader's value of a view: the value written in the current term only
+local function term_value(v)
+  local vt = v.value_term
+  if vt ~= nil and vt == v.token then return v.value end
   return nil
 end
 
--- the info of a leader read from doc (nil when nobody leads)
-local function info_of(name, doc)
-  if not doc or doc.held ~= true then return nil end
-  local vtoken = plain(doc.valueToken)
+-- the info of a leader from the election's view v (nil when nobody leads)
+local function info_of(name, v)
+  if not v or v.held ~= true then return nil end
   return {
     name = name,
-    value = (vtoken ~= nil and vtoken == doc.token) and plain(doc.value) or nil,
-    token = doc.token,
-    owner = plain(doc.owner),
-    holder = plain(doc.holder),
-    remaining = math_max(0, (doc.remainingMs or 0) / 1000),
-    acquired_at = date_s(doc.acquiredAt),
-    expires_at = date_s(doc.expiresAt),
+    value = term_value(v),
+    token = v.token,
+    owner = v.owner,
+    holder = v.holder,
+    remaining = v.remaining,
+    acquired_at = v.acquired_at,
+    expires_at = v.expires_at,
   }
 end
 
+--- Who leads the election name, and the value published.
 -- info = el:leader(name): {name, value, token, owner, holder, remaining,
 -- acquired_at, expires_at} | nil (nobody leads) | nil, err, code
 function _M.leader(self, name)
   check_name(name, "leader")
-  local doc, ot, code = read(self, name)
-  if doc == nil then return nil, ot, code end
-  return info_of(name, doc)
+  local v, ot, code = read(self, name)
+  if v == nil then return nil, ot, code end
+  return info_of(name, v)
 end
 
+--- The status of the election name's lock (as locks:status).
 -- el:status(name), el:force_release(name): the lock's (mongolock.locks)
 function _M.status(self, name)
   check_name(name, "status")
   return self.locks:status(name)
 end
 
+--- Ends the term of whoever leads the election name.
 function _M.force_release(self, name)
   check_name(name, "force_release")
   return self.locks:force_release(name)
@@ -208,9 +217,6 @@ than the events already applied.  A leader is never returned after a newer
 term (terms only grow), and a read never overrides newer events.
 ]]
 
-local TRACKED = { owner = true, token = true, value = true, valueToken = true, holder = true,
-                  acquiredAt = true, expiresAt = true, ttl = true }
-
 local Observer = {}
 local observer_mt = { __index = Observer }
 
@@ -219,15 +225,16 @@ local function before(a, b)
   return a.t < b.t or (a.t == b.t and a.i < b.i)
 end
 
--- the observer's copy from a read (doc: the server's, or false)
-local function from_read(o, doc)
+-- the observer's copy from a read (v: the server's view, or false)
+local function from_read(o, v)
   local st = {}
-  if doc then
-    for k in pairs(TRACKED) do st[k] = plain(doc[k]) end
+  if v then
+    for k, x in pairs(v) do st[k] = x end
+    st.held, st.remaining = nil, nil
   end
   o.st = st
-  o.held = doc and doc.held == true or false
-  o.live_until = o.held and monotonic() + math_max(0, doc.remainingMs or 0) / 1000 or nil
+  o.held = v and v.held == true or false
+  o.live_until = o.held and monotonic() + v.remaining or nil
 end
 
 -- the leader o sees: a table, or false.  o.held is what the latest read or
@@ -237,9 +244,7 @@ end
 local function view(o)
   local st = o.st
   if st.owner == nil or not o.held then return false end
-  local vt = st.valueToken
-  return { token = st.token, owner = st.owner, holder = st.holder,
-           value = (vt ~= nil and vt == st.token) and st.value or nil,
+  return { token = st.token, owner = st.owner, holder = st.holder, value = term_value(st),
            remaining = math_max(0, (o.live_until or 0) - monotonic()) }
 end
 
@@ -264,58 +269,50 @@ local function compare(o)
     o.term = math_max(o.term or 0, v.token)
   end
   o.last = out
-  o.queue[#o.queue + 1] = out
+  o.changes[#o.changes + 1] = out
 end
 
--- applies one change event to o's copy
+-- the seconds a write that set the lease's start a and end e (nil: not
+-- set) leaves on it: a renewal's is the lease's length; a take's its end
+-- less its start (a grant's may be shorter than the length)
+local function lease_of(st, a, e)
+  local ms = st.lease_ms
+  if a and e and (ms == nil or e - a < ms / 1000) then ms = (e - a) * 1000 end
+  return math_max(0, ms or 0) / 1000
+end
+
+-- applies one change event (a view stream's) to o's copy
 local function apply(o, ev)
-  local kind = ev.operationType
+  local kind = ev.kind
   local now = monotonic()
   if kind == "update" then
-    local ud = ev.updateDescription or {}
-    local up = ud.updatedFields or {}
-    local st = o.st
-    for k, v in pairs(up) do
-      if TRACKED[k] then
-        st[k] = plain(v)
-      else
-        local sub = type(k) == "string" and k:match("^holder%.(.+)$")
-        if sub then
-          local h = {}
-          for hk, hv in pairs(type(st.holder) == "table" and st.holder or {}) do h[hk] = hv end
-          h[sub] = plain(v)
-          st.holder = h
-        end
-      end
+    local st, set = o.st, ev.fields
+    for k, v in pairs(set) do st[k] = v end
+    for k in pairs(ev.cleared) do st[k] = nil end
+    if next(ev.holder_set) ~= nil or next(ev.holder_unset) ~= nil then
+      local h = {}
+      for hk, hv in pairs(type(st.holder) == "table" and st.holder or {}) do h[hk] = hv end
+      for hk, hv in pairs(ev.holder_set) do h[hk] = hv end
+      for hk in pairs(ev.holder_unset) do h[hk] = nil end
+      st.holder = h
     end
-    for _, k in pairs(ud.removedFields or {}) do
-      if TRACKED[k] then st[k] = nil end
-    end
+    local touched = ev.touched
     -- a proclaim's new value: written on a live lease only
-    if up.value ~= nil and st.owner ~= nil then o.held = true end
-    if up.owner ~= nil or up.expiresAt ~= nil then
+    if touched.value and st.owner ~= nil then o.held = true end
+    if touched.owner or touched.expires_at then
       o.held = st.owner ~= nil
       if st.owner == nil then
         o.live_until = nil
       else
-        -- the lease from this write: a renewal's is its ttl; a take's its
-        -- end less its start (a grant's may be shorter than the ttl)
-        local lease = st.ttl
-        local a, e = date_s(up.acquiredAt), date_s(up.expiresAt)
-        if a and e and (lease == nil or e - a < lease / 1000) then lease = (e - a) * 1000 end
-        o.live_until = now + math_max(0, lease or 0) / 1000
+        o.live_until = now + lease_of(st, set.acquired_at, set.expires_at)
       end
     end
-  elseif kind == "replace" or kind == "insert" then
-    local doc = ev.fullDocument or {}
+  elseif kind == "replace" then
     local st = {}
-    for k in pairs(TRACKED) do st[k] = plain(doc[k]) end
+    for k, v in pairs(ev.fields) do st[k] = v end
     o.st = st
-    local a, e = date_s(st.acquiredAt), date_s(st.expiresAt)
-    local lease = st.ttl
-    if a and e and (lease == nil or e - a < lease / 1000) then lease = (e - a) * 1000 end
     o.held = st.owner ~= nil
-    o.live_until = o.held and now + math_max(0, lease or 0) / 1000 or nil
+    o.live_until = o.held and now + lease_of(st, st.acquired_at, st.expires_at) or nil
   elseif kind == "delete" then
     o.st = {}
     o.held = false
@@ -325,14 +322,36 @@ local function apply(o, ev)
   end
 end
 
+-- runs the next command of o's stream, a read waiting up to seconds: its
+-- events | nil, err, code
+local function step(o, seconds)
+  local s = o.stream
+  local op, due = s:next(seconds)
+  if not op then
+    if due == math_huge then
+      local _, err, code = s:state()
+      return nil, err or "change stream: ended", code
+    end
+    runners.sleep(math_min(due, seconds))     -- its next opening is due later
+    return {}
+  end
+  local reply, err, code, ereply, domain = core_of(o.el):run(op)
+  local events, derr, dcode = s:done(reply, err, code, ereply, domain)
+  if not reply then return nil, err, code end
+  if not events then return nil, derr, dcode end
+  return events
+end
+
 -- ends o's stream (best effort); true
 local function end_stream(o)
-  local id = o.cursor_id
-  o.cursor_id = nil
-  if id and id ~= "0" and not o.el.core:closed() then
-    local op = core.op_killcursors{ db = o.el.database, coll = o.el.collection, cursor_id = id,
-                                    session = o.session }
-    core_of(o.el):run(op)
+  local s = o.stream
+  o.stream, o.backlog = nil, nil
+  if s then
+    s:close()
+    if not o.el.core:closed() then
+      local op = s:next(0)
+      if op then s:done(core_of(o.el):run(op)) end
+    end
   end
   return true
 end
@@ -342,67 +361,67 @@ end
 -- operation time) o polls instead.
 local function open(o)
   end_stream(o)
-  local doc, ot, code = read(o.el, o.name)
-  if doc == nil then return nil, ot, code end
+  local v, ot, code = read(o.el, o.name)
+  if v == nil then return nil, ot, code end
   if o.ot and ot and before(ot, o.ot) then ot = o.ot end
-  from_read(o, doc)
+  from_read(o, v)
   o.ot = ot or nil
   if not ot then return true end
   local el = o.el
-  local op = core.op_observe{ db = el.database, coll = el.collection, name = o.name, t = ot.t, i = ot.i,
-                              session = o.session }
-  local reply, err, ecode = core_of(el):run(op)
-  if not reply then return nil, err, ecode end
-  local b = core.parse_events(reply, core.process_tag())
-  o.cursor_id = b.cursor_id
+  o.stream = core.view_stream{ db = el.database, coll = el.collection, name = o.name, t = ot.t, i = ot.i }
+  local events, err, ecode = step(o, 0)
+  if not events then
+    end_stream(o)
+    return nil, err, ecode
+  end
+  -- its first batch: what happened since the read, applied by the next
+  -- read of the stream, after the read's state is returned
+  o.backlog = events
   return true
 end
 
--- one getMore of up to seconds: applies its events; true | nil, err, code
+-- the stream's events (the first batch's, else one read of up to seconds),
+-- applied in order: true | nil, err, code
 local function more(o, seconds)
-  local el = o.el
-  local op = core.op_getmore{ db = el.database, coll = el.collection, cursor_id = o.cursor_id,
-                              await_ms = math.floor(seconds * 1000), session = o.session }
-  local reply, err, code = core_of(el):run(op)
-  if not reply then return nil, err, code end
-  local b = core.parse_events(reply, core.process_tag())
-  o.cursor_id = b.cursor_id
-  local r = core.bson_decode(reply)
-  local batch = type(r.cursor) == "table" and (r.cursor.nextBatch or r.cursor.firstBatch) or {}
-  for _, ev in pairs(batch) do
-    local ct = ev.clusterTime
-    local t = ct and { t = ct.t, i = ct.i }
+  local events = o.backlog
+  o.backlog = nil
+  if not (events and events[1]) then
+    local err, code
+    events, err, code = step(o, seconds)
+    if not events then return nil, err, code end
+  end
+  for _, ev in ipairs(events) do
     -- the read (or an event) already reflects what happened before o.ot
-    if not (t and o.ot and before(t, o.ot)) then
+    if not (ev.t and o.ot and before(ev, o.ot)) then
       if apply(o, ev) == "reopen" then return open(o) end
-      if t then o.ot = t end
+      if ev.t then o.ot = { t = ev.t, i = ev.i } end
       compare(o)
     end
   end
-  if o.cursor_id == "0" then return open(o) end    -- the server ended the stream
   return true
 end
 
 -- the server's answer once the leader's lease, as the events told it, has
 -- run out here
 local function confirm(o)
-  local doc, ot, code = read(o.el, o.name)
-  if doc == nil then return nil, ot, code end
+  local v, ot, code = read(o.el, o.name)
+  if v == nil then return nil, ot, code end
   if ot and o.ot and before(ot, o.ot) then return true end   -- older than the events
-  from_read(o, doc)
+  from_read(o, v)
   if ot then o.ot = ot end
   return true
 end
 
+--- The next change of the election, waiting up to the observer's timeout.
 -- change | nil, "timeout" | nil, err, code: the next change, waiting up to
 -- the observer's timeout
 function Observer.next(o)
   if o.closed then return nil, "closed" end
-  local queue = o.queue
+  local changes = o.changes
   local deadline = monotonic() + o.timeout
   local retried = false
   while true do
-    if queue[1] then return table.remove(queue, 1) end
+    if changes[1] then return table.remove(changes, 1) end
     if o.el.core:closed() then return nil, "closed" end
     local ok, err, code
     if o.last == nil then
@@ -415,13 +434,13 @@ function Observer.next(o)
         -- the events already waiting first (a slow caller's: a renewal, a
         -- resign), so that none is skipped; then the server, if still due
         ok, err, code = true, nil, nil
-        if o.cursor_id then ok, err, code = more(o, 0.001) end
-        if ok and not queue[1] and o.live_until and monotonic() >= o.live_until then
+        if o.stream then ok, err, code = more(o, 0.001) end
+        if ok and not changes[1] and o.live_until and monotonic() >= o.live_until then
           ok, err, code = confirm(o)
           if ok then compare(o) end
         end
         -- a read that finds the lease still live waits for its events
-        if ok and not queue[1] and o.live_until and monotonic() >= o.live_until then
+        if ok and not changes[1] and o.live_until and monotonic() >= o.live_until then
           o.live_until = monotonic() + 0.05
         end
       elseif left <= 0 then
@@ -431,11 +450,11 @@ function Observer.next(o)
         if o.live_until and o.last and o.last.leader then
           wait = math_min(wait, math_max(0.001, o.live_until - now))
         end
-        if o.cursor_id then
+        if o.stream then
           ok, err, code = more(o, wait)
         else
           -- no change stream (a standalone server): the server is asked again
-          private.sleep(math_min(wait, o.poll))
+          runners.sleep(math_min(wait, o.poll))
           ok, err, code = confirm(o)
           if ok then compare(o) end
         end
@@ -456,6 +475,7 @@ end
 
 observer_mt.__call = function(o) return o:next() end
 
+--- Ends the observer's change stream.
 -- it:close(): ends the observer's change stream; true
 function Observer.close(o)
   if o.closed then return true end
@@ -465,8 +485,9 @@ end
 
 observer_mt.__close = function(o) o:close() end
 
-local OBSERVE_OPTS = private.set({ "timeout" })
+local OBSERVE_OPTS = args.set({ "timeout" })
 
+--- An iterator of the changes of the election name (leader, value).
 -- it = el:observe(name, opts): an iterator (a callable object) of changes;
 -- each call returns the next {name, change = "current" | "leader" |
 -- "value" | "none", leader = boolean, token, value, owner, holder,
@@ -477,12 +498,10 @@ function _M.observe(self, name, opts)
   check_name(name, "observe")
   check_type(opts, "table", 2, "observe", true)
   opts = opts or {}
-  private.check_keys(opts, OBSERVE_OPTS, 2, "observe")
+  args.check_keys(opts, OBSERVE_OPTS, 2, "observe")
   local timeout = math_huge
-  if opts.timeout ~= nil then timeout = private.timeout(opts.timeout, 2, "observe", "timeout") end
-  local session, err = core.waiter_id()
-  if not session then return nil, err end
-  return setmetatable({ el = self, name = name, timeout = timeout, session = session, queue = {},
+  if opts.timeout ~= nil then timeout = args.timeout(opts.timeout, 2, "observe", "timeout") end
+  return setmetatable({ el = self, name = name, timeout = timeout, changes = {},
                         cap = math_max(0.05, math_min(self.bound / 2, 5)), poll = 0.1 }, observer_mt)
 end
 

@@ -11,22 +11,35 @@
 -- acquire/try are one findAndModify each (doc/design.md); the C core owns
 -- the lease (h is a mongolock.Lock userdata: h.name, h.token, h.owner,
 -- h:release(), h:extend(ttl), h:remaining(), <close>, __gc).  This module
--- owns policy: defaults and options; the wait loop is mongolock.private's.
+-- owns policy: defaults and options; the wait loop is mongolock.loop's.
+-- The TTL index of a lock collection (named locks' and the shared kinds')
+-- is made here.
+
+--- Named locks: what `client:locks(opts)` returns (one document per name).
+-- A handle h (a lock held) has h.name, h.token, h.owner and h:release(), h:extend(ttl), h:remaining(),
+-- h:held(), h:check(), h:close() (README, Handles).
+-- @classmod locks
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local loop = require "mongolock.loop"
+local runners = require "mongolock.runners"
+local stats = require "mongolock.stats"
 local wait_mod = require "mongolock.wait"
 
 local type = type
-local pcall = pcall
 local pairs = pairs
+local rawget = rawget
+local tostring = tostring
 local setmetatable = setmetatable
-local core_of = private.core_of
+local string_format = string.format
+local core_of = runners.core_of
 local math_ceil = math.ceil
+local monotonic = core.monotonic
 
-local argerror = private.argerror
-local check_type = private.check_type
-local check_name = private.check_name
+local argerror = args.argerror
+local check_type = args.check_type
+local check_name = args.check_name
 
 -- the wait step: change-stream wake-ups with backoff polling as fallback
 -- (mongolock.wait); the specs swap it through set_wait
@@ -40,9 +53,9 @@ local _M = {
     ttl = 30,              -- seconds a lease lasts unless extended
     timeout = 10,          -- seconds acquire waits (0: one attempt,
                            -- math.huge: no limit)
-    step = private.backoff.step,          -- first backoff step (s)
-    ratio = private.backoff.ratio,        -- step growth per attempt
-    max_step = private.backoff.max_step,  -- largest step (s)
+    step = args.backoff.step,             -- first backoff step (s)
+    ratio = args.backoff.ratio,           -- step growth per attempt
+    max_step = args.backoff.max_step,     -- largest step (s)
     expire_after = 86400,  -- TTL index: idle lock documents removed after (s)
     renew = false,         -- background renewal every ttl/3
     wait = wait_mod.default, -- "auto" | "watch" | "poll" (mongolock.wait)
@@ -67,21 +80,21 @@ _M.check_name = check_name
 
 -- the options a call takes, and those client:locks takes besides
 local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait" }
-local VALID_CALL = private.set(CALL_OPTS)
-local VALID_NEW = private.set(CALL_OPTS, { "database", "collection", "expire_after" })
+local VALID_CALL = args.set(CALL_OPTS)
+local VALID_NEW = args.set(CALL_OPTS, { "database", "collection", "expire_after" })
 
 -- checks the option o[k] (given in argument n of fname); returns it
 local checks = {
-  ttl = private.ttl,
-  timeout = private.timeout,
-  step = private.seconds,
-  max_step = private.seconds,
-  expire_after = private.seconds,
-  queue_ttl = private.ttl,
+  ttl = args.ttl,
+  timeout = args.timeout,
+  step = args.seconds,
+  max_step = args.seconds,
+  expire_after = args.seconds,
+  queue_ttl = args.ttl,
   ratio = function(v, n, fname, what, level)
-    private.seconds(v, n, fname, what, (level or 2) + 1)
+    args.seconds(v, n, fname, what, (level or 2) + 1)
     if v < 1 then
-      argerror(n, fname, "ratio must be >= 1 (got " .. private.shown(v) .. ")", (level or 2) + 1)
+      argerror(n, fname, "ratio must be >= 1 (got " .. args.shown(v) .. ")", (level or 2) + 1)
     end
     return v
   end,
@@ -95,9 +108,9 @@ local checks = {
     wait_mod.check_mode(v, n, fname, (level or 2) + 1)   -- no tail call: it counts this level
     return v
   end,
-  database = private.check_db,
+  database = args.check_db,
   collection = function(v, n, fname, what, level)
-    return private.check_coll(v, nil, n, fname, what, (level or 2) + 1)
+    return args.check_coll(v, nil, n, fname, what, (level or 2) + 1)
   end,
 }
 
@@ -107,7 +120,7 @@ _M.checks = checks
 -- copies the checked options of opts (argument n of fname) into into
 local function take(into, opts, valid, n, fname, level)
   level = (level or 2) + 1
-  private.check_keys(opts, valid, n, fname, level)
+  args.check_keys(opts, valid, n, fname, level)
   for k, v in pairs(opts) do into[k] = checks[k](v, n, fname, k, level) end
   return into
 end
@@ -123,20 +136,71 @@ function _M.new(client, opts, fname, level)
   self.client = client
   self.core = client._core
   self.database = self.database or client:default_database()
-  private.check_coll(self.collection, self.database, 1, fname, "collection", level)
+  args.check_coll(self.collection, self.database, 1, fname, "collection", level)
   self.app = client.appname
-  self.bound = client.server_bound or private.SERVER_TIMEOUT
+  self.bound = client.server_bound or args.SERVER_TIMEOUT
   self.key = (client.uri or "") .. "\0" .. self.database .. "\0" .. self.collection
-  self.series = private.series(client, "named", self.database, self.collection)
+  self.series = stats.series(client, "named", self.database, self.collection)
   return setmetatable(self, mt)
+end
+
+-- ---- the TTL index --------------------------------------------------------------
+
+-- One line for a person reading the logs: ngx.log inside nginx, else
+-- standard error.  (Replaced by the specs to see what is reported.)
+function _M.log(msg)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.log then
+    ngx.log(ngx.WARN, msg)
+  else
+    io.stderr:write(msg, "\n")
+  end
+end
+
+-- seconds after a failed createIndexes before an acquire tries again
+_M.index_retry = 30
+-- createIndexes that failed in this process (every kind, every collection)
+_M.index_failures = 0
+
+-- key -> {pid, done, failed_at, reported}: the TTL index of a collection,
+-- made once per key (server, database, collection) and process
+local indexes = {}
+
+-- The TTL index (expire_after) only removes long-idle lock documents: no
+-- acquisition depends on it.  make() -> ok | nil, err, code sends the
+-- createIndexes.  A failure (a stepdown, a missing privilege) is reported
+-- once per key and process, counted, and tried again by the first
+-- acquisition index_retry seconds later; it never fails the acquisition.
+-- 85/86 (an index on the field exists with other options) serves.
+function _M.ensure_index(key, what, make)
+  local pid = core.getpid()
+  local s = indexes[key]
+  if not s or s.pid ~= pid then
+    s = { pid = pid }
+    indexes[key] = s
+  end
+  if s.done or (s.failed_at and monotonic() < s.failed_at + _M.index_retry) then return end
+  local ok, err, code = make()
+  if ok or code == 85 or code == 86 then
+    s.done = true
+    return
+  end
+  _M.index_failures = _M.index_failures + 1
+  s.failed_at = monotonic()
+  if not s.reported then
+    s.reported = true
+    _M.log(string_format("mongolock: the TTL index of %s was not created (%s%s); locks work "
+      .. "without it, and a later acquisition tries again", what, tostring(err),
+      code and (", code " .. tostring(code)) or ""))
+  end
 end
 
 -- the TTL index, once per server, collection and process: keyed by URI,
 -- database and collection; a forked child makes it once more.  Made after
 -- an attempt the server answered (an unreachable server costs the attempt
--- alone); its failure fails no acquisition (mongolock.private.ensure_index).
+-- alone); its failure fails no acquisition (_M.ensure_index).
 local function ensure_index(self)
-  private.ensure_index(self.key, self.database .. "." .. self.collection, function()
+  _M.ensure_index(self.key, self.database .. "." .. self.collection, function()
     return core_of(self):ensure_index(self.database, self.collection, math_ceil(self.expire_after))
   end)
 end
@@ -159,9 +223,9 @@ end
 -- caller stops waiting for the reply then
 local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
-  if not waiter and not private.ngx_core(self.client) then
+  if not waiter and not runners.ngx_core(self.client) then
     -- one attempt (timeout = 0): a dead server answers within a second
-    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    local ready, err, code = loop.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
   local h, err, info
@@ -178,11 +242,12 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
   return h, err, info
 end
 
+--- One attempt to take the lock name.
 -- h, err = locks:try(name, opts): one attempt; nil, "busy", info when held
 function _M.try(self, name, opts)
   check_name(name, "try")
   local ttl_ms, o = call_opts(self, opts, "try")
-  return private.count_one(self.series, attempt(self, name, ttl_ms, o))
+  return stats.count_one(self.series, attempt(self, name, ttl_ms, o))
 end
 
 -- the wait loop of acquire and with, once the arguments are checked
@@ -191,55 +256,35 @@ local function wait_for(self, name, ttl_ms, o, on_step)
     -- one attempt, as try makes it: it takes no place in the queue
     local h, err, info = attempt(self, name, ttl_ms, o)
     if err == "busy" then err = "timeout" end
-    return private.count_one(self.series, h, err, info)
+    return stats.count_one(self.series, h, err, info)
   end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
-  -- queued: an attempt answered with this waiter's place; unsure: one
-  -- failed without saying what it wrote (a lost reply may hide a place,
-  -- or the lock itself, taken under the waiter's id)
-  local queued, unsure, noreply = false, false, false
-  return private.acquire_loop({
-    core = self.core, bound = self.bound, timeout = o.timeout, wait = wait, series = self.series,
+  return loop.acquire({
+    owner = self, core = self.core, bound = self.bound, timeout = o.timeout, wait = wait, series = self.series,
     poll = o.wait == "poll", refresh = o.queue_ttl / 2, on_step = on_step,
     -- a waiter that polls (wait = "poll", or no change stream) says so in
     -- its queue entry: it cannot be woken, and does not hold others up
     attempt = function(polling, _, deadline)
-      local h, err, info = attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
-      if err == "busy" then queued = queued or info.position ~= nil
-      elseif not h and err ~= "closed" then
-        unsure = true
-        -- no reply, even to the driver's retry: the write may have been applied
-        noreply = noreply or private.network_error(info, err)
-      end
-      return h, err, info
+      return attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadline)
     end,
     -- a lock a release granted to this waiter (no command)
     granted = function(g, started)
       return core_of(self):granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
         g.token, started, o.renew)
     end,
-    new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
-    -- a waiter that gives up takes its place out of the queue, and passes
-    -- on a lock an attempt took without its reply arriving (best effort,
-    -- and only with a server to tell: the place lapses after queue_ttl).
-    -- After an attempt with no reply, even to the driver's retry (unsure:
-    -- the attempts after it went on under the same id, and would have found
-    -- such a lock theirs), what it may have taken is also released in the
-    -- background, whether a server is known now or not.
-    give_up = function(...)
-      if self.core:closed() then return nil, ... end
-      local c = core_of(self)
-      if noreply then pcall(c.release_later, c, "named", self.database, self.collection, name, waiter) end
-      if (queued or unsure) and self.core:writable() then
-        pcall(c.leave, c, self.database, self.collection, name, waiter)
-      end
-      return nil, ...
+    new_state = function(deadline) return loop.wait_state(self, name, waiter, o, deadline) end,
+    -- a waiter that gives up (mongolock.loop): its place, and what an
+    -- attempt without a reply may have taken
+    leave = function(c) return c:leave(self.database, self.collection, name, waiter) end,
+    release_later = function(c)
+      return c:release_later("named", self.database, self.collection, name, waiter)
     end,
   })
 end
 
+--- Takes the lock name, waiting up to opts.timeout (default 10 s).
 -- h, err = locks:acquire(name, opts): waits up to opts.timeout (0: one
 -- attempt; math.huge: no limit); nil, "timeout", info when still held then
 function _M.acquire(self, name, opts)
@@ -250,7 +295,7 @@ end
 
 -- locks_mod.acquire_stepping(locks, name, opts, on_step): locks:acquire,
 -- with on_step(waiting) called before every attempt and every wait
--- (mongolock.private.acquire_loop; resty.mongolock's gate)
+-- (mongolock.loop.acquire; resty.mongolock's gate)
 function _M.acquire_stepping(self, name, opts, on_step)
   check_name(name, "acquire")
   local ttl_ms, o = call_opts(self, opts, "acquire")
@@ -266,6 +311,7 @@ function _M.campaign(self, name, value, opts, fname, level)
   return wait_for(self, name, ttl_ms, o)
 end
 
+--- Runs fn(h, ...) holding the lock name, renewed meanwhile; always releases.
 -- locks:with(name, opts, fn, ...) -> fn's results | nil, "lost" | nil, err:
 -- runs fn(h, ...) holding the lock (renewed in the background unless
 -- opts.renew = false); always releases; re-raises fn's error.  With
@@ -283,9 +329,10 @@ function _M.with(self, name, opts, fn, ...)
   local ttl_ms, o = call_opts(self, opts, "with", { renew = true })
   local h, err, code = wait_for(self, name, ttl_ms, o)
   if not h then return nil, err, code end
-  return private.run_with(h, fn, ...)
+  return loop.run_with(h, fn, ...)
 end
 
+--- The state of the lock name: holder, token, lease left, waiters.
 -- locks:status(name) -> {held, owner, token, acquired_at, expires_at,
 -- remaining, waiting (live queued waiters), holder = {host, pid, app}} |
 -- nil (never acquired) |
@@ -298,12 +345,14 @@ function _M.status(self, name)
   return st
 end
 
+--- The status of every lock of the collection, sorted by name.
 -- locks:list() -> { status, ... } sorted by name (each with .name)
 function _M.list(self)
   if self.core:closed() then return nil, "closed" end
   return core_of(self):list(self.database, self.collection)
 end
 
+--- Frees the lock name whoever holds it.
 -- locks:force_release(name) -> true | nil, "not held": frees the lock
 -- whoever holds it (for people cleaning up; the holder's next release or
 -- extend answers "not held" / "lost")

@@ -29,7 +29,11 @@
 -- (label kind); mongolock_renewals_total, _renewal_failures_total,
 -- _commands_total, _stream_reopens_total.
 
-local private = require "mongolock.private"
+--- Prometheus metrics of the clients of this process; inside nginx, of every worker.
+-- @module mongolock.metrics
+
+local args = require "mongolock.args"
+local stats = require "mongolock.stats"
 
 local pairs, ipairs, type, tostring, tonumber = pairs, ipairs, type, tostring, tonumber
 local string_format = string.format
@@ -92,11 +96,12 @@ local function add_stats(acc, s)
   return acc
 end
 
+--- The samples of every client of this process, as a table of series to values.
 -- samples of every client of this process (a closed one too, until it is
 -- collected: its acquisitions and releases still count)
 function _M.samples()
   local acc = {}
-  for client in pairs(private.clients) do add_stats(acc, client:stats()) end
+  for client in pairs(stats.clients) do add_stats(acc, client:stats()) end
   -- the families without labels are there with no client too
   for _, f in ipairs(CLIENT) do acc["mongolock_" .. f[1] .. "_total"] = acc["mongolock_" .. f[1] .. "_total"] or 0 end
   return acc
@@ -146,11 +151,12 @@ local function prefix()
   return tostring(ngx and ngx.worker and ngx.worker.pid() or require("mongolock.core").getpid()) .. "\t"
 end
 
+--- Copies this process's totals into the shared dict.
 -- ok, err = metrics.sync(dict): this process's totals into dict (under its
 -- pid; replaces what it wrote before)
 function _M.sync(dict)
   if type(dict) ~= "table" and type(dict) ~= "userdata" then
-    private.argerror(1, "sync", "shared dict expected, got " .. type(dict))
+    args.argerror(1, "sync", "shared dict expected, got " .. type(dict))
   end
   local p = prefix()
   for key, v in pairs(_M.samples()) do
@@ -160,6 +166,7 @@ function _M.sync(dict)
   return true
 end
 
+--- The text exposition of this process's clients, or of every worker's totals in dict.
 -- text = metrics.render([dict]): the text exposition of this process's
 -- clients, or (dict) of every worker's totals in it, summed
 function _M.render(dict)
@@ -173,6 +180,7 @@ function _M.render(dict)
   return text(acc)
 end
 
+--- Copies this worker's totals into dict every interval seconds (init_worker_by_lua).
 -- metrics.start(dict[, interval]): copies this worker's totals into dict
 -- every interval seconds (default 1), from init_worker_by_lua
 function _M.start(dict, interval)
@@ -186,6 +194,7 @@ function _M.start(dict, interval)
   return true
 end
 
+--- A content handler: every worker's totals, summed, as text/plain.
 -- metrics.serve(dict): a content handler: this worker's totals copied,
 -- then every worker's, summed, as text/plain; version=0.0.4
 function _M.serve(dict)

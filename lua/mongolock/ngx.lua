@@ -8,13 +8,13 @@
 -- each round trip to a thread of an nginx thread pool instead
 -- (ngx.run_worker_thread), while the request waits on the event loop:
 --
---   local transport = require "mongolock.ngx"
---   if transport.active() then
---     local reply, err, code = transport.run(spec, op, deadline, on_orphan)
+--   local jobs = require "mongolock.ngx"
+--   if jobs.active() then
+--     local reply, err, code = jobs.run(spec, op, deadline, on_orphan)
 --   end
 --
 -- op is one operation built by the core's pure builders (core.op_*; a BSON
--- string), spec the plain description of a client (transport.spec), and
+-- string), spec the plain description of a client (jobs.spec), and
 -- the reply comes back as a BSON string for the core's parsers.  Only
 -- strings, numbers and tables cross to the thread.
 --
@@ -48,7 +48,11 @@
 --   sleeps keep their length, ngx.timer.at(0) still starts runners) and
 --   its janitor while a job or a result is pending.
 
+--- Inside nginx: where the round trips run. Only `configure` is public.
+-- @module mongolock.ngx
+
 local core = require "mongolock.core"
+local runners = require "mongolock.runners"
 
 local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
 local rawget = rawget
@@ -68,13 +72,8 @@ local config = {
 }
 
 -- phases of ngx_lua in which a request can yield (ngx.sleep,
--- ngx.semaphore): the library's one table of them
-local yieldable = {
-  rewrite = true, access = true, content = true, timer = true,
-  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
-  server_rewrite = true, preread = true,
-}
-_M.yieldable = yieldable
+-- ngx.semaphore): the library's one table of them (mongolock.runners)
+local yieldable = runners.yieldable
 
 local semaphore
 local function ngx_api()
@@ -88,7 +87,8 @@ local function ngx_api()
   return ngx
 end
 
--- transport.configure{thread_pool =, max_running =, idle =, grace =, enabled =}
+--- Sets the thread pool, the jobs a worker runs at once, and idle and grace times.
+-- jobs.configure{thread_pool =, max_running =, idle =, grace =, enabled =}
 -- (init_by_lua, or before the first round trip): raises on a bad option
 function _M.configure(opts)
   if type(opts) ~= "table" then
@@ -130,7 +130,7 @@ function _M.active()
   return yieldable[ngx.get_phase()] == true
 end
 
--- spec = transport.spec(uri, opts): the plain description of a client
+-- spec = jobs.spec(uri, opts): the plain description of a client
 -- (mongolock.connect's arguments) that a thread VM makes its client from;
 -- equal arguments give equal keys, so they share a client in each VM
 function _M.spec(uri, opts)
@@ -361,7 +361,7 @@ end
 
 local FOREVER = 3600
 
--- reply, err, code, ereply = transport.run(spec, op [, deadline [, on_orphan, arg]])
+-- reply, err, code, ereply = jobs.run(spec, op [, deadline [, on_orphan, arg]])
 -- Runs op in a worker thread; the calling request waits on the event
 -- loop.  deadline (core.monotonic() time): the caller stops waiting then and
 -- gets nil, "timeout"; the job still runs if it had started, and
@@ -369,7 +369,7 @@ local FOREVER = 3600
 -- timer).  on_orphan must not be a closure over the caller's locals: when
 -- lua-nginx-module kills a request's coroutine it reuses its stack, and the
 -- upvalues of functions still running there read nil afterwards.  Must be
--- called where transport.active() is true.
+-- called where jobs.active() is true.
 function _M.run(spec, op, deadline, on_orphan, arg)
   local ngx = ngx_api()
   if not ngx then error("mongolock.ngx: not inside an nginx worker with ngx.run_worker_thread", 2) end

@@ -43,7 +43,8 @@
 --   ends with its lease (ttl), as a killed process's does.
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 local yielding = require "mongolock.yielding"
 
 local type, pcall, rawget, rawset, select, tostring = type, pcall, rawget, rawset, select, tostring
@@ -95,20 +96,20 @@ function _M.check(S, n, fname, level)
   if type(S) == "string" and builtin[S] then
     if not made[S] then
       local adapter, err = builtin[S]()
-      if not adapter then private.argerror(n, fname, err, level) end
+      if not adapter then args.argerror(n, fname, err, level) end
       made[S] = adapter
     end
     S = made[S]
   elseif type(S) ~= "table" then
-    private.argerror(n, fname, 'scheduler: "cqueues" or a table expected, got '
-      .. (type(S) == "string" and private.shown(S) or type(S)), level)
+    args.argerror(n, fname, 'scheduler: "cqueues" or a table expected, got '
+      .. (type(S) == "string" and args.shown(S) or type(S)), level)
   end
   for _, k in ipairs({ "current", "sleep", "wait_fd" }) do
     if type(S[k]) ~= "function" then
-      private.argerror(n, fname, "scheduler: " .. k .. " must be a function", level)
+      args.argerror(n, fname, "scheduler: " .. k .. " must be a function", level)
     end
   end
-  private.add_scheduler(S)
+  runners.add_scheduler(S)
   return S
 end
 
@@ -141,7 +142,8 @@ local function runner_of(S, pool)
 end
 
 -- the stand-in for client (connected with a scheduler) in this process, or
--- nil when no pool can be had (a closed client: its own methods say so)
+-- nil when no pool can be had (a closed client: its own methods say so);
+-- mongolock.runners.sched_core asks for it in the scheduler's coroutines
 function _M.of(client)
   local p = rawget(client, "_sched_core")
   local pid = getpid()
@@ -159,6 +161,11 @@ function _M.of(client)
     cc:set_methods(yielding.lease_methods({ active = runner.active, run = runner.run }))
   end
   return p
+end
+
+-- gives client (connect{scheduler =}) this runner (mongolock.runners)
+function _M.attach(client)
+  rawset(client, "_sched", _M)
 end
 
 -- closes client's pool in this process (the client's close)

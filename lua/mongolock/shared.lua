@@ -20,8 +20,15 @@
 -- share or permit is live, and readers that arrive while a writer waits
 -- queue behind it (writers first).
 
+--- Reader-writer locks (`client:rwlocks(opts)`), counting semaphores (`client:semaphores(opts)`) and
+-- sets of locks (`client:acquire_all(entries, opts)`).
+-- @classmod rw
+
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local loop = require "mongolock.loop"
+local runners = require "mongolock.runners"
+local stats = require "mongolock.stats"
 local locks_mod = require "mongolock.locks"
 
 local type = type
@@ -35,14 +42,14 @@ local string_format = string.format
 local math_ceil = math.ceil
 local math_floor = math.floor
 local monotonic = core.monotonic
-local argerror = private.argerror
-local check_name = private.check_name
+local argerror = args.argerror
+local check_name = args.check_name
 
 local _M = { _VERSION = "0.1.0", PERMITS_MAX = 1000000 }
 
 local function check_permits(v, n, fname, level)
   if type(v) ~= "number" or v ~= v or v < 1 or v > _M.PERMITS_MAX or math_floor(v) ~= v then
-    argerror(n, fname, "permits must be an integer from 1 to 1000000, got " .. private.shown(v),
+    argerror(n, fname, "permits must be an integer from 1 to 1000000, got " .. args.shown(v),
       level + 1)
   end
   return v
@@ -56,13 +63,13 @@ local CHECKS = setmetatable({
   end,
 }, { __index = locks_mod.checks })
 local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait" }
-local VALID_CALL = { rw = private.set(CALL_OPTS), semaphore = private.set(CALL_OPTS, { "permits" }) }
+local VALID_CALL = { rw = args.set(CALL_OPTS), semaphore = args.set(CALL_OPTS, { "permits" }) }
 
 local function check_call(self, opts, n, fname, level)
   level = level + 1
   if opts == nil then opts = {} end
-  private.check_type(opts, "table", n, fname, false, level)
-  private.check_keys(opts, VALID_CALL[self.kind], n, fname, level)
+  args.check_type(opts, "table", n, fname, false, level)
+  args.check_keys(opts, VALID_CALL[self.kind], n, fname, level)
   local o = setmetatable({}, { __index = self.o })
   for k, v in pairs(opts) do o[k] = CHECKS[k](v, n, fname, k, level) end
   if self.kind == "semaphore" and o.permits == nil then
@@ -81,8 +88,8 @@ for k in pairs(locks_mod.defaults) do
 end
 
 function _M.new(client, kind, opts, fname)
-  private.check_type(opts, "table", 1, fname, true, 3)
-  private.check_keys(opts or {}, VALID_NEW[kind], 1, fname, 3)
+  args.check_type(opts, "table", 1, fname, true, 3)
+  args.check_keys(opts or {}, VALID_NEW[kind], 1, fname, 3)
   local lopts, permits = {}, nil
   for k, v in pairs(opts or {}) do
     if k == "permits" then
@@ -102,21 +109,21 @@ function _M.new(client, kind, opts, fname)
     kind = kind, locks = locks, client = client, core = client._core,
     database = locks.database, collection = locks.collection, bound = locks.bound,
     expire_after = locks.expire_after or 86400, app = client.appname, o = o,
-    series = private.series(client, kind == "rw" and "shared" or "permit", locks.database,
+    series = stats.series(client, kind == "rw" and "shared" or "permit", locks.database,
       locks.collection),
   }, mt)
 end
 
 -- the core, or inside nginx where the request can yield its stand-in
--- (mongolock.private.core_of: every round trip in a worker thread)
-local core_of = private.core_of
+-- (mongolock.runners.core_of: every round trip in a worker thread)
+local core_of = runners.core_of
 
 -- the TTL index, once per collection and process, after an attempt the
 -- server answered; its failure fails no acquisition
--- (mongolock.private.ensure_index)
+-- (mongolock.locks.ensure_index)
 local function ensure_index(self)
   local key = "shared\0" .. self.database .. "\0" .. self.collection .. "\0" .. tostring(self.core)
-  private.ensure_index(key, self.database .. "." .. self.collection, function()
+  locks_mod.ensure_index(key, self.database .. "." .. self.collection, function()
     return core_of(self):ensure_index(self.database, self.collection, math_ceil(self.expire_after))
   end)
 end
@@ -160,9 +167,9 @@ end
 -- one attempt: h | nil, "busy", info | nil, message[, code | info]
 local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
-  if not waiter and not private.ngx_core(self.client) then
+  if not waiter and not runners.ngx_core(self.client) then
     -- one attempt (timeout = 0): a dead server answers within a second
-    local ready, err, code = private.one_attempt_ready(self.core, self.bound)
+    local ready, err, code = loop.one_attempt_ready(self.core, self.bound)
     if not ready then return nil, err, code end
   end
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
@@ -174,7 +181,7 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   return nil, e, v
 end
 
--- the wait loop (mongolock.private's, as named locks'): queued in the
+-- the wait loop (mongolock.loop's, as named locks'): queued in the
 -- document's squeue, woken by the change stream (mongolock.wait) or by
 -- backoff polling
 local function wait_for(self, mode, name, o)
@@ -182,41 +189,25 @@ local function wait_for(self, mode, name, o)
     -- one attempt, as try makes it: it takes no place in the queue
     local h, err, info = attempt(self, mode, name, o)
     if err == "busy" then err = "timeout" end
-    return private.count_one(self.series, h, err, info)
+    return stats.count_one(self.series, h, err, info)
   end
   local waiter, werr = core.waiter_id()
   if not waiter then return nil, werr end
   local queue_ms = math_ceil(o.queue_ttl * 1000)
-  -- queued: an attempt answered with this waiter's place; unsure: one
-  -- failed without saying what it wrote (a lost reply may hide a place,
-  -- or a share taken under the waiter's id)
-  local queued, unsure, noreply = false, false, false
-  return private.acquire_loop({
-    core = self.core, bound = self.bound, timeout = o.timeout, series = self.series,
+  return loop.acquire({
+    owner = self, core = self.core, bound = self.bound, timeout = o.timeout, series = self.series,
     -- the exclusive locks' wait step (mongolock.locks.set_wait swaps it)
     wait = locks_mod.get_wait(), poll = o.wait == "poll", refresh = o.queue_ttl / 2,
     attempt = function(polling, _, deadline)
-      local h, err, info = attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
-      if err == "busy" then queued = queued or info.position ~= nil
-      elseif not h and err ~= "closed" then
-        unsure = true
-        -- no reply, even to the driver's retry: the write may have been applied
-        noreply = noreply or private.network_error(info, err)
-      end
-      return h, err, info
+      return attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
     end,
-    new_state = function(deadline) return private.wait_state(self, name, waiter, o, deadline) end,
-    give_up = function(...)
-      -- as named locks: a share an attempt without a reply may have taken
-      -- is released in the background; the place leaves only with a server
-      -- to tell (else it lapses after queue_ttl)
-      if self.core:closed() then return nil, ... end
-      local c = core_of(self)
-      if noreply then pcall(c.release_later, c, "shared", self.database, self.collection, name, waiter) end
-      if (queued or unsure) and self.core:writable() then
-        pcall(c.share_leave, c, self.database, self.collection, name, waiter)
-      end
-      return nil, ...
+    new_state = function(deadline) return loop.wait_state(self, name, waiter, o, deadline) end,
+    -- a waiter that gives up (mongolock.loop, as named locks): its place in
+    -- the document's squeue, and a share an attempt without a reply may
+    -- have taken
+    leave = function(c) return c:share_leave(self.database, self.collection, name, waiter) end,
+    release_later = function(c)
+      return c:release_later("shared", self.database, self.collection, name, waiter)
     end,
   })
 end
@@ -229,11 +220,12 @@ local function with(self, mode, fname, name, opts, fn, ...)
   if opts == nil or opts.renew == nil then o.renew = true end
   local h, err, code = wait_for(self, mode, name, o)
   if not h then return nil, err, code end
-  return private.run_with(h, fn, ...)
+  return loop.run_with(h, fn, ...)
 end
 
 local status_of
 
+--- The state of the name: its holders, permits, waiters.
 -- status(name) -> {name, permits, token, exclusive, holders = {{owner, mode,
 -- token, remaining, holder}}, in_use, waiting, writers} | nil (no such
 -- lock) | nil, err, code.  One aggregate.
@@ -245,6 +237,7 @@ function _M.status(self, name)
   return status_of(st)
 end
 
+--- The status of every name with shares, permits or waiters.
 -- list() -> { status, ... } of every name with shares, permits or waiting
 -- sharers (each with .name), sorted by name.  One aggregate.
 function _M.list(self)
@@ -267,6 +260,7 @@ function status_of(st)
     holders = holders, in_use = #holders, waiting = st.waiting, writers = st.writers }
 end
 
+--- Ends every share or permit of the name, whoever holds them.
 -- force_release(name) -> true | nil, "not held": ends every share or
 -- permit of the name, whoever holds them
 function _M.force_release(self, name)
@@ -277,22 +271,28 @@ end
 
 -- ---- reader-writer locks --------------------------------------------------
 
+--- Takes a reader's share of name, waiting up to opts.timeout.
 function _M.read(self, name, opts)
   check_name(name, "read", 2)
   return wait_for(self, "shared", name, check_call(self, opts, 2, "read", 2))
 end
 
+--- One attempt to take a reader's share of name.
 function _M.try_read(self, name, opts)
   check_name(name, "try_read", 2)
-  return private.count_one(self.series, attempt(self, "shared", name, check_call(self, opts, 2, "try_read", 2)))
+  return stats.count_one(self.series, attempt(self, "shared", name, check_call(self, opts, 2, "try_read", 2)))
 end
 
+--- Runs fn(h, ...) holding a reader's share of name; always releases.
 function _M.with_read(self, name, opts, fn, ...)
   return with(self, "shared", "with_read", name, opts, fn, ...)
 end
 
+--- Takes name alone, as a writer, waiting up to opts.timeout.
 function _M.write(self, name, opts) return self.locks:acquire(name, opts) end
+--- One attempt to take name alone, as a writer.
 function _M.try_write(self, name, opts) return self.locks:try(name, opts) end
+--- Runs fn(h, ...) holding name alone, as a writer; always releases.
 function _M.with_write(self, name, opts, fn, ...) return self.locks:with(name, opts, fn, ...) end
 
 -- ---- semaphores -------------------------------------------------------------
@@ -300,16 +300,22 @@ function _M.with_write(self, name, opts, fn, ...) return self.locks:with(name, o
 local sem = setmetatable({}, { __index = _M })
 local sem_mt = { __index = sem }
 
+--- A semaphore: what `client:semaphores(opts)` returns (status, list and force_release as rw's).
+-- @type sem
+
+--- Takes a permit of name (opts.permits of the semaphore), waiting up to opts.timeout.
 function sem.acquire(self, name, opts)
   check_name(name, "acquire", 2)
   return wait_for(self, "permit", name, check_call(self, opts, 2, "acquire", 2))
 end
 
+--- One attempt to take a permit of name.
 function sem.try(self, name, opts)
   check_name(name, "try", 2)
-  return private.count_one(self.series, attempt(self, "permit", name, check_call(self, opts, 2, "try", 2)))
+  return stats.count_one(self.series, attempt(self, "permit", name, check_call(self, opts, 2, "try", 2)))
 end
 
+--- Runs fn(h, ...) holding a permit of name; always releases.
 function sem.with(self, name, opts, fn, ...)
   return with(self, "permit", "with", name, opts, fn, ...)
 end
@@ -317,11 +323,15 @@ end
 -- ---- several locks at once --------------------------------------------------
 
 _M.SET_MAX = 64
-local SET_OPTS = private.set({ "timeout", "ttl", "renew" })
+local SET_OPTS = args.set({ "timeout", "ttl", "renew" })
 
 local set_methods = {}
 local set_mt = { __index = set_methods, __name = "mongolock.LockSet" }
 
+--- A set: what `client:acquire_all(entries, opts)` returns.
+-- @type set
+
+--- Releases every lock of the set.
 -- set:release([changes]) -> true | nil, err of the first handle that
 -- failed (every handle is released anyway); afterwards nil, "not held".
 -- changes: {[i] = changes} for the document locks among the entries (i:
@@ -355,6 +365,7 @@ function set_methods.release(self, changes)
   return nil, first
 end
 
+--- The handle of the caller's i-th entry (and a document lock's document).
 -- set:get(i) -> h, doc: the handle of the caller's i-th entry and, for a
 -- document lock, the document as locked
 function set_methods.get(self, i)
@@ -363,6 +374,7 @@ function set_methods.get(self, i)
   return e.h, e.doc
 end
 
+--- Releases what is still held; errors are swallowed.
 -- set:close() -> true: releases what is held; errors are swallowed
 function set_methods.close(self)
   local hs = self.handles
@@ -371,6 +383,7 @@ function set_methods.close(self)
   return true
 end
 
+--- Whether every lock of the set is still held.
 -- set:check() -> true | nil, err of the first handle no longer held
 function set_methods.check(self)
   if not self.handles then return nil, "not held" end
@@ -475,7 +488,7 @@ function _M.acquire_all(entries, opts)
     argerror(2, "acquire_all", "table expected, got " .. type(opts), 2)
   end
   opts = opts or {}
-  private.check_keys(opts, SET_OPTS, 2, "acquire_all", 2)
+  args.check_keys(opts, SET_OPTS, 2, "acquire_all", 2)
   for k, v in pairs(opts) do CHECKS[k](v, 2, "acquire_all", k, 2) end
   local timeout = opts.timeout == nil and 10 or opts.timeout
   local n = #entries

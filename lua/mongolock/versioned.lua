@@ -31,8 +31,13 @@
 -- were written; only conflicting documents are read again, to hand back
 -- their current state.
 
+--- Optimistic concurrency: what `client:versioned(db, coll, opts)` returns (a version field in
+-- every document; a write applies only at the version the caller read).
+-- @classmod vc
+
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 
 local type = type
 local pairs = pairs
@@ -46,8 +51,8 @@ local string_find = string.find
 local string_sub = string.sub
 local table_sort = table.sort
 
-local argerror = private.argerror
-local check_type = private.check_type
+local argerror = args.argerror
+local check_type = args.check_type
 local null = core.null
 local array = core.array
 
@@ -63,8 +68,8 @@ local _M = {
 local defaults = _M.defaults
 
 local mt = { __index = _M }
-local NEW_OPTS = private.set({ "field", "retries" })
-local MODIFY_OPTS = private.set({ "retries" })
+local NEW_OPTS = args.set({ "field", "retries" })
+local MODIFY_OPTS = args.set({ "retries" })
 
 local function check_name(v, n, fname, what)
   if type(v) ~= "string" then
@@ -79,11 +84,11 @@ end
 -- vc = versioned.new(client, db, coll, opts)
 function _M.new(client, db, coll, opts)
   -- database and collection names as every other kind checks them
-  private.check_db(db, 1, "versioned", "database", 2)
-  private.check_coll(coll, db, 2, "versioned", "collection", 2)
+  args.check_db(db, 1, "versioned", "database", 2)
+  args.check_coll(coll, db, 2, "versioned", "collection", 2)
   check_type(opts, "table", 3, "versioned", true)
   opts = opts or {}
-  private.check_keys(opts, NEW_OPTS, 3, "versioned")
+  args.check_keys(opts, NEW_OPTS, 3, "versioned")
   local field = opts.field
   if field == nil then field = defaults.field end
   check_name(field, 3, "versioned", "field")
@@ -105,9 +110,9 @@ end
 
 -- one command: where the caller can yield (inside nginx, in a scheduler's
 -- coroutine), through client:command, which runs its round trip elsewhere
--- (mongolock.private.yielding_core); else on the core
+-- (mongolock.runners.yielding_core); else on the core
 local function command(self, ...)
-  if private.yielding_core(self.client) then return self.client:command(...) end
+  if runners.yielding_core(self.client) then return self.client:command(...) end
   return self.core:command(...)
 end
 
@@ -356,6 +361,7 @@ end
 
 -- ---- single documents ------------------------------------------------------
 
+--- Inserts doc at version 1.
 -- ok, err = vc:insert(doc): sets doc[field] = 1 (and doc._id to a new
 -- ObjectId when it has none), then inserts it
 function _M.insert(self, doc)
@@ -377,6 +383,7 @@ function _M.insert(self, doc)
   return true
 end
 
+--- Replaces the stored document by doc if its version is still doc's.
 -- ok, err, current = vc:replace(doc): doc (with _id and version) replaces
 -- the stored document if its version is still doc's; doc[field] is bumped
 function _M.replace(self, doc)
@@ -389,6 +396,7 @@ function _M.replace(self, doc)
   return r, err, cur
 end
 
+--- Applies an update to the stored document if its version is still doc's.
 -- ok, err, current = vc:update(doc, update): applies update (operators:
 -- $set $unset $inc $mul $min $max $currentDate $push $addToSet $pull
 -- $rename, or a pipeline) if the stored version is still doc's;
@@ -402,6 +410,7 @@ function _M.update(self, doc, update)
   return r, err, cur
 end
 
+--- Deletes the stored document if its version is still doc's.
 -- ok, err, current = vc:delete(doc): one findAndModify that removes the
 -- document only at doc's version; a version mismatch raises inside the
 -- filter, so the three outcomes come from one round trip (the current
@@ -424,6 +433,7 @@ function _M.delete(self, doc)
   return nil, err, code
 end
 
+--- Reads the document id.
 -- doc | nil, "not found" | nil, err, code
 function _M.get(self, id)
   if id == nil then argerror(1, "get", "_id expected, got nil") end
@@ -437,6 +447,7 @@ function _M.get(self, id)
   return doc
 end
 
+--- Reads, changes with fn and replaces the document id, retrying fn on a conflict.
 -- doc, err = vc:modify(id, fn, opts): reads the document, calls fn(doc)
 -- for the new one (fn may change doc in place and return it; returning nil
 -- cancels: nil, "cancelled"), writes it with replace, and on a conflict
@@ -447,7 +458,7 @@ function _M.modify(self, id, fn, opts)
   check_bson({ _id = id }, 1, "modify", 2, "_id")
   check_type(fn, "function", 2, "modify")
   check_type(opts, "table", 3, "modify", true)
-  if opts then private.check_keys(opts, MODIFY_OPTS, 3, "modify") end
+  if opts then args.check_keys(opts, MODIFY_OPTS, 3, "modify") end
   local retries = self.retries
   if opts and opts.retries ~= nil then
     retries = opts.retries
@@ -476,6 +487,7 @@ end
 
 -- ---- many documents --------------------------------------------------------
 
+--- Inserts docs at version 1, in one command.
 -- ok, results = vc:insert_many(docs): one insert command (unordered);
 -- results[i] = true | error message of docs[i]
 function _M.insert_many(self, docs)
@@ -589,6 +601,7 @@ local function check_docs(self, docs, fname)
   end
 end
 
+--- replace for each of docs, in one round trip when nothing conflicts.
 -- results, currents = vc:replace_many(docs): results[i] = true |
 -- "conflict" | "not found" | message; currents[i] the current document of
 -- a conflict.  One round trip when nothing conflicts.
@@ -605,6 +618,7 @@ function _M.replace_many(self, docs)
   return write_many(self, docs, changes)
 end
 
+--- update for each of docs, at each one's version.
 -- results, currents = vc:update_many(docs, update): the same update on
 -- each document, at each one's version
 function _M.update_many(self, docs, update)
@@ -617,6 +631,7 @@ function _M.update_many(self, docs, update)
   return write_many(self, docs, changes)
 end
 
+--- delete for each of docs, at each one's version.
 -- results, currents = vc:delete_many(docs): one delete command; a version
 -- mismatch raises inside each statement's filter, so conflicts are known
 -- per document.  results[i] = true | "conflict" | "not found" | "deleted

@@ -34,7 +34,7 @@
 --
 -- Inside OpenResty (a phase where ngx.sleep yields) with round trips in
 -- worker threads (mongolock.ngx) the client's streams are read by the
--- worker (mongolock.ngx.core: each getMore a job) and the waiter looks at
+-- worker (mongolock.ngx.runner: each getMore a job) and the waiter looks at
 -- its stream each time a reply came (an ngx.semaphore); where round trips
 -- stay on the event loop (configure{enabled = false}) the process's stream
 -- (a thread) is looked at without blocking, between cooperative ngx.sleep
@@ -43,14 +43,15 @@
 -- elsewhere the calling thread blocks in C until woken.
 
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 local backoff = require "mongolock.backoff"
 
 local type = type
 local math_min = math.min
 local monotonic = core.monotonic
 local watch_wait = core.watch_wait
-local cooperative = private.cooperative
+local cooperative = runners.cooperative
 
 local _M = {
   _VERSION = "0.1.0",
@@ -65,7 +66,7 @@ local _M = {
 function _M.check_mode(mode, argn, fname, level)
   if mode == nil then return nil end
   if type(mode) ~= "string" or not _M.modes[mode] then
-    private.argerror(argn, fname, ('wait must be "auto", "watch" or "poll", got %s')
+    args.argerror(argn, fname, ('wait must be "auto", "watch" or "poll", got %s')
       :format(type(mode) == "string" and ("%q"):format(mode) or type(mode)), (level or 2) + 1)
   end
   return mode
@@ -79,15 +80,15 @@ local function watch(state, ot, seconds)
     state.name
   local waiter = state.waiter
   local ngx = cooperative()
-  local S = not ngx and private.scheduler()
+  local S = not ngx and runners.scheduler()
   if not ngx and not S then
     return watch_wait(cc, db, coll, field, id, ot.t, ot.i, seconds, waiter)
   end
   -- the client's stream looked at without blocking, between sleeps: inside
   -- nginx with worker threads, until the worker's adapter took a reply of
-  -- the stream (mongolock.ngx.core); else the loop's own sleeps (nginx's
+  -- the stream (mongolock.ngx.runner); else the loop's own sleeps (nginx's
   -- or a scheduler's)
-  local nc = ngx and private.ngx_core(locks.client)
+  local nc = ngx and runners.ngx_core(locks.client)
   if nc and ngx.worker.exiting() then return nil, "change stream: nginx worker exiting" end
   local sleep = ngx and ngx.sleep or S.sleep
   local stop = monotonic() + seconds

@@ -4,13 +4,14 @@
 -- mongolock.yielding: the core client's stand-in where the caller can
 -- yield and its round trips run elsewhere.  The portable modules
 -- (mongolock.locks, mongolock.shared, mongolock.documents) call a core
--- client; mongolock.private.core_of gives them this stand-in instead, with
+-- client; mongolock.runners.core_of gives them this stand-in instead, with
 -- the C client's methods, arguments and answers.  Each round trip is one
 -- job of a runner:
 --
---   op = <the C method's op, built by the C client>   (client:X_op, core.op_*)
---   reply, ... = runner.run(op, deadline, ...)        (a job elsewhere)
---   <answer> = <the C method's own tail>              (client:take_X, core.parse_*)
+--   a = client:X_attempt(<X's arguments>)      (an acquire attempt, any kind)
+--   op = a:op()                                (or core.op_*: built in C)
+--   reply, ... = runner.run(op, deadline, ...) (a job elsewhere)
+--   <answer> = a:take(reply, ...)              (or core.parse_*: the C tail)
 --
 -- so an attempt that won becomes a mongolock.Lock of the caller's client,
 -- the same handle as everywhere else: its states, answers, renewal, grant
@@ -18,7 +19,7 @@
 -- release, extend and close, where the caller can yield, are the lease's
 -- steps (core.lease_step, core.lease_done) around a job.
 --
--- Two runners: inside nginx (mongolock.ngx.core: nginx worker threads,
+-- Two runners: inside nginx (mongolock.ngx.runner: nginx worker threads,
 -- timers) and in a coroutine scheduler (mongolock.sched: the core's
 -- worker-thread pool, the scheduler's waits).  A runner is a table:
 --
@@ -51,7 +52,6 @@ local core = require "mongolock.core"
 
 local type, pcall, setmetatable, tostring, select = type, pcall, setmetatable, tostring, select
 local unpack = table.unpack or rawget(_G, "unpack")
-local monotonic = core.monotonic
 local getpid = core.getpid
 
 local _M = { _VERSION = "0.1.0" }
@@ -122,10 +122,9 @@ end
 -- attempt was, a table, not upvalues: see mongolock.ngx's run): taken by
 -- the same C tail, a handle it won closed at once, a queue it joined left
 local function orphaned(o, reply, err, code, ereply, domain)
-  local p, a, n = o.p, o.args, o.n
+  local p, a = o.p, o.attempt
   if p.cc:closed() then return end
-  a[n + 1], a[n + 2], a[n + 3], a[n + 4], a[n + 5] = reply, err, code, ereply, domain
-  local ok, h = pcall(p.cc[o.take], p.cc, unpack(a, 1, n + 5))
+  local ok, h = pcall(a.take, a, reply, err, code, ereply, domain)
   if ok and h ~= nil and type(h) ~= "string" then
     local cok, cerr = pcall(h.close, h)
     if cok then log(p.runner, "WARN", o.what, " was won after its caller gave up: released")
@@ -135,17 +134,17 @@ local function orphaned(o, reply, err, code, ereply, domain)
   end
 end
 
--- one attempt: the op of method's arguments (args, n of them), the job,
--- the C tail of method on its outcome.  deadline: the caller stops waiting
+-- one attempt of any kind: the attempt the C client's constructor `make`
+-- (client:X_attempt) prepares from the method's arguments (...), its op,
+-- the job, its C tail on the outcome.  deadline: the caller stops waiting
 -- then (nil: it waits for the reply)
-local function run_attempt(p, method, args, n, deadline, what, leave, leave_args)
+local function run_attempt(p, make, deadline, what, leave, leave_args, ...)
   local cc = p.cc
   if cc:closed() then return nil, "closed" end
-  local op, owner = cc[method .. "_op"](cc, unpack(args, 1, n))
-  local started = monotonic()
-  args[n + 1], args[n + 2] = owner, started
-  local o = { p = p, take = "take_" .. method, args = args, n = n + 2, what = what,
-              leave = leave, leave_args = leave_args }
+  local a, aerr, acode = cc[make](cc, ...)
+  if not a then return nil, aerr, acode end
+  local op = a:op()
+  local o = { p = p, attempt = a, what = what, leave = leave, leave_args = leave_args }
   p.count.n = p.count.n + 1
   local reply, err, code, ereply, domain = p.runner.run(op, deadline, orphaned, o)
   if not reply and err == "timeout" and code == nil and ereply == nil then
@@ -153,8 +152,7 @@ local function run_attempt(p, method, args, n, deadline, what, leave, leave_args
     return nil, "timeout"
   end
   if cc:closed() then return nil, "closed" end
-  args[n + 3], args[n + 4], args[n + 5], args[n + 6], args[n + 7] = reply, err, code, ereply, domain
-  local r = pack(cc["take_" .. method](cc, unpack(args, 1, n + 7)))
+  local r = pack(a:take(reply, err, code, ereply, domain))
   made(p, r[1])
   return unpack(r, 1, r.n)
 end
@@ -163,28 +161,29 @@ end
 function P.acquire(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, deadline)
   local c = stats()
   c.attempts = c.attempts + 1
-  return run_attempt(p, "acquire", { db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling }, 9,
-    deadline, "'" .. name .. "'", waiter and "leave", { db, coll, name, waiter })
+  return run_attempt(p, "acquire_attempt", deadline, "'" .. name .. "'", waiter and "leave",
+    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling)
 end
 
 -- client:campaign's arguments (an election's attempt), then the deadline
 function P.campaign(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, deadline)
   local c = stats()
   c.attempts = c.attempts + 1
-  return run_attempt(p, "campaign", { db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value }, 9,
-    deadline, "a campaign for '" .. name .. "'", waiter and "leave", { db, coll, name, waiter })
+  return run_attempt(p, "campaign_attempt", deadline, "a campaign for '" .. name .. "'", waiter and "leave",
+    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value)
 end
 
 function P.share_acquire(p, db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling,
                          deadline)
-  return run_attempt(p, "share_acquire", { db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms,
-    polling }, 11, deadline, "a share of '" .. name .. "'", waiter and "share_leave", { db, coll, name, waiter })
+  return run_attempt(p, "share_acquire_attempt", deadline, "a share of '" .. name .. "'",
+    waiter and "share_leave", { db, coll, name, waiter },
+    db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling)
 end
 
 function P.doc_acquire(p, db, coll, id, ttl_ms, owner_field, time_field, time, owner_type, insert, renew,
                        deadline)
-  return run_attempt(p, "doc_acquire", { db, coll, id, ttl_ms, owner_field, time_field, time, owner_type,
-    insert, renew }, 10, deadline, "a document's lock")
+  return run_attempt(p, "doc_acquire_attempt", deadline, "a document's lock", nil, nil,
+    db, coll, id, ttl_ms, owner_field, time_field, time, owner_type, insert, renew)
 end
 
 -- one command and its parser: answer | nil, err, code

@@ -13,7 +13,7 @@
 --   (one order for every worker and host) and woken by the change stream;
 --   unlock() and expire() are the handle's release and extend.  The
 --   handle is the library's (inside nginx too: its round trips are worker
---   threads' jobs, mongolock.ngx.core).  Waiting on the gate is on an
+--   threads' jobs, mongolock.ngx.runner).  Waiting on the gate is on an
 --   ngx.semaphore, so the worker keeps serving other requests meanwhile.
 -- - The gate: in a worker, the lock objects waiting for one key queue in
 --   arrival order and only the gate's owner asks the server, so the server
@@ -29,11 +29,16 @@
 -- - A lock object holds at most one lock at a time; a lock object collected
 --   while holding releases through the handle's own __gc.
 
+--- lua-resty-lock's API on a mongolock named lock: OpenResty handlers on every host of a fleet exclude
+-- each other.
+-- @module resty.mongolock
+
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
-local private = require "mongolock.private"
+local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 local locks_mod = require "mongolock.locks"
-local check_name = private.check_name
+local check_name = args.check_name
 
 local ok_sema, semaphore = pcall(require, "ngx.semaphore")
 if not ok_sema then semaphore = nil end
@@ -53,9 +58,9 @@ local defaults = {
   exptime = 30,        -- lease length (s); lua-resty-lock's exptime
   timeout = 5,         -- how long lock() waits (s); 0 makes one attempt,
                        -- math.huge waits for ever
-  step = private.backoff.step,          -- first sleep between attempts (s)
-  ratio = private.backoff.ratio,        -- the step grows by this factor
-  max_step = private.backoff.max_step,  -- up to this (s)
+  step = args.backoff.step,             -- first sleep between attempts (s)
+  ratio = args.backoff.ratio,           -- the step grows by this factor
+  max_step = args.backoff.max_step,     -- up to this (s)
   collection = "locks",
   -- seconds an attempt waits for a reachable server, blocking the worker:
   -- 1 s unless the URI says otherwise (libmongoc's own default is 30 s)
@@ -63,7 +68,7 @@ local defaults = {
 }
 _M.defaults = defaults
 
-local VALID = private.set({ "uri", "client", "database", "collection", "appname", "exptime",
+local VALID = args.set({ "uri", "client", "database", "collection", "appname", "exptime",
   "timeout", "step", "ratio", "max_step", "server_selection_timeout", "server_timeout", "mode",
   "permits" })
 
@@ -72,7 +77,7 @@ local VALID = private.set({ "uri", "client", "database", "collection", "appname"
 local cache = { pid = nil, clients = {}, locks = {}, gates = {} }
 
 -- phases where ngx.semaphore and ngx.sleep yield
-local yieldable = private.yieldable
+local yieldable = runners.yieldable
 
 local function locks_for(opts)
   local pid = getpid()
@@ -111,6 +116,7 @@ local function locks_for(opts)
   return locks
 end
 
+--- A lock object (opts: uri or client, exptime, timeout, mode, permits, ...).
 -- syntax: obj, err = mongolock:new(opts)
 --         obj, err = mongolock:new(dict_name, opts)   (lua-resty-lock's form)
 -- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
@@ -126,54 +132,54 @@ function _M.new(_, dict_name, opts)
   local n = 1
   if type(dict_name) == "string" then
     n = 2
-    private.check_coll(dict_name, nil, 1, "new", "dict_name", 2)
+    args.check_coll(dict_name, nil, 1, "new", "dict_name", 2)
   else
     dict_name, opts = nil, dict_name
   end
   if opts ~= nil and type(opts) ~= "table" then
-    private.argerror(n, "new", "table expected, got " .. type(opts), 2)
+    args.argerror(n, "new", "table expected, got " .. type(opts), 2)
   end
   opts = opts or {}
-  private.check_keys(opts, VALID, n, "new", 2)
+  args.check_keys(opts, VALID, n, "new", 2)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   if o.client ~= nil and (type(o.client) ~= "table" or type(o.client.locks) ~= "function"
                           or o.client._core == nil) then
-    private.argerror(n, "new", "client: a mongolock client expected, got " .. private.shown(o.client), 2)
+    args.argerror(n, "new", "client: a mongolock client expected, got " .. args.shown(o.client), 2)
   end
   if o.client == nil then
     if o.uri == nil then o.uri = os.getenv("MONGODB_URI") end
     if type(o.uri) ~= "string" or o.uri == "" then
-      private.argerror(n, "new", "uri: a MongoDB URI or a client expected; MONGODB_URI is unset "
+      args.argerror(n, "new", "uri: a MongoDB URI or a client expected; MONGODB_URI is unset "
         .. "(nginx passes it to workers only with 'env MONGODB_URI;')", 2)
     end
   end
-  if o.database ~= nil then private.check_db(o.database, n, "new", "database", 2) end
+  if o.database ~= nil then args.check_db(o.database, n, "new", "database", 2) end
   if o.collection ~= nil then
-    private.check_coll(o.collection, o.database, n, "new", "collection", 2)
+    args.check_coll(o.collection, o.database, n, "new", "collection", 2)
   end
   o.collection = o.collection or dict_name or defaults.collection
-  o.exptime = o.exptime == nil and defaults.exptime or private.ttl(o.exptime, n, "new", "exptime", 2)
+  o.exptime = o.exptime == nil and defaults.exptime or args.ttl(o.exptime, n, "new", "exptime", 2)
   o.timeout = o.timeout == nil and defaults.timeout
-    or private.timeout(o.timeout, n, "new", "timeout", 2)
+    or args.timeout(o.timeout, n, "new", "timeout", 2)
   for _, k in ipairs({ "step", "ratio", "max_step" }) do
-    o[k] = o[k] == nil and defaults[k] or private.seconds(o[k], n, "new", k, 2)
+    o[k] = o[k] == nil and defaults[k] or args.seconds(o[k], n, "new", k, 2)
   end
-  if o.ratio < 1 then private.argerror(n, "new", "ratio must be >= 1", 2) end
+  if o.ratio < 1 then args.argerror(n, "new", "ratio must be >= 1", 2) end
   for _, k in ipairs({ "server_selection_timeout", "server_timeout" }) do
-    if o[k] ~= nil then o[k] = private.seconds(o[k], n, "new", k, 2) end
+    if o[k] ~= nil then o[k] = args.seconds(o[k], n, "new", k, 2) end
   end
   -- what connect would refuse, refused here as new's own argument
   if o.server_timeout ~= nil and o.server_timeout > 86400 then
-    private.argerror(n, "new", "server_timeout must be at most a day (86400 seconds) (got "
-      .. private.shown(o.server_timeout) .. ")", 2)
+    args.argerror(n, "new", "server_timeout must be at most a day (86400 seconds) (got "
+      .. args.shown(o.server_timeout) .. ")", 2)
   end
 
   if o.mode ~= nil and o.mode ~= "read" and o.mode ~= "write" then
-    private.argerror(n, "new", 'mode must be "read" or "write", got ' .. private.shown(o.mode), 2)
+    args.argerror(n, "new", 'mode must be "read" or "write", got ' .. args.shown(o.mode), 2)
   end
   if o.permits ~= nil and o.mode ~= nil then
-    private.argerror(n, "new", "mode and permits exclude each other (permits: a semaphore)", 2)
+    args.argerror(n, "new", "mode and permits exclude each other (permits: a semaphore)", 2)
   end
 
   local locks, err = locks_for(o)
@@ -186,7 +192,7 @@ function _M.new(_, dict_name, opts)
     local ok, sem = pcall(locks.client.semaphores, locks.client, { database = locks.database,
       collection = locks.collection, permits = o.permits })
     if not ok then
-      private.argerror(n, "new", tostring(sem):match("%((permits[^)]*)%)") or tostring(sem), 2)
+      args.argerror(n, "new", tostring(sem):match("%((permits[^)]*)%)") or tostring(sem), 2)
     end
     shared = sem
   end
@@ -331,6 +337,7 @@ local function lock_shared(self, key)
   return waited and (monotonic() - start) or 0
 end
 
+--- Takes the lock key, waiting up to timeout; returns the seconds waited.
 function _M.lock(self, key)
   -- a bad key raises here, before this object enters the gate
   check_name(key, "lock")
@@ -381,6 +388,7 @@ function _M.lock(self, key)
   return waited and (monotonic() - start) or 0
 end
 
+--- Releases the lock held.
 -- syntax: ok, err = obj:unlock()
 -- ok is 1 as in lua-resty-lock.  err: "unlocked" (this object holds no
 -- lock), or "lost" (the lease had expired, or the lock was taken or
@@ -400,12 +408,13 @@ function _M.unlock(self)
   return 1
 end
 
+--- Renews the lease for timeout seconds (default exptime).
 -- syntax: ok, err = obj:expire(timeout)
 -- Renews the lease for timeout seconds (default: exptime).  err:
 -- "unlocked" (no lock held), "lost" (the lease had ended: the object no
 -- longer holds the lock), or the library's error.
 function _M.expire(self, timeout)
-  if timeout ~= nil then private.ttl(timeout, 1, "expire", "timeout", 2) end
+  if timeout ~= nil then args.ttl(timeout, 1, "expire", "timeout", 2) end
   local t = timeout or self.exptime
   local h = self.handle
   if not h then return nil, "unlocked" end
@@ -421,6 +430,7 @@ function _M.expire(self, timeout)
   return true
 end
 
+--- The fencing token of the lock held.
 -- syntax: token = obj:token()
 -- The fencing token of the lock held (nil when none): pass it to the
 -- resource the lock guards so that it can refuse a stale holder's writes.
@@ -429,6 +439,7 @@ function _M.token(self)
   return h and h.token or nil
 end
 
+--- The fencing token in exact decimal digits.
 -- syntax: s = obj:token_string()
 -- The same token in decimal digits, exact under LuaJIT too (nil when none).
 function _M.token_string(self)

@@ -3,7 +3,7 @@
 --
 -- mongolock.ngx.thread: the side of mongolock.ngx that runs in nginx's
 -- worker threads (ngx.run_worker_thread).  Each thread VM keeps its own
--- clients, one per spec (transport.spec), made on first use: a thread VM
+-- clients, one per spec (jobs.spec), made on first use: a thread VM
 -- exists only in a worker, so a client is never made before nginx forks.
 --
 -- A call runs one op through the client's libmongoc pool (the client's

@@ -179,3 +179,66 @@ test('a statement that fails before it commits answers in writeErrors, the batch
     assert.deepEqual(await d.collection('we').find().sort({ _id: 1 }).toArray(), [{ _id: 0, y: 1 }, { _id: 1, y: 1 }]);
   } finally { await session.endSession(); await c.close(); }
 });
+
+// What pymongo sends for an ordered bulk write's runs (its OP_MSG puts the
+// statements in a document sequence, kind 1): the failed statement answers
+// in writeErrors with closeConnection false, and by a closed connection (no
+// reply at all) by default, on the first attempt and on the retry
+function rawSeq(cmd, ident, docs) {
+  const m = /^mongodb:\/\/([^/?,@]+)/.exec(env.uri)[1].split(':');
+  return new Promise((resolve, reject) => {
+    const body = BSON.serialize(cmd);
+    const seq = Buffer.concat([Buffer.from(`${ident}\0`), ...docs.map((d) => BSON.serialize(d))]);
+    const seqHead = Buffer.alloc(5);
+    seqHead.writeUInt8(1, 0);
+    seqHead.writeInt32LE(4 + seq.length, 1);
+    const head = Buffer.alloc(21);
+    const len = 21 + body.length + 5 + seq.length;
+    head.writeInt32LE(len, 0);
+    head.writeInt32LE(7, 4);
+    head.writeInt32LE(2013, 12);
+    const s = net.connect(Number(m[1] || 27017), m[0], () => s.write(Buffer.concat([head, body, seqHead, seq])));
+    let got = Buffer.alloc(0);
+    s.on('data', (d) => {
+      got = Buffer.concat([got, d]);
+      if (got.length >= 4 && got.length >= got.readInt32LE(0)) {
+        s.destroy();
+        resolve(BSON.deserialize(got.subarray(21, got.readInt32LE(0))));
+      }
+    });
+    s.on('close', () => resolve(null));
+    s.on('error', reject);
+  });
+}
+
+test("pymongo's ordered bulk write runs: a statement failed before it commits is a write error, never a command error", async () => {
+  const lsid = { id: new (require('mongodb').Binary)(require('crypto').randomBytes(16), 4) };
+  const coll = 'py';
+  await db.collection(coll).insertOne({ _id: 1, x: 11 });
+  const base = { ordered: true, lsid, $db: db.databaseName };
+  const ins = (txn) => rawSeq({ insert: coll, ...base, txnNumber: Long.fromNumber(txn) }, 'documents', [{ _id: 2, x: 22 }]);
+  const upd = (txn) => rawSeq({ update: coll, ...base, txnNumber: Long.fromNumber(txn) }, 'updates',
+    [{ q: { _id: 2 }, u: { $inc: { x: 1 } }, multi: false, upsert: false }]);
+  const fp = (mode, data) => admin.command({ configureFailPoint: 'onPrimaryTransactionalWrite', mode, data });
+  // First insertOne is never committed: both attempts lose their connection
+  await fp({ times: 2 }, { failBeforeCommitExceptionCode: 1 });
+  assert.equal(await ins(1), null, 'first attempt: connection closed, no reply');
+  assert.equal(await ins(1), null, 'retry: connection closed, no reply');
+  // with closeConnection false the reply says which statement failed
+  await fp({ times: 1 }, { failBeforeCommitExceptionCode: 1, closeConnection: false });
+  const r = await ins(2);
+  assert.equal(r.ok, 1);
+  assert.equal(r.n, 0);
+  assert.deepEqual(r.writeErrors.map((x) => [x.index, x.code]), [[0, 1]]);
+  assert.match(r.writeErrors[0].errmsg, /due to failpoint\. The write must not be reflected\.$/);
+  assert.equal(r.code, undefined);
+  // Second updateOne is never committed: the insert (skipped) commits
+  await fp({ skip: 1 }, { failBeforeCommitExceptionCode: 1, closeConnection: false });
+  assert.equal((await ins(3)).n, 1);
+  const u = await upd(4);
+  assert.equal(u.ok, 1);
+  assert.equal(u.nModified, 0);
+  assert.deepEqual(u.writeErrors.map((x) => [x.index, x.code]), [[0, 1]]);
+  await fp('off');
+  assert.deepEqual(await db.collection(coll).find().sort({ _id: 1 }).toArray(), [{ _id: 1, x: 11 }, { _id: 2, x: 22 }]);
+});

@@ -1,16 +1,19 @@
 -- Internal to mongolock: not part of its API (the README says what is); it may
 -- change without notice.
 --
--- mongolock.ngx.core: the core client inside nginx, where a request can
--- yield: mongolock.yielding's stand-in (the C client's methods, each round
--- trip a job) with nginx's runner: each job runs in a worker thread
+-- mongolock.ngx.runner: nginx's runner of the core client, where a
+-- request can yield: mongolock.yielding's stand-in (the C client's methods,
+-- each round trip a job) with a runner whose jobs run in a worker thread
 -- (mongolock.ngx), what nobody waits for runs from a timer, and the
 -- client's lease engine is driven from one timer per worker and client
--- (the adapter below):
+-- (the adapter below).  mongolock.connect gives a client made inside nginx
+-- this runner (attach); mongolock.runners asks it for the stand-in where
+-- the caller can yield (active):
 --
---   op = <the C method's op, built by the C client>   (client:X_op, core.op_*)
---   reply, ... = transport.run(spec, op)              (mongolock.ngx)
---   <answer> = <the C method's own tail>              (client:take_X, core.parse_*)
+--   a = client:X_attempt(<X's arguments>)   (an acquire attempt of any kind)
+--   op = a:op()                             (or core.op_*: the op, built in C)
+--   reply, ... = jobs.run(spec, op)         (mongolock.ngx)
+--   <answer> = a:take(reply, ...)           (or core.parse_*: the C tail)
 --
 -- so an attempt that won becomes a mongolock.Lock of the event loop's
 -- client, the same handle as everywhere else.
@@ -18,7 +21,7 @@
 -- Invariants (besides mongolock.yielding's):
 -- - An attempt whose caller stopped waiting (its deadline passed while it
 --   was in flight, its request went away) has its outcome taken from a
---   timer (transport.run's on_orphan).
+--   timer (jobs.run's on_orphan).
 -- - The lease engine's commands (renewals, top-ups, queued releases) run
 --   from one timer per worker and client, never from a request.
 -- - So do the client's change streams (csrc/watch.c): a second timer hands
@@ -27,7 +30,8 @@
 --   which look at the streams without blocking (core.watch_wait).
 
 local core = require "mongolock.core"
-local transport = require "mongolock.ngx"
+local jobs = require "mongolock.ngx"
+local stats = require "mongolock.stats"
 local yielding = require "mongolock.yielding"
 
 local type, pairs, pcall, rawget, rawset, setmetatable, tostring, select =
@@ -69,8 +73,7 @@ local function adapter(premature, p)
   local ngx = rawget(_G, "ngx")
   local cc = p.cc
   local exiting_until
-  -- loaded by now: it is what loads this module
-  local deliver = require("mongolock.private").deliver
+  local deliver = stats.deliver
   while not cc:closed() do
     -- lease events (lost, renewal failed) the engine queued: to the
     -- client's on_lost callback, here on the event loop
@@ -84,7 +87,7 @@ local function adapter(premature, p)
     elseif id ~= nil then
       local started = monotonic()
       p.count.n = p.count.n + 1
-      local reply, err, code, ereply, domain = transport.run(p.spec, op)
+      local reply, err, code, ereply, domain = jobs.run(p.spec, op)
       local dok, derr = pcall(cc.engine_done, cc, id, started, reply, err, code, ereply, domain)
       if not dok then log("ERR", "lease engine: ", tostring(derr)) end
     else
@@ -118,7 +121,7 @@ end
 -- ---- the change streams' adapter ---------------------------------------------
 
 local function stream_job(_, p, id, op)
-  local reply, err, code, ereply, domain = transport.run(p.spec, op)
+  local reply, err, code, ereply, domain = jobs.run(p.spec, op)
   local ok, derr = pcall(p.cc.watch_done, p.cc, id, reply, err, code, ereply, domain)
   if not ok then log("ERR", "change stream: ", tostring(derr)) end
   local waiting = -p.events:count()
@@ -182,12 +185,21 @@ _M.stats = yielding.stats
 -- stand-in's nginx state (handles made here, the engine's semaphore)
 local function runner_of(spec, state)
   return {
-    active = transport.active,
-    run = function(op, deadline, on_orphan, arg) return transport.run(spec, op, deadline, on_orphan, arg) end,
+    active = jobs.active,
+    run = function(op, deadline, on_orphan, arg) return jobs.run(spec, op, deadline, on_orphan, arg) end,
     later = later,
     log = log,
     made = function(_, h) return made(state, h) end,
   }
+end
+
+-- true where round trips go to worker threads (mongolock.ngx)
+_M.active = jobs.active
+
+-- gives client (made inside nginx by mongolock.connect) this runner
+-- (mongolock.runners)
+function _M.attach(client)
+  rawset(client, "_ngx", _M)
 end
 
 -- the stand-in for client (a mongolock client: _core, uri, connect_opts),
@@ -197,7 +209,7 @@ function _M.of(client)
   local pid = getpid()
   if p and p.pid == pid then return p end
   local cc = client._core
-  local spec = transport.spec(client.uri, client.connect_opts)
+  local spec = jobs.spec(client.uri, client.connect_opts)
   -- the engine adapter's state (no reference to the client: see
   -- mongolock.yielding)
   -- commands sent as jobs (client:stats().commands), the adapter's too
@@ -211,8 +223,8 @@ function _M.of(client)
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
     -- (plain data only: the core's table of them is weak on the client)
-    cc:set_methods(yielding.lease_methods({ active = transport.active,
-      run = function(op) return transport.run(spec, op) end, count = count }))
+    cc:set_methods(yielding.lease_methods({ active = jobs.active,
+      run = function(op) return jobs.run(spec, op) end, count = count }))
     cc:set_external(true)
     start_adapter(state)
   end

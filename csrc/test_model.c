@@ -1,0 +1,435 @@
+/*
+ * The plain C parts of the core, linked alone and driven through their
+ * public functions (as hiredis's test.c drives read.c): the lease engine's
+ * decisions (engine.h), the change stream's machine (stream.h), each lease
+ * kind's commands (lease.h) and the check reply's parser (protocol.h).
+ * Links engine.c, lease.c, obs.c, stream.c, protocol.c and
+ * protocol_shared.c with libbson and pthreads: no Lua, no libmongoc, no
+ * server.  Time is what each test says it is (the engine and the stream
+ * read no clock).  Prints TAP; exits 1 when a test failed.
+ *
+ *   make build/test/model && build/test/model
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "lease.h"
+#include "protocol.h"
+#include "protocol_shared.h"
+#include "stream.h"
+
+static int tests, failures;
+
+static void ok(int cond, const char *fmt, ...) {
+  va_list ap;
+  tests++;
+  if (!cond) failures++;
+  printf("%sok %d - ", cond ? "" : "not ", tests);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  putchar('\n');
+}
+
+static int near(double a, double b) {
+  return a - b < 1e-9 && b - a < 1e-9;
+}
+
+#define KEEPER "0123456789abcdef"
+#define OWNER_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define OWNER_B "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+#define OWNER_C "cccccccccccccccccccccccccccccccc"
+
+/* a lease of kind on {_id: name} in db.coll, won at started */
+static ml_lease *lease(ml_kind kind, const char *coll, const char *name, const char *owner,
+                       int64_t ttl_ms, double started, int renew) {
+  ml_lease_spec s;
+  ml_lease *l;
+  bson_t id = BSON_INITIALIZER;
+  int shares = kind == ML_KIND_SHARED || kind == ML_KIND_PERMIT;
+  BSON_APPEND_UTF8(&id, "_id", name);
+  ml_lease_spec_named(&s, kind == ML_KIND_DOCUMENT ? ML_KIND_NAMED : kind, "db", coll, &id,
+                      shares ? ML_F_HOLDERS : ML_F_OWNER, owner, ttl_ms);
+  if (kind == ML_KIND_DOCUMENT) {
+    s.kind = kind;
+    s.ref.queued = 0;
+    s.ref.owner_field = "lockedBy";
+    s.ref.time_field = "lockedAt";
+    s.ref.time_mode = ML_TIME_LOCKED_AT;
+  }
+  s.started = started;
+  s.renew = renew;
+  l = ml_lease_new(&s);
+  bson_destroy(&id);
+  return l;
+}
+
+/* the op's command as relaxed JSON: does it contain text */
+static int cmd_has(const ml_op *op, const char *text) {
+  char *json = bson_as_relaxed_extended_json(&op->cmd, NULL);
+  int has = json && strstr(json, text) != NULL;
+  bson_free(json);
+  return has;
+}
+
+/* the command's name (its first key) */
+static int cmd_is(const ml_op *op, const char *name) {
+  bson_iter_t it;
+  return bson_iter_init(&it, &op->cmd) && bson_iter_next(&it) && !strcmp(bson_iter_key(&it), name);
+}
+
+static void reply_n(bson_t *reply, int n) {
+  bson_init(reply);
+  BSON_APPEND_INT32(reply, "n", n);
+  BSON_APPEND_INT32(reply, "ok", 1);
+}
+
+static void an_error(bson_error_t *e, const char *msg) {
+  memset(e, 0, sizeof *e);
+  bson_set_error(e, 1, 2, "%s", msg);
+}
+
+/* ---- the lease engine ---------------------------------------------------- */
+
+static void engine_init(ml_engine *e) {
+  memset(e, 0, sizeof *e);
+  memcpy(e->keeper, KEEPER, sizeof e->keeper);
+}
+
+static void test_engine_renewal(void) {
+  ml_engine e;
+  ml_lease *l[3];
+  double due, wake;
+  bson_t reply;
+  bson_error_t err;
+  int i, has, all;
+  engine_init(&e);
+  /* ttl 3 s won at 0: deadline 2.995, renewal due at 0.995 */
+  l[0] = lease(ML_KIND_NAMED, "locks", "a", OWNER_A, 3000, 0, 1);
+  l[1] = lease(ML_KIND_NAMED, "locks", "b", OWNER_B, 3000, 0, 1);
+  l[2] = lease(ML_KIND_SHARED, "locks", "c", OWNER_C, 3000, 0, 1);
+  for (i = 0; i < 3; i++) ml_engine_add(&e, l[i], &due);
+  ok(near(due, 2.995 - 2.0), "engine: a lease is due at two thirds of its ttl before its deadline");
+  has = ml_engine_next(&e, 0.5, &wake);
+  ok(!has && near(wake, 0.995), "engine: nothing to send before then, woken when due");
+  has = ml_engine_next(&e, 1.0, &wake);
+  ok(has && e.work.kind == ML_WORK_RENEW && e.work.n == 3,
+     "engine: one renewal command for the three leases of the collection");
+  ok(cmd_is(&e.work.op, "update") && cmd_has(&e.work.op, KEEPER),
+     "engine: the renewal is an update by the keeper id");
+  ok(!ml_engine_next(&e, 1.0, &wake), "engine: one command in flight at a time");
+  reply_n(&reply, 3);
+  ok(ml_engine_done(&e, 1.01, 1.0, 1, &reply, NULL) == 0, "engine: a renewal is not a release");
+  bson_destroy(&reply);
+  for (all = 1, i = 0; i < 3; i++) all = all && near(l[i]->deadline, 1.0 + 2.995) && l[i]->held;
+  ok(all && e.renewals == 3 && e.batches == 1,
+     "engine: each lease's deadline moves from the renewal's start");
+
+  /* a failed renewal: retried after ttl/10 s (0.3), the leases kept */
+  has = ml_engine_next(&e, 2.0, &wake);
+  ok(has && e.work.kind == ML_WORK_RENEW, "engine: the next renewal is due after the first");
+  an_error(&err, "no reply");
+  bson_init(&reply);
+  (void)ml_engine_done(&e, 2.05, 2.0, 0, &reply, &err);
+  bson_destroy(&reply);
+  ok(e.failures == 1 && l[0]->held && !l[0]->lost, "engine: a failed renewal keeps the leases");
+  has = ml_engine_next(&e, 2.2, &wake);
+  ok(!has && near(wake, 2.05 + 0.3), "engine: the retry waits ttl/10 from the failure's now");
+  has = ml_engine_next(&e, 2.36, &wake);
+  ok(has && e.work.kind == ML_WORK_RENEW && e.work.n == 3, "engine: then the renewal is sent again");
+  bson_init(&reply);
+  (void)ml_engine_done(&e, 2.4, 2.36, 0, &reply, &err);
+  bson_destroy(&reply);
+
+  /* the local deadline (3.995) passes: lost, dropped, counted */
+  has = ml_engine_next(&e, 4.0, &wake);
+  for (all = 1, i = 0; i < 3; i++) all = all && l[i]->lost && !l[i]->held;
+  ok(!has && all && e.lost == 3 && e.n == 0, "engine: leases past their local deadline are lost");
+  ml_engine_clear(&e, 1);
+  for (i = 0; i < 3; i++) ml_lease_unref(l[i]);
+}
+
+static void test_engine_check(void) {
+  ml_engine e;
+  ml_lease *a, *b;
+  double due, wake;
+  bson_t reply, batch, doc, h;
+  engine_init(&e);
+  a = lease(ML_KIND_NAMED, "locks", "a", OWNER_A, 3000, 0, 1);
+  b = lease(ML_KIND_NAMED, "locks", "b", OWNER_B, 3000, 0, 1);
+  ml_engine_add(&e, a, &due);
+  ml_engine_add(&e, b, &due);
+  (void)ml_engine_next(&e, 1.0, &wake);
+  reply_n(&reply, 1);
+  ok(ml_engine_done(&e, 1.1, 1.0, 1, &reply, NULL) == 0 && e.work.kind == ML_WORK_CHECK && e.checks == 1,
+     "engine: a renewal that matched fewer leaves a check in flight");
+  bson_destroy(&reply);
+  ok(cmd_is(&e.work.op, "aggregate") && cmd_has(&e.work.op, KEEPER),
+     "engine: the check is an aggregate over the keeper's documents");
+  /* the check's answer: a still holds, b does not */
+  bson_init(&reply);
+  BSON_APPEND_DOCUMENT_BEGIN(&reply, "cursor", &doc);
+  BSON_APPEND_INT64(&doc, "id", 0);
+  BSON_APPEND_ARRAY_BEGIN(&doc, "firstBatch", &batch);
+  {
+    bson_t d;
+    BSON_APPEND_DOCUMENT_BEGIN(&batch, "0", &d);
+    BSON_APPEND_UTF8(&d, "o", OWNER_A);
+    BSON_APPEND_ARRAY_BEGIN(&d, "h", &h);
+    bson_append_array_end(&d, &h);
+    bson_append_document_end(&batch, &d);
+  }
+  bson_append_array_end(&doc, &batch);
+  bson_append_document_end(&reply, &doc);
+  BSON_APPEND_INT32(&reply, "ok", 1);
+  (void)ml_engine_done(&e, 1.2, 1.1, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(a->held && near(a->deadline, 1.0 + 2.995) && !b->held && b->lost && e.work.kind == ML_WORK_NONE,
+     "engine: the check renews the owner it found and loses the other");
+  ml_engine_clear(&e, 1);
+  ml_lease_unref(a);
+  ml_lease_unref(b);
+}
+
+static void test_engine_release(void) {
+  ml_engine e;
+  ml_lease *l[3];
+  double wake;
+  bson_t reply;
+  int i;
+  engine_init(&e);
+  l[0] = lease(ML_KIND_NAMED, "locks", "a", OWNER_A, 3000, 0, 0);
+  l[1] = lease(ML_KIND_SHARED, "locks", "b", OWNER_B, 3000, 0, 0);
+  l[2] = lease(ML_KIND_NAMED, "locks", "c", OWNER_C, 3000, 0, 0);
+  for (i = 0; i < 3; i++) {
+    l[i]->refs++;               /* the queue takes one over; this test keeps one */
+    ml_engine_queue_release(&e, l[i]);
+  }
+  ok(ml_engine_next(&e, 0, &wake) && e.work.kind == ML_WORK_RELEASE && e.work.n == 2 &&
+     e.work.set[0] == l[0] && e.work.set[1] == l[2] && e.nrel == 1,
+     "engine: queued releases of one collection and kind are one command");
+  ok(cmd_is(&e.work.op, "update") && cmd_has(&e.work.op, "$in") && cmd_has(&e.work.op, OWNER_A) &&
+     cmd_has(&e.work.op, OWNER_C) && !cmd_has(&e.work.op, OWNER_B),
+     "engine: the command releases the listed (_id, owner) pairs");
+  ok(l[0]->ending && l[2]->ending && !l[1]->ending, "engine: the leases of the command are ending");
+  reply_n(&reply, 2);
+  ok(ml_engine_done(&e, 0.1, 0, 1, &reply, NULL) == 1 && e.released == 2 && !l[0]->held && !l[2]->held &&
+     !l[0]->lost, "engine: its outcome releases them and says a release ended");
+  bson_destroy(&reply);
+  ok(ml_engine_next(&e, 0.1, &wake) && e.work.kind == ML_WORK_RELEASE && e.work.n == 1 &&
+     e.work.set[0] == l[1] && cmd_has(&e.work.op, ML_F_HOLDERS),
+     "engine: a share's release is a command of its own kind");
+  reply_n(&reply, 0);
+  (void)ml_engine_done(&e, 0.2, 0.1, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(!l[1]->held && l[1]->lost, "engine: a release that matched nothing finds the lease lost");
+  ml_engine_clear(&e, 1);
+  for (i = 0; i < 3; i++) ml_lease_unref(l[i]);
+}
+
+static void test_engine_documents(void) {
+  ml_engine e;
+  ml_lease *a, *b;
+  double due, wake;
+  bson_t reply;
+  engine_init(&e);
+  a = lease(ML_KIND_DOCUMENT, "jobs", "a", OWNER_A, 3000, 0, 1);
+  b = lease(ML_KIND_DOCUMENT, "jobs", "b", OWNER_B, 3000, 0, 1);
+  ml_engine_add(&e, a, &due);
+  ml_engine_add(&e, b, &due);
+  ok(ml_engine_next(&e, 1.0, &wake) && e.work.kind == ML_WORK_DOC_RENEW && e.work.n == 2 &&
+     cmd_has(&e.work.op, "lockedBy") && cmd_has(&e.work.op, OWNER_A) && cmd_has(&e.work.op, OWNER_B),
+     "engine: document locks of the same fields are renewed by one command of their _ids");
+  reply_n(&reply, 1);
+  (void)ml_engine_done(&e, 1.1, 1.0, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(ml_engine_next(&e, 1.1, &wake) && e.work.kind == ML_WORK_EXTEND && e.work.n == 1,
+     "engine: after one matched fewer, each is extended by itself");
+  ml_engine_clear(&e, 1);
+  ml_lease_unref(a);
+  ml_lease_unref(b);
+}
+
+/* ---- the lease's commands, per kind ---------------------------------------- */
+
+static void test_lease_kinds(void) {
+  ml_lease *n = lease(ML_KIND_NAMED, "locks", "a", OWNER_A, 3000, 0, 0);
+  ml_lease *s = lease(ML_KIND_SHARED, "locks", "a", OWNER_B, 3000, 0, 0);
+  ml_lease *p = lease(ML_KIND_PERMIT, "locks", "a", OWNER_C, 3000, 0, 0);
+  ml_lease *d = lease(ML_KIND_DOCUMENT, "jobs", "a", OWNER_A, 3000, 0, 0);
+  ml_op op;
+  bson_t extra = BSON_INITIALIZER, reply;
+  ok(!strcmp(ml_kind_of(ML_KIND_NAMED)->name, "named") && !strcmp(ml_kind_of(ML_KIND_DOCUMENT)->name,
+     "document") &&
+     !strcmp(ml_kind_of(ML_KIND_SHARED)->name, "shared") && !strcmp(ml_kind_of(ML_KIND_PERMIT)->name,
+          "permit"),
+     "lease: each kind's name");
+  ml_lease_release_op(n, NULL, &op);
+  ok(n->ending && cmd_is(&op, "update") && cmd_has(&op, OWNER_A) && cmd_has(&op, ML_F_QUEUE),
+     "lease: a named lock's release hands it to the queue, the lease ending");
+  ml_op_destroy(&op);
+  ml_lease_release_op(s, NULL, &op);
+  ok(cmd_has(&op, ML_F_HOLDERS) && cmd_has(&op, OWNER_B),
+     "lease: a share's release pulls it from holders");
+  ml_op_destroy(&op);
+  BSON_APPEND_UTF8(&extra, "state", "done");
+  ml_lease_release_op(d, &extra, &op);
+  ok(cmd_has(&op, "lockedBy") && cmd_has(&op, "\"done\""),
+     "lease: a document lock's release writes its changes");
+  ml_op_destroy(&op);
+  bson_destroy(&extra);
+  ml_lease_extend_op(p, 7000, &op);
+  ok(cmd_has(&op, ML_F_HOLDERS) && cmd_has(&op, "7000"),
+     "lease: a permit's extend sets its entry's lease");
+  ml_op_destroy(&op);
+  ml_lease_extend_op(d, 7000, &op);
+  ok(cmd_has(&op, "lockedAt") && cmd_has(&op, OWNER_A),
+     "lease: a document lock's extend writes its fields");
+  ml_op_destroy(&op);
+  ok(!ml_kind_of(ML_KIND_NAMED)->changes && ml_kind_of(ML_KIND_DOCUMENT)->changes,
+     "lease: only a document lock's release takes changes");
+  ok(ml_lease_same_release(s, p) && !ml_lease_same_release(n, s) && !ml_lease_same_release(n, d),
+     "lease: shares and permits are released together, not with named or document locks");
+  ok(ml_lease_same_renewal(n, s) && !ml_lease_same_renewal(n, d),
+     "lease: named kinds renew together by keeper");
+
+  /* outcomes */
+  ok(ml_lease_extend_done(p, 1, 7000, 10.0) == 1 && near(p->deadline, 10.0 + 7 * 0.999 - 0.002) &&
+     p->ttl_ms == 7000,
+     "lease: an extend that matched moves the deadline and the ttl");
+  ok(ml_lease_extend_done(p, -1, 9000, 20.0) == -1 && p->ttl_ms == 7000 && p->held,
+     "lease: an extend's error changes nothing");
+  ok(ml_lease_extend_done(p, 0, 7000, 20.0) == 0 && p->lost && !p->held,
+     "lease: an extend that matched nothing is a loss");
+  bson_init(&reply);
+  BSON_APPEND_INT32(&reply, "n", 1);
+  BSON_APPEND_DOCUMENT(&reply, "writeConcernError", &extra);
+  ok(ml_release_matched(0, &reply) == 1,
+     "lease: a release with a write concern error says what it matched");
+  bson_destroy(&reply);
+  bson_init(&reply);
+  ok(ml_release_matched(0, &reply) == -1, "lease: a release with no answer matched unknown");
+  bson_destroy(&reply);
+  ok(ml_lease_release_done(s, -1) == -1 && !s->ending && s->held,
+     "lease: a release not made keeps the lease");
+  ok(ml_lease_release_done(s, 1) == 1 && !s->held && !s->lost,
+     "lease: a release that matched ends the lease");
+  ml_lease_unref(n);
+  ml_lease_unref(s);
+  ml_lease_unref(p);
+  ml_lease_unref(d);
+}
+
+static void test_check_parser(void) {
+  bson_t reply = BSON_INITIALIZER, cur, batch, d, h;
+  BSON_APPEND_DOCUMENT_BEGIN(&reply, "cursor", &cur);
+  BSON_APPEND_ARRAY_BEGIN(&cur, "firstBatch", &batch);
+  BSON_APPEND_DOCUMENT_BEGIN(&batch, "0", &d);
+  BSON_APPEND_NULL(&d, "o");
+  BSON_APPEND_ARRAY_BEGIN(&d, "h", &h);
+  BSON_APPEND_UTF8(&h, "0", OWNER_B);
+  bson_append_array_end(&d, &h);
+  bson_append_document_end(&batch, &d);
+  bson_append_array_end(&cur, &batch);
+  bson_append_document_end(&reply, &cur);
+  ok(ml_parse_check_has(&reply, OWNER_B) && !ml_parse_check_has(&reply, OWNER_A),
+     "protocol: the check's reply lists a share's owner among h, not a missing one");
+  bson_destroy(&reply);
+}
+
+/* ---- the change stream ------------------------------------------------------ */
+
+static char *copy_str(const char *s) {
+  char *p = (char *)malloc(strlen(s) + 1);
+  if (p) strcpy(p, s);
+  return p;
+}
+
+static void test_stream(void) {
+  ml_stream *s = (ml_stream *)calloc(1, sizeof *s);
+  bson_t reply, cur, batch, ev, key, tok;
+  bson_error_t err;
+  double wake;
+  int i, mine = 0;
+  const watch_event *grant = NULL;
+  s->db = copy_str("db");
+  s->coll = copy_str("locks");
+  s->field = copy_str(ML_F_OWNER);
+  memcpy(s->tag, KEEPER, 17);
+  s->start_t = s->drop_t = 100;
+  s->start_i = s->drop_i = 1;
+  s->await_ms = 1000;
+  s->state = ML_STREAM_STARTING;
+
+  ok(ml_stream_next(s, 0, &wake) && s->op_kind == ML_STREAM_OP_OPEN && cmd_is(&s->op, "aggregate") &&
+     cmd_has(&s->op, "startAtOperationTime"),
+          "stream: the first command is the aggregate from the start time");
+  bson_init(&reply);
+  BSON_APPEND_DOCUMENT_BEGIN(&reply, "cursor", &cur);
+  BSON_APPEND_INT64(&cur, "id", 42);
+  BSON_APPEND_ARRAY_BEGIN(&cur, "firstBatch", &batch);
+  BSON_APPEND_DOCUMENT_BEGIN(&batch, "0", &ev);
+  BSON_APPEND_UTF8(&ev, "operationType", "update");
+  BSON_APPEND_TIMESTAMP(&ev, "clusterTime", 101, 1);
+  BSON_APPEND_DOCUMENT_BEGIN(&ev, "documentKey", &key);
+  BSON_APPEND_UTF8(&key, "_id", "a");
+  bson_append_document_end(&ev, &key);
+  bson_append_document_end(&batch, &ev);
+  bson_append_array_end(&cur, &batch);
+  BSON_APPEND_DOCUMENT_BEGIN(&cur, "postBatchResumeToken", &tok);
+  BSON_APPEND_UTF8(&tok, "_data", "R1");
+  bson_append_document_end(&cur, &tok);
+  bson_append_document_end(&reply, &cur);
+  BSON_APPEND_INT32(&reply, "ok", 1);
+  ml_stream_done(s, 0.1, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(s->state == ML_STREAM_RUNNING && s->open && s->cursor_id == 42 && s->events == 1,
+     "stream: the aggregate's batch starts it running");
+  bson_init(&key);
+  BSON_APPEND_UTF8(&key, "k", "a");
+  ok(ml_stream_seen(s, &key, NULL, 100, 1, &grant, &mine) == 1 &&
+     ml_stream_seen(s, &key, NULL, 101, 1, &grant, &mine) == 0,
+     "stream: a release after a waiter's time is seen, one before it is not");
+  bson_destroy(&key);
+
+  ok(!ml_stream_next(s, 0.2, &wake), "stream: no getMore while nobody waits");
+  s->waiters = 1;
+  ok(ml_stream_next(s, 0.2, &wake) && s->op_kind == ML_STREAM_OP_MORE && cmd_is(&s->op, "getMore"),
+     "stream: a getMore while someone waits");
+  an_error(&err, "boom");
+  ml_stream_done(s, 0.3, 0, NULL, &err);
+  ok(ml_stream_next(s, 0.3, &wake) && s->op_kind == ML_STREAM_OP_KILL && cmd_is(&s->op, "killCursors"),
+     "stream: killCursors after a failed getMore");
+  ml_stream_done(s, 0.35, 1, NULL, NULL);
+  ok(!s->open && s->reopens == 1 && !ml_stream_next(s, 0.34, &wake) && near(wake, 0.3 + 0.05),
+     "stream: it reopens after a pause");
+  ok(ml_stream_next(s, wake, &wake) && s->op_kind == ML_STREAM_OP_OPEN && cmd_has(&s->op,
+     "resumeAfter") &&
+     cmd_has(&s->op, "R1"), "stream: the new aggregate resumes after the last batch's token");
+  /* three more failures in a row: the fourth gives up */
+  for (i = 0; i < 3; i++) {
+    double now = 1.0 + i;
+    if (s->op_kind == ML_STREAM_OP_NONE && !ml_stream_next(s, now, &wake)) break;
+    ml_stream_done(s, now, 0, NULL, &err);
+  }
+  ok(i == 3 && s->state == ML_STREAM_FAILED && ml_stream_finished(s) && !strcmp(s->errmsg,
+     "change stream: boom"),
+     "stream: gives up after 4 failed calls in a row, with the last error");
+  ml_stream_clear(s);
+  free(s);
+}
+
+int main(void) {
+  test_engine_renewal();
+  test_engine_check();
+  test_engine_release();
+  test_engine_documents();
+  test_lease_kinds();
+  test_check_parser();
+  test_stream();
+  printf("1..%d\n", tests);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,89 @@
+-- Internal to mongolock: not part of its API (the README says what is); it may
+-- change without notice.
+--
+-- mongolock.stats: what a client did, counted in Lua on the client itself
+-- (client:stats(), mongolock.metrics), and its lease events handed to its
+-- on_lost callback: the Lua half of csrc/stats.c, whose counters and
+-- queued events the lease engine keeps in C.
+
+local type = type
+local pcall = pcall
+local rawget = rawget
+local tostring = tostring
+local setmetatable = setmetatable
+
+local _M = {}
+
+-- the wait-time histogram's upper bounds (s), fixed: Prometheus' default
+-- buckets, which most latency dashboards already read
+_M.WAIT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+local WAIT_BUCKETS = _M.WAIT_BUCKETS
+local NBUCKETS = #WAIT_BUCKETS
+
+-- The counters of one kind of lock in one collection of a client, kept in
+-- Lua on the client itself: counting is a table increment on the caller's
+-- thread (no lock, no round trip; inside nginx one set per worker).
+-- Returns nil for a client made otherwise (no _series).
+function _M.series(client, kind, db, coll)
+  local all = type(client) == "table" and rawget(client, "_series")
+  if not all then return nil end
+  local collection = db .. "." .. coll
+  local key = kind .. "\0" .. collection
+  local s = all.by[key]
+  if not s then
+    local counts = {}
+    for i = 1, NBUCKETS + 1 do counts[i] = 0 end   -- the last: above every bound
+    s = { kind = kind, collection = collection, acquisitions = 0, waits = 0, timeouts = 0, busy = 0,
+          wait_sum = 0, wait_counts = counts }
+    all.by[key] = s
+    all[#all + 1] = s
+  end
+  return s
+end
+
+-- one acquisition that waited `seconds`
+function _M.observe_wait(s, seconds)
+  s.waits = s.waits + 1
+  s.wait_sum = s.wait_sum + seconds
+  local i = 1
+  while i <= NBUCKETS and seconds > WAIT_BUCKETS[i] do i = i + 1 end
+  s.wait_counts[i] = s.wait_counts[i] + 1
+end
+
+-- counts the answer of one attempt made alone (a try, or an acquire with
+-- timeout = 0): returns the answer unchanged
+function _M.count_one(s, a, b, ...)
+  if s then
+    if a ~= nil then s.acquisitions = s.acquisitions + 1
+    elseif b == "busy" then s.busy = s.busy + 1
+    elseif b == "timeout" then s.timeouts = s.timeouts + 1 end
+  end
+  return a, b, ...
+end
+
+-- every client of this process made by mongolock.connect (weak: for
+-- mongolock.metrics)
+_M.clients = setmetatable({}, { __mode = "k" })
+
+-- client:on_lost's callbacks, by core client (weak: a callback never
+-- keeps a client alive)
+local listeners = setmetatable({}, { __mode = "k" })
+_M.listeners = listeners
+
+-- Hands the lease events queued in C (csrc/stats.c: lost, renewal failed)
+-- to the core client's callback, each in a pcall (an error in it is
+-- returned, never raised into the library's caller); returns how many.
+-- Cheap when nothing waits: one look at a count, no lock.
+function _M.deliver(cc)
+  local fn = listeners[cc]
+  if fn == nil or not cc:has_events() then return 0 end
+  local evs = cc:take_events()
+  local errs
+  for i = 1, #evs do
+    local ok, err = pcall(fn, evs[i])
+    if not ok then errs = errs or {}; errs[#errs + 1] = tostring(err) end
+  end
+  return #evs, errs
+end
+
+return _M
