@@ -69,10 +69,10 @@ build = {
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
     ["mongolock.core"] = {
       sources = {
-        "csrc/core.c", "csrc/client.c", "csrc/lock.c", "csrc/lease.c", "csrc/obs.c",
+        "csrc/module.c", "csrc/client.c", "csrc/lock.c", "csrc/lease.c", "csrc/obs.c",
         "csrc/engine.c", "csrc/renew.c", "csrc/stream.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
         "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
-        "csrc/named.c", "csrc/attempt.c",
+        "csrc/named.c", "csrc/attempt.c", "csrc/args.c", "csrc/sys.c",
         "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c", "csrc/stats.c",
         "csrc/protocol_views.c", "csrc/views.c",
       },

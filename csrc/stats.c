@@ -9,7 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "client.h"
+#include "stats.h"
+#include "renew.h"
+#include "watch.h"
 
 static long load(const long *counter) {
   return __atomic_load_n(counter, __ATOMIC_RELAXED);
@@ -41,7 +47,7 @@ static void setnum(lua_State *L, const char *k, long v) {
  * process's C counters (the engine's and the change streams' are its own,
  * renew.c and watch.c).  Works on a closed client.
  */
-int ml_m_counters(lua_State *L) {
+static int ml_m_counters(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   ml_renew_counts rn;
   ml_watch_counts wn;
@@ -74,7 +80,7 @@ int ml_m_counters(lua_State *L) {
 
 /* client:want_events(bool): queue lease events from now on (or stop, and
  * drop those queued) */
-int ml_m_want_events(lua_State *L) {
+static int ml_m_want_events(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   int want = lua_toboolean(L, 2);
   ml_obs *o = c->obs;
@@ -93,7 +99,7 @@ int ml_m_want_events(lua_State *L) {
 
 /* client:has_events() -> boolean: events wait (no lock taken: a look at
  * the count, which take_events reads again under the lock) */
-int ml_m_has_events(lua_State *L) {
+static int ml_m_has_events(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   lua_pushboolean(L, c->obs && __atomic_load_n(&c->obs->nev, __ATOMIC_RELAXED) > 0);
   return 1;
@@ -104,7 +110,7 @@ int ml_m_has_events(lua_State *L) {
  * database, collection, name (the lock's _id), token, owner}, ...}, oldest
  * first; the queue is empty afterwards.
  */
-int ml_m_take_events(lua_State *L) {
+static int ml_m_take_events(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   ml_obs *o = c->obs;
   ml_lease_event *ev = NULL;
@@ -147,3 +153,12 @@ int ml_m_take_events(lua_State *L) {
   free(ev);
   return 1;
 }
+
+/* Client methods: counters and lease events (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_stats_methods[] = {
+  {"counters", ml_m_counters},
+  {"take_events", ml_m_take_events},
+  {"want_events", ml_m_want_events},
+  {"has_events", ml_m_has_events},
+  {NULL, NULL}
+};
