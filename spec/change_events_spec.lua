@@ -4,7 +4,7 @@
 -- filter passes, in which process, for which waiter.
 --
 -- Two processes are played in this one: tags TA and TB, each with the
--- library's own stream (core.op_watch: the pipeline csrc/protocol.c builds)
+-- library's own stream (core.op_watch: the pipeline csrc/model/protocol.c builds)
 -- read by the library's own parser (core.parse_events).  Waiters are made
 -- with the library's own commands, as a transport runs them
 -- (client:acquire_attempt, a:op / a:take, core.lease_step / lease_done).  A

@@ -1,4 +1,4 @@
--- The protocol/transport seam seen from Lua (csrc/ops.c): pure builders
+-- The protocol/transport seam seen from Lua (csrc/binding/ops.c): pure builders
 -- (no server), client:run, and the parsers, which give what the C methods
 -- (locks:acquire, status, ...) give.  An attempt's op and its outcome cross
 -- as a mongolock.Attempt (a = client:acquire_attempt(...), a:op(),

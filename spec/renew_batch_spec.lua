@@ -1,4 +1,4 @@
--- The lease engine's renewal in batches (csrc/renew.c): however many
+-- The lease engine's renewal in batches (csrc/binding/renew.c): however many
 -- leases a client holds in a collection, renewing them costs one command
 -- per collection and renewal period, and each lease is still lost exactly
 -- when its own renewal could not be made.  Also the writes of a held lease

@@ -53,7 +53,7 @@ int ml_random_owner(char out[33]) {
  * This process's tag: 64 random bits as 16 hex digits, drawn again in a
  * forked child.  A queued waiter's entry carries it, and a release handed
  * to a waiter names it in the document's next (tag and waiter id), so that
- * the event reaches only the process that waits (csrc/watch.c filters its
+ * the event reaches only the process that waits (csrc/binding/watch.c filters its
  * stream on the tag).
  */
 static pthread_mutex_t tag_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -1,6 +1,6 @@
 /*
  * What luaopen_mongolock_core (module.c) hands the specs' module,
- * mongolock.testing (csrc/testing.c), built next to the core and never
+ * mongolock.testing (csrc/testing/testing.c), built next to the core and never
  * shipped: a light userdata in the registry under ML_INTERNALS_KEY, set
  * when mongolock.core loads.  Both modules come from one build.
  *
