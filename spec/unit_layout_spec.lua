@@ -101,7 +101,8 @@ describe("#unit layout", function()
     local srcs = { csrc("model/test.c") }
     for _, f in ipairs(PLAIN) do srcs[#srcs + 1] = csrc(f) end
     local exe = helpers.shell_quote(dir .. "/model")
-    local out, ok = sh(CC .. " " .. WARN .. " -I" .. csrc("model") .. " " .. bson_cflags .. " -o " .. exe .. " " .. table.concat(srcs, " ")
+    local out, ok = sh(CC .. " " .. WARN .. " -I" .. csrc("model") .. " " .. bson_cflags .. " -o " .. exe .. " "
+      .. table.concat(srcs, " ")
       .. " " .. bson_libs .. " -lpthread -lm")
     if ok then out, ok = sh(exe) end
     sh("rm -rf " .. helpers.shell_quote(dir))

@@ -10,7 +10,8 @@ local MARK = "Internal to mongolock"
 
 local function internal_files()
   local p = assert(io.popen("cd " .. helpers.shell_quote(root)
-    .. " && ls lua/mongolock/*.lua lua/mongolock/ngx/*.lua csrc/binding/module.c csrc/proc/proc.c csrc/testing/testing.c"))
+    .. " && ls lua/mongolock/*.lua lua/mongolock/ngx/*.lua csrc/binding/module.c csrc/proc/proc.c"
+    .. " csrc/testing/testing.c"))
   local files = {}
   for f in p:lines() do
     if f ~= "lua/mongolock/metrics.lua" then files[#files + 1] = f end   -- public
