@@ -67,6 +67,7 @@ build = {
     ["mongolock.ngx.runner"] = "lua/mongolock/ngx/runner.lua",
     ["mongolock.yielding"] = "lua/mongolock/yielding.lua",
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
+    ["mongolock.sched.luv"] = "lua/mongolock/sched/luv.lua",
     ["mongolock.core"] = {
       sources = {
         "csrc/core.c", "csrc/client.c", "csrc/lock.c", "csrc/lease.c", "csrc/obs.c",
