@@ -27,12 +27,13 @@
 --                      seconds have passed, whichever comes first (waking
 --                      early is harmless: the library looks again)
 --
--- "cqueues" is built in (below), "luv" is mongolock.sched.luv.  What stays off the loop: the lease
--- engine (renewal in batches, grant top-ups, releases of collected
--- handles) runs in the client's own background thread as outside a
--- scheduler; change-stream wake-ups come from the process's stream
--- (csrc/watch.c, its own thread), which a waiting coroutine looks at
--- without blocking between scheduler sleeps of 1 to 20 ms.
+-- "cqueues" is built in (below), "luv" is mongolock.sched.luv.  What stays
+-- off the loop: the lease engine (renewal in batches, grant top-ups,
+-- releases of collected handles) runs in the client's own background
+-- thread as outside a scheduler; change-stream wake-ups come from the
+-- process's stream (csrc/watch.c, its own thread), which a waiting
+-- coroutine looks at without blocking between scheduler sleeps of 1 to
+-- 20 ms.
 --
 -- Invariants:
 -- - One pool per client and process (a forked child makes its own); the
