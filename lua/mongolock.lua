@@ -54,11 +54,10 @@ local connect_defaults = {
   -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
   server_timeout = args.SERVER_TIMEOUT,
   server_selection_timeout = nil, -- seconds; server selection alone
-  -- seconds a single attempt (try, timeout = 0) waits for a frozen or
-  -- dead server: its own selection, connect and socket timeouts, at most
-  -- server_timeout
+  -- seconds a single attempt (try, timeout = 0) waits for a writable
+  -- server and for its reply, a frozen server's too; at most server_timeout
   attempt_timeout = args.ATTEMPT_TIMEOUT,
-  scheduler = nil,                -- "cqueues" or a table (mongolock.sched): in
+  scheduler = nil,                -- "cqueues", "luv" or a table (mongolock.sched): in
                                   -- its coroutines every wait yields to it
   threads = 8,                    -- with a scheduler: worker threads that run
                                   -- its round trips (per client and process)
@@ -220,7 +219,7 @@ end
 
 --- Runs any command on database db.
 -- reply = client:command(db, cmd [, opts]): any command; cmd holds only
--- the command name, the other fields go in opts (csrc/command.c).
+-- the command name, the other fields go in opts (csrc/binding/command.c).
 -- nil, message, code, reply on failure; nil, "closed" on a closed client
 function client_mt:command(db, cmd, opts)
   check_type(db, "string", 1, "command")
@@ -278,7 +277,7 @@ end
 -- stats = client:stats(): what this client did since connect, in this
 -- process.  No round trip, no lock: the acquire loop's counters are Lua
 -- tables of the client, the lease engine's and the change streams' C
--- counters (csrc/stats.c).  {acquisitions, waits, timeouts, busy, lost,
+-- counters (csrc/binding/stats.c).  {acquisitions, waits, timeouts, busy, lost,
 -- releases, renewals, renewal_failures, commands, stream_reopens,
 -- wait_seconds = {buckets, counts (cumulative; one more for +Inf), sum,
 -- count}, by_kind = {<kind> = {acquisitions, waits, timeouts, busy, lost,
@@ -383,7 +382,7 @@ end
 -- @function monotonic
 _M.monotonic = core.monotonic
 
--- BSON values Lua has no type for (csrc/bson.c): mongolock.null,
+-- BSON values Lua has no type for (csrc/binding/bson.c): mongolock.null,
 -- mongolock.array(t) (an array, even when empty), ObjectId, Date, Binary,
 -- Timestamp, Decimal128, Int64, Regex, MinKey, MaxKey, and Document (BSON
 -- bytes written as is)

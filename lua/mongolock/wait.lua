@@ -20,7 +20,7 @@
 -- attempt and the wait is never missed), until the holder's lease ends
 -- (the server's remaining time from the same reply: an expiry makes no
 -- event), or until the caller's deadline, whichever comes first.  One
--- stream per process and collection serves every waiter (csrc/watch.c).
+-- stream per process and collection serves every waiter (csrc/binding/watch.c).
 --
 -- Order: acquire queues in the lock document (doc/design.md): waiters
 -- take the lock in the order of their first attempt, and a release is
@@ -90,7 +90,9 @@ local function watch(state, ot, seconds)
   -- or a scheduler's)
   local nc = ngx and runners.ngx_core(locks.client)
   if nc and ngx.worker.exiting() then return nil, "change stream: nginx worker exiting" end
-  local sleep = ngx and ngx.sleep or S.sleep
+  -- (runners.sleep: nginx's or the scheduler's, never an ngx.sleep
+  -- shorter than nginx's millisecond)
+  local sleep = runners.sleep
   local stop = monotonic() + seconds
   local step = 0.001
   while true do

@@ -1,0 +1,418 @@
+/*
+ * mongolock.Pool: worker threads that run ops (ops.c's envelopes) off the
+ * calling thread, for event loops that must not block (a coroutine
+ * scheduler: lua/mongolock/sched.lua).  One job is one op; its end is
+ * signalled on an eventfd of its own, which the event loop polls:
+ *
+ *   pool = core.pool(client, threads)   -- its own libmongoc pool on the
+ *                                       -- client's URI and write concern
+ *   job  = pool:submit(op)              -- mongolock.Job | nil, message
+ *   fd   = job:fd()                     -- readable once the job is done
+ *   reply, err, code, ereply, domain = job:take()
+ *                                       -- as client:run(op); false while
+ *                                       -- the job runs
+ *   job:close()                         -- (also __gc) the outcome is not
+ *                                       -- wanted: the op still runs
+ *   pool:close()                        -- (also __gc) queued jobs end
+ *                                       -- with "closed"
+ *
+ * Each thread runs ml_run (transport.c) on a connection it pops from the
+ * pool's libmongoc pool, so a job is exactly what client:run(op) does.
+ *
+ * Invariants:
+ * - jobs_mu guards every job's fd, done, refs and outcome.  A job has one
+ *   reference for its Job userdata (until taken, closed or collected) and
+ *   one for the pool while it is queued or running; the last one frees it.
+ *   The thread writes the eventfd only under jobs_mu and only while fd >= 0;
+ *   the Lua side closes it under jobs_mu: no write ever reaches a closed
+ *   (or reused) descriptor.
+ * - A pool's shared state has one reference for its Pool userdata and one
+ *   per thread; the last one destroys the libmongoc pool.  Threads are
+ *   detached: close never waits for a call in flight (bounded by the URI's
+ *   socket and server-selection timeouts), and the library stays loaded
+ *   while one may still run (ml_pin_library).
+ * - fork: a pool belongs to the process that made it; in another process
+ *   submit answers nil, message, and close abandons it (its threads do not
+ *   exist there, its libmongoc pool is the parent's); jobs_mu and refs_mu
+ *   are held across fork().
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "compat.h"
+#include "protocol.h"
+#include "transport.h"
+#include "args.h"
+#include "client.h"
+#include "pool.h"
+
+#define ML_POOL_MT "mongolock.Pool"
+#define ML_JOB_MT "mongolock.Job"
+#define THREADS_MAX 256
+
+typedef struct ml_job {
+  struct ml_job *next;          /* the queue (the pool's mu) */
+  uint8_t *op;                  /* the envelope's bytes; freed once run */
+  uint32_t oplen;
+  int fd;                       /* eventfd, -1 once the Lua side closed it */
+  int done;                     /* the outcome below is set */
+  int refs;
+  int ok;
+  bson_t reply;                 /* initialised once done */
+  bson_error_t err;
+} ml_job;
+
+typedef struct pool_state {
+  pthread_mutex_t mu;           /* guards head, tail, stop */
+  pthread_cond_t cv;
+  ml_job *head, *tail;
+  int stop;
+  int refs;                     /* (refs_mu) the Pool userdata's, each thread's */
+  mongoc_client_pool_t *mpool;
+  mongoc_write_concern_t *wc;
+  pid_t pid;
+} pool_state;
+
+typedef struct { pool_state *ps; int threads; } ml_pool;
+typedef struct { ml_job *job; } ml_jobref;
+
+static pthread_mutex_t jobs_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t refs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork: both mutexes are held across fork(), so a child never inherits one
+ * that a pool thread (which does not exist there) held */
+static void fork_prepare(void) {
+  pthread_mutex_lock(&jobs_mu);
+  pthread_mutex_lock(&refs_mu);
+}
+static void fork_after(void) {
+  pthread_mutex_unlock(&refs_mu);
+  pthread_mutex_unlock(&jobs_mu);
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) {
+  pthread_atfork(fork_prepare, fork_after, fork_after);
+}
+
+/* jobs_mu held: drops one reference; returns the job when it was the last */
+static ml_job *job_unref_locked(ml_job *j) {
+  return --j->refs == 0 ? j : NULL;
+}
+
+static void job_free(ml_job *j) {
+  if (!j) return;
+  if (j->done) bson_destroy(&j->reply);
+  free(j->op);
+  free(j);
+}
+
+/* the outcome of j (the thread's side): stores it, signals, drops the
+ * pool's reference */
+static void job_finish(ml_job *j, int ok, bson_t *reply, const bson_error_t *err) {
+  ml_job *last;
+  pthread_mutex_lock(&jobs_mu);
+  j->ok = ok;
+  bson_steal(&j->reply, reply);
+  if (err) j->err = *err;
+  j->done = 1;
+  if (j->fd >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(j->fd, &one, sizeof one);
+    (void)w;                    /* an eventfd takes it unless it would overflow */
+  }
+  last = job_unref_locked(j);
+  pthread_mutex_unlock(&jobs_mu);
+  job_free(last);
+}
+
+static void job_fail(ml_job *j, const char *msg) {
+  bson_t reply = BSON_INITIALIZER;
+  bson_error_t err;
+  bson_set_error(&err, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_NOT_READY, "%s", msg);
+  job_finish(j, 0, &reply, &err);
+}
+
+static void state_unref(pool_state *ps) {
+  int last;
+  pthread_mutex_lock(&refs_mu);
+  last = --ps->refs == 0;
+  pthread_mutex_unlock(&refs_mu);
+  if (!last) return;
+  if (ps->mpool) ml_pool_destroy(ps->mpool);
+  mongoc_write_concern_destroy(ps->wc);
+  pthread_cond_destroy(&ps->cv);
+  pthread_mutex_destroy(&ps->mu);
+  free(ps);
+}
+
+static void *pool_main(void *arg) {
+  pool_state *ps = (pool_state *)arg;
+  mongoc_client_t *mc = NULL;
+  for (;;) {
+    ml_job *j;
+    bson_t env, reply;
+    bson_error_t err;
+    ml_op op;
+    int ok;
+    pthread_mutex_lock(&ps->mu);
+    while (!ps->head && !ps->stop) pthread_cond_wait(&ps->cv, &ps->mu);
+    j = ps->head;
+    if (j) {
+      ps->head = j->next;
+      if (!ps->head) ps->tail = NULL;
+    }
+    if (ps->stop) {
+      pthread_mutex_unlock(&ps->mu);
+      if (!j) break;
+      job_fail(j, "closed");
+      continue;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    if (!mc) mc = mongoc_client_pool_pop(ps->mpool);
+    if (!bson_init_static(&env, j->op, j->oplen) || !ml_op_view(&env, &op)) {
+      job_fail(j, "not an op");
+      continue;
+    }
+    memset(&err, 0, sizeof err);
+    ok = ml_run(mc, ps->wc, &op, &reply, &err);
+    job_finish(j, ok, &reply, ok ? NULL : &err);
+  }
+  if (mc) mongoc_client_pool_push(ps->mpool, mc);
+  state_unref(ps);
+  return NULL;
+}
+
+/* ---- Lua ---------------------------------------------------------------- */
+
+static ml_pool *check_pool(lua_State *L, int i) {
+  return (ml_pool *)luaL_checkudata(L, i, ML_POOL_MT);
+}
+
+/* signals the threads to end; a pool of another process is abandoned */
+static void pool_close(ml_pool *p) {
+  pool_state *ps = p->ps;
+  if (!ps) return;
+  p->ps = NULL;
+  if (ps->pid != getpid()) return;
+  pthread_mutex_lock(&ps->mu);
+  ps->stop = 1;
+  pthread_cond_broadcast(&ps->cv);
+  pthread_mutex_unlock(&ps->mu);
+  state_unref(ps);
+}
+
+/* core.pool(client, threads) -> pool | nil, message: threads (1..256)
+ * worker threads on a libmongoc pool of their own, made from the client's
+ * URI (its options as connect set them) and write concern */
+static int l_pool(lua_State *L) {
+  ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  ml_pool *p;
+  pool_state *ps;
+  mongoc_uri_t *uri;
+  sigset_t all, old;
+  int k;
+  luaL_argcheck(L, n >= 1 && n <= THREADS_MAX, 2, "threads must be 1..256");
+  if (c->closed) return ml_pushfail(L, "closed", 0);
+  p = (ml_pool *)ml_newuserdata(L, sizeof *p);
+  p->ps = NULL;
+  p->threads = 0;
+  luaL_getmetatable(L, ML_POOL_MT);
+  lua_setmetatable(L, -2);
+  ps = (pool_state *)calloc(1, sizeof *ps);
+  if (!ps) return ml_pushfail(L, "out of memory", 0);
+  uri = mongoc_uri_copy(c->uri);
+  ps->mpool = uri ? ml_pool_new(uri) : NULL;
+  if (uri) mongoc_uri_destroy(uri);
+  if (!ps->mpool) {
+    free(ps);
+    return ml_pushfail(L, "cannot create a connection pool for this URI", 0);
+  }
+  mongoc_client_pool_set_error_api(ps->mpool, MONGOC_ERROR_API_VERSION_2);
+  ps->wc = mongoc_write_concern_copy(c->wc);
+  pthread_mutex_init(&ps->mu, NULL);
+  pthread_cond_init(&ps->cv, NULL);
+  ps->pid = getpid();
+  ps->refs = 1;
+  p->ps = ps;
+  ml_pin_library();
+  /* the threads take no signal: the process's handlers run on its own
+   * threads */
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  for (k = 0; k < n; k++) {
+    pthread_t t;
+    pthread_mutex_lock(&refs_mu);
+    ps->refs++;
+    pthread_mutex_unlock(&refs_mu);
+    if (pthread_create(&t, NULL, pool_main, ps) != 0) {
+      pthread_mutex_lock(&refs_mu);
+      ps->refs--;
+      pthread_mutex_unlock(&refs_mu);
+      break;
+    }
+    pthread_detach(t);
+    p->threads++;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (p->threads == 0) {
+    pool_close(p);
+    return ml_pushfail(L, "cannot start a worker thread", 0);
+  }
+  return 1;
+}
+
+/* pool:submit(op) -> job | nil, message: op (core.op_* or an *_op method's
+ * string) queued for the next free thread */
+static int l_submit(lua_State *L) {
+  ml_pool *p = check_pool(L, 1);
+  pool_state *ps = p->ps;
+  ml_op op;
+  size_t len;
+  const char *bytes;
+  ml_job *j;
+  ml_jobref *ref;
+  ml_arg_op(L, 2, &op);         /* raises unless it is an op */
+  bytes = lua_tolstring(L, 2, &len);
+  if (!ps) return ml_pushfail(L, "closed", 0);
+  if (ps->pid != getpid()) return ml_pushfail(L, "the pool was made in another process", 0);
+  ref = (ml_jobref *)ml_newuserdata(L, sizeof *ref);
+  ref->job = NULL;
+  luaL_getmetatable(L, ML_JOB_MT);
+  lua_setmetatable(L, -2);
+  j = (ml_job *)calloc(1, sizeof *j);
+  if (!j || !(j->op = (uint8_t *)malloc(len))) {
+    free(j);
+    return ml_pushfail(L, "out of memory", 0);
+  }
+  memcpy(j->op, bytes, len);
+  j->oplen = (uint32_t)len;
+  j->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (j->fd < 0) {
+    int e = errno;
+    job_free(j);
+    lua_pushnil(L);
+    lua_pushfstring(L, "eventfd: %s", strerror(e));
+    return 2;
+  }
+  j->refs = 2;
+  ref->job = j;
+  pthread_mutex_lock(&ps->mu);
+  if (ps->tail) ps->tail->next = j;
+  else ps->head = j;
+  ps->tail = j;
+  pthread_cond_signal(&ps->cv);
+  pthread_mutex_unlock(&ps->mu);
+  return 1;
+}
+
+static int l_pool_close(lua_State *L) {
+  pool_close(check_pool(L, 1));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_pool_threads(lua_State *L) {
+  ml_pool *p = check_pool(L, 1);
+  lua_pushinteger(L, p->ps ? p->threads : 0);
+  return 1;
+}
+
+/* the Lua side lets go of the job: its fd closed, its reference dropped */
+static void job_release(ml_jobref *ref) {
+  ml_job *j = ref->job, *last;
+  if (!j) return;
+  ref->job = NULL;
+  pthread_mutex_lock(&jobs_mu);
+  if (j->fd >= 0) close(j->fd);
+  j->fd = -1;
+  last = job_unref_locked(j);
+  pthread_mutex_unlock(&jobs_mu);
+  job_free(last);
+}
+
+static ml_jobref *check_job(lua_State *L, int i) {
+  return (ml_jobref *)luaL_checkudata(L, i, ML_JOB_MT);
+}
+
+/* job:fd() -> the eventfd (readable once done) | nil once taken or closed */
+static int l_job_fd(lua_State *L) {
+  ml_jobref *ref = check_job(L, 1);
+  if (!ref->job) lua_pushnil(L);
+  else lua_pushinteger(L, ref->job->fd);
+  return 1;
+}
+
+/* job:take() -> false while it runs; then what client:run(op) answers:
+ * reply | nil, message, code, ereply, domain (BSON strings); the job is
+ * let go of then (a second take answers nil, "taken") */
+static int l_job_take(lua_State *L) {
+  ml_jobref *ref = check_job(L, 1);
+  ml_job *j = ref->job;
+  int done;
+  if (!j) return ml_pushfail(L, "taken", 0);
+  pthread_mutex_lock(&jobs_mu);
+  done = j->done;
+  pthread_mutex_unlock(&jobs_mu);
+  if (!done) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  /* done: the thread no longer touches the outcome */
+  if (j->ok) {
+    lua_pushlstring(L, (const char *)bson_get_data(&j->reply), j->reply.len);
+    job_release(ref);
+    return 1;
+  }
+  ml_pusherror(L, &j->err);
+  if (!bson_empty(&j->reply)) lua_pushlstring(L, (const char *)bson_get_data(&j->reply), j->reply.len);
+  else lua_pushnil(L);
+  lua_pushinteger(L, (lua_Integer)j->err.domain);
+  job_release(ref);
+  return 5;
+}
+
+static int l_job_close(lua_State *L) {
+  job_release(check_job(L, 1));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static const luaL_Reg pool_methods[] = {
+  {"submit", l_submit},
+  {"close", l_pool_close},
+  {"threads", l_pool_threads},
+  {NULL, NULL}
+};
+
+static const luaL_Reg job_methods[] = {
+  {"fd", l_job_fd},
+  {"take", l_job_take},
+  {"close", l_job_close},
+  {NULL, NULL}
+};
+
+static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc) {
+  luaL_newmetatable(L, name);
+  lua_newtable(L);
+  luaL_setfuncs(L, methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+}
+
+void ml_pool_open(lua_State *L) {
+  pthread_once(&atfork_once, install_atfork);
+  new_mt(L, ML_POOL_MT, pool_methods, l_pool_close);
+  new_mt(L, ML_JOB_MT, job_methods, l_job_close);
+  lua_pushcfunction(L, l_pool);
+  lua_setfield(L, -2, "pool");
+}

@@ -1,0 +1,589 @@
+/*
+ * The lease engine and its adapters.  What every held lease of a client
+ * does over its life in this process is decided in one place for every
+ * kind and every transport, engine.c (plain C over lease.h and the
+ * protocol: no Lua, no I/O, no clock); this file keeps the engines of the
+ * process, runs them, keeps their time (ml_monotonic, passed to each call)
+ * and is their Lua side.  The engine renews the leases in batches (one
+ * command per collection and renewal period, however many leases), retries
+ * a failed renewal every ttl/10 (50 ms .. 1 s), marks a lease lost when its
+ * renewal could not be made or its local deadline passes, tops up a grant's
+ * short lease, and sends the releases nobody waits for (a collected
+ * handle's, a lost reply's).
+ *
+ * The engine only says which command to run next and takes its outcome
+ * (ml_engine_next, ml_engine_done); a transport runs it.  Two adapters:
+ *   - the plain one: one thread per client and process (renew_main), which
+ *     pops its own connection from the client's pool and never touches a
+ *     lua_State;
+ *   - an external one (client:set_external(true), inside nginx): no thread;
+ *     client:engine_next() hands the command to Lua as a BSON op string, an
+ *     nginx timer runs it in a worker thread and gives the reply back with
+ *     client:engine_done().
+ *
+ * Renewal in batches (protocol.h, ml_build_renew): each lease document of
+ * a renewed named lock, share or permit carries the keeper id of the
+ * client process that renews it and its own ttl, so one update with multi
+ * extends every live lease of that keeper in a collection by its own ttl on
+ * the server's clock.  It matches only the documents where one of them is
+ * live: when it matched as many documents as the batch holds, every lease
+ * of the batch was renewed; otherwise one aggregate (ml_build_renew_check)
+ * tells which still are, and only the others are lost.  Document locks
+ * (the application's documents carry no keeper) are renewed per collection
+ * and ttl by one update over their listed (_id, owner) pairs; when it
+ * matches fewer, each is renewed alone once, which says which is lost.
+ *
+ * A lease's renewal is due once a third of its ttl has passed since the last
+ * successful acquire or extend; when one lease of a collection is due, the
+ * whole collection's renewed leases go in the batch, so leases of one ttl
+ * fall into step.
+ *
+ * Invariants:
+ * - renew_mu guards every ml_renew, its items, its releases and its work.
+ *   A lease's mu is taken only inside renew_mu (or alone, by the Lua side).
+ * - A lease appears in at most one item of one state; each item, each
+ *   queued release and each lease of the work in flight owns one reference.
+ * - At most one command runs at a time per state (st->e.work.kind !=
+ *   ML_WORK_NONE from ml_engine_next until ml_engine_done).
+ * - fork: the prepare handler holds renew_mu across fork(), so the child
+ *   inherits no mutex held by a renewal thread.  In the child the parent's
+ *   states are abandoned (never joined, never freed) and new ones are made
+ *   on first use.
+ */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "renew.h"
+#include "watch.h"
+#include "engine.h"
+#include "stats.h"
+
+typedef struct ml_renew {
+  struct ml_renew *next;        /* all states of this process (renew_mu) */
+  ml_engine e;                  /* the decisions (engine.c) */
+  ml_client *c;                 /* owner; outlives the thread (close joins) */
+  mongoc_client_pool_t *pool;   /* c's pool in this process; NULL external */
+  pid_t pid;                    /* process the state belongs to */
+  int external;                 /* driven from Lua (no thread) */
+  pthread_t thread;
+  pthread_cond_t cv;            /* new work or stop */
+  pthread_cond_t done;          /* a release was sent (ml_renew_flush) */
+  double wake_at;               /* the thread sleeps until then; 0 while it
+                                   runs (it looks at every item before it
+                                   sleeps again) */
+  int scan;                     /* a server selection is asked for */
+  int scanning;                 /* the thread is inside it (do_scan) */
+  ml_orphan *orphan;            /* detached by close inside a selection:
+                                   the thread frees this state and drops
+                                   the pool when it returns */
+} ml_renew;
+
+static pthread_mutex_t renew_mu = PTHREAD_MUTEX_INITIALIZER;
+static ml_renew *states;        /* (renew_mu) */
+
+/* ---- fork -------------------------------------------------------------- */
+
+static void fork_prepare(void) {
+  pthread_mutex_lock(&renew_mu);
+}
+
+static void fork_parent(void) {
+  pthread_mutex_unlock(&renew_mu);
+}
+
+static void fork_child(void) {
+  states = NULL;
+  pthread_mutex_unlock(&renew_mu);
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* ---- the plain adapter: a thread --------------------------------------- */
+
+static void wait_until(pthread_cond_t *cv, double when) {
+  struct timespec ts = ml_timespec(when);
+  pthread_cond_timedwait(cv, &renew_mu, &ts);
+}
+
+/*
+ * A server selection for writes, for a waiter that found no writable server
+ * among the monitors' descriptions (loop.lua, await_server).  After a
+ * connection error libmongoc marks the server unknown, and its monitor
+ * looks again only after heartbeatFrequencyMS (10 s by default) unless a
+ * selection asks for a check, which this one does (the monitor then checks
+ * within minHeartbeatFrequencyMS, 500 ms).  It holds this thread until a
+ * server is found or serverSelectionTimeoutMS passes; the description of
+ * an unknown server carries no id to send to directly
+ * (mongoc_client_get_server_descriptions leaves unknown servers out).
+ */
+static void do_scan(mongoc_client_t *mc) {
+  bson_error_t err;
+  mongoc_server_description_t *sd = mongoc_client_select_server(mc, true, NULL, &err);
+  if (sd) mongoc_server_description_destroy(sd);
+}
+
+static void *renew_main(void *arg) {
+  ml_renew *st = (ml_renew *)arg;
+  mongoc_client_t *mc = NULL;
+  double wake;
+
+  pthread_mutex_lock(&renew_mu);
+  for (;;) {
+    double now = ml_monotonic();
+    int has_work = st->e.work.kind != ML_WORK_NONE;
+    if (!mc && (st->e.n || st->e.nrel || st->scan || has_work)) {
+      /* try_pop: a pool exhausted by the Lua side must not block close */
+      pthread_mutex_unlock(&renew_mu);
+      mc = mongoc_client_pool_try_pop(st->pool);
+      pthread_mutex_lock(&renew_mu);
+    }
+    if (mc && (has_work || ml_engine_next(&st->e, now, &wake))) {
+      bson_t reply;
+      bson_error_t err;
+      double started = ml_monotonic();
+      int ok;
+      /* only this thread changes st->e.work's op (the leases keep its db and
+       * coll alive) */
+      pthread_mutex_unlock(&renew_mu);
+      ml_obs_command(st->c);
+      ok = ml_run(mc, st->c->wc, &st->e.work.op, &reply, &err);
+      pthread_mutex_lock(&renew_mu);
+      if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
+        pthread_cond_broadcast(&st->done);
+      bson_destroy(&reply);
+      continue;
+    }
+    if (st->scan && mc && !st->e.stop) {
+      st->scan = 0;
+      st->scanning = 1;
+      pthread_mutex_unlock(&renew_mu);
+      do_scan(mc);
+      pthread_mutex_lock(&renew_mu);
+      st->scanning = 0;
+      continue;
+    }
+    if (st->e.stop) {
+      /* no connection for the releases left: those leases expire */
+      ml_engine_clear(&st->e, 0);
+      pthread_cond_broadcast(&st->done);
+      break;
+    }
+    if (!mc && (st->e.n || st->e.nrel || st->scan)) wake = now + 0.1;   /* no connection yet */
+    else if (!mc) wake = now + 3600;
+    st->wake_at = wake;
+    wait_until(&st->cv, wake);
+    st->wake_at = 0;
+  }
+  {
+    ml_orphan *o = st->orphan;
+    pthread_mutex_unlock(&renew_mu);
+    if (mc) mongoc_client_pool_push(st->pool, mc);
+    if (o) {
+      /* detached by close: nobody else sees this state any more */
+      pthread_cond_destroy(&st->cv);
+      pthread_cond_destroy(&st->done);
+      ml_engine_clear(&st->e, 1);
+      free(st);
+      ml_orphan_drop(o);
+    }
+  }
+  return NULL;
+}
+
+/* ---- states ------------------------------------------------------------ */
+
+/*
+ * renew_mu held.  c's state in this process, made (and its thread started,
+ * unless c is external) when missing; NULL when it cannot be.
+ */
+static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
+  ml_renew *st = (ml_renew *)c->renew_state;
+  pthread_condattr_t ca;
+  sigset_t all, old;
+  int rc;
+
+  if (st && st->pid == getpid() && (st->external || st->pool == pool)) return st;
+  /* a state from another process (or pool) is abandoned, not freed */
+  st = (ml_renew *)calloc(1, sizeof *st);
+  if (!st) return NULL;
+  st->c = c;
+  st->pool = pool;
+  st->pid = getpid();
+  st->external = c->external;
+  {
+    char r[33];
+    if (ml_random_owner(r)) memcpy(st->e.keeper, r, 16);
+    else memcpy(st->e.keeper, "0000000000000000", 16);
+    st->e.keeper[16] = '\0';
+  }
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&st->cv, &ca);
+  pthread_cond_init(&st->done, &ca);
+  pthread_condattr_destroy(&ca);
+  if (!st->external) {
+    /* the thread takes no signal: they belong to the application */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&st->thread, NULL, renew_main, st);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+      pthread_cond_destroy(&st->cv);
+      pthread_cond_destroy(&st->done);
+      free(st);
+      return NULL;
+    }
+  }
+  st->next = states;
+  states = st;
+  c->renew_state = st;
+  c->on_close = ml_bg_on_close;
+  return st;
+}
+
+/* renew_mu held: c's state for a call from Lua (made when missing) */
+static ml_renew *state_of(lua_State *L, ml_client *c) {
+  mongoc_client_pool_t *pool = c->external ? NULL : ml_client_pool(L, c);   /* raises if closed */
+  if (c->external && c->closed) luaL_error(L, "client is closed");
+  pthread_once(&atfork_once, install_atfork);
+  return state_get(c, pool);
+}
+
+/* renew_mu held: wakes the thread when it sleeps past `due` */
+static void poke(ml_renew *st, double due) {
+  if (due < st->e.due_at) st->e.due_at = due;
+  if (!st->external && due < st->wake_at) pthread_cond_signal(&st->cv);
+}
+
+const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]) {
+  ml_renew *st;
+  pthread_mutex_lock(&renew_mu);
+  st = state_of(L, c);
+  if (st) memcpy(out, st->e.keeper, 17);
+  pthread_mutex_unlock(&renew_mu);
+  return st ? out : NULL;
+}
+
+int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
+  ml_renew *st;
+  double due;
+  int ok = 0;
+  pthread_mutex_lock(&renew_mu);
+  st = state_of(L, c);
+  if (st && ml_engine_add(&st->e, l, &due)) {
+    poke(st, due);
+    ok = 1;
+  }
+  pthread_mutex_unlock(&renew_mu);
+  if (!ok) {
+    pthread_mutex_lock(&l->mu);
+    l->renew = 0;
+    pthread_mutex_unlock(&l->mu);
+  }
+  return ok;
+}
+
+int ml_renew_scan(lua_State *L, ml_client *c) {
+  ml_renew *st;
+  if (c->external) return 0;
+  pthread_mutex_lock(&renew_mu);
+  st = state_of(L, c);
+  if (st) {
+    st->scan = 1;
+    pthread_cond_signal(&st->cv);
+  }
+  pthread_mutex_unlock(&renew_mu);
+  return st != NULL;
+}
+
+/*
+ * ml_gc_handoff: a lease whose release nobody waits for (a collected
+ * handle's, a lost reply's).  Takes over the caller's reference and queues
+ * the release; returns 0 (the caller then releases synchronously, or gives
+ * up) when this process cannot.
+ */
+static int renew_handoff(ml_client *c, ml_lease *l) {
+  ml_renew *st;
+  if (c->closed || l->pid != getpid()) return 0;
+  if (!c->external && (!c->pool || c->pid != getpid())) return 0;
+  pthread_once(&atfork_once, install_atfork);
+  pthread_mutex_lock(&renew_mu);
+  st = state_get(c, c->pool);
+  if (!st || !ml_engine_queue_release(&st->e, l)) {
+    pthread_mutex_unlock(&renew_mu);
+    return 0;
+  }
+  pthread_mutex_lock(&l->mu);
+  l->ending = 1;                /* its release is under way */
+  pthread_mutex_unlock(&l->mu);
+  if (!st->external) pthread_cond_signal(&st->cv);
+  pthread_mutex_unlock(&renew_mu);
+  return 1;
+}
+
+void ml_held_link(ml_client *c, ml_lease *l) {
+  pthread_mutex_lock(&renew_mu);
+  l->hc = c;
+  l->hprev = NULL;
+  l->hnext = c->held;
+  if (c->held) c->held->hprev = l;
+  c->held = l;
+  if (!c->on_close) c->on_close = ml_bg_on_close;
+  pthread_mutex_unlock(&renew_mu);
+}
+
+/* renew_mu held */
+static void held_unlink_locked(ml_lease *l) {
+  if (!l->hc) return;
+  if (l->hprev) l->hprev->hnext = l->hnext;
+  else l->hc->held = l->hnext;
+  if (l->hnext) l->hnext->hprev = l->hprev;
+  l->hc = NULL;
+  l->hprev = l->hnext = NULL;
+}
+
+void ml_held_unlink(ml_lease *l) {
+  pthread_mutex_lock(&renew_mu);
+  held_unlink_locked(l);
+  pthread_mutex_unlock(&renew_mu);
+}
+
+void ml_held_forget(ml_client *c) {
+  pthread_mutex_lock(&renew_mu);
+  while (c->held) held_unlink_locked(c->held);
+  pthread_mutex_unlock(&renew_mu);
+}
+
+/*
+ * renew_mu held.  A closing client's leases still held in this process go
+ * to the release queue (sent in batches before the engine stops); every
+ * lease leaves c's list.
+ */
+static void queue_held(ml_client *c, ml_renew *st) {
+  while (c->held) {
+    ml_lease *l = c->held;
+    int take;
+    held_unlink_locked(l);
+    pthread_mutex_lock(&l->mu);
+    take = st && l->held && !l->ending && l->pid == getpid();
+    if (take) {
+      l->ending = 1;
+      l->refs++;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (take) {
+      if (!ml_engine_queue_release(&st->e, l)) ml_lease_unref(l);
+    }
+  }
+}
+
+/* renew_mu held: takes st out of the process's states and off c */
+static void state_unlink(ml_client *c, ml_renew *st) {
+  ml_renew **p;
+  for (p = &states; *p; p = &(*p)->next) {
+    if (*p == st) {
+      *p = st->next;
+      break;
+    }
+  }
+  c->renew_state = NULL;
+}
+
+static void state_free(ml_renew *st) {
+  ml_engine_clear(&st->e, 1);
+  pthread_cond_destroy(&st->cv);
+  pthread_cond_destroy(&st->done);
+  free(st);
+}
+
+/* stops c's engine in this process, if any (pool still valid), after the
+ * releases of what c's handles still hold are sent */
+static void renew_stop(ml_client *c) {
+  ml_renew *st;
+  pthread_once(&atfork_once, install_atfork);
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (!c->external && c->pool && c->pid == getpid()) {
+    int any = 0;
+    ml_lease *l;
+    for (l = c->held; l && !any; l = l->hnext) {
+      pthread_mutex_lock(&l->mu);
+      any = l->held && !l->ending && l->pid == getpid();
+      pthread_mutex_unlock(&l->mu);
+    }
+    if (any && (!st || st->pid != getpid())) st = state_get(c, c->pool);
+    queue_held(c, st && st->pid == getpid() ? st : NULL);
+  } else {
+    queue_held(c, NULL);
+  }
+  if (!st || st->pid != getpid()) {
+    pthread_mutex_unlock(&renew_mu);
+    return;
+  }
+  if (st->external) {
+    state_unlink(c, st);
+    state_free(st);
+    pthread_mutex_unlock(&renew_mu);
+    return;
+  }
+  st->e.stop = 1;
+  pthread_cond_signal(&st->cv);
+  if (st->scanning && !st->e.n && !st->e.nrel && (st->orphan = ml_orphan_take(c)) != NULL) {
+    /* inside a server selection, which may wait for a server that is gone
+     * up to serverSelectionTimeoutMS, with nothing left to release: close
+     * does not wait for it.  The thread frees its state and drops its
+     * reference to the pool when the selection returns. */
+    state_unlink(c, st);
+    pthread_detach(st->thread);
+    pthread_mutex_unlock(&renew_mu);
+    ml_pin_library();
+    return;
+  }
+  pthread_mutex_unlock(&renew_mu);
+  pthread_join(st->thread, NULL);
+  pthread_mutex_lock(&renew_mu);
+  state_unlink(c, st);
+  state_free(st);
+  pthread_mutex_unlock(&renew_mu);
+}
+
+/*
+ * In this order: the renewal thread is joined (its connection is back in
+ * the pool) and the client's own connection pushed before the streams
+ * stop, because a stream in a getMore is detached and takes the pool with
+ * it: the last such thread destroys it, and nothing of the pool may be
+ * out then.
+ */
+void ml_bg_on_close(ml_client *c) {
+  renew_stop(c);
+  if (c->client) {
+    mongoc_client_pool_push(c->pool, c->client);
+    c->client = NULL;
+  }
+  ml_watch_stop(c);
+}
+
+/* ---- the external adapter, seen from Lua ------------------------------- */
+
+/* client:engine_next() -> id, op (a BSON op string, ops.c) | nil, seconds
+ * until something may be due (math.huge: nothing held) */
+static int ml_m_engine_next(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_renew *st;
+  double now = ml_monotonic(), wake = now + 3600;
+  int has = 0;
+  luaL_argcheck(L, c->external, 1, "the client's engine runs on its own thread");
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (st && st->pid == getpid()) {
+    if (st->e.work.kind == ML_WORK_NONE) has = ml_engine_next(&st->e, now, &wake);
+    else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
+    else wake = now + 1;                      /* in flight */
+    if (has) {
+      st->e.work.handed = 1;
+      lua_pushinteger(L, (lua_Integer)st->e.work.id);
+      ml_push_op(L, &st->e.work.op);
+      pthread_mutex_unlock(&renew_mu);
+      return 2;
+    }
+    if (st->e.n == 0 && st->e.nrel == 0 && st->e.work.kind == ML_WORK_NONE) wake = HUGE_VAL;
+  } else {
+    wake = HUGE_VAL;
+  }
+  pthread_mutex_unlock(&renew_mu);
+  lua_pushnil(L);
+  lua_pushnumber(L, wake == HUGE_VAL ? HUGE_VAL : (wake > now ? wake - now : 0));
+  return 2;
+}
+
+/* client:engine_done(id, started, reply, err, code, ereply, domain) -> true:
+ * the outcome of the command engine_next gave, as client:run answers it */
+static int ml_m_engine_done(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  long id = (long)luaL_checkinteger(L, 2);
+  double started = luaL_checknumber(L, 3);
+  ml_renew *st;
+  bson_t reply;
+  bson_error_t err;
+  int ok;
+  memset(&err, 0, sizeof err);
+  ok = ml_arg_outcome(L, 4, &reply, &err);
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (st && st->pid == getpid() && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
+    if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
+      pthread_cond_broadcast(&st->done);
+  }
+  pthread_mutex_unlock(&renew_mu);
+  bson_destroy(&reply);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---- what the specs read (mongolock.testing) -------------------------- */
+
+void ml_renew_stats(ml_client *c, ml_renew_counts *out) {
+  ml_renew *st;
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (st && st->pid == getpid()) {
+    out->running = 1;
+    out->leases = (long)st->e.n;
+    out->renewals = st->e.renewals;
+    out->failures = st->e.failures;
+    out->lost = st->e.lost;
+    out->released = st->e.released;
+    out->batches = st->e.batches;
+    out->checks = st->e.checks;
+  }
+  pthread_mutex_unlock(&renew_mu);
+}
+
+int ml_renew_flush(ml_client *c, double timeout) {
+  double until = ml_monotonic() + timeout;
+  int pending = 0;
+  pthread_mutex_lock(&renew_mu);
+  for (;;) {
+    ml_renew *st = (ml_renew *)c->renew_state;
+    pending = 0;
+    if (!st || st->pid != getpid()) break;
+    pending = st->e.nrel > 0 || st->e.work.kind == ML_WORK_RELEASE;
+    if (!pending || ml_monotonic() >= until) break;
+    if (st->external) {
+      pthread_mutex_unlock(&renew_mu);
+      ml_sleep(0.005);
+      pthread_mutex_lock(&renew_mu);
+    } else {
+      wait_until(&st->done, until);
+    }
+  }
+  pthread_mutex_unlock(&renew_mu);
+  return !pending;
+}
+
+void ml_renew_init(void) {
+  pthread_once(&atfork_once, install_atfork);
+  ml_gc_handoff = renew_handoff;
+}
+
+/* Client methods: the lease engine's external adapter (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_renew_methods[] = {
+  {"engine_next", ml_m_engine_next},
+  {"engine_done", ml_m_engine_done},
+  {NULL, NULL}
+};

@@ -1,0 +1,365 @@
+/*
+ * Internal to mongolock: the specs' hooks, not an API.
+ *
+ * mongolock.testing: hooks for the specs and benchmarks, built next to
+ * mongolock.core by the Makefile and never shipped in the rock.  It reads
+ * the core through the internals table the core leaves in the registry
+ * (module.h, ml_internals); both modules come from one build.
+ *
+ *   testing.fork() -> 0 in the child, its pid in the parent | nil, message
+ *   testing.exit(status)              _exit(2) without closing Lua
+ *   testing.exit_mark(path)           at a normal exit, creates path (an
+ *                                     atexit handler: shows whether exit
+ *                                     ran the handlers registered before)
+ *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
+ *   testing.failpoint(client, spec)   -> true | nil, message, code
+ *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
+ *   testing.opcounters(client)        -> serverStatus's opcounters
+ *   testing.renew_stats(client)       -> {running, leases, renewals, ...}
+ *   testing.renew_flush(client [, timeout]) -> true | false
+ *   testing.watch_stats(client)       -> {streams, events, reopens, ...}
+ *
+ * client is the core's client (mongolock.connect(...)._core).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include "client.h"
+#include "renew.h"
+#include "watch.h"
+#include "module.h"
+
+/* seconds on CLOCK_MONOTONIC (this module cannot call the core's) */
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static const ml_internals *core_internals(lua_State *L) {
+  const ml_internals *in;
+  lua_getfield(L, LUA_REGISTRYINDEX, ML_INTERNALS_KEY);
+  in = (const ml_internals *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (!in) luaL_error(L, "mongolock.testing: mongolock.core is not loaded");
+  return in;
+}
+
+static int push_error(lua_State *L, const bson_error_t *e) {
+  lua_pushnil(L);
+  lua_pushstring(L, e->message[0] ? e->message : "unknown error");
+  if (e->code) lua_pushinteger(L, (lua_Integer)e->code);
+  else lua_pushnil(L);
+  return 3;
+}
+
+static void setint(lua_State *L, const char *key, long v) {
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, key);
+}
+
+/* ---- processes --------------------------------------------------------- */
+
+static int l_fork(lua_State *L) {
+  pid_t p;
+  fflush(NULL);
+  p = fork();
+  if (p < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(errno));
+    return 2;
+  }
+  lua_pushinteger(L, (lua_Integer)p);
+  return 1;
+}
+
+static int l_exit(lua_State *L) {
+  int st = (int)luaL_optinteger(L, 1, 0);
+  fflush(NULL);
+  _exit(st);
+  return 0;
+}
+
+static char *mark_path;
+
+static void mark_at_exit(void) {
+  FILE *f = fopen(mark_path, "w");
+  if (f) fclose(f);
+}
+
+static int l_exit_mark(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (mark_path) return luaL_error(L, "exit_mark: already set");
+  mark_path = strdup(path);
+  if (!mark_path || atexit(mark_at_exit) != 0) return luaL_error(L, "exit_mark: out of memory");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* With timeout (seconds), a child still running then is killed (SIGKILL)
+ * and reaped, so that a child stuck after fork fails its spec instead of
+ * hanging the run. */
+static int l_waitpid(lua_State *L) {
+  pid_t p = (pid_t)luaL_checkinteger(L, 1);
+  double timeout = luaL_optnumber(L, 2, -1);
+  double deadline = now() + timeout;
+  int st = 0;
+  pid_t r;
+  for (;;) {
+    r = waitpid(p, &st, timeout < 0 ? 0 : WNOHANG);
+    if (r == p) break;
+    if (r < 0 && errno != EINTR) {
+      lua_pushnil(L);
+      lua_pushstring(L, strerror(errno));
+      return 2;
+    }
+    if (r == 0) {
+      if (now() >= deadline) {
+        kill(p, SIGKILL);
+        while (waitpid(p, &st, 0) < 0 && errno == EINTR)
+          ;
+        lua_pushnil(L);
+        lua_pushliteral(L, "timeout");
+        return 2;
+      }
+      usleep(10000);
+    }
+  }
+  lua_pushinteger(L, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  return 1;
+}
+
+/* ---- the server -------------------------------------------------------- */
+
+/* the connection of the client at 1 */
+static mongoc_client_t *conn(lua_State *L) {
+  const ml_internals *in = core_internals(L);
+  return in->client_get(L, in->checkclient(L, 1));
+}
+
+/*
+ * failpoint(client, spec): configures the failCommand fail point (mongod
+ * started with enableTestCommands, or the stand-in).  spec = {mode =
+ * "alwaysOn" | "off", times = n, commands = {...}, error_code = n,
+ * write_concern_error = n (the write applies, then the reply carries a
+ * writeConcernError with code n), close_connection = bool, app_name = s,
+ * block_ms = n}.
+ */
+static int l_failpoint(lua_State *L) {
+  mongoc_client_t *mc = conn(L);
+  bson_t cmd = BSON_INITIALIZER, mode, data, names, reply;
+  bson_error_t err;
+  int ok, n;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  BSON_APPEND_UTF8(&cmd, "configureFailPoint", "failCommand");
+  lua_getfield(L, 2, "times");
+  if (lua_isnumber(L, -1)) {
+    BSON_APPEND_DOCUMENT_BEGIN(&cmd, "mode", &mode);
+    BSON_APPEND_INT32(&mode, "times", (int32_t)lua_tointeger(L, -1));
+    bson_append_document_end(&cmd, &mode);
+  } else {
+    lua_getfield(L, 2, "mode");
+    BSON_APPEND_UTF8(&cmd, "mode", lua_isstring(L, -1) ? lua_tostring(L, -1) : "alwaysOn");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "data", &data);
+  BSON_APPEND_ARRAY_BEGIN(&data, "failCommands", &names);
+  lua_getfield(L, 2, "commands");
+  for (n = 1; lua_istable(L, -1); n++) {
+    char k[16];
+    lua_rawgeti(L, -1, n);
+    if (!lua_isstring(L, -1)) {
+      lua_pop(L, 1);
+      break;
+    }
+    bson_snprintf(k, sizeof k, "%d", n - 1);
+    BSON_APPEND_UTF8(&names, k, lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  bson_append_array_end(&data, &names);
+  lua_getfield(L, 2, "error_code");
+  if (lua_isnumber(L, -1)) BSON_APPEND_INT32(&data, "errorCode", (int32_t)lua_tointeger(L, -1));
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "write_concern_error");
+  if (lua_isnumber(L, -1)) {
+    bson_t wce;
+    BSON_APPEND_DOCUMENT_BEGIN(&data, "writeConcernError", &wce);
+    BSON_APPEND_INT32(&wce, "code", (int32_t)lua_tointeger(L, -1));
+    BSON_APPEND_UTF8(&wce, "errmsg", "write concern error via failCommand");
+    bson_append_document_end(&data, &wce);
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "close_connection");
+  if (lua_toboolean(L, -1)) BSON_APPEND_BOOL(&data, "closeConnection", true);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "app_name");
+  if (lua_isstring(L, -1)) BSON_APPEND_UTF8(&data, "appName", lua_tostring(L, -1));
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "block_ms");
+  if (lua_isnumber(L, -1)) {
+    BSON_APPEND_BOOL(&data, "blockConnection", true);
+    BSON_APPEND_INT32(&data, "blockTimeMS", (int32_t)lua_tointeger(L, -1));
+  }
+  lua_pop(L, 1);
+  bson_append_document_end(&cmd, &data);
+  ok = mongoc_client_command_simple(mc, "admin", &cmd, NULL, &reply, &err);
+  bson_destroy(&cmd);
+  bson_destroy(&reply);
+  if (!ok) return push_error(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* delete(client, db, coll, name): deletes a lock document as a person or
+ * the TTL monitor would (majority write concern) */
+static int l_delete(lua_State *L) {
+  mongoc_client_t *mc = conn(L);
+  const char *db = luaL_checkstring(L, 2), *coll = luaL_checkstring(L, 3);
+  const char *name = luaL_checkstring(L, 4);
+  mongoc_collection_t *col = mongoc_client_get_collection(mc, db, coll);
+  mongoc_write_concern_t *wc = mongoc_write_concern_new();
+  bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply;
+  bson_error_t err;
+  bson_iter_t it;
+  int64_t n = 0;
+  int ok;
+  BSON_APPEND_UTF8(&q, "_id", name);
+  mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+  mongoc_write_concern_append(wc, &opts);
+  ok = mongoc_collection_delete_one(col, &q, &opts, &reply, &err);
+  if (ok && bson_iter_init_find(&it, &reply, "deletedCount")) n = bson_iter_as_int64(&it);
+  mongoc_write_concern_destroy(wc);
+  mongoc_collection_destroy(col);
+  bson_destroy(&q);
+  bson_destroy(&opts);
+  bson_destroy(&reply);
+  if (!ok) return push_error(L, &err);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+/* opcounters(client) -> {insert=, query=, update=, delete=, getmore=,
+ * command=, commands = {name = total, ...}}: one serverStatus, for specs
+ * and benchmarks that count round trips (commands: metrics.commands, each
+ * command's total by name) */
+static int l_opcounters(lua_State *L) {
+  mongoc_client_t *mc = conn(L);
+  bson_t cmd = BSON_INITIALIZER, reply;
+  bson_error_t err;
+  bson_iter_t it, sub;
+  int ok;
+  BSON_APPEND_INT32(&cmd, "serverStatus", 1);
+  ok = mongoc_client_command_simple(mc, "admin", &cmd, NULL, &reply, &err);
+  bson_destroy(&cmd);
+  if (!ok) {
+    bson_destroy(&reply);
+    return push_error(L, &err);
+  }
+  lua_newtable(L);
+  if (bson_iter_init_find(&it, &reply, "opcounters") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+      bson_iter_recurse(&it, &sub)) {
+    while (bson_iter_next(&sub)) {
+      if (BSON_ITER_HOLDS_NUMBER(&sub)) {
+        lua_pushnumber(L, (lua_Number)bson_iter_as_int64(&sub));
+        lua_setfield(L, -2, bson_iter_key(&sub));
+      }
+    }
+  }
+  lua_newtable(L);
+  if (bson_iter_init_find(&it, &reply, "metrics") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+      bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "commands") &&
+      BSON_ITER_HOLDS_DOCUMENT(&sub) && bson_iter_recurse(&sub, &it)) {
+    while (bson_iter_next(&it)) {
+      bson_iter_t total;
+      if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &total) &&
+          bson_iter_find(&total, "total") && BSON_ITER_HOLDS_NUMBER(&total)) {
+        lua_pushnumber(L, (lua_Number)bson_iter_as_int64(&total));
+        lua_setfield(L, -2, bson_iter_key(&it));
+      }
+    }
+  }
+  lua_setfield(L, -2, "commands");
+  bson_destroy(&reply);
+  return 1;
+}
+
+/* ---- the core's threads ------------------------------------------------ */
+
+static int l_renew_stats(lua_State *L) {
+  const ml_internals *in = core_internals(L);
+  ml_renew_counts n;
+  in->renew_stats(in->checkclient(L, 1), &n);
+  lua_createtable(L, 0, 6);
+  lua_pushboolean(L, n.running);
+  lua_setfield(L, -2, "running");
+  if (n.running) {
+    setint(L, "leases", n.leases);
+    setint(L, "renewals", n.renewals);
+    setint(L, "failures", n.failures);
+    setint(L, "lost", n.lost);
+    setint(L, "released", n.released);
+    setint(L, "batches", n.batches);
+    setint(L, "checks", n.checks);
+  }
+  return 1;
+}
+
+static int l_renew_flush(lua_State *L) {
+  const ml_internals *in = core_internals(L);
+  ml_client *c = in->checkclient(L, 1);
+  lua_pushboolean(L, in->renew_flush(c, luaL_optnumber(L, 2, 10)));
+  return 1;
+}
+
+static int l_watch_stats(lua_State *L) {
+  const ml_internals *in = core_internals(L);
+  ml_watch_counts n;
+  in->watch_stats(in->checkclient(L, 1), &n);
+  lua_createtable(L, 0, 10);
+  setint(L, "streams", n.streams);
+  setint(L, "threads", n.threads);
+  setint(L, "opens", n.opens);
+  setint(L, "answered", n.answered);
+  setint(L, "handed", n.handed);
+  setint(L, "granted", n.granted);
+  setint(L, "events", n.events);
+  setint(L, "reopens", n.reopens);
+  setint(L, "getmores", n.getmores);
+  setint(L, "failed", n.failed);
+  return 1;
+}
+
+static const luaL_Reg testing_funcs[] = {
+  {"fork", l_fork},
+  {"exit", l_exit},
+  {"exit_mark", l_exit_mark},
+  {"waitpid", l_waitpid},
+  {"failpoint", l_failpoint},
+  {"delete", l_delete},
+  {"opcounters", l_opcounters},
+  {"renew_stats", l_renew_stats},
+  {"renew_flush", l_renew_flush},
+  {"watch_stats", l_watch_stats},
+  {NULL, NULL}
+};
+
+__attribute__((visibility("default")))
+int luaopen_mongolock_testing(lua_State *L);
+
+int luaopen_mongolock_testing(lua_State *L) {
+  /* the core first: it leaves its internals in the registry */
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "mongolock.core");
+  lua_call(L, 1, 0);
+  (void)core_internals(L);
+  luaL_newlib(L, testing_funcs);
+  return 1;
+}
