@@ -54,6 +54,9 @@ local connect_defaults = {
   -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
   server_timeout = args.SERVER_TIMEOUT,
   server_selection_timeout = nil, -- seconds; server selection alone
+  -- seconds a single attempt (try, timeout = 0) waits for a writable
+  -- server and for its reply, a frozen server's too; at most server_timeout
+  attempt_timeout = args.ATTEMPT_TIMEOUT,
   scheduler = nil,                -- "cqueues", "luv" or a table (mongolock.sched): in
                                   -- its coroutines every wait yields to it
   threads = 8,                    -- with a scheduler: worker threads that run
@@ -61,7 +64,7 @@ local connect_defaults = {
 }
 _M.connect_defaults = connect_defaults
 local CONNECT_OPTS = args.set({ "appname", "write_concern", "wtimeout", "pool_size",
-  "server_timeout", "server_selection_timeout", "scheduler", "threads" })
+  "server_timeout", "server_selection_timeout", "attempt_timeout", "scheduler", "threads" })
 
 -- the URI's serverSelectionTimeoutMS in seconds, or nil
 local function uri_selection_timeout(uri)
@@ -118,6 +121,11 @@ function _M.connect(uri, opts)
         .. args.shown(bound) .. ")")
     end
   end
+  local attempt = connect_defaults.attempt_timeout
+  if opts.attempt_timeout ~= nil then
+    attempt = seconds(opts.attempt_timeout, 2, "connect", "attempt_timeout")
+  end
+  attempt = math.min(attempt, bound)
   local scheduler, threads, sched
   if opts.scheduler ~= nil then
     sched = require "mongolock.sched"
@@ -131,13 +139,14 @@ function _M.connect(uri, opts)
         .. args.shown(threads) .. ")")
     end
   end
-  local c, err = core.connect(uri, appname, w, wtimeout, pool, sst, math_ceil(bound * 1000))
+  local c, err = core.connect(uri, appname, w, wtimeout, pool, sst, math_ceil(bound * 1000),
+    math_ceil(attempt * 1000))
   if not c then return nil, err end
   -- the arguments, as plain values: inside nginx a worker thread makes its
   -- own client from them (mongolock.ngx)
   local connect_opts = {}
   for _, k in ipairs({ "appname", "write_concern", "wtimeout", "pool_size", "server_selection_timeout",
-                       "server_timeout" }) do
+                       "server_timeout", "attempt_timeout" }) do
     connect_opts[k] = opts[k]
   end
   -- how long one server selection may block: the acquire loop waits for a
@@ -147,7 +156,7 @@ function _M.connect(uri, opts)
   -- client makes an object whose calls answer "closed")
   local client = setmetatable({ _core = c, appname = appname, connect_opts = connect_opts,
                                 _database = c:default_database(),
-                                server_bound = selection, _scheduler = scheduler,
+                                server_bound = selection, attempt_bound = attempt, _scheduler = scheduler,
                                 _threads = threads, _series = { by = {} } }, client_mt)
   uris[client] = uri
   stats.clients[client] = true

@@ -298,6 +298,28 @@ c:close()
     assert_no_secret(s, err, "the error")
   end)
 
+  -- issue 42: a wait, not only try, ends with the driver's cause (not
+  -- "no server that takes writes was reachable before the timeout")
+  it("acquire and exec -w against an untrusted certificate end naming the cause", function()
+    if not s then return pending(why) end
+    local c = assert(mongolock.connect(s.untrusted_uri, { server_timeout = SERVER_TIMEOUT }))
+    local l = assert(c:locks({ database = locks.database, collection = locks.collection }))
+    -- a timeout shorter than the server bound (no attempt is sent), and a
+    -- longer one (attempts fail, then the wait for a server)
+    for _, timeout in ipairs({ 1, 3 }) do
+      local started = core.monotonic()
+      local h, err = l:acquire(helpers.unique("untrusted"), { timeout = timeout })
+      assert.is_nil(h)
+      assert.matches("certificate verify failed", err, 1, true)
+      assert.is_true(core.monotonic() - started < timeout + SERVER_TIMEOUT + 2)
+    end
+    c:close()
+    local code, _, serr = cli(s.untrusted_uri, { "--server-timeout", tostring(SERVER_TIMEOUT),
+      "--database", locks.database, "exec", "-w", "1", "job", "--", "true" })
+    assert.equal(69, code, serr)
+    assert.matches("certificate verify failed", serr, 1, true)
+  end)
+
   it("a read-only user gets 13 on acquire, with nothing written and nothing held", function()
     if not s then return pending(why) end
     if not s.ro_uri then return pending("no MONGODB_AUTH_RO_URI") end

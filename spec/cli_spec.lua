@@ -408,6 +408,26 @@ describe("#unit mongolock command", function()
     end
   end)
 
+  -- issue 42: without -w the command waits for ever; an admin reading its
+  -- log learns after a few seconds (then every minute) why it waits
+  it("exec without -w says on stderr, after a few seconds, that the server is unreachable and why", function()
+    local bg = background({ "--uri", "mongodb://127.0.0.1:1/", "--server-timeout", "1", "exec", "job", "--",
+      "true" })
+    local started = core.monotonic()
+    local ok, e = pcall(function()
+      local line = poll(function() return read(bg.err):match("[^\n]*unreachable[^\n]*\n") end, 15, "the notice")
+      assert.matches("^mongolock: the server is unreachable %(.*connect.*127%.0%.0%.1:1.*%); still waiting for job",
+        line)
+      assert.is_true(core.monotonic() - started >= 2, "the notice came before a few seconds")
+      assert.equal("", read(bg.rc), "it stopped waiting")
+      assert.equal(1, select(2, read(bg.err):gsub("\n", "")), "one notice, not one per attempt")
+    end)
+    bg:kill("TERM")
+    bg:wait(10)
+    bg:cleanup()
+    assert(ok, e)
+  end)
+
   it("takes the server timeout from --server-timeout, else MONGOLOCK_SERVER_TIMEOUT; the URI's own wins", function()
     local refused = "mongodb://127.0.0.1:1/"
     local took, code = timed(function()

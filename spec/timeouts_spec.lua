@@ -201,6 +201,34 @@ describe("#integration a server that dies or hangs", function()
     assert.is_true(took < 2 * bound, format("close: %.2f s", took))
   end)
 
+  -- issue 42: a frozen server (SIGSTOP) after one call that succeeded:
+  -- the monitors still know it writable, so the attempt is sent and waits
+  -- for a reply; each try ends after attempt_timeout (1 s), not after the
+  -- server bound twice (the socket timeout, then the driver's retry)
+  it("try against a frozen server returns within about attempt_timeout, naming the cause", function()
+    local s = standin()
+    local client = assert(mongolock.connect(s.uri))
+    local locks = client:locks({ collection = "k" })
+    assert.equal(1, client.attempt_bound)
+    local h = assert(locks:try("x"))
+    assert(h:release())
+    os.execute(format("kill -STOP %d", s.pid))
+    local ok, e = pcall(function()
+      for round = 1, 2 do
+        local took, r = timed(function() return locks:try("y" .. round) end)
+        assert.is_nil(r[1])
+        -- the cause: no reply (a socket timeout), or no server found
+        assert.is_truthy(tostring(r[2]):match("socket") or tostring(r[2]):match("No suitable servers"),
+          tostring(r[2]))
+        assert.is_true(took < 3, format("try %d: %.2f s", round, took))
+      end
+    end)
+    os.execute(format("kill -CONT %d", s.pid))
+    client:close()
+    kill(s)
+    assert(ok, e)
+  end)
+
   it("the default server_timeout is far below libmongoc's 30 s", function()
     local s = standin()
     local client = assert(mongolock.connect(s.uri))

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "args.h"
 #include "client.h"
 #include "renew.h"
+#include "transport.h"
 
 /* ---- process exit ------------------------------------------------------ */
 
@@ -120,6 +122,180 @@ const char *ml_client_dbname(const ml_client *c) {
 
 void ml_client_append_wc(const ml_client *c, bson_t *opts) {
   mongoc_write_concern_append(c->wc, opts);
+}
+
+/* ---- a single attempt, bounded (client:one_attempt) ------------------ */
+
+/*
+ * A try (timeout = 0) must end in about a second even when the server
+ * stopped answering after the client last saw it writable, where the
+ * connection's socket timeout (the server bound) and the driver's retry of
+ * a write would make it wait twice the server bound.  libmongoc has no
+ * socket timeout per operation, so while client:one_attempt is on, each
+ * ml_run of this thread on the client's connection is handed to a thread
+ * of its own, and waited for up to attempt_ms.  When that passes, the
+ * attempt is abandoned: the thread keeps the connection until the driver
+ * gives up (then pushes it back into the pool, which the client's orphan
+ * keeps alive past a close), and the client takes a new one for its next
+ * call.  The answer then is a network error (as a lost reply's), code 4.
+ */
+typedef struct single_run {
+  int refs;                     /* (single_mu) the waiter's and the thread's */
+  int done, ok, abandoned;      /* (single_mu) */
+  mongoc_client_t *mc;          /* the connection it runs on */
+  mongoc_client_pool_t *pool;   /* mc's, for the push after abandonment */
+  ml_orphan *orphan;            /* set when abandoned: keeps pool alive */
+  mongoc_write_concern_t *wc;   /* copies: the waiter may be gone */
+  ml_op op;
+  char *db, *coll, *session;
+  bson_t reply;                 /* initialised once done */
+  bson_error_t err;
+} single_run;
+
+static pthread_mutex_t single_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t single_cv;
+static pthread_once_t single_once = PTHREAD_ONCE_INIT;
+static __thread ml_client *single_client;        /* one_attempt is on */
+static __thread mongoc_client_t *single_lost;    /* the connection last
+                                                    abandoned by this thread */
+
+static void single_init(void) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&single_cv, &a);
+  pthread_condattr_destroy(&a);
+}
+
+static void single_free(single_run *r) {
+  if (r->done) bson_destroy(&r->reply);
+  bson_destroy(&r->op.cmd);
+  mongoc_write_concern_destroy(r->wc);
+  bson_free(r->db);
+  bson_free(r->coll);
+  bson_free(r->session);
+  free(r);
+}
+
+static void *single_main(void *arg) {
+  single_run *r = (single_run *)arg;
+  bson_t reply;
+  bson_error_t err;
+  int ok, abandoned, last;
+  memset(&err, 0, sizeof err);
+  ok = ml_run_direct(r->mc, r->wc, &r->op, &reply, &err);
+  pthread_mutex_lock(&single_mu);
+  r->ok = ok;
+  bson_steal(&r->reply, &reply);
+  r->err = err;
+  r->done = 1;
+  abandoned = r->abandoned;
+  last = --r->refs == 0;
+  pthread_cond_broadcast(&single_cv);
+  pthread_mutex_unlock(&single_mu);
+  if (abandoned) {
+    mongoc_client_pool_push(r->pool, r->mc);
+    if (r->orphan) ml_orphan_drop(r->orphan);
+  }
+  if (last) single_free(r);
+  return NULL;
+}
+
+static int single_lost_error(bson_t *reply, bson_error_t *error, int32_t ms) {
+  bson_init(reply);
+  bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
+                 "no reply within %d ms (attempt_timeout): socket timeout, the server is not answering",
+                 (int)ms);
+  return 0;
+}
+
+/* ml_run's runner while one_attempt is on (ml_run_override) */
+static int single_runner(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
+                         bson_error_t *error) {
+  ml_client *c = single_client;
+  single_run *r;
+  pthread_t t;
+  sigset_t all, old;
+  struct timespec until;
+  int ok, done, last, started;
+  if (!c || c->closed || c->attempt_ms <= 0 || mc != c->client || op->session) {
+    /* the connection this thread gave up on is the driver's until it ends */
+    if (c && mc == single_lost && mc != c->client) return single_lost_error(reply, error, c->attempt_ms);
+    return ml_run_direct(mc, wc, op, reply, error);
+  }
+  r = (single_run *)calloc(1, sizeof *r);
+  if (!r) return ml_run_direct(mc, wc, op, reply, error);
+  r->mc = mc;
+  r->pool = c->pool;
+  r->wc = mongoc_write_concern_copy(wc);
+  r->op.kind = op->kind;
+  r->op.retry = op->retry;
+  r->op.db = r->db = op->db ? bson_strdup(op->db) : NULL;
+  r->op.coll = r->coll = op->coll ? bson_strdup(op->coll) : NULL;
+  bson_copy_to(&op->cmd, &r->op.cmd);
+  r->refs = 2;
+  pthread_once(&single_once, single_init);
+  ml_pin_library();
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);   /* the thread takes no signal */
+  started = pthread_create(&t, NULL, single_main, r) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!started) {
+    single_free(r);
+    return ml_run_direct(mc, wc, op, reply, error);
+  }
+  pthread_detach(t);
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += c->attempt_ms / 1000;
+  until.tv_nsec += (long)(c->attempt_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&single_mu);
+  while (!r->done && pthread_cond_timedwait(&single_cv, &single_mu, &until) != ETIMEDOUT) {
+  }
+  done = r->done;
+  if (!done) {
+    /* abandoned: the thread keeps the connection (and the pool alive) */
+    r->orphan = ml_orphan_take(c);
+    if (r->orphan) {
+      r->abandoned = 1;
+    } else {
+      while (!r->done) pthread_cond_wait(&single_cv, &single_mu);   /* out of memory: wait */
+      done = 1;
+    }
+  }
+  if (done) {
+    ok = r->ok;
+    bson_steal(reply, &r->reply);
+    r->done = 0;                  /* the reply is the caller's now */
+    if (!ok) *error = r->err;
+  }
+  last = --r->refs == 0;
+  pthread_mutex_unlock(&single_mu);
+  if (last) single_free(r);
+  if (done) return ok;
+  c->client = NULL;               /* the next call pops another */
+  single_lost = mc;
+  return single_lost_error(reply, error, c->attempt_ms);
+}
+
+/* client:one_attempt(on) -> the previous setting: while on, this thread's
+ * round trips on the client are single attempts, each bounded by the
+ * connect's attempt bound (single_runner above) */
+static int l_one_attempt(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  int on = lua_toboolean(L, 2);
+  lua_pushboolean(L, single_client == c);
+  if (on && c->attempt_ms > 0) {
+    single_client = c;
+    ml_run_override(single_runner);
+  } else if (!on && single_client == c) {
+    single_client = NULL;
+    ml_run_override(NULL);
+  }
+  return 1;
 }
 
 /* ---- a closed client's pool, still used by detached threads ----------- */
@@ -229,14 +405,16 @@ static int uri_usable(lua_State *L, const mongoc_uri_t *uri) {
 }
 
 /*
- * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms, bound_ms)
- *   -> client | nil, message
+ * core.connect(uri, appname, w, wtimeout_ms, pool_size, sst_ms, bound_ms,
+ *              attempt_ms) -> client | nil, message
  * w: "majority", an integer >= 1, or nil for the URI's w, else "majority";
  * an unacknowledged write concern (the URI's w=0) is refused.  appname,
  * wtimeout_ms, pool_size and sst_ms may be nil (the URI's or libmongoc's).
  * bound_ms: serverSelectionTimeoutMS, connectTimeoutMS and socketTimeoutMS,
  * each unless the URI (or sst_ms) gives it, so that no round trip waits for
  * an unreachable or silent server longer than about that.
+ * attempt_ms (nil: none): how long a single attempt waits for a reply
+ * (client:one_attempt).
  * The Lua layer (mongolock.connect) checks and converts friendly options;
  * this checks types again and never trusts them.
  */
@@ -254,7 +432,7 @@ static int l_connect(lua_State *L) {
   /* every type check that can raise, before the URI is made (it would
    * leak): the checks below see the same values again */
   if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TSTRING) (void)luaL_checkinteger(L, 3);
-  for (arg = 4; arg <= 7; arg++)
+  for (arg = 4; arg <= 8; arg++)
     if (!lua_isnoneornil(L, arg)) (void)luaL_checkinteger(L, arg);
   (void)lua_tolstring(L, 1, &len);
   if (strlen(s) != len) return ml_pushfail(L, "invalid URI: contains a NUL byte", 0);
@@ -349,6 +527,10 @@ static int l_connect(lua_State *L) {
   lua_setmetatable(L, -2);
   c->uri = uri;
   c->wc = wc;
+  if (!lua_isnoneornil(L, 8)) {
+    lua_Integer n = luaL_checkinteger(L, 8);
+    c->attempt_ms = n < 1 ? 1 : n > INT32_MAX ? INT32_MAX : (int32_t)n;
+  }
   c->obs = ml_obs_new();
   if (!c->obs) {
     client_close(c);
@@ -586,6 +768,7 @@ static const luaL_Reg client_methods[] = {
   {"writable", l_writable},
   {"request_scan", l_request_scan},
   {"probe", l_probe},
+  {"one_attempt", l_one_attempt},
   {"set_external", l_set_external},
   {"keeper", l_keeper},
   {"default_database", l_default_db},

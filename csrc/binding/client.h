@@ -55,6 +55,8 @@ typedef struct ml_client {
                                    destroys it, not close */
   struct ml_obs *obs;           /* its counters and events (stats.c); one
                                    reference, dropped by __gc */
+  int32_t attempt_ms;           /* a single attempt's bound (client.c's
+                                   client:one_attempt); 0: none */
 } ml_client;
 
 /*
@@ -69,8 +71,9 @@ typedef struct ml_orphan {
 } ml_orphan;
 
 /* c's orphan (made on first use, with close's own reference), with one
- * more reference for the caller; NULL when out of memory.  From close's
- * on_close only. */
+ * more reference for the caller; NULL when out of memory.  On the Lua
+ * side's thread only: close's on_close, or a single attempt abandoned to
+ * its thread (client.c). */
 ml_orphan *ml_orphan_take(ml_client *c);
 /* drops one reference; the last destroys the pool */
 void ml_orphan_drop(ml_orphan *o);

@@ -244,8 +244,23 @@ static int run_in_session(mongoc_client_t *mc, const ml_op *op, bson_t *reply, b
   return ok;
 }
 
+/* the calling thread's runner of ml_run, when one is set (ml_run_override) */
+static __thread ml_runner run_override;
+
+ml_runner ml_run_override(ml_runner f) {
+  ml_runner prev = run_override;
+  run_override = f;
+  return prev;
+}
+
 int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
            bson_error_t *error) {
+  if (run_override) return run_override(mc, wc, op, reply, error);
+  return ml_run_direct(mc, wc, op, reply, error);
+}
+
+int ml_run_direct(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
+                  bson_error_t *error) {
   switch (op->kind) {
   case ML_RUN_WRITE: {
     bson_t opts = BSON_INITIALIZER;

@@ -41,6 +41,18 @@
 int ml_run(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
            bson_error_t *error);
 
+/* ml_run itself, whatever runner the thread has set */
+int ml_run_direct(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
+                  bson_error_t *error);
+
+/* Sets the calling thread's runner of ml_run (NULL: none, ml_run_direct),
+ * returning the one before: a single attempt hands its op to a thread of
+ * its own and waits for it a bounded time (client.c, client:one_attempt).
+ * Other threads (pools, renewals, streams) are not affected. */
+typedef int (*ml_runner)(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
+                         bson_error_t *error);
+ml_runner ml_run_override(ml_runner f);
+
 /* one of a cursor's commands (op, ML_RUN_COMMAND) on mc in the explicit
  * session cs (NULL: none, the server has no sessions), for a caller that
  * keeps the cursor's connection and session itself (the change-stream

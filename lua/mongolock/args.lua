@@ -33,6 +33,10 @@ _M.backoff = { step = 0.001, ratio = 2, max_step = 0.5 }
 -- a sixth of the default lease, where libmongoc waits 30 s
 _M.SERVER_TIMEOUT = 5
 
+-- seconds a single attempt (try, a timeout of 0) waits for a frozen or
+-- dead server: its own selection, connect and socket timeouts
+_M.ATTEMPT_TIMEOUT = 1
+
 -- the longest lease (and queue place) the core takes
 _M.TTL_MAX = 365 * 24 * 3600
 

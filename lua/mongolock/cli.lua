@@ -985,6 +985,29 @@ local function cmd_release(args)
   return EXIT.ok
 end
 
+-- ---- the server is unreachable ---------------------------------------------------------------
+
+-- A wait that cannot reach the server says so on stderr, and why (the
+-- driver's cause: a refused connection, a TLS handshake, a name, a
+-- password): once when it has not reached it for NOTICE_AFTER seconds, then
+-- every NOTICE_EVERY while that lasts.  notices(name) -> note(failure):
+-- failure is {err, code} after a failed call, nil after an answer.
+local NOTICE_AFTER, NOTICE_EVERY = 3, 60
+
+local function unreachable_notices(name)
+  local reached, next_at = core.monotonic(), nil
+  return function(failure)
+    local now = core.monotonic()
+    if not failure then
+      reached, next_at = now, nil
+      return
+    end
+    if now - reached < NOTICE_AFTER or (next_at and now < next_at) then return end
+    next_at = now + NOTICE_EVERY
+    warn("the server is unreachable (%s); still waiting for %s", tostring(failure[1]), name)
+  end
+end
+
 -- ---- wait -------------------------------------------------------------------------------
 
 local function cmd_wait(args)
@@ -997,8 +1020,12 @@ local function cmd_wait(args)
   -- mongolock.errors.transient) is looked at again while a call (at most
   -- the server timeout) still ends before the deadline
   local bound = server_timeout(args)
+  local note = unreachable_notices(args.name)
   local function failed(err, code)
-    if errors.transient(code, err) and core.monotonic() + bound < deadline then return true end
+    if errors.transient(code, err) and core.monotonic() + bound < deadline then
+      note({ err, code })
+      return true
+    end
     fail(EXIT.unavailable, "cannot wait for %s: %s", args.name, tostring(err))
   end
   while true do
@@ -1014,6 +1041,7 @@ local function cmd_wait(args)
       core.sleep(min(step, max(deadline - core.monotonic(), 0)))
       step = min(step * 2, 1)
     else
+      note(nil)
       local shares = shares_record(sst)
       local shared = shares and shares.in_use > 0
       if not (st and st.held) and not shared then
@@ -1054,7 +1082,7 @@ end
 local SLICE = 0.5
 local INTERRUPTED = "interrupted by a signal"
 
-local function interruptible(inner, caught)
+local function interruptible(inner, caught, note)
   local function pending()
     for _, sig in ipairs(proc.signals()) do caught[#caught + 1] = sig end
     return caught[1] ~= nil
@@ -1062,6 +1090,9 @@ local function interruptible(inner, caught)
   local w = setmetatable({}, { __index = inner })
   function w.sleep_until_retry(state)
     if pending() then return nil, INTERRUPTED end
+    -- an outage's pause carries the failure it follows (mongolock.loop);
+    -- a wait for a holder follows an answer
+    if note then note(state.failure) end
     local deadline = state.deadline
     state.deadline = min(deadline, core.monotonic() + SLICE)
     local ok, err, code = inner.sleep_until_retry(state)
@@ -1079,7 +1110,7 @@ end
 local function acquire_interruptible(locks, name, opts, caught)
   local mod = require "mongolock.locks"
   local inner = mod.get_wait()
-  mod.set_wait(interruptible(inner, caught))
+  mod.set_wait(interruptible(inner, caught, unreachable_notices(name)))
   local ok, h, err, info = pcall(call, locks, "acquire", name, opts)
   mod.set_wait(inner)
   if not ok then error(h, 0) end

@@ -207,10 +207,11 @@ function _M.try(self, id, opts)
   local o = call_opts(self, opts, "try")
   if not runners.ngx_core(self.client) and not self.core:closed() then
     -- one attempt: a dead server answers within a second
-    local ready, err, code = loop.one_attempt_ready(self.core, self.bound)
+    local ready, err, code = loop.one_attempt_ready(self.core, self.bound, self.client.attempt_bound)
     if not ready then return nil, err, code end
   end
-  return stats.count_one(self.series, attempt(self, id, o, nil))
+  -- one attempt: bounded by the client's attempt_timeout (loop.single)
+  return stats.count_one(self.series, loop.single(self, attempt, self, id, o, nil))
 end
 
 -- the wait loop, once the arguments are checked

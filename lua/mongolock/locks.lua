@@ -274,19 +274,22 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
   if self.core:closed() then return nil, "closed" end
   if not waiter and not runners.ngx_core(self.client) then
     -- one attempt (timeout = 0): a dead server answers within a second
-    local ready, err, code = loop.one_attempt_ready(self.core, self.bound)
+    local ready, err, code = loop.one_attempt_ready(self.core, self.bound, self.client.attempt_bound)
     if not ready then return nil, err, code end
   end
-  local h, err, info
-  if o.value ~= nil then
-    -- an election's campaign (mongolock.elections): the attempt that takes
-    -- the lock publishes the value; its waiter is never granted the lock
-    h, err, info = core_of(self):campaign(self.database, self.collection, name, ttl_ms, self.app, o.renew,
-      waiter, queue_ms, o.value, deadline)
-  else
-    h, err, info = core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app,
+  local function send()
+    if o.value ~= nil then
+      -- an election's campaign (mongolock.elections): the attempt that takes
+      -- the lock publishes the value; its waiter is never granted the lock
+      return core_of(self):campaign(self.database, self.collection, name, ttl_ms, self.app, o.renew,
+        waiter, queue_ms, o.value, deadline)
+    end
+    return core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app,
       o.renew, waiter, queue_ms, polling, deadline)
   end
+  local h, err, info
+  -- one attempt: bounded by the client's attempt_timeout (loop.single)
+  if waiter then h, err, info = send() else h, err, info = loop.single(self, send) end
   if h or err == "busy" then ensure_index(self) end
   if h then return _M.note_handle(self.client, h), err, info end
   if err == "busy" and _M.own_deadlock(self.client, self.database, self.collection, name, info, deadline) then

@@ -50,22 +50,48 @@ local function await_server(core_client, until_)
 end
 
 -- how long a call with timeout = 0 (one attempt: try, -n) waits for a
--- server that takes writes, at most the client's server bound
+-- server that takes writes when its client gives no attempt_timeout, at
+-- most the client's server bound
 _M.ONE_ATTEMPT_WAIT = 1
 
+-- the driver's own cause of no writable server (a refused connection, a
+-- certificate that failed, a name that does not resolve, a failed
+-- authentication, no answer): one quick selection of its own, up to
+-- `seconds`; else, `last` (an {err, code} seen before), else NO_SERVER
+local function no_server(core_client, seconds, last)
+  local ok, err, code = core_client:probe(seconds)
+  if not ok and err ~= nil then return err, code end
+  if last then return last[1], last[2] end
+  return NO_SERVER, NO_SERVER_CODE
+end
+
 -- Before the one attempt of timeout = 0: true when a writable server is
--- known or becomes known within ONE_ATTEMPT_WAIT (a fresh client's monitors
--- find a live server in milliseconds), else nil, NO_SERVER, NO_SERVER_CODE.
--- A dead server so costs about a second, where the attempt's own server
--- selection would wait the whole server bound: never longer than a call
--- with a longer timeout.
-function _M.one_attempt_ready(core_client, bound)
-  if await_server(core_client, monotonic() + math_min(_M.ONE_ATTEMPT_WAIT, bound)) then return true end
-  -- the cause in the driver's words (a refused connection, a certificate
-  -- that failed): one quick selection of its own
-  local ok, err, code = core_client:probe(math_min(_M.ONE_ATTEMPT_WAIT, bound))
-  if ok or err == nil then return nil, NO_SERVER, NO_SERVER_CODE end
-  return nil, err, code
+-- known or becomes known within half of `attempt` (the client's
+-- attempt_timeout, ONE_ATTEMPT_WAIT by default; a fresh client's monitors
+-- find a live server in milliseconds), else nil, the driver's cause
+-- (no_server, in the other half), code.  A dead server so costs about
+-- `attempt`, where the attempt's own server selection would wait the
+-- whole server bound: never longer than a call with a longer timeout.
+function _M.one_attempt_ready(core_client, bound, attempt)
+  local wait = math_min(attempt or _M.ONE_ATTEMPT_WAIT, bound)
+  if await_server(core_client, monotonic() + wait / 2) then return true end
+  return nil, no_server(core_client, wait / 2)
+end
+
+-- f(...) as a single attempt of owner (.core, .client): while it runs, the
+-- client's calls go to its single attempt's own pool (client:one_attempt),
+-- whose selection, connect and socket timeouts are the client's
+-- attempt_timeout, so that a frozen server costs about that, not the
+-- server bound (twice, with the driver's retry).  A runner's core (a
+-- scheduler's threads, nginx) is left as it is.
+function _M.single(owner, f, ...)
+  local cc = core_of(owner)
+  if cc ~= owner.core or cc:closed() then return f(...) end
+  local prev = cc:one_attempt(true)
+  local r = table_pack(pcall(f, ...))
+  cc:one_attempt(prev)
+  if not r[1] then error(r[2], 0) end
+  return table_unpack(r, 2, r.n)
 end
 
 --[[
@@ -132,6 +158,9 @@ function _M.acquire(run)
   -- or the lock itself, taken under the waiter's id); noreply: one had no
   -- reply, even to the driver's retry (the write may have been applied)
   local queued, unsure, noreply = false, false, false
+  -- {err, code} of the latest attempt that failed transiently: the cause
+  -- an outage that outlasts the deadline ends with
+  local last_failure
   local function give_up(...)
     if not run.leave or run.core:closed() then return nil, ... end
     local cc = core_of(run.owner)
@@ -162,6 +191,9 @@ function _M.acquire(run)
                  opts = { wait = "poll", step = b.step, ratio = b.ratio, max_step = b.max_step } }
     end
     outage.attempt = outage.attempt + 1
+    -- the failure it waits after, for a wait step that reports an outage
+    -- (the command's notices)
+    outage.failure = last_failure
     return run.wait.sleep_until_retry(outage)
   end
   while true do
@@ -169,18 +201,33 @@ function _M.acquire(run)
     if timeout == 0 then
       -- (inside nginx the attempt is a worker thread's job, bounded there)
       if not runners.cooperative() then
-        local ready, rerr, rcode = _M.one_attempt_ready(run.core, run.bound)
+        local ready, rerr, rcode = _M.one_attempt_ready(run.core, run.bound, run.owner.client.attempt_bound)
         if not ready then return lose(rerr, rcode) end
       end
-    elseif deadline - started < run.bound and not await_server(run.core, deadline) then
-      return lose(NO_SERVER, NO_SERVER_CODE)
+    elseif deadline - started < run.bound then
+      -- the last part of the time left (at most half the attempt bound)
+      -- goes to asking the driver why no server is writable, so that the
+      -- error names the cause (TLS, DNS, authentication, refused) and the
+      -- wait still ends by the deadline
+      local ask = math_min((run.owner.client.attempt_bound or _M.ONE_ATTEMPT_WAIT) / 2, (deadline - started) / 4)
+      if not await_server(run.core, deadline - ask) then
+        if run.core:closed() then return lose("closed") end
+        local cause, ccode = no_server(run.core, ask, last_failure)
+        -- the rest of the time (a refusal answers at once) still waits
+        if not await_server(run.core, deadline) then return lose(cause, ccode) end
+      end
     end
     if run.on_step then run.on_step(false) end
     started = monotonic()
     local polling = (run.poll or (state ~= nil and state.polling)) and true or false
     -- the attempt's reply is waited for up to the deadline (a try's, to
     -- its end)
-    local a, b, c = run.attempt(polling, first, timeout > 0 and deadline or nil)
+    local a, b, c
+    if timeout == 0 and not runners.cooperative() then
+      a, b, c = _M.single(run.owner, run.attempt, polling, first, nil)
+    else
+      a, b, c = run.attempt(polling, first, timeout > 0 and deadline or nil)
+    end
     first = false
     if a ~= nil then return won(a, b, c) end
     if run.leave then
@@ -195,6 +242,7 @@ function _M.acquire(run)
       if timeout == 0 or not transient(c, b) or monotonic() >= deadline then
         return lose(b, c)
       end
+      last_failure = { b, c }
       local ok, serr, scode = pause()
       if ok == nil and serr ~= nil then return lose(serr, scode) end
     else

@@ -169,11 +169,16 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   if self.core:closed() then return nil, "closed" end
   if not waiter and not runners.ngx_core(self.client) then
     -- one attempt (timeout = 0): a dead server answers within a second
-    local ready, err, code = loop.one_attempt_ready(self.core, self.bound)
+    local ready, err, code = loop.one_attempt_ready(self.core, self.bound, self.client.attempt_bound)
     if not ready then return nil, err, code end
   end
-  local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
-    o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline)
+  local function send()
+    return core_of(self):share_acquire(self.database, self.collection, name, mode,
+      o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline)
+  end
+  -- one attempt: bounded by the client's attempt_timeout (loop.single)
+  local h, e, v
+  if waiter then h, e, v = send() else h, e, v = loop.single(self, send) end
   if h or e == "busy" or e == "mismatch" then ensure_index(self) end
   if h then return locks_mod.note_handle(self.client, h) end
   if e == "busy" then
