@@ -78,15 +78,19 @@ function _M.one_attempt_ready(core_client, bound, attempt)
   return nil, no_server(core_client, wait / 2)
 end
 
--- f(...) as a single attempt of owner (.core, .client): while it runs, the
--- client's calls go to its single attempt's own pool (client:one_attempt),
--- whose selection, connect and socket timeouts are the client's
--- attempt_timeout, so that a frozen server costs about that, not the
--- server bound (twice, with the driver's retry).  A runner's core (a
+-- f(...) as a single attempt of owner (.core, .client): when the client
+-- was given an attempt_timeout, each round trip of f runs on a thread of
+-- its own (client:one_attempt) and is abandoned after that time, so that a
+-- server that froze after it was last seen writable costs about that, not
+-- the server bound (twice, with the driver's retry).  Without the option
+-- the round trips run in place: a thread per attempt costs the uncontended
+-- cycle about 40% of its rate (bench/cycles.lua).  A runner's core (a
 -- scheduler's threads, nginx) is left as it is.
 function _M.single(owner, f, ...)
   local cc = core_of(owner)
-  if cc ~= owner.core or cc:closed() then return f(...) end
+  if cc ~= owner.core or cc:closed() or not (owner.client and owner.client.attempt_given) then
+    return f(...)
+  end
   local prev = cc:one_attempt(true)
   local r = table_pack(pcall(f, ...))
   cc:one_attempt(prev)
