@@ -186,6 +186,7 @@ static const luaL_Reg core_funcs[] = {
   {"utf8_valid", l_utf8_valid},
   {"getpid", l_getpid},
   {"hostname", l_hostname},
+  {"totals", ml_l_totals},           /* stats.c */
   {NULL, NULL}
 };
 

@@ -183,6 +183,8 @@ void ml_obs_command(const ml_client *c);
 
 /* client:counters(), client:take_events(), client:watch_events(bool) */
 int ml_m_counters(lua_State *L);
+/* core.totals(): every client's counters in this process, for ever */
+int ml_l_totals(lua_State *L);
 int ml_m_take_events(lua_State *L);
 int ml_m_want_events(lua_State *L);
 int ml_m_has_events(lua_State *L);

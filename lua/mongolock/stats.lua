@@ -10,9 +10,20 @@ local type = type
 local pcall = pcall
 local rawget = rawget
 local tostring = tostring
+local ipairs = ipairs
 local setmetatable = setmetatable
+local table_remove = table.remove
 
 local _M = {}
+
+-- The process's totals of the Lua counters, which never go back whatever
+-- clients close or are collected (mongolock.metrics; the C counters' are
+-- the core's, core.totals()): the series of every client still open, and
+-- `retired`, the sums of those of clients closed or collected, folded in
+-- by _M.totals.  records: one per client that counts (its _series, held
+-- here, and the client, weakly).
+local records = {}
+_M.retired = { by = {} }
 
 -- the wait-time histogram's upper bounds (s), fixed: Prometheus' default
 -- buckets, which most latency dashboards already read
@@ -24,10 +35,7 @@ local NBUCKETS = #WAIT_BUCKETS
 -- Lua on the client itself: counting is a table increment on the caller's
 -- thread (no lock, no round trip; inside nginx one set per worker).
 -- Returns nil for a client made otherwise (no _series).
-function _M.series(client, kind, db, coll)
-  local all = type(client) == "table" and rawget(client, "_series")
-  if not all then return nil end
-  local collection = db .. "." .. coll
+local function new_series(all, kind, collection)
   local key = kind .. "\0" .. collection
   local s = all.by[key]
   if not s then
@@ -39,6 +47,55 @@ function _M.series(client, kind, db, coll)
     all[#all + 1] = s
   end
   return s
+end
+
+function _M.series(client, kind, db, coll)
+  local all = type(client) == "table" and rawget(client, "_series")
+  if not all then return nil end
+  if not all.recorded then
+    all.recorded = true
+    records[#records + 1] = { series = all, client = setmetatable({ client }, { __mode = "v" }) }
+  end
+  return new_series(all, kind, db .. "." .. coll)
+end
+
+-- the commands a client sent as jobs of nginx's worker threads (its
+-- mongolock.ngx stand-in's count, a table kept by the record)
+local function jobs_count(r, client)
+  local nc = client and rawget(client, "_ngx_core")
+  if nc and nc.count then r.count = nc.count end
+  return r.count and r.count.n or 0
+end
+
+-- series, commands = _M.totals(): the process's Lua counters: a list of
+-- series (as client._series's, every client's summed by kind and
+-- collection) and the commands sent as nginx jobs.  A closed or collected
+-- client's are folded into _M.retired on the way, so they stay for ever.
+function _M.totals()
+  local retired = _M.retired
+  local acc = { by = {} }
+  local function add(into, s)
+    local t = new_series(into, s.kind, s.collection)
+    for _, f in ipairs({ "acquisitions", "waits", "timeouts", "busy", "wait_sum" }) do t[f] = t[f] + s[f] end
+    for i, n in ipairs(s.wait_counts) do t.wait_counts[i] = t.wait_counts[i] + n end
+  end
+  local i = 1
+  while records[i] do
+    local r = records[i]
+    local client = r.client[1]
+    local jobs = jobs_count(r, client)
+    if client == nil or client:closed() then
+      for _, s in ipairs(r.series) do add(retired, s) end
+      retired.commands = (retired.commands or 0) + jobs
+      table_remove(records, i)
+    else
+      for _, s in ipairs(r.series) do add(acc, s) end
+      acc.commands = (acc.commands or 0) + jobs
+      i = i + 1
+    end
+  end
+  for _, s in ipairs(retired) do add(acc, s) end
+  return acc, (acc.commands or 0) + (retired.commands or 0)
 end
 
 -- one acquisition that waited `seconds`
