@@ -100,11 +100,19 @@ CFLAGS ?= -O2 -g
 WARN := -std=gnu99 -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror
 MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
 MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
-# csrc/proc.c is the command's own module (mongolock.proc), not the core's;
-# csrc/testing.c is the specs' module (mongolock.testing), never shipped;
-# csrc/test_model.c is the plain C parts' test program (build/test/model)
-CSRC := $(filter-out csrc/proc.c csrc/testing.c csrc/test_model.c,$(wildcard csrc/*.c))
-CHDR := $(wildcard csrc/*.h)
+# csrc/proc/proc.c is the command's own module (mongolock.proc), not the core's;
+# csrc/testing/testing.c is the specs' module (mongolock.testing), never shipped;
+# csrc/model/test.c is the plain C parts' test program (build/test/model)
+# The core's layers, each a folder whose files include only their own and
+# those below (spec/unit_layout_spec.lua checks it):
+#   csrc/binding/  mongolock.core's Lua types, the adapters (threads, nginx)
+#   csrc/driver/   runs a built command on libmongoc (no Lua)
+#   csrc/model/    the protocol, the lease, its engine, the change stream's
+#                  machine: plain C on libbson (no Lua, no libmongoc)
+CORE_DIRS := csrc/binding csrc/driver csrc/model
+CSRC := $(filter-out csrc/model/test.c,$(wildcard $(addsuffix /*.c,$(CORE_DIRS))))
+CHDR := $(wildcard $(addsuffix /*.h,$(CORE_DIRS)))
+CORE_INC := $(addprefix -I,$(CORE_DIRS))
 
 # one build tree per Lua: build/<lua>/mongolock/core.so
 LUAS := lua5.4 luajit
@@ -130,21 +138,21 @@ build-luas: deps-luas $(MORE_SO)
 
 build/%/mongolock/core.so: $(CSRC) $(CHDR) | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(MONGOC_CFLAGS) \
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(CORE_INC) $(MONGOC_CFLAGS) \
 	  -o $@ $(CSRC) $(MONGOC_LIBS) -lpthread
 
 # the specs' hooks (fork, fail points, the core's thread counters): built
 # next to the core for the specs and benchmarks, not in the rockspec
-build/%/mongolock/testing.so: csrc/testing.c $(CHDR) | deps-apt
+build/%/mongolock/testing.so: csrc/testing/testing.c $(CHDR) | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(MONGOC_CFLAGS) \
-	  -o $@ csrc/testing.c $(MONGOC_LIBS)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) $(CORE_INC) $(MONGOC_CFLAGS) \
+	  -o $@ csrc/testing/testing.c $(MONGOC_LIBS)
 
 # the mongolock command's child processes and signals (no libmongoc)
-build/%/mongolock/proc.so: csrc/proc.c csrc/compat.h | deps-apt
+build/%/mongolock/proc.so: csrc/proc/proc.c csrc/binding/compat.h | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) \
-	  -o $@ csrc/proc.c -lpthread
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -fPIC -fvisibility=hidden -shared $(INC_$*) -Icsrc/binding \
+	  -o $@ csrc/proc/proc.c -lpthread
 
 # environment for running anything against the build tree
 export LUA_PATH := $(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;
@@ -170,14 +178,13 @@ doc:
 # the parts of the core that link alone (the lease, its engine, the change
 # stream's machine, the protocol) and their test program: libbson and
 # pthreads, no Lua, no libmongoc (tools/run-tests runs it as "model-c")
-MODEL_SRC := csrc/test_model.c csrc/engine.c csrc/lease.c csrc/obs.c csrc/stream.c \
-	csrc/protocol.c csrc/protocol_shared.c
-MODEL_HDR := csrc/engine.h csrc/lease.h csrc/stream.h csrc/protocol.h csrc/protocol_shared.h
+MODEL_SRC := $(wildcard csrc/model/*.c)
+MODEL_HDR := $(wildcard csrc/model/*.h)
 BSON_CFLAGS = $(shell pkg-config --cflags libbson-1.0)
 BSON_LIBS = $(shell pkg-config --libs libbson-1.0)
 build/test/model: $(MODEL_SRC) $(MODEL_HDR) | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) $(BSON_CFLAGS) -o $@ $(MODEL_SRC) $(BSON_LIBS) -lpthread -lm
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -Icsrc/model $(BSON_CFLAGS) -o $@ $(MODEL_SRC) $(BSON_LIBS) -lpthread -lm
 
 # the rock built with luarocks into a temporary tree and loaded from there
 .PHONY: check-rock
@@ -205,11 +212,11 @@ $(BENCH_PEER_MODULES): bench/peer/package.json bench/peer/package-lock.json | de
 
 # the raw-driver ceiling: the library's two commands from C, built by the
 # library's protocol.c and run by its transport.c
-RAW_SRC := bench/raw.c csrc/protocol.c csrc/transport.c
-build/bench/raw: $(RAW_SRC) csrc/protocol.h csrc/transport.h | deps-apt
+RAW_SRC := bench/raw.c csrc/model/protocol.c csrc/driver/transport.c
+build/bench/raw: $(RAW_SRC) csrc/model/protocol.h csrc/driver/transport.h | deps-apt
 	@mkdir -p $(dir $@)
 	@echo "cc -o $@ $(RAW_SRC)" >&2
-	@$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -Icsrc -o $@ $(RAW_SRC) $(MONGOC_LIBS) -lm >&2
+	@$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -Icsrc/model -Icsrc/driver -o $@ $(RAW_SRC) $(MONGOC_LIBS) -lm >&2
 
 .PHONY: bench torture test-asan test-valgrind
 bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES)

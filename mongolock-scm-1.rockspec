@@ -69,20 +69,27 @@ build = {
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
     ["mongolock.core"] = {
       sources = {
-        "csrc/core.c", "csrc/client.c", "csrc/lock.c", "csrc/lease.c", "csrc/obs.c",
-        "csrc/engine.c", "csrc/renew.c", "csrc/stream.c", "csrc/watch.c", "csrc/bson.c", "csrc/command.c",
-        "csrc/documents.c", "csrc/protocol.c", "csrc/transport.c", "csrc/ops.c",
-        "csrc/named.c", "csrc/attempt.c",
-        "csrc/protocol_shared.c", "csrc/shared.c", "csrc/pool.c", "csrc/stats.c",
-        "csrc/protocol_views.c", "csrc/views.c",
+        -- the binding: mongolock.core's Lua types and the adapters
+        "csrc/binding/module.c", "csrc/binding/client.c", "csrc/binding/lock.c", "csrc/binding/attempt.c",
+        "csrc/binding/named.c", "csrc/binding/shared.c", "csrc/binding/documents.c", "csrc/binding/ops.c",
+        "csrc/binding/command.c", "csrc/binding/views.c", "csrc/binding/stats.c", "csrc/binding/renew.c",
+        "csrc/binding/watch.c", "csrc/binding/pool.c", "csrc/binding/bson.c", "csrc/binding/args.c",
+        "csrc/binding/sys.c",
+        -- the driver: a built command run on libmongoc
+        "csrc/driver/transport.c",
+        -- the model: plain C on libbson
+        "csrc/model/protocol.c", "csrc/model/protocol_shared.c", "csrc/model/protocol_views.c",
+        "csrc/model/lease.c", "csrc/model/obs.c", "csrc/model/engine.c", "csrc/model/stream.c",
       },
       -- Debian: /usr/include/libmongoc-1.0 and /usr/include/libbson-1.0
-      incdirs = { "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },
+      incdirs = { "csrc/binding", "csrc/driver", "csrc/model",
+                  "$(LIBMONGOC_INCDIR)/libmongoc-1.0", "$(LIBBSON_INCDIR)/libbson-1.0" },
       libdirs = { "$(LIBMONGOC_LIBDIR)", "$(LIBBSON_LIBDIR)" },
       libraries = { "mongoc-1.0", "bson-1.0", "pthread" },
     },
     -- the mongolock command's child processes (bin/mongolock only)
-    ["mongolock.proc"] = { sources = { "csrc/proc.c" }, libraries = { "pthread" } },
+    ["mongolock.proc"] = { sources = { "csrc/proc/proc.c" }, incdirs = { "csrc/binding" },
+                         libraries = { "pthread" } },
   },
   install = {
     bin = { mongolock = "bin/mongolock" },

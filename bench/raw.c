@@ -2,8 +2,8 @@
  * raw: the ceiling for mongolock's uncontended cycle.  The library's two
  * commands (doc/design.md: acquire = one findAndModify with the update
  * pipeline, release = one update, sent as a retryable write with
- * mongoc_collection_update_one), built by the library's csrc/protocol.c and
- * run by its csrc/transport.c (both compiled into this program), with
+ * mongoc_collection_update_one), built by the library's csrc/model/protocol.c and
+ * run by its csrc/driver/transport.c (both compiled into this program), with
  * nothing else around them: no Lua, no argument checks, no lease table.
  *
  *   raw URI [SECONDS [WARMUP]]

@@ -210,7 +210,7 @@ end
 
 --- Runs any command on database db.
 -- reply = client:command(db, cmd [, opts]): any command; cmd holds only
--- the command name, the other fields go in opts (csrc/command.c).
+-- the command name, the other fields go in opts (csrc/binding/command.c).
 -- nil, message, code, reply on failure; nil, "closed" on a closed client
 function client_mt:command(db, cmd, opts)
   check_type(db, "string", 1, "command")
@@ -268,7 +268,7 @@ end
 -- stats = client:stats(): what this client did since connect, in this
 -- process.  No round trip, no lock: the acquire loop's counters are Lua
 -- tables of the client, the lease engine's and the change streams' C
--- counters (csrc/stats.c).  {acquisitions, waits, timeouts, busy, lost,
+-- counters (csrc/binding/stats.c).  {acquisitions, waits, timeouts, busy, lost,
 -- releases, renewals, renewal_failures, commands, stream_reopens,
 -- wait_seconds = {buckets, counts (cumulative; one more for +Inf), sum,
 -- count}, by_kind = {<kind> = {acquisitions, waits, timeouts, busy, lost,
@@ -373,7 +373,7 @@ end
 -- @function monotonic
 _M.monotonic = core.monotonic
 
--- BSON values Lua has no type for (csrc/bson.c): mongolock.null,
+-- BSON values Lua has no type for (csrc/binding/bson.c): mongolock.null,
 -- mongolock.array(t) (an array, even when empty), ObjectId, Date, Binary,
 -- Timestamp, Decimal128, Int64, Regex, MinKey, MaxKey, and Document (BSON
 -- bytes written as is)

@@ -1,4 +1,4 @@
--- #unit: the Lua <-> BSON mapping (csrc/bson.c); no server.
+-- #unit: the Lua <-> BSON mapping (csrc/binding/bson.c); no server.
 local core = require "mongolock.core"
 
 local jit = rawget(_G, "jit")

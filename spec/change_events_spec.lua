@@ -4,9 +4,10 @@
 -- filter passes, in which process, for which waiter.
 --
 -- Two processes are played in this one: tags TA and TB, each with the
--- library's own stream (core.op_watch: the pipeline csrc/protocol.c builds)
+-- library's own stream (core.op_watch: the pipeline csrc/model/protocol.c builds)
 -- read by the library's own parser (core.parse_events).  Waiters are made
--- with the library's own commands (core.op_acquire, op_release, ...).  A
+-- with the library's own commands, as a transport runs them
+-- (client:acquire_attempt, a:op / a:take, core.lease_step / lease_done).  A
 -- plain $changeStream beside them shows each event as the server sent it.
 local helpers = require "helpers"
 local core = require "mongolock.core"
@@ -34,11 +35,29 @@ describe("#integration change events of the lock writes", function()
     return reply
   end
 
-  -- a waiter's attempt, as acquire makes it (the waiter id is the owner id)
+  -- the handles the attempts won, by waiter (kept: a collected one would
+  -- send a release of its own)
+  local won = {}
+
+  -- a waiter's attempt, as acquire makes it (the waiter id is the owner
+  -- id): client:acquire_attempt's op (a:op()), in which the played
+  -- process's tag stands for this process's own (the same length: still a
+  -- BSON document), run by client:run and finished by a:take -> {won}
   local function attempt(w, tag)
-    local reply = run(core.op_acquire({ db = DB, coll = coll, name = name, owner = w, ttl_ms = 60000,
-      host = "events", pid = 1, app = "events", waiter = w, tag = tag, queue_ms = 60000, polling = false }))
-    return assert(core.parse_acquire(reply, w))
+    local a = cc:acquire_attempt(DB, coll, name, 60000, "events", false, w, 60000, false, w)
+    local op = a:op():gsub(core.process_tag(), tag)
+    local h, err = a:take(run(op))
+    if h then won[w] = h end
+    assert(h or err == "busy", err)
+    return { won = h ~= nil }
+  end
+  -- h:extend(ttl) or h:release() of w's handle as a transport runs it
+  -- (core.lease_step, client:run, core.lease_done): documents matched
+  local function step(w, what, arg)
+    local op, started = core.lease_step(won[w], what, arg)
+    local reply = run(op)
+    assert.is_true(core.lease_done(won[w], what, started, reply))
+    return core.parse_update(reply)
   end
 
   local function filtered(tag, t, i)
@@ -132,15 +151,14 @@ describe("#integration change events of the lock writes", function()
   end)
 
   it("extend: expiresAt and the lease's new length; wakes nobody", function()
-    assert.equal(1, core.parse_update(run(core.op_extend({ db = DB, coll = coll, name = name, owner = WA,
-      ttl_ms = 120000 }))))
+    assert.equal(1, step(WA, "extend", 120))
     local ev = event()
     assert.same({ "expiresAt", "ttl" }, keys(ev.updateDescription.updatedFields))
     woken({})
   end)
 
   it("release with waiters: granted to the first (owner, token, lease, queue, next); wakes it alone", function()
-    assert.equal(1, core.parse_update(run(core.op_release({ db = DB, coll = coll, name = name, owner = WA }))))
+    assert.equal(1, step(WA, "release"))
     local ev = event()
     assert.equal("update", ev.operationType)
     local u = ev.updateDescription.updatedFields

@@ -11,7 +11,7 @@
 --   helpers.spawn(path, ...) starts it as a separate OS process in the background
 --   helpers.opcounters(c)    serverStatus opcounters as one table of numbers
 --                            (the specs' hooks are require "mongolock.testing",
---                            csrc/testing.c, built next to the core)
+--                            csrc/testing/testing.c, built next to the core)
 --
 -- When MONGODB_URI is unset, the stand-in (tools/mongo-standin/server.js) is
 -- started on a free loopback port the first time uri() is called and stopped

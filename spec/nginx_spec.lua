@@ -465,7 +465,7 @@ ngx.say(table.concat(out, "\n"))
 -- behind a writer) behind a holder that releases after 0.3 s, waiting with
 -- poll steps of 4 to 8 s (and, queued, a place refreshed every 10 s): only
 -- a wake-up brings it in before then.  Answers what the worker's change
--- stream counted meanwhile (the client's, csrc/watch.c, through
+-- stream counted meanwhile (the client's, csrc/binding/watch.c, through
 -- mongolock.testing): read by the worker's jobs, no thread of its own
 local WAKE_HANDLER = [==[
 local mongolock = require "mongolock"
@@ -1168,7 +1168,7 @@ describe("#integration nginx with resty.mongolock", function()
   end)
 
   -- issue 12: every kind's waiters wait on the client's change stream read
-  -- by the worker (csrc/watch.c's machine, each getMore a worker-thread
+  -- by the worker (csrc/binding/watch.c's machine, each getMore a worker-thread
   -- job: mongolock.ngx.runner), woken through a semaphore; no stream thread
   -- is started
   local function wake(kind, id)

@@ -1,19 +1,36 @@
--- The protocol/transport seam seen from Lua (csrc/ops.c): pure builders
+-- The protocol/transport seam seen from Lua (csrc/binding/ops.c): pure builders
 -- (no server), client:run, and the parsers, which give what the C methods
--- (locks:acquire, status, ...) give.
+-- (locks:acquire, status, ...) give.  An attempt's op and its outcome cross
+-- as a mongolock.Attempt (a = client:acquire_attempt(...), a:op(),
+-- a:take(...), ...), a handle's release and extend as core.lease_step /
+-- core.lease_done.
 local core = require "mongolock.core"
 
 local OWNER = ("0123456789abcdef"):rep(2)
 local OWNER2 = ("fedcba9876543210"):rep(2)
 local TAG = "00112233aabbccdd"
+-- no server answers here: the ops below are built, never sent
+local DEAD = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200&connectTimeoutMS=200"
 
 local function decode(op) return assert(core.bson_decode(op)) end
 
+-- the holder an attempt of this process writes (a URI without appname)
+local function holder() return { host = core.hostname(), pid = core.getpid() } end
+
 describe("#unit ops (builders, no server)", function()
+  local c, h
+  setup(function()
+    c = assert(core.connect(DEAD))
+    -- a handle of a lease on {_id: "n"} in d.c, made without a round trip
+    h = assert(c:granted("d", "c", "n", OWNER, 5000, 5000, 1, core.monotonic()))
+  end)
+  teardown(function() c:close() end)   -- closed first: h sends nothing
+
   it("builds an acquire as a retried findAndModify in an envelope", function()
-    local op = core.op_acquire{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 5000,
-                                host = "h", pid = 7 }
+    local a = c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER)
+    local op, owner = a:op(), a:owner()
     assert.is_string(op)
+    assert.equal(OWNER, owner)
     local e = decode(op)
     assert.equal("write", e.kind)
     assert.is_true(e.retry)
@@ -26,22 +43,23 @@ describe("#unit ops (builders, no server)", function()
     local set = e.cmd.update[4]["$set"]
     assert.same({ "$_mlt", "$_mlq", "$queue" }, set.queue["$cond"])
     assert.equal(OWNER, set.owner["$cond"][2])
-    assert.same({ host = "h", pid = 7 }, set.holder["$cond"][2]["$literal"])
+    assert.same(holder(), set.holder["$cond"][2]["$literal"])
   end)
 
   it("writes a waiter's entry with its process tag, 48 hex digits in next", function()
     local w = OWNER2
-    local e = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = w, ttl_ms = 5000,
-                                      host = "h", pid = 7,
-                                      waiter = w, tag = TAG, queue_ms = 3000, polling = true })
+    local a = c:acquire_attempt("d", "c", "n", 5000, nil, nil, w, 3000, true)
+    local op, owner = a:op(), a:owner()
+    assert.equal(w, owner)
+    local e = decode(op)
     local entry = e.cmd.update[4]["$set"].queue["$cond"][3]["$cond"][3]["$concatArrays"][2][1]
     assert.equal(w, entry.w)
-    assert.equal(TAG, entry.t)
+    assert.equal(core.process_tag(), entry.t)
     assert.is_true(entry.p)
     -- the lease it asks for and its holder, which a release granting it
     -- the lock writes
     assert.equal(5000, entry.l)
-    assert.same({ host = "h", pid = 7 }, entry.h["$literal"])
+    assert.same(holder(), entry.h["$literal"])
     local leave = decode(core.op_leave{ db = "d", coll = "c", name = "n", waiter = w, tag = TAG })
     assert.equal("update", leave.kind)
     local cond = leave.cmd.updates[1].u[2]["$set"].next["$cond"][1]["$eq"]
@@ -50,7 +68,7 @@ describe("#unit ops (builders, no server)", function()
   end)
 
   it("builds release, extend and force release as updates of one document", function()
-    local r = decode(core.op_release{ db = "d", coll = "c", name = "n", owner = OWNER })
+    local r = decode((core.lease_step(h, "release")))
     assert.equal("update", r.kind)
     assert.same({ _id = "n", owner = OWNER }, r.cmd.updates[1].q)
     -- a named lock's release grants it to the first live watching waiter
@@ -70,7 +88,7 @@ describe("#unit ops (builders, no server)", function()
     assert.same({ "$_mlh", "$_mlh.w", { ["$cond"] = { "$_mlr", core.null, "$owner" } } }, lset.owner["$cond"])
     assert.same({ "$_mlr", "$$NOW", "$expiresAt" }, lset.expiresAt["$cond"][3]["$cond"])
     assert.same({ ["$unset"] = { "_mlr", "_mlh" } }, lv.cmd.updates[1].u[6])
-    local x = decode(core.op_extend{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 1500 })
+    local x = decode((core.lease_step(h, "extend", 1.5)))
     assert.same({ "$$NOW", 1500 }, x.cmd.updates[1].u[1]["$set"].expiresAt["$add"])
     local f = decode(core.op_force_release{ db = "d", coll = "c", name = "n" })
     assert.equal(core.null, f.cmd.updates[1].q.owner["$ne"])
@@ -84,9 +102,9 @@ describe("#unit ops (builders, no server)", function()
     assert.same({ _id = 1 }, l.cmd.pipeline[2]["$sort"])
     local i = decode(core.op_ensure_index{ db = "d", coll = "c", expire_after = 60 })
     assert.equal(60, i.cmd.indexes[1].expireAfterSeconds)
-    local c = decode(core.op_command("admin", { ping = 1 }, { comment = "x" }))
-    assert.equal("command", c.kind)
-    assert.same({ ping = 1, comment = "x" }, c.cmd)
+    local cmd = decode(core.op_command("admin", { ping = 1 }, { comment = "x" }))
+    assert.equal("command", cmd.kind)
+    assert.same({ ping = 1, comment = "x" }, cmd.cmd)
   end)
 
   -- a status read sees only what a majority has (a write a failover may
@@ -160,21 +178,25 @@ describe("#unit ops (builders, no server)", function()
 
   it("raises on bad arguments and changes nothing", function()
     local ok = { db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 1000 }
-    local function with(k, v)
+    local function acquire_op(k, v)
       local t = {}
       for kk, vv in pairs(ok) do t[kk] = vv end
       t[k] = v
-      return t
+      return c:acquire_attempt(t.db, t.coll, t.name, t.ttl_ms, nil, nil, t.waiter, t.waiter and 1000, nil,
+        t.owner):op()
     end
-    assert.has_error(function() core.op_acquire(with("owner", "XYZ")) end)
-    assert.has_error(function() core.op_acquire(with("owner", OWNER:upper())) end)
-    assert.has_error(function() core.op_acquire(with("ttl_ms", 0)) end)
-    assert.has_error(function() core.op_acquire(with("db", "a.b")) end)
-    assert.has_error(function() core.op_acquire(with("coll", "a$b")) end)
-    assert.has_error(function() core.op_acquire(with("name", "")) end)
-    assert.has_error(function() core.op_acquire(with("waiter", OWNER)) end)   -- no tag
-    assert.has_error(function() core.op_release{ db = "d", coll = "c", name = "n" } end)
-    assert.has_error(function() core.parse_acquire("not bson", OWNER) end)
+    assert.has_error(function() acquire_op("owner", "XYZ") end)
+    assert.has_error(function() acquire_op("owner", OWNER:upper()) end)
+    assert.has_error(function() acquire_op("ttl_ms", 0) end)
+    assert.has_error(function() acquire_op("db", "a.b") end)
+    assert.has_error(function() acquire_op("coll", "a$b") end)
+    assert.has_error(function() acquire_op("name", "") end)
+    assert.has_error(function() acquire_op("waiter", "XYZ") end)
+    assert.has_error(function() acquire_op("waiter", OWNER2) end)   -- a waiter's owner is its id
+    assert.has_error(function() c:granted("d", "c", "n", nil, 1000, 1000, 1, core.monotonic()) end)
+    local a = c:acquire_attempt("d", "c", "n", 1000, nil, nil, nil, nil, nil, OWNER)
+    a:op()
+    assert.has_error(function() a:take("not bson") end)
     assert.has_error(function() core.parse_update("\5\0\0\0") end)
   end)
 
@@ -204,25 +226,37 @@ describe("#integration ops (client:run)", function()
     return reply
   end
 
-  local function args(name, owner, extra)
-    local t = { db = DB, coll = locks.collection, name = name, owner = owner, ttl_ms = 20000,
-                host = core.hostname(), pid = core.getpid(), app = "ops" }
-    for k, v in pairs(extra or {}) do t[k] = v end
-    return t
+  -- an attempt as a transport runs it: client:acquire_attempt's op run by
+  -- client:run, finished by a:take -> h | nil, "busy", info
+  local function attempt(name, owner, waiter)
+    local a = c:acquire_attempt(DB, locks.collection, name, 20000, "ops", false, waiter, waiter and 5000,
+      nil, owner)
+    return a:take(run(a:op()))
   end
+  -- h:release() or h:extend(ttl) as a transport runs it: the op of
+  -- core.lease_step run by client:run, finished by core.lease_done; returns
+  -- the documents the op matched and the op (run again: it matches none)
+  local function step(h, what, arg)
+    local op, started = core.lease_step(h, what, arg)
+    local reply = run(op)
+    assert.is_true(core.lease_done(h, what, started, reply))
+    return core.parse_update(reply), op
+  end
+  local held = {}   -- the handles of the attempts, kept until the end
 
   it("acquires, tells busy, extends and releases as the methods do", function()
     local name = helpers.unique("ops")
-    local r = core.parse_acquire(run(core.op_acquire(args(name, OWNER))), OWNER)
-    assert.is_true(r.won)
+    local r = assert(attempt(name, OWNER))
+    held[#held + 1] = r
     assert.is_number(r.token)
-    assert.is_true(r.remaining > 15 and r.remaining <= 20)
+    assert.is_true(r:remaining() > 15 and r:remaining() <= 20)
     -- what locks:try says about it
     local h, err, info = locks:try(name)
     assert.is_nil(h)
     assert.equal("busy", err)
-    local b = core.parse_acquire(run(core.op_acquire(args(name, OWNER2))), OWNER2)
-    assert.is_false(b.won)
+    local none, busy, b = attempt(name, OWNER2)
+    assert.is_nil(none)
+    assert.equal("busy", busy)
     assert.equal(OWNER, b.owner)
     assert.equal(info.owner, b.owner)
     assert.equal(info.token, b.token)
@@ -237,9 +271,10 @@ describe("#integration ops (client:run)", function()
     assert.is_true(st[1].held)
     assert.same(want.holder, st[1].holder)
     -- extend, release (one document matched each), then nothing to release
-    assert.equal(1, core.parse_update(run(core.op_extend(args(name, OWNER, { ttl_ms = 5000 })))))
-    assert.equal(1, core.parse_update(run(core.op_release(args(name, OWNER)))))
-    assert.equal(0, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    assert.equal(1, (step(r, "extend", 5)))
+    local n, release = step(r, "release")
+    assert.equal(1, n)
+    assert.equal(0, core.parse_update(run(release)))
     assert.is_false(assert(locks:status(name)).held)
     local list = core.parse_status(run(core.op_status{ db = DB, coll = locks.collection }))
     assert.same(locks:list(), list)
@@ -250,9 +285,9 @@ describe("#integration ops (client:run)", function()
     local h = assert(locks:acquire(name))
     local w = core.waiter_id()
     local tag = core.process_tag()
-    local r = core.parse_acquire(run(core.op_acquire(args(name, w,
-      { waiter = w, tag = tag, queue_ms = 5000 }))), w)
-    assert.is_false(r.won)
+    local none, busy, r = attempt(name, w, w)
+    assert.is_nil(none)
+    assert.equal("busy", busy)
     assert.equal(1, r.position)
     assert.equal(1, assert(locks:status(name)).waiting)
     assert.equal(1, core.parse_update(run(core.op_leave{ db = DB, coll = locks.collection,
@@ -281,16 +316,16 @@ describe("#integration ops (client:run)", function()
   it("reads a release from the change stream it built", function()
     local name = helpers.unique("ops-w")
     local tag = core.process_tag()
-    local b = core.parse_acquire(run(core.op_acquire(args(name, OWNER))), OWNER)
-    assert.is_true(b.won)
-    local busy = core.parse_acquire(run(core.op_acquire(args(name, OWNER2))), OWNER2)
+    local b = assert(attempt(name, OWNER))
+    held[#held + 1] = b
+    local _, _, busy = attempt(name, OWNER2)
     local ot = busy.operation_time
     if not ot and not helpers.standin then return end   -- a standalone server has none
     assert.is_table(ot)
     local first = core.parse_events(run(core.op_watch{ db = DB, coll = locks.collection, tag = tag,
       t = ot.t, i = ot.i }), tag)
     assert.is_string(first.cursor_id)
-    assert.equal(1, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    assert.equal(1, (step(b, "release")))
     local seen
     for _ = 1, 5 do
       local batch = core.parse_events(run(core.op_getmore{ db = DB, coll = locks.collection,
@@ -314,14 +349,14 @@ describe("#integration ops (client:run)", function()
     local key = ("5e55"):rep(8)
     local other = helpers.connect({ appname = "ops-other" })
     local oc = other._core
-    local b = core.parse_acquire(run(core.op_acquire(args(name, OWNER))), OWNER)
-    assert.is_true(b.won)
-    local busy = core.parse_acquire(run(core.op_acquire(args(name, OWNER2))), OWNER2)
+    local b = assert(attempt(name, OWNER))
+    held[#held + 1] = b
+    local _, _, busy = attempt(name, OWNER2)
     local ot = busy.operation_time
     if not ot and not helpers.standin then other:close() return end
     local first = core.parse_events(run(core.op_watch{ db = DB, coll = locks.collection, tag = tag,
       t = ot.t, i = ot.i, session = key }), tag)
-    assert.equal(1, core.parse_update(run(core.op_release(args(name, OWNER)))))
+    assert.equal(1, (step(b, "release")))
     local seen
     for _ = 1, 5 do
       -- on the other client, while this one runs commands of its own
@@ -355,23 +390,51 @@ describe("#unit ops of document locks (builders, no server)", function()
     for k, v in pairs(extra) do t[k] = v end
     return t
   end
+  local c
+  local handles = {}   -- kept until c closes: they send nothing then
+  setup(function() c = assert(core.connect(DEAD)) end)
+  teardown(function() c:close() end)
+
+  -- the op of client:doc_acquire_attempt on the lock of ref (t: what differs)
+  local function acquire_op(t)
+    local a = with({ ttl_ms = 5000, time = "expires", owner_type = "hex", owner = OWNER })
+    for k, v in pairs(t) do a[k] = v end
+    return c:doc_acquire_attempt(a.db, a.coll, a.id, a.ttl_ms, a.owner_field, a.time_field, a.time,
+      a.owner_type, a.insert, nil, a.owner):op()
+  end
+  -- a handle of OWNER on the lock of ref, from a reply as a transport's
+  -- attempt takes it (a:take; no server)
+  local function handle(owner_type)
+    local value = OWNER
+    if owner_type == "uuid" then
+      value = core.Binary((OWNER:gsub("..", function(x) return string.char(tonumber(x, 16)) end)), 4)
+    end
+    local a = c:doc_acquire_attempt("d", "c", 7, 5000, "lockId", "lockExpires", "expires",
+      owner_type or "hex", nil, nil, OWNER)
+    a:op()
+    local h = assert(a:take(
+      core.bson_encode({ ok = 1, value = { doc = { _id = 7, lockId = value }, remainingMs = 5000 } })))
+    handles[#handles + 1] = h
+    return h
+  end
 
   it("builds acquire, release with changes, extend and status on {_id} of the document", function()
-    local a = decode(core.op_doc_acquire(with{ owner = OWNER, ttl_ms = 5000, insert = { status = "new" } }))
+    local a = decode((acquire_op{ insert = { status = "new" } }))
     assert.equal("write", a.kind)
     assert.equal("c", a.cmd.findAndModify)
     assert.same({ _id = 7 }, a.cmd.query)
     assert.is_true(a.cmd.upsert)              -- insert given: a missing document is created
-    assert.falsy(decode(core.op_doc_acquire(with{ owner = OWNER, ttl_ms = 5000 })).cmd.upsert)
-    local r = decode(core.op_doc_release(with{ owner = OWNER, changes = { status = "paid" } }))
+    assert.falsy(decode((acquire_op{})).cmd.upsert)
+    local h = handle()
+    local r = decode((core.lease_step(h, "release", { status = "paid" })))
     assert.equal("update", r.kind)
     assert.same({ _id = 7, lockId = OWNER }, r.cmd.updates[1].q)
     -- the caller's changes and the cleared lock in the same update
     local u = core.bson_encode({ u = r.cmd.updates[1].u })
     assert.truthy(u:find("paid", 1, true))
-    local plain = decode(core.op_doc_release(with{ owner = OWNER }))
+    local plain = decode((core.lease_step(h, "release")))
     assert.falsy(core.bson_encode({ u = plain.cmd.updates[1].u }):find("paid", 1, true))
-    local e = decode(core.op_doc_extend(with{ owner = OWNER, ttl_ms = 3000 }))
+    local e = decode((core.lease_step(h, "extend", 3)))
     -- only a live lease: an extend after its end does not bring it back
     assert.same({ _id = 7, lockId = OWNER, ["$expr"] = { ["$gt"] = { "$lockExpires", "$$NOW" } } },
       e.cmd.updates[1].q)
@@ -379,32 +442,38 @@ describe("#unit ops of document locks (builders, no server)", function()
     assert.equal("cursor", s.kind)
     assert.equal("c", s.cmd.aggregate)
     -- the .NET form: the owner as a UUID
-    local g = decode(core.op_doc_release(with{ owner = OWNER, owner_type = "uuid" }))
+    local g = decode((core.lease_step(handle("uuid"), "release")))
     assert.is_not.equal(OWNER, g.cmd.updates[1].q.lockId)
   end)
 
   it("raises on a bad field, an insert or changes that touch the lock fields", function()
-    local good = { owner = OWNER, ttl_ms = 1000 }
     local function w(k, v)
-      local t = with(good)
-      t[k] = v
-      return t
+      return function() acquire_op({ id = 7, [k] = v }) end
     end
-    assert.has_error(function() core.op_doc_acquire(w("id", nil)) end,
-      "bad argument #1 to 'op_doc_acquire' (id: _id expected, got nil)")
-    assert.has_error(function() core.op_doc_acquire(w("id", core.array({ 1 }))) end)
-    assert.has_error(function() core.op_doc_acquire(w("owner_field", "a.b")) end)
-    assert.has_error(function() core.op_doc_acquire(w("time_field", "lockId")) end)
-    assert.has_error(function() core.op_doc_acquire(w("time", "now")) end)
-    assert.has_error(function() core.op_doc_acquire(w("owner_type", "guid")) end)
-    assert.has_error(function() core.op_doc_acquire(w("insert", "x")) end)
-    assert.has_error(function() core.op_doc_acquire(w("insert", { lockId = "x" })) end)
-    assert.has_error(function() core.op_doc_release(w("changes", { lockExpires = 1 })) end)
-    assert.has_error(function() core.op_doc_release(w("changes", { ["$set"] = { _id = 1 } })) end)
-    assert.has_error(function() core.op_doc_release(w("changes", { a = 1, ["$set"] = { b = 1 } })) end)
-    assert.has_error(function() core.op_doc_extend(w("ttl_ms", 0)) end)
-    assert.has_error(function() core.parse_doc_acquire("nope", OWNER, "lockId") end)
-    assert.has_error(function() core.parse_doc_acquire(core.bson_encode({ ok = 1 }), OWNER, "a.b") end)
+    assert.has_error(function()
+      c:doc_acquire_attempt("d", "c", nil, 1000, "lockId", "lockExpires", "expires", "hex", nil, nil, OWNER)
+    end, "bad argument #3 to 'doc_acquire_attempt' (_id expected, got nil)")
+    assert.has_error(function()
+      core.op_doc_status{ db = "d", coll = "c", owner_field = "lockId", time_field = "lockExpires", ttl_ms = 1000 }
+    end, "bad argument #1 to 'op_doc_status' (id: _id expected, got nil)")
+    assert.has_error(w("id", core.array({ 1 })))
+    assert.has_error(w("owner_field", "a.b"))
+    assert.has_error(w("time_field", "lockId"))
+    assert.has_error(w("time", "now"))
+    assert.has_error(w("owner_type", "guid"))
+    assert.has_error(w("insert", "x"))
+    assert.has_error(w("insert", { lockId = "x" }))
+    local h = handle()
+    assert.has_error(function() core.lease_step(h, "release", { lockExpires = 1 }) end)
+    assert.has_error(function() core.lease_step(h, "release", { ["$set"] = { _id = 1 } }) end)
+    assert.has_error(function() core.lease_step(h, "release", { a = 1, ["$set"] = { b = 1 } }) end)
+    assert.has_error(function() core.lease_step(h, "extend", 0) end)
+    local a = c:doc_acquire_attempt("d", "c", 7, 1000, "lockId", "lockExpires", "expires", "hex", nil, nil, OWNER)
+    a:op()
+    assert.has_error(function() a:take("nope") end)
+    assert.has_error(function()
+      c:doc_acquire_attempt("d", "c", 7, 1000, "a.b", "lockExpires", "expires", "hex", nil, nil, OWNER)
+    end)
   end)
 end)
 
@@ -433,23 +502,27 @@ describe("#integration ops of document locks (client:run)", function()
     for k, v in pairs(extra or {}) do t[k] = v end
     return t
   end
+  -- an attempt as a transport runs it: client:doc_acquire_attempt's op run
+  -- by client:run, finished by a:take -> h, doc | nil, ...
+  local function attempt(id, owner, insert)
+    local a = c:doc_acquire_attempt(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex", insert,
+      false, owner)
+    return a:take(run(a:op()))
+  end
 
   it("acquires, tells busy, extends, releases with changes as docs:try and h:release do", function()
     local id = helpers.unique("d")
-    assert.same({ nil, "not found" },
-      { core.parse_doc_acquire(run(core.op_doc_acquire(lock(id, { owner = OWNER, ttl_ms = 20000 }))),
-        OWNER, "lockId") })
-    local r = core.parse_doc_acquire(run(core.op_doc_acquire(lock(id, { owner = OWNER, ttl_ms = 20000,
-      insert = { status = "new" } }))), OWNER, "lockId")
-    assert.is_true(r.won)
-    assert.equal("new", r.doc.status)
-    assert.equal(OWNER, r.doc.lockId)
+    assert.same({ nil, "not found" }, { attempt(id, OWNER) })
+    local won, got = attempt(id, OWNER, { status = "new" })
+    assert.is_userdata(won)
+    assert.equal("new", got.status)
+    assert.equal(OWNER, got.lockId)
     -- what docs:try says about it, and through the seam
     local _, err, info = docs:try(id)
     assert.equal("busy", err)
-    local b = core.parse_doc_acquire(run(core.op_doc_acquire(lock(id, { owner = OWNER2, ttl_ms = 20000 }))),
-      OWNER2, "lockId")
-    assert.is_false(b.won)
+    local none, busy, b = attempt(id, OWNER2)
+    assert.is_nil(none)
+    assert.equal("busy", busy)
     assert.equal(OWNER, b.owner)
     assert.equal(info.owner, b.owner)
     assert.equal("new", b.doc.status)
@@ -459,11 +532,26 @@ describe("#integration ops of document locks (client:run)", function()
     assert.equal(want.owner, st.owner)
     assert.is_true(st.held)
     assert.equal("held", st.state)
-    assert.equal(1, core.parse_update(run(core.op_doc_extend(lock(id, { owner = OWNER, ttl_ms = 5000 })))))
-    assert.equal(0, core.parse_update(run(core.op_doc_extend(lock(id, { owner = OWNER2, ttl_ms = 5000 })))))
-    assert.equal(1, core.parse_update(run(core.op_doc_release(lock(id, { owner = OWNER,
-      changes = { status = "paid" } })))))
-    assert.equal(0, core.parse_update(run(core.op_doc_release(lock(id, { owner = OWNER })))))
+    -- won:extend(5) and won:release(changes) as a transport runs them
+    -- (core.lease_step, client:run, core.lease_done)
+    local op, started = core.lease_step(won, "extend", 5)
+    local reply = run(op)
+    assert.equal(1, core.parse_update(reply))
+    assert.is_true(core.lease_done(won, "extend", started, reply))
+    -- the extend of an owner that does not hold it (a handle that believes
+    -- it won, from a reply no server sent) matches nothing
+    local a = c:doc_acquire_attempt(DB, COLL, id, 20000, "lockId", "lockExpires", "expires", "hex",
+      nil, false, OWNER2)
+    a:op()
+    local other = assert(a:take(
+      core.bson_encode({ ok = 1, value = { doc = { _id = id, lockId = OWNER2 }, remainingMs = 20000 } })))
+    assert.equal(0, core.parse_update(run((core.lease_step(other, "extend", 5)))))
+    local release
+    release, started = core.lease_step(won, "release", { status = "paid" })
+    reply = run(release)
+    assert.equal(1, core.parse_update(reply))
+    assert.is_true(core.lease_done(won, "release", started, reply))
+    assert.equal(0, core.parse_update(run(release)))
     local doc, h = assert(docs:try(id))
     assert.equal("paid", doc.status)
     h:release()
@@ -493,9 +581,11 @@ describe("#integration ops of reader shares and permits (client:run)", function(
   it("acquires a permit, reads the status and force-releases as the methods do", function()
     local name = helpers.unique("sem")
     local coll = sems.collection
-    local r = core.parse_share_acquire(run(core.op_share_acquire{ db = DB, coll = coll, name = name,
-      mode = "permit", permits = 2, owner = OWNER, ttl_ms = 20000, host = "h", pid = 1 }), OWNER, "permit", 2)
-    assert.is_true(r.won)
+    -- a permit's attempt as a transport runs it: client:share_acquire_attempt's
+    -- op run by client:run, finished by a:take
+    local a = c:share_acquire_attempt(DB, coll, name, "permit", 2, 20000, nil, false, nil, nil, nil, OWNER)
+    local r = a:take(run(a:op()))
+    assert.is_userdata(r)
     local h = assert(sems:try(name))
     local st = core.bson_decode(run(core.op_share_status{ db = DB, coll = coll, name = name })).cursor.firstBatch
     assert.equal(1, #st)
@@ -515,15 +605,18 @@ describe("#integration ops of reader shares and permits (client:run)", function(
 end)
 
 describe("#unit ops of elections (builders, no server)", function()
+  local c
+  setup(function() c = assert(core.connect(DEAD)) end)
+  teardown(function() c:close() end)
+
   it("a campaign's attempt publishes its value with its term only when it takes the lock", function()
-    local e = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 5000,
-                                      host = "h", pid = 7, value = "$not-a-path" })
+    local e = decode((c:campaign_attempt("d", "c", "n", 5000, nil, nil, nil, nil, "$not-a-path", OWNER):op()))
     local stage = e.cmd.update[5]["$set"]
     assert.same({ "$_mlt", { ["$literal"] = "$not-a-path" }, "$value" }, stage.value["$cond"])
     assert.same({ "$_mlt", "$token", "$valueToken" }, stage.valueToken["$cond"])
     assert.same({ "_mlq", "_mlt", "_mlo" }, e.cmd.update[6]["$unset"])
     -- every other acquire has no such stage
-    local plain = decode(core.op_acquire{ db = "d", coll = "c", name = "n", owner = OWNER, ttl_ms = 5000 })
+    local plain = decode((c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER):op()))
     assert.equal(5, #plain.cmd.update)
     assert.is_nil(plain.cmd.update[5]["$set"])
   end)

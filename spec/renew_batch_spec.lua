@@ -1,4 +1,4 @@
--- The lease engine's renewal in batches (csrc/renew.c): however many
+-- The lease engine's renewal in batches (csrc/binding/renew.c): however many
 -- leases a client holds in a collection, renewing them costs one command
 -- per collection and renewal period, and each lease is still lost exactly
 -- when its own renewal could not be made.  Also the writes of a held lease
@@ -159,11 +159,11 @@ describe("#integration a held lease's ambiguous writes", function()
   it("an extend that arrives after the lease's end does not bring it back", function()
     local locks = helpers.locks(client, { ttl = 0.3 })
     local h = assert(locks:acquire("late", { renew = false }))
+    -- the extend a frozen holder would still send: built while its lease
+    -- was live (core.lease_step: what h:extend(30) sends), sent after
+    local op = assert(core.lease_step(h, "extend", 30))
     core.sleep(0.5)
     assert.is_true(h:lost())
-    -- the extend a frozen holder would still send
-    local op = core.op_extend{ db = locks.database, coll = locks.collection, name = "late",
-                               owner = h.owner, ttl_ms = 30000 }
     local reply = assert(client._core:run(op))
     assert.equal(0, core.parse_update(reply))
     local st = assert(locks:status("late"))

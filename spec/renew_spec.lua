@@ -1,4 +1,4 @@
--- Background renewal and lost-lease detection (csrc/renew.c).
+-- Background renewal and lost-lease detection (csrc/binding/renew.c).
 --
 -- Leases here are short (ttl 1 s) so that renewal has to happen for the
 -- lock to survive; the assertions are about what the server and the

@@ -361,7 +361,7 @@ describe("#integration scheduler option", function()
   end)
 end)
 
--- the core's worker-thread pool itself (csrc/pool.c), on a server that
+-- the core's worker-thread pool itself (csrc/binding/pool.c), on a server that
 -- does not answer: no round trip reaches anything
 describe("#unit the core's worker-thread pool", function()
   local client, pool

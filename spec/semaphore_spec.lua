@@ -453,7 +453,7 @@ describe("#integration semaphores", function()
   end)
 end)
 
-describe("#integration the shared kinds' ops (core.op_share_*)", function()
+describe("#integration the shared kinds' ops (as a transport runs them)", function()
   it("build, run and parse a permit's acquire, extend and release as the handles do", function()
     local client = helpers.connect({})
     local coll = helpers.unique("ops")
@@ -461,37 +461,45 @@ describe("#integration the shared kinds' ops (core.op_share_*)", function()
     local name = helpers.unique("op")
     local c = client._core
     local owner = assert(core.random_owner())
-    local op = core.op_share_acquire({ db = helpers.database, coll = coll, name = name,
-      mode = "permit", permits = 1, owner = owner, ttl_ms = 5000, host = "h", pid = 7 })
-    local r = assert(core.parse_share_acquire(assert(c:run(op)), owner, "permit", 1))
-    assert.is_true(r.won)
-    assert.is_true(r.token > 0)
+    -- an attempt: client:share_acquire_attempt's op run by client:run,
+    -- finished by a:take
+    local function attempt(who, permits)
+      local a = c:share_acquire_attempt(helpers.database, coll, name, "permit", permits, 5000, nil, false, nil,
+        nil, nil, who)
+      return a:take(assert(c:run(a:op())))
+    end
+    -- h:extend(ttl) or h:release() as a transport runs it (core.lease_step,
+    -- client:run, core.lease_done): the documents matched, and the op
+    local function step(h, what, arg)
+      local op, started = core.lease_step(h, what, arg)
+      local reply = assert(c:run(op))
+      assert.is_true(core.lease_done(h, what, started, reply))
+      return core.parse_update(reply), op
+    end
+    local h = assert(attempt(owner, 1))
+    assert.is_true(h.token > 0)
     local st = assert(sems:status(name))
     assert.equal(owner, st.holders[1].owner)
-    assert.equal(7, st.holders[1].holder.pid)
+    assert.equal(core.getpid(), st.holders[1].holder.pid)
     -- another owner is busy; another N is a mismatch
     local other = assert(core.random_owner())
-    op = core.op_share_acquire({ db = helpers.database, coll = coll, name = name,
-      mode = "permit", permits = 1, owner = other, ttl_ms = 5000 })
-    r = assert(core.parse_share_acquire(assert(c:run(op)), other, "permit", 1))
-    assert.is_false(r.won)
-    assert.is_false(r.mismatch)
-    assert.equal(1, r.value.holders)
-    op = core.op_share_acquire({ db = helpers.database, coll = coll, name = name,
-      mode = "permit", permits = 2, owner = other, ttl_ms = 5000 })
-    assert.is_true(assert(core.parse_share_acquire(assert(c:run(op)), other, "permit", 2)).mismatch)
-    local args = { db = helpers.database, coll = coll, name = name, owner = owner, ttl_ms = 9000 }
-    assert.equal(1, core.parse_update(assert(c:run(core.op_share_extend(args)))))
-    assert.equal(1, core.parse_update(assert(c:run(core.op_share_release(args)))))
-    assert.equal(0, core.parse_update(assert(c:run(core.op_share_release(args)))))
+    local none, why, info = attempt(other, 1)
+    assert.is_nil(none)
+    assert.equal("busy", why)
+    assert.equal(1, info.holders)
+    none, why = attempt(other, 2)
+    assert.is_nil(none)
+    assert.equal("mismatch", why)
+    assert.equal(1, (step(h, "extend", 9)))
+    local n, release = step(h, "release")
+    assert.equal(1, n)
+    assert.equal(0, core.parse_update(assert(c:run(release))))
     assert.equal(0, assert(sems:status(name)).in_use)
     assert.has_error(function()
-      core.op_share_acquire({ db = helpers.database, coll = coll, name = name, mode = "permit",
-        permits = 0, owner = owner, ttl_ms = 5000 })
+      c:share_acquire_attempt(helpers.database, coll, name, "permit", 0, 5000, nil, false, nil, nil, nil, owner)
     end)
     assert.has_error(function()
-      core.op_share_acquire({ db = helpers.database, coll = coll, name = name, mode = "x",
-        owner = owner, ttl_ms = 5000 })
+      c:share_acquire_attempt(helpers.database, coll, name, "x", 1, 5000, nil, false, nil, nil, nil, owner)
     end)
     client:close()
   end)

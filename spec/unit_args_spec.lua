@@ -67,10 +67,12 @@ describe("#unit mongolock.core's argument checks", function()
     assert.has_error(function()
       core.op_killcursors({ db = "d", coll = "c", cursor_id = 1, session = "bad" })
     end)
-    assert.has_error(function()
-      core.op_share_extend({ db = "d", coll = "c", name = string.rep("x", 600),
-        owner = string.rep("a", 32), ttl_ms = -1 })
-    end)
+    -- an extend's bad ttl (what h:extend(-1) sends: core.lease_step)
+    local c = assert(core.connect(DEAD))
+    local h = assert(c:granted("d", "c", string.rep("x", 600), string.rep("a", 32), 1000, 1000, 1,
+      core.monotonic()))
+    assert.has_error(function() core.lease_step(h, "extend", -1) end)
+    c:close()
   end)
 end)
 

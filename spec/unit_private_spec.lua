@@ -10,7 +10,8 @@ local MARK = "Internal to mongolock"
 
 local function internal_files()
   local p = assert(io.popen("cd " .. helpers.shell_quote(root)
-    .. " && ls lua/mongolock/*.lua lua/mongolock/ngx/*.lua csrc/core.c csrc/proc.c csrc/testing.c"))
+    .. " && ls lua/mongolock/*.lua lua/mongolock/ngx/*.lua csrc/binding/module.c csrc/proc/proc.c"
+    .. " csrc/testing/testing.c"))
   local files = {}
   for f in p:lines() do
     if f ~= "lua/mongolock/metrics.lua" then files[#files + 1] = f end   -- public
@@ -36,7 +37,7 @@ describe("#unit internal modules", function()
     local readme = assert(helpers.read_file(root .. "/README.md"))
     for _, f in ipairs(internal_files()) do
       local mod = f:match("^lua/(.-)%.lua$")
-      mod = mod and mod:gsub("/", ".") or ("mongolock." .. f:match("^csrc/(%w+)%.c$"))
+      mod = mod and mod:gsub("/", ".") or ("mongolock." .. f:match("^csrc/.-([%w_]+)%.c$"))
       -- mongolock.ngx's configure and mongolock.metrics are public
       if mod ~= "mongolock.ngx" and mod ~= "mongolock.metrics" then
         local pat = mod:gsub("%p", "%%%0") .. "[^%w_.]"

@@ -1,13 +1,13 @@
 -- #unit: the lock document's fields and the change stream's commands live
 -- below the Lua layer.  The command's top and an election's observer show
--- lock documents; the core reads them (csrc/protocol_views.c, views.c) and
+-- lock documents; the core reads them (csrc/model/protocol_views.c, views.c) and
 -- hands up views (holder, waiters, lease left, term, value), and runs
--- their change streams' commands by its machine (csrc/stream.c).  So
+-- their change streams' commands by its machine (csrc/model/stream.c).  So
 -- lua/mongolock/cli.lua and lua/mongolock/elections.lua name no field of
 -- the lock document and no cursor command.
 local helpers = require "helpers"
 
--- The lock document's fields (csrc/protocol.h, protocol_shared.h: the
+-- The lock document's fields (csrc/model/protocol.h, protocol_shared.h: the
 -- ML_F_* names and the short keys of queue and holders entries), and the
 -- names the protocol's reads project (remainingMs, held).
 --
@@ -179,7 +179,7 @@ describe("#unit views", function()
     assert.are.same({}, field_hits("sample", words))
   end)
   it("keeps Lua and libmongoc out of the views' protocol", function()
-    local src = source("csrc/protocol_views.c") .. source("csrc/protocol_views.h")
+    local src = source("csrc/model/protocol_views.c") .. source("csrc/model/protocol_views.h")
     for name in src:gmatch('#include%s*[<"]([^>"]+)') do
       assert.is_nil(name:match("^lua") or name:match("^lauxlib") or name:match("^mongoc")
         or name:match("compat%.h") or name:match("mongolock%.h") or name:match("transport%.h"),

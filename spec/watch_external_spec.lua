@@ -1,4 +1,4 @@
--- The change stream's machine (csrc/watch.c) driven from outside, as
+-- The change stream's machine (csrc/binding/watch.c) driven from outside, as
 -- inside nginx (mongolock.ngx.runner): a client made external starts no
 -- stream thread; client:watch_next() hands out each command of its
 -- streams, client:watch_done() takes the outcome, and waiters look with

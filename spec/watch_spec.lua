@@ -1,4 +1,4 @@
--- Change-stream wake-ups (csrc/watch.c, lua/mongolock/wait.lua).
+-- Change-stream wake-ups (csrc/binding/watch.c, lua/mongolock/wait.lua).
 --
 -- Waking is proved by counting: how many times the acquire loop had to
 -- wait (a poller wakes again and again; a watcher once per release) and

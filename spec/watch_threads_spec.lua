@@ -1,5 +1,5 @@
 -- #integration: the change-stream thread and the waiters share watch_mu
--- (csrc/watch.c); nothing that can run the collector or wait for the
+-- (csrc/binding/watch.c); nothing that can run the collector or wait for the
 -- server happens under it.
 --
 -- The failed-stream case runs against a private stand-in that reports a

@@ -385,7 +385,7 @@ local function load_core()
   core = require "mongolock.core"
 end
 
--- the command's child processes and signals (csrc/proc.c)
+-- the command's child processes and signals (csrc/proc/proc.c)
 local function load_proc()
   if proc then return proc end
   local ok, m = pcall(require, "mongolock.proc")
@@ -895,7 +895,7 @@ local function cmd_top(args)
   local stop_at = args.seconds and core.monotonic() + args.seconds or huge
   -- the stream opens first, then the first read: no write in between is
   -- missed.  The core's change stream of every change of the collection
-  -- (csrc/views.c) says which command it needs; they run here.
+  -- (csrc/binding/views.c) says which command it needs; they run here.
   local stream = core.view_stream{ db = locks.database, coll = locks.collection }
   -- runs the stream's next command, a read waiting up to wait seconds:
   -- the number of changes it brought | nil, err

@@ -10,7 +10,7 @@
 --   doc.status = "paid"
 --   h:release({ status = doc.status })   -- write and unlock in one command
 --
--- Acquire is one findAndModify on {_id} (csrc/documents.c): the lock is
+-- Acquire is one findAndModify on {_id} (csrc/binding/documents.c): the lock is
 -- taken only when free by the server's clock, and a missing document is
 -- created from opts.insert in the same write.  The handle is a
 -- mongolock.Lock: h:release([changes]), h:extend([ttl]), h:remaining(),

@@ -30,7 +30,7 @@
 -- lock document: core.parse_election gives the election's view (owner,
 -- token, value, value_term, holder, acquired_at, expires_at, lease_ms,
 -- held, remaining) and a view stream each change event as changes of that
--- view (csrc/views.c); this file names none of the document's fields.
+-- view (csrc/binding/views.c); this file names none of the document's fields.
 
 --- Leader election: what `client:elections(opts)` returns; a campaign's leader; an observer of
 -- an election.

@@ -30,7 +30,7 @@
 -- engine (renewal in batches, grant top-ups, releases of collected
 -- handles) runs in the client's own background thread as outside a
 -- scheduler; change-stream wake-ups come from the process's stream
--- (csrc/watch.c, its own thread), which a waiting coroutine looks at
+-- (csrc/binding/watch.c, its own thread), which a waiting coroutine looks at
 -- without blocking between scheduler sleeps of 1 to 20 ms.
 --
 -- Invariants:

@@ -3,7 +3,7 @@
 --
 -- mongolock.stats: what a client did, counted in Lua on the client itself
 -- (client:stats(), mongolock.metrics), and its lease events handed to its
--- on_lost callback: the Lua half of csrc/stats.c, whose counters and
+-- on_lost callback: the Lua half of csrc/binding/stats.c, whose counters and
 -- queued events the lease engine keeps in C.
 
 local type = type
@@ -127,7 +127,7 @@ _M.clients = setmetatable({}, { __mode = "k" })
 local listeners = setmetatable({}, { __mode = "k" })
 _M.listeners = listeners
 
--- Hands the lease events queued in C (csrc/stats.c: lost, renewal failed)
+-- Hands the lease events queued in C (csrc/binding/stats.c: lost, renewal failed)
 -- to the core client's callback, each in a pcall (an error in it is
 -- returned, never raised into the library's caller); returns how many.
 -- Cheap when nothing waits: one look at a count, no lock.

@@ -20,7 +20,7 @@
 -- attempt and the wait is never missed), until the holder's lease ends
 -- (the server's remaining time from the same reply: an expiry makes no
 -- event), or until the caller's deadline, whichever comes first.  One
--- stream per process and collection serves every waiter (csrc/watch.c).
+-- stream per process and collection serves every waiter (csrc/binding/watch.c).
 --
 -- Order: acquire queues in the lock document (doc/design.md): waiters
 -- take the lock in the order of their first attempt, and a release is

@@ -24,7 +24,7 @@
 --   timer (jobs.run's on_orphan).
 -- - The lease engine's commands (renewals, top-ups, queued releases) run
 --   from one timer per worker and client, never from a request.
--- - So do the client's change streams (csrc/watch.c): a second timer hands
+-- - So do the client's change streams (csrc/binding/watch.c): a second timer hands
 --   each of their commands to a job of its own (a getMore waits up to a
 --   second for events), and after each reply wakes the worker's waiters,
 --   which look at the streams without blocking (core.watch_wait).

@@ -33,7 +33,7 @@ const acquire = {
   $clusterTime: { clusterTime: BSON.Timestamp.fromBits(1, 1), signature: { hash: new BSON.Binary(Buffer.alloc(20), 0), keyId: Long.fromNumber(0) } },
 };
 
-// The acquire the library sends today (csrc/lock.c build_acquire): a
+// The acquire the library sends today (csrc/binding/lock.c build_acquire): a
 // waiter that queues, with the waiter id W in the pipeline and projection.
 const LIVE = { $filter: { input: { $cond: [{ $isArray: '$queue' }, '$queue', []] }, cond: { $gt: ['$$this.until', '$$NOW'] } } };
 const W = 'f'.repeat(32), TAG = 'e'.repeat(16);

@@ -9,7 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "client.h"
+#include "stats.h"
+#include "renew.h"
+#include "watch.h"
 
 static long load(const long *counter) {
   return __atomic_load_n(counter, __ATOMIC_RELAXED);
@@ -82,7 +88,7 @@ static void push_counters(lua_State *L, ml_obs *o, const ml_obs_place *places) {
  * never go back: a closed client keeps them.  streams is the change
  * streams running now.
  */
-int ml_m_counters(lua_State *L) {
+static int ml_m_counters(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   ml_watch_counts wn;
   ml_obs *o = c->obs;
@@ -103,14 +109,14 @@ int ml_m_counters(lua_State *L) {
 /* core.totals() -> client:counters()'s counters (without streams and
  * events_dropped) summed over every client this process made, closed and
  * collected ones too (ml_obs_totals): what mongolock.metrics exposes */
-int ml_l_totals(lua_State *L) {
+static int l_totals(lua_State *L) {
   push_counters(L, &ml_obs_totals, ml_obs_total_places());
   return 1;
 }
 
 /* client:want_events(bool): queue lease events from now on (or stop, and
  * drop those queued) */
-int ml_m_want_events(lua_State *L) {
+static int ml_m_want_events(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   int want = lua_toboolean(L, 2);
   ml_obs *o = c->obs;
@@ -129,7 +135,7 @@ int ml_m_want_events(lua_State *L) {
 
 /* client:has_events() -> boolean: events wait (no lock taken: a look at
  * the count, which take_events reads again under the lock) */
-int ml_m_has_events(lua_State *L) {
+static int ml_m_has_events(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   lua_pushboolean(L, c->obs && __atomic_load_n(&c->obs->nev, __ATOMIC_RELAXED) > 0);
   return 1;
@@ -140,7 +146,7 @@ int ml_m_has_events(lua_State *L) {
  * database, collection, name (the lock's _id), token, owner}, ...}, oldest
  * first; the queue is empty afterwards.
  */
-int ml_m_take_events(lua_State *L) {
+static int ml_m_take_events(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   ml_obs *o = c->obs;
   ml_lease_event *ev = NULL;
@@ -182,4 +188,19 @@ int ml_m_take_events(lua_State *L) {
   }
   free(ev);
   return 1;
+}
+
+/* Client methods: counters and lease events (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_stats_methods[] = {
+  {"counters", ml_m_counters},
+  {"take_events", ml_m_take_events},
+  {"want_events", ml_m_want_events},
+  {"has_events", ml_m_has_events},
+  {NULL, NULL}
+};
+
+/* [-0, +0] the module's functions (module.c): core.totals() */
+void ml_stats_open(lua_State *L) {
+  lua_pushcfunction(L, l_totals);
+  lua_setfield(L, -2, "totals");
 }

@@ -1,12 +1,14 @@
 /*
  * The views of the lock documents seen from Lua (views.c): the queue view,
  * an election's view, and a change stream a reader drives by its own
- * runner.  Included by core.c, which calls ml_views_open.
+ * runner.  Included by module.c, which calls ml_views_open.
+ *
+ * May include: compat.h.
  */
 #ifndef MONGOLOCK_VIEWS_H
 #define MONGOLOCK_VIEWS_H
 
-#include "mongolock.h"
+#include "compat.h"
 
 /* [-0, +0] sets core.op_queue_view, parse_queue_view, parse_election and
  * view_stream in the module table on top of the stack */

@@ -1,7 +1,8 @@
 /*
  * mongolock.Client: one libmongoc pool per process, the Lua side's
- * connection popped from it, the write concern, error helpers, and the
- * registration of every Client method (client_methods below).
+ * connection popped from it, the write concern, and the Client's own
+ * methods; the files that implement the others (named.c, documents.c, ...)
+ * each export theirs, which module.c adds with ml_client_methods.
  *
  * Fork: the pid that made the pool is kept; in another process the pool and
  * connection are abandoned (libmongoc forbids destroying them in a child)
@@ -16,33 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
-
-/* ---- errors ------------------------------------------------------------ */
-
-int ml_pusherror(lua_State *L, const bson_error_t *e) {
-  lua_pushnil(L);
-  lua_pushstring(L, e->message[0] ? e->message : "unknown error");
-  if (e->code) lua_pushinteger(L, (lua_Integer)e->code);
-  else lua_pushnil(L);
-  return 3;
-}
-
-int ml_pushfail(lua_State *L, const char *msg, int code) {
-  lua_pushnil(L);
-  lua_pushstring(L, msg);
-  if (code) lua_pushinteger(L, code);
-  else lua_pushnil(L);
-  return 3;
-}
-
-void ml_pushint64(lua_State *L, int64_t v) {
-#if ML_HAS_INTEGERS
-  lua_pushinteger(L, (lua_Integer)v);
-#else
-  lua_pushnumber(L, (lua_Number)v);
-#endif
-}
+#include "compat.h"
+#include "lease.h"
+#include "args.h"
+#include "client.h"
+#include "renew.h"
 
 /* ---- process exit ------------------------------------------------------ */
 
@@ -580,7 +559,6 @@ static int l_set_number(lua_State *L) {
   return 1;
 }
 
-/* every Client method, whichever file implements it */
 /* client:set_external(on) -> true: this process's lease engine and change
  * streams of the client are driven from Lua (client:engine_next /
  * engine_done, renew.c; client:watch_next / watch_done, watch.c) instead
@@ -593,7 +571,7 @@ static int l_set_external(lua_State *L) {
 }
 
 /* client:keeper() -> the 16 hex digits the leases this client renews in
- * this process carry (op_acquire's keeper) | nil, message */
+ * this process carry (an acquire's keeper) | nil, message */
 static int l_keeper(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   char k[17];
@@ -603,7 +581,6 @@ static int l_keeper(lua_State *L) {
 }
 
 static const luaL_Reg client_methods[] = {
-  /* the client (this file) */
   {"close", l_close},
   {"closed", l_closed},
   {"writable", l_writable},
@@ -611,44 +588,9 @@ static const luaL_Reg client_methods[] = {
   {"probe", l_probe},
   {"set_external", l_set_external},
   {"keeper", l_keeper},
-  {"set_methods", ml_m_set_methods},
-  {"release_later", ml_m_release_later},
-  {"engine_next", ml_m_engine_next},
-  {"engine_done", ml_m_engine_done},
-  {"watch_next", ml_m_watch_next},
-  {"watch_done", ml_m_watch_done},
-  {"watch_stop", ml_m_watch_stop},
   {"default_database", l_default_db},
   {"get_number", l_get_number},
   {"set_number", l_set_number},
-  /* counters and lease events (stats.c) */
-  {"counters", ml_m_counters},
-  {"take_events", ml_m_take_events},
-  {"want_events", ml_m_want_events},
-  {"has_events", ml_m_has_events},
-  /* named locks (named.c) */
-  {"acquire", ml_m_acquire},
-  {"acquire_attempt", ml_m_acquire_attempt},
-  {"campaign", ml_m_campaign},
-  {"campaign_attempt", ml_m_campaign_attempt},
-  {"status", ml_m_status},
-  {"list", ml_m_list},
-  {"force_release", ml_m_force_release},
-  {"leave", ml_m_leave},
-  {"granted", ml_m_granted},
-  {"ensure_index", ml_m_ensure_index},
-  /* document locks (documents.c) */
-  {"doc_acquire", ml_m_doc_acquire},
-  {"doc_acquire_attempt", ml_m_doc_acquire_attempt},
-  {"doc_status", ml_m_doc_status},
-  {"share_acquire", ml_m_share_acquire},
-  {"share_acquire_attempt", ml_m_share_acquire_attempt},
-  {"share_leave", ml_m_share_leave},
-  {"share_force_release", ml_m_share_force_release},
-  {"share_status", ml_m_share_status},
-  /* any command (command.c), any op (ops.c) */
-  {"command", ml_m_command},
-  {"run", ml_m_run},
   {NULL, NULL}
 };
 
@@ -672,4 +614,11 @@ void ml_client_open(lua_State *L) {
   lua_pop(L, 1);
   lua_pushcfunction(L, l_connect);
   lua_setfield(L, -2, "connect");
+}
+
+void ml_client_methods(lua_State *L, const luaL_Reg *methods) {
+  luaL_getmetatable(L, ML_CLIENT_MT);            /* [mt] */
+  lua_getfield(L, -1, "__index");                /* [mt, methods] */
+  luaL_setfuncs(L, methods, 0);
+  lua_pop(L, 2);
 }

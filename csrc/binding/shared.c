@@ -9,8 +9,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "shared.h"
+#include "ops.h"
+#include "renew.h"
 #include "protocol_shared.h"
+#include "stats.h"
+#include "attempt.h"
 
 /* [-0, +1] the reply's projected document, with operation_time */
 static void push_info(lua_State *L, const bson_t *value, const bson_t *reply) {
@@ -51,7 +63,8 @@ static int prepare_share(lua_State *L, ml_client *c, ml_acquire_attempt *t, int 
     t->permits = n;
   }
   a->ttl_ms = ml_arg_ttl_ms(L, 7);
-  if (!ml_arg_attempt_owner(L, c, 8, 10, owner_i, a, &t->t)) return 0;
+  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 8, 10, owner_i, a,
+                            &t->t)) return 0;
   t->renew = lua_toboolean(L, 9);
   if (t->renew) a->keeper = ml_renew_keeper(L, c, t->keeper);
   return 1;
@@ -93,17 +106,17 @@ static int take_share(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok,
 static const ml_attempt_kind share_kind = {"share_acquire", 13, prepare_share, build_share,
                                            take_share};
 
-int ml_m_share_acquire(lua_State *L) { return ml_attempt_method(L, &share_kind); }
-int ml_m_share_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &share_kind); }
+static int ml_m_share_acquire(lua_State *L) { return ml_attempt_method(L, &share_kind); }
+static int ml_m_share_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &share_kind); }
 
 /* client:share_leave(db, coll, name, waiter) -> true | nil, msg, code */
-int ml_m_share_leave(lua_State *L) {
+static int ml_m_share_leave(lua_State *L) {
   return ml_push_leave(L, ml_build_share_leave);
 }
 
 /* client:share_force_release(db, coll, name) -> true | nil, "not held" |
  * nil, msg, code: ends every share and permit of the name */
-int ml_m_share_force_release(lua_State *L) {
+static int ml_m_share_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name = ml_arg_lock(L, &db, &coll);
   ml_op op;
@@ -116,7 +129,7 @@ int ml_m_share_force_release(lua_State *L) {
  * | nil (no such lock) | nil, msg, code.  name nil: the array of every
  * such document with shares, permits or sharers waiting, sorted by name.
  * One aggregate (while the result fits the first batch). */
-int ml_m_share_status(lua_State *L) {
+static int ml_m_share_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   size_t namelen;
@@ -167,3 +180,13 @@ int ml_m_share_status(lua_State *L) {
   bson_destroy(&reply);
   return 1;
 }
+
+/* Client methods: reader shares and permits (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_shared_methods[] = {
+  {"share_acquire", ml_m_share_acquire},
+  {"share_acquire_attempt", ml_m_share_acquire_attempt},
+  {"share_leave", ml_m_share_leave},
+  {"share_force_release", ml_m_share_force_release},
+  {"share_status", ml_m_share_status},
+  {NULL, NULL}
+};

@@ -35,7 +35,8 @@
 #include <string.h>
 #include <sys/time.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "bson_lua.h"
 
 #define VALUE_MT "mongolock.Value"
 #define ARRAY_MT "mongolock.array"

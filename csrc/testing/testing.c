@@ -4,7 +4,7 @@
  * mongolock.testing: hooks for the specs and benchmarks, built next to
  * mongolock.core by the Makefile and never shipped in the rock.  It reads
  * the core through the internals table the core leaves in the registry
- * (mongolock.h, ml_internals); both modules come from one build.
+ * (module.h, ml_internals); both modules come from one build.
  *
  *   testing.fork() -> 0 in the child, its pid in the parent | nil, message
  *   testing.exit(status)              _exit(2) without closing Lua
@@ -30,7 +30,10 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
-#include "mongolock.h"
+#include "client.h"
+#include "renew.h"
+#include "watch.h"
+#include "module.h"
 
 /* seconds on CLOCK_MONOTONIC (this module cannot call the core's) */
 static double now(void) {

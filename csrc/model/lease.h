@@ -3,8 +3,8 @@
  * the lease engine decides on (engine.c), each kind's commands (lease.c's
  * table, ml_kind_ops), and the client's counters and lease events they
  * both write (obs.c).  Implemented by lease.c and obs.c, which include
- * nothing but this header, protocol*.h, libbson and pthreads; the binding
- * (mongolock.h) includes it.
+ * nothing but this header, protocol*.h, libbson and pthreads; the binding's
+ * lock.h, renew.h and stats.c include it.
  */
 #ifndef MONGOLOCK_LEASE_H
 #define MONGOLOCK_LEASE_H

@@ -6,7 +6,7 @@
  * round trip each; every time decision is made by the server ($$NOW); the
  * only local clock read is the monotonic one, for the local deadline.
  *
- * Handle states (mongolock.h, ml_lease): held, lost, not held, closed, read
+ * Handle states (lease.h, ml_lease): held, lost, not held, closed, read
  * by lease_state and answered alike by every method and kind.  Every way a
  * handle ends (release, close, __close, __gc) goes through lock_end, and
  * the release itself (there and in the renewal thread) is ml_lease_end;
@@ -20,8 +20,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "renew.h"
 #include "protocol_shared.h"
+#include "stats.h"
 
 int (*ml_gc_handoff)(ml_client *c, ml_lease *l) = NULL;
 
@@ -172,8 +181,8 @@ static ml_client *lock_client(lua_State *L, int idx) {
   return c;
 }
 
-/* a handle's state (mongolock.h, ml_lease): what every method answers */
-enum { ST_HELD, ST_LOST, ST_NOT_HELD, ST_CLOSED };
+/* a handle's state (lease.h, ml_lease): what every method answers */
+enum { ML_HANDLE_HELD, ML_HANDLE_LOST, ML_HANDLE_NOT_HELD, ML_HANDLE_CLOSED };
 static const char *const state_names[] = {"held", "lost", "not held", "closed"};
 
 /* the state of the handle at idx; *cp its client when not closed */
@@ -181,16 +190,16 @@ static int lease_state(lua_State *L, int idx, ml_lock *h, ml_client **cp) {
   ml_lease *l = h->lease;
   ml_client *c = lock_client(L, idx);
   int st;
-  if (!l || !c || c->closed) return ST_CLOSED;
+  if (!l || !c || c->closed) return ML_HANDLE_CLOSED;
   if (cp) *cp = c;
   pthread_mutex_lock(&l->mu);
   if (l->pid != getpid()) {
-    st = ST_NOT_HELD;           /* a forked child never acts for its parent */
+    st = ML_HANDLE_NOT_HELD;           /* a forked child never acts for its parent */
   } else {
     if (l->held && !l->ending && ml_monotonic() >= l->deadline) {
       ml_lease_set_lost(l);     /* the local deadline passed: lost for good */
     }
-    st = l->lost ? ST_LOST : l->held ? ST_HELD : ST_NOT_HELD;
+    st = l->lost ? ML_HANDLE_LOST : l->held ? ML_HANDLE_HELD : ML_HANDLE_NOT_HELD;
   }
   pthread_mutex_unlock(&l->mu);
   return st;
@@ -206,21 +215,22 @@ static int push_state(lua_State *L, int st) {
  * __gc (which may hand the release to the renewal thread, from_gc).  Sends
  * the release when the lease is held (errors of close and __gc are
  * swallowed: the server frees the lock at the ttl).  Returns the state it
- * ended in: ST_HELD released, ST_LOST, ST_NOT_HELD, ST_CLOSED, or -1 with
- * error set (release only: the lease stays held).
+ * ended in: ML_HANDLE_HELD released, ML_HANDLE_LOST, ML_HANDLE_NOT_HELD,
+ * ML_HANDLE_CLOSED, or -1 with error set (release only: the lease stays
+ * held).
  */
 static int lock_end(lua_State *L, int idx, ml_lock *h, const bson_t *extra, int closing,
                     int from_gc, bson_error_t *error) {
   ml_client *c = NULL;
   ml_lease *l = h->lease;
   int st = lease_state(L, idx, h, &c), r = 1;
-  if (st == ST_HELD && ((c->pool && c->pid == getpid()) || c->external)) {
+  if (st == ML_HANDLE_HELD && ((c->pool && c->pid == getpid()) || c->external)) {
     if (from_gc && ml_gc_handoff && ml_gc_handoff(c, l)) {
       h->lease = NULL;          /* renew.c owns this reference now */
-      return ST_HELD;
+      return ML_HANDLE_HELD;
     }
     r = ml_lease_end(ml_client_get(L, c), c, l, extra, error);
-    if (r == 0) st = ST_LOST;
+    if (r == 0) st = ML_HANDLE_LOST;
   }
   if (closing && l) {
     if (r < 0) {
@@ -264,7 +274,7 @@ static int l_release(lua_State *L) {
   st = lock_end(L, 1, h, has ? &extra : NULL, 0, 0, &err);
   bson_destroy(&extra);
   if (st < 0) return ml_pusherror(L, &err);
-  if (st != ST_HELD) return push_state(L, st);
+  if (st != ML_HANDLE_HELD) return push_state(L, st);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -307,11 +317,11 @@ static int l_extend(lua_State *L) {
   bson_error_t err;
   int64_t ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
   int st = lease_state(L, 1, h, &c), r;
-  if (st != ST_HELD) return push_state(L, st);
+  if (st != ML_HANDLE_HELD) return push_state(L, st);
   ttl_ms = extend_ttl(L, h, ttl_ms);
   r = ml_lease_extend(ml_client_get(L, c), c, h->lease, ttl_ms, ml_monotonic(), &err);
   if (r < 0) return ml_pusherror(L, &err);
-  if (r == 0) return push_state(L, ST_LOST);
+  if (r == 0) return push_state(L, ML_HANDLE_LOST);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -322,7 +332,7 @@ static int l_remaining(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   int st = lease_state(L, 1, h, NULL);
   double left;
-  if (st != ST_HELD) return push_state(L, st);
+  if (st != ML_HANDLE_HELD) return push_state(L, st);
   pthread_mutex_lock(&h->lease->mu);
   left = h->lease->deadline - ml_monotonic();
   pthread_mutex_unlock(&h->lease->mu);
@@ -333,7 +343,7 @@ static int l_remaining(lua_State *L) {
 /* h:held() -> boolean: held by this handle, as far as this process knows */
 static int l_held(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
-  lua_pushboolean(L, lease_state(L, 1, h, NULL) == ST_HELD);
+  lua_pushboolean(L, lease_state(L, 1, h, NULL) == ML_HANDLE_HELD);
   return 1;
 }
 
@@ -345,7 +355,7 @@ static int l_held(lua_State *L) {
 static int l_check(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   int st = lease_state(L, 1, h, NULL);
-  if (st != ST_HELD) return push_state(L, st);
+  if (st != ML_HANDLE_HELD) return push_state(L, st);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -412,7 +422,7 @@ static int l_gc(lua_State *L) {
 static int l_tostring(lua_State *L) {
   ml_lock *h = ml_checklock(L, 1);
   int st = lease_state(L, 1, h, NULL);
-  if (st == ST_CLOSED) lua_pushliteral(L, "mongolock.Lock (closed)");
+  if (st == ML_HANDLE_CLOSED) lua_pushliteral(L, "mongolock.Lock (closed)");
   else if (h->keep->id.value_type == BSON_TYPE_UTF8)
     lua_pushfstring(L, "mongolock.Lock (%s, %s)", h->keep->id.value.v_utf8.str, state_names[st]);
   else lua_pushfstring(L, "mongolock.Lock (%p, %s)", (void *)h->keep, state_names[st]);
@@ -512,7 +522,7 @@ static int l_lease_step(lua_State *L) {
   int st = lease_state(L, 1, h, &c);
   ml_op op;
   if (!strcmp(what, "close")) {
-    if (st != ST_HELD) {
+    if (st != ML_HANDLE_HELD) {
       bson_error_t err;
       (void)lock_end(L, 1, h, NULL, 1, 0, &err);
       lua_pushboolean(L, 1);
@@ -522,7 +532,7 @@ static int l_lease_step(lua_State *L) {
   } else if (!strcmp(what, "release")) {
     bson_t extra = BSON_INITIALIZER;
     int has = release_changes(L, h, 3, &extra);
-    if (st != ST_HELD) {
+    if (st != ML_HANDLE_HELD) {
       bson_destroy(&extra);
       return push_state(L, st);
     }
@@ -533,7 +543,7 @@ static int l_lease_step(lua_State *L) {
     lua_settop(L, 3);
     lua_remove(L, 2);           /* extend's argument at 2, as l_extend's */
     ttl_ms = lua_isnoneornil(L, 2) ? 0 : arg_extend_ttl(L);
-    if (st != ST_HELD) return push_state(L, st);
+    if (st != ML_HANDLE_HELD) return push_state(L, st);
     ttl_ms = extend_ttl(L, h, ttl_ms);
     ml_lease_extend_op(h->lease, ttl_ms, &op);
   } else {
@@ -577,7 +587,7 @@ static int l_lease_done(lua_State *L) {
       lua_pushboolean(L, 1);
       return 1;
     }
-    return push_state(L, ST_CLOSED);
+    return push_state(L, ML_HANDLE_CLOSED);
   }
   if (closing || !strcmp(what, "release")) {
     n = ml_release_matched(ok, &reply);
@@ -605,7 +615,7 @@ static int l_lease_done(lua_State *L) {
     lua_pushboolean(L, 1);
     return 1;
   }
-  if (r == 0) return push_state(L, ST_LOST);
+  if (r == 0) return push_state(L, ML_HANDLE_LOST);
   lua_pushnil(L);
   if (lua_isstring(L, 5)) lua_pushvalue(L, 5);
   else lua_pushliteral(L, "update reply without matchedCount");
@@ -645,10 +655,6 @@ static int l_release_later(lua_State *L) {
   }
   lua_pushboolean(L, 1);
   return 1;
-}
-
-int ml_m_release_later(lua_State *L) {
-  return l_release_later(L);
 }
 
 /* client:set_methods(t) -> true: the handles of this client look up
@@ -711,6 +717,10 @@ void ml_lock_open(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, ML_METHODS_KEY);
 }
 
-int ml_m_set_methods(lua_State *L) {
-  return l_set_methods(L);
-}
+/* Client methods: handles' transports and background releases (module.c
+ * adds them to mongolock.Client) */
+const luaL_Reg ml_lock_client_methods[] = {
+  {"set_methods", l_set_methods},
+  {"release_later", l_release_later},
+  {NULL, NULL}
+};

@@ -222,7 +222,7 @@ void ml_build_command(ml_op *op, const char *db, const bson_t *cmd, const bson_t
 /*
  * The change-stream filter: {pipeline: [{$match: ...}]} passing the events
  * that may wake a waiter of this process (tag) on the owner field `field`
- * (releases, deletes, and the events that end a stream).  csrc/watch.c
+ * (releases, deletes, and the events that end a stream).  csrc/binding/watch.c
  * describes them.
  */
 void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag);

@@ -2,8 +2,10 @@
  * Internal to mongolock: programs use require "mongolock", not this module
  * (nor mongolock.core through it), which may change without notice.
  *
- * luaopen_mongolock_core: the module table, the local monotonic clock,
- * sleeping, and random owner ids.
+ * luaopen_mongolock_core: the module table, the local monotonic clock
+ * (lease.c's ml_monotonic), sleeping, and random owner ids; it opens each
+ * part (its metatables, its core.* functions) and adds the Client methods
+ * each file exports.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -18,74 +20,23 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 
-#include "mongolock.h"
+#include "lease.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "documents.h"
+#include "shared.h"
+#include "ops.h"
+#include "command.h"
+#include "stats.h"
+#include "renew.h"
+#include "watch.h"
+#include "pool.h"
+#include "attempt.h"
 #include "views.h"
-
-struct timespec ml_timespec(double s) {
-  struct timespec ts;
-  if (!(s > 0)) s = 0;                 /* also NaN */
-  if (s > 1e12) s = 1e12;
-  ts.tv_sec = (time_t)s;
-  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-  return ts;
-}
-
-void ml_sleep(double s) {
-  struct timespec req, rem;
-  if (!(s > 0)) return;                /* also NaN */
-  req = ml_timespec(s > 1e9 ? 1e9 : s);
-  while (nanosleep(&req, &rem) == -1 && errno == EINTR)
-    req = rem;
-}
-
-int ml_random_owner(char out[33]) {
-  unsigned char b[16];
-  size_t got = 0;
-  int i;
-  while (got < sizeof b) {
-    ssize_t n = getrandom(b + got, sizeof b - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return 0;
-    }
-    got += (size_t)n;
-  }
-  for (i = 0; i < 16; i++)
-    snprintf(out + 2 * i, 3, "%02x", b[i]);
-  out[32] = '\0';
-  return 1;
-}
-
-/*
- * This process's tag: 64 random bits as 16 hex digits, drawn again in a
- * forked child.  A queued waiter's entry carries it, and a release handed
- * to a waiter names it in the document's next (tag and waiter id), so that
- * the event reaches only the process that waits (csrc/watch.c filters its
- * stream on the tag).
- */
-static pthread_mutex_t tag_mu = PTHREAD_MUTEX_INITIALIZER;
-static char tag_hex[17];
-static pid_t tag_pid;
-
-int ml_process_tag(char out[17]) {
-  int ok = 1;
-  pthread_mutex_lock(&tag_mu);
-  if (tag_pid != getpid()) {
-    char full[33];
-    if (ml_random_owner(full)) {
-      memcpy(tag_hex, full, 16);
-      tag_hex[16] = '\0';
-      tag_pid = getpid();
-    } else {
-      ok = 0;
-    }
-  }
-  if (ok) memcpy(out, tag_hex, 17);
-  pthread_mutex_unlock(&tag_mu);
-  return ok;
-}
-
+#include "module.h"
 
 /* core.monotonic() -> seconds (a local, monotonic clock; not wall time) */
 static int l_monotonic(lua_State *L) {
@@ -186,13 +137,12 @@ static const luaL_Reg core_funcs[] = {
   {"utf8_valid", l_utf8_valid},
   {"getpid", l_getpid},
   {"hostname", l_hostname},
-  {"totals", ml_l_totals},           /* stats.c */
   {NULL, NULL}
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-/* for mongolock.testing (mongolock.h) */
+/* for mongolock.testing (module.h) */
 static const ml_internals internals = {
   ml_checkclient, ml_client_get, ml_renew_stats, ml_renew_flush, ml_watch_stats
 };
@@ -275,12 +225,24 @@ int luaopen_mongolock_core(lua_State *L) {
   lua_pushliteral(L, "0.1.0");
   lua_setfield(L, -2, "_VERSION");
   ml_client_open(L);
+  ml_client_methods(L, ml_named_methods);
+  ml_client_methods(L, ml_documents_methods);
+  ml_client_methods(L, ml_shared_methods);
+  ml_client_methods(L, ml_lock_client_methods);
+  ml_client_methods(L, ml_stats_methods);
+  ml_client_methods(L, ml_renew_methods);
+  ml_client_methods(L, ml_watch_methods);
+  ml_client_methods(L, ml_command_methods);
+  ml_client_methods(L, ml_ops_methods);
   ml_lock_open(L);
+  ml_attempt_open(L);
   ml_watch_open(L);
   ml_pool_open(L);
   ml_bson_open(L);
   ml_ops_open(L);
+  ml_command_open(L);
   ml_views_open(L);
+  ml_stats_open(L);
   lua_pushlightuserdata(L, (void *)&internals);
   lua_setfield(L, LUA_REGISTRYINDEX, ML_INTERNALS_KEY);
   return 1;

@@ -171,7 +171,7 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
  * watching waiter of the queue (_mlh) in the same write (its id the owner,
  * a new token, a lease of its own l ms bounded by its entry's until, its
  * holder), out of the queue, and next names it (which routes the event to
- * its process, csrc/watch.c), unless a share or permit is live; with
+ * its process, csrc/binding/watch.c), unless a share or permit is live; with
  * nobody to hand it to, the lock is freed (owner null, expiresAt $$NOW,
  * next null).  When rel is false nothing changes.
  *

@@ -1,5 +1,5 @@
 /*
- * The client's commands on named locks (registered in client.c): acquire
+ * The client's commands on named locks (ml_named_methods): acquire
  * and try, status and list, force release, leave, the TTL index.  One lock
  * document per name in one collection (doc/design.md); the commands are
  * built by protocol.c and run by transport.c, one round trip each; a won
@@ -9,95 +9,21 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "named.h"
+#include "ops.h"
+#include "renew.h"
+#include "stats.h"
+#include "attempt.h"
 
-/* ---- validation -------------------------------------------------------- */
-
-/* raises unless argument i is a string (numbers are not converted) */
-static const char *arg_string(lua_State *L, int i, size_t *len) {
-  if (lua_type(L, i) != LUA_TSTRING)
-    luaL_argerror(L, i, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, i)));
-  return lua_tolstring(L, i, len);
-}
-
-const char *ml_arg_name(lua_State *L, int i, size_t *len) {
-  const char *s = arg_string(L, i, len);
-  const char *msg = ml_check_name(s, *len);
-  if (msg) luaL_argerror(L, i, msg);
-  return s;
-}
-
-
-/* the lock of arguments 2 .. 4: database, collection, name */
-const char *ml_arg_lock(lua_State *L, const char **db, const char **coll) {
-  size_t len;
-  ml_arg_ns(L, 2, db, coll);
-  return ml_arg_name(L, 4, &len);
-}
-
-/* a waiter id (core.waiter_id()): 32 lowercase hex digits */
-const char *ml_arg_waiter(lua_State *L, int i) {
-  size_t len;
-  const char *w = luaL_checklstring(L, i, &len);
-  luaL_argcheck(L, ml_is_hex(w, len, 32), i, "waiter id must be 32 lowercase hex digits");
-  return w;
-}
-
-/* ttl in milliseconds: a positive number up to a year, rounded up */
-int64_t ml_arg_ttl_ms(lua_State *L, int i) {
-  int64_t ms = ml_ttl_ms(luaL_checknumber(L, i));
-  luaL_argcheck(L, ms > 0, i, "ttl must be a positive number of milliseconds, at most a year");
-  return ms;
-}
-
-int ml_arg_attempt_owner(lua_State *L, ml_client *c, int app_i, int waiter_i, int owner_i,
-                         ml_acquire_args *a, ml_attempt *t) {
-  const char *given = NULL;
-  a->app = luaL_optstring(L, app_i, NULL);
-  t->tag[0] = '\0';
-  if (owner_i > 0 && !lua_isnoneornil(L, owner_i)) {
-    size_t len;
-    given = luaL_checklstring(L, owner_i, &len);
-    luaL_argcheck(L, ml_is_hex(given, len, 32), owner_i, "owner must be 32 lowercase hex digits");
-  }
-  if (!lua_isnoneornil(L, waiter_i)) {
-    a->waiter = ml_arg_waiter(L, waiter_i);
-    a->queue_ms = ml_arg_ttl_ms(L, waiter_i + 1);
-    a->polling = lua_toboolean(L, waiter_i + 2);
-    /* a waiter's attempts all write its id as the owner */
-    luaL_argcheck(L, !given || !strcmp(given, a->waiter), owner_i, "a waiter's owner is its id");
-    memcpy(t->owner, a->waiter, 33);
-    if (!ml_process_tag(t->tag)) return 0;
-    a->tag = t->tag;
-  } else if (given) {
-    memcpy(t->owner, given, 33);
-  } else if (!ml_random_owner(t->owner)) {
-    return 0;
-  }
-  a->owner = t->owner;
-  if (!a->app) a->app = mongoc_uri_get_appname(c->uri);   /* holder.app: the URI's */
-  if (gethostname(t->host, sizeof t->host) != 0) t->host[0] = '\0';
-  t->host[sizeof t->host - 1] = '\0';
-  if (!bson_utf8_validate(t->host, strlen(t->host), false)) t->host[0] = '\0';
-  a->host = t->host;
-  a->pid = (int64_t)getpid();
-  return 1;
-}
-
-int ml_arg_attempt(lua_State *L, ml_client *c, int app_i, int waiter_i, ml_acquire_args *a,
-                   ml_attempt *t) {
-  return ml_arg_attempt_owner(L, c, app_i, waiter_i, 0, a, t);
-}
-
-double ml_arg_started(lua_State *L, int i) {
-  double started = luaL_checknumber(L, i);
-  /* a time of this process's monotonic clock, not in its future: a
-   * deadline is computed from it */
-  luaL_argcheck(L, started == started && started <= ml_monotonic() && started > 0, i,
-                "started must be a past reading of core.monotonic()");
-  return started;
-}
-
+/* [-0, +1|3] runs an update op (and destroys it): pushes true, or nil,
+ * none when it matched nothing (none not NULL), or nil, message, code */
 int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
   bson_error_t err;
   int64_t n = ml_run_update(ml_client_get(L, c), c, op, &err);
@@ -139,10 +65,11 @@ static int prepare_named(lua_State *L, ml_client *c, ml_acquire_attempt *t, int 
   if (campaign) {
     size_t vlen;
     const char *msg;
-    a->value = arg_string(L, 10, &vlen);      /* a string, not a number */
+    a->value = ml_arg_string(L, 10, &vlen);      /* a string, not a number */
     if ((msg = ml_check_value(a->value, vlen)) != NULL) luaL_argerror(L, 10, msg);
   }
-  if (!ml_arg_attempt_owner(L, c, 6, 8, owner_i, a, &t->t)) return 0;
+  if (!ml_arg_attempt_owner(L, mongoc_uri_get_appname(c->uri), 6, 8, owner_i, a,
+                            &t->t)) return 0;
   /* a campaigner is never granted the lock by a release (which would not
    * publish its value): its queue entry says it polls, and it takes a lock
    * that was freed by an attempt of its own, woken by the release's event */
@@ -200,8 +127,8 @@ static int take_named(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok,
 static const ml_attempt_kind acquire_kind = {"acquire", 11, prepare_acquire, build_named,
                                              take_named};
 
-int ml_m_acquire(lua_State *L) { return ml_attempt_method(L, &acquire_kind); }
-int ml_m_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &acquire_kind); }
+static int ml_m_acquire(lua_State *L) { return ml_attempt_method(L, &acquire_kind); }
+static int ml_m_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &acquire_kind); }
 
 /*
  * client:campaign(db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value)
@@ -216,8 +143,8 @@ int ml_m_acquire_attempt(lua_State *L) { return ml_attempt_prepare(L, &acquire_k
 static const ml_attempt_kind campaign_kind = {"campaign", 11, prepare_campaign, build_named,
                                               take_named};
 
-int ml_m_campaign(lua_State *L) { return ml_attempt_method(L, &campaign_kind); }
-int ml_m_campaign_attempt(lua_State *L) { return ml_attempt_prepare(L, &campaign_kind); }
+static int ml_m_campaign(lua_State *L) { return ml_attempt_method(L, &campaign_kind); }
+static int ml_m_campaign_attempt(lua_State *L) { return ml_attempt_prepare(L, &campaign_kind); }
 
 /*
  * Runs a status op and pushes an array of status tables: one command when
@@ -242,7 +169,7 @@ static int run_status(lua_State *L, ml_client *c, ml_op *op) {
 
 /* client:status(db, coll, name) -> status | nil (no such lock) |
  * nil, message, code.  One aggregate. */
-int ml_m_status(lua_State *L) {
+static int ml_m_status(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   ml_op op;
@@ -256,7 +183,7 @@ int ml_m_status(lua_State *L) {
 }
 
 /* client:list(db, coll) -> {status, ...} sorted by name | nil, msg, code */
-int ml_m_list(lua_State *L) {
+static int ml_m_list(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll;
   ml_op op;
@@ -268,7 +195,7 @@ int ml_m_list(lua_State *L) {
 /* client:force_release(db, coll, name) -> true | nil, "not held" |
  * nil, msg, code.  Frees the lock whoever holds it (one update; the
  * document and its token stay). */
-int ml_m_force_release(lua_State *L) {
+static int ml_m_force_release(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll, *name;
   ml_op op;
@@ -296,7 +223,7 @@ static int64_t arg_token(lua_State *L, int i) {
   return (int64_t)n;
 }
 
-int ml_m_granted(lua_State *L) {
+static int ml_m_granted(lua_State *L) {
   size_t namelen;
   const char *db, *coll, *name, *w;
   int64_t ttl_ms, queue_ms, grant, token;
@@ -344,14 +271,14 @@ int ml_push_leave(lua_State *L, ml_leave_builder build) {
   return ml_push_update(L, c, &op, NULL);
 }
 
-int ml_m_leave(lua_State *L) {
+static int ml_m_leave(lua_State *L) {
   return ml_push_leave(L, ml_build_leave);
 }
 
 /* client:ensure_index(db, coll, expire_after_seconds) -> true |
  * nil, msg, code.  The TTL index on expiresAt (cleanup of idle documents
  * only; correctness never depends on it). */
-int ml_m_ensure_index(lua_State *L) {
+static int ml_m_ensure_index(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   const char *db, *coll;
   lua_Integer secs;
@@ -371,3 +298,18 @@ int ml_m_ensure_index(lua_State *L) {
   lua_pushboolean(L, 1);
   return 1;
 }
+
+/* Client methods: named locks (client:acquire, status, list, ...) (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_named_methods[] = {
+  {"acquire", ml_m_acquire},
+  {"acquire_attempt", ml_m_acquire_attempt},
+  {"campaign", ml_m_campaign},
+  {"campaign_attempt", ml_m_campaign_attempt},
+  {"status", ml_m_status},
+  {"list", ml_m_list},
+  {"force_release", ml_m_force_release},
+  {"leave", ml_m_leave},
+  {"granted", ml_m_granted},
+  {"ensure_index", ml_m_ensure_index},
+  {NULL, NULL}
+};

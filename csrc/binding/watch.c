@@ -74,7 +74,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "lease.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "renew.h"
+#include "watch.h"
 #include "stream.h"
 #include "transport.h"
 
@@ -373,7 +380,7 @@ void ml_watch_stop(ml_client *c) {
 
 /* client:watch_next() -> id, op (a BSON op string) | nil, seconds until
  * something may be due (math.huge: no stream of the client needs one) */
-int ml_m_watch_next(lua_State *L) {
+static int ml_m_watch_next(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
   ml_watcher *s, *nx;
   double now = ml_monotonic(), wake = HUGE_VAL, w;
@@ -409,7 +416,7 @@ int ml_m_watch_next(lua_State *L) {
 /* client:watch_done(id, reply, err, code, ereply, domain) -> true: the
  * outcome of the op watch_next gave, as client:run answers it; waiters
  * look again after it */
-int ml_m_watch_done(lua_State *L) {
+static int ml_m_watch_done(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
   long id = (long)luaL_checkinteger(L, 2);
   ml_watcher *s;
@@ -437,7 +444,7 @@ int ml_m_watch_done(lua_State *L) {
 /* client:watch_stop() -> true: ends the client's streams in this process
  * (an nginx worker that is shutting down): their waiters are told to
  * retry, and the adapter's next ops end the open ones */
-int ml_m_watch_stop(lua_State *L) {
+static int ml_m_watch_stop(lua_State *L) {
   ml_watch_stop((ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT));
   lua_pushboolean(L, 1);
   return 1;
@@ -600,3 +607,11 @@ void ml_watch_open(lua_State *L) {
   lua_pushcfunction(L, l_watch_wait);
   lua_setfield(L, -2, "watch_wait");
 }
+
+/* Client methods: the change streams' external adapter (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_watch_methods[] = {
+  {"watch_next", ml_m_watch_next},
+  {"watch_done", ml_m_watch_done},
+  {"watch_stop", ml_m_watch_stop},
+  {NULL, NULL}
+};

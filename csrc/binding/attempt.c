@@ -1,5 +1,5 @@
 /*
- * mongolock.Attempt: one acquire attempt of any kind (mongolock.h,
+ * mongolock.Attempt: one acquire attempt of any kind (attempt.h,
  * ml_acquire_attempt), prepared, its op built, its outcome taken, with each
  * kind's own table of functions (ml_attempt_kind: named.c's acquire and
  * campaign, shared.c's share_acquire, documents.c's doc_acquire).  The one
@@ -8,11 +8,19 @@
  * nginx worker thread, a coroutine scheduler's pool: mongolock.yielding)
  * finishes the attempt with the same tail.
  *
- * Includes mongolock.h only (the Lua binding, the protocol, the transport).
+ * May include: attempt.h, args.h, client.h, stats.h (the command
+ * counter), lease.h (the clock), protocol.h and transport.h; it calls the
+ * kinds only through their tables.
  */
 #include <string.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "args.h"
+#include "client.h"
+#include "stats.h"
+#include "attempt.h"
 
 #define ML_ATTEMPT_MT "mongolock.Attempt"
 
@@ -160,6 +168,11 @@ static void attempt_move(ml_acquire_attempt *to, const ml_acquire_attempt *from)
   if (from->a.host) to->a.host = to->t.host;
   if (from->a.tag) to->a.tag = to->t.tag;
   if (from->a.keeper) to->a.keeper = to->keeper;
+}
+
+void ml_attempt_open(lua_State *L) {
+  push_metatable(L);
+  lua_pop(L, 1);
 }
 
 int ml_attempt_prepare(lua_State *L, const ml_attempt_kind *k) {

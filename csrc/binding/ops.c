@@ -4,23 +4,14 @@
  * it there, parse the reply back on the event loop.  Only strings, numbers
  * and tables cross.
  *
- *   op = core.op_acquire{db=, coll=, name=, owner=, ttl_ms=, host=, pid=,
- *                        app=, waiter=, tag=, queue_ms=, polling=, value=}
- *                        (value: an election's campaign, protocol.h)
- *   op = core.op_release{db=, coll=, name=, owner=}
- *   op = core.op_extend{db=, coll=, name=, owner=, ttl_ms=}
  *   op = core.op_leave{db=, coll=, name=, waiter=, tag=}
  *   op = core.op_force_release{db=, coll=, name=}
  *   op = core.op_status{db=, coll=, name=}       (name nil: the list)
  *   op = core.op_ensure_index{db=, coll=, expire_after=}
- *   op = core.op_command(db, cmd, opts)          (what client:command sends)
- *   op = core.op_doc_acquire{db=, coll=, id=, owner_field=, time_field=,
- *                            time=, owner_type=, owner=, ttl_ms=, insert=}
- *   op = core.op_doc_release{<the same lock>, owner=, changes=}
- *   op = core.op_doc_extend{<the same lock>, owner=, ttl_ms=}
- *   op = core.op_doc_status{<the same lock>, ttl_ms=}
- *   op = core.op_share_acquire{...}, op_share_release, op_share_extend,
- *        op_share_leave, op_share_force_release{db=, coll=, name=},
+ *   op = core.op_doc_status{db=, coll=, id=, owner_field=, time_field=,
+ *                           time=, owner_type=, ttl_ms=}
+ *   op = core.op_share_leave{db=, coll=, name=, waiter=, tag=},
+ *        op_share_force_release{db=, coll=, name=},
  *        op_share_status{db=, coll=, name=}   (the shared kinds, below)
  *   op = core.op_watch{db=, coll=, field=, tag=, t=, i=, resume_token=, session=}
  *        (all = true instead of tag: every change of the collection)
@@ -30,11 +21,9 @@
  *   op = core.op_leader{db=, coll=, name=}
  *   op = core.op_observe{db=, coll=, name=, t=, i=, resume_token=, session=}
  *   reply, err, code = client:run(op)            (BSON strings)
- *   r = core.parse_acquire(reply, owner)
  *   n = core.parse_update(reply)
  *   list = core.parse_status(reply)
  *   b = core.parse_events(reply, tag)
- *   r = core.parse_doc_acquire(reply, owner, owner_field, owner_type)
  *   st = core.parse_doc_status(reply)
  *
  * session (32 hex digits, optional): the key of the logical session a
@@ -49,7 +38,10 @@
  * kind is "write", "update", "cursor" or "command" (how transport.c runs
  * it), cmd the command as the server receives it.  The C methods
  * (client:acquire, h:release, ...) run the same builders and parsers
- * without the envelope.
+ * without the envelope; an attempt's op and its outcome cross as a
+ * mongolock.Attempt (attempt.c: client:acquire_attempt, ..., a:op(),
+ * a:take(...)), a handle's release and extend as core.lease_step /
+ * core.lease_done (lock.c).
  *
  * This file also holds the Lua tables that parsed replies make, shared by
  * those methods and the parse_* functions.
@@ -59,10 +51,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "ops.h"
 #include "protocol_shared.h"
-
-static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
+#include "stats.h"
 
 /* ---- the tables of parsed replies -------------------------------------- */
 
@@ -183,18 +181,51 @@ void ml_push_status_list(lua_State *L, const bson_t *reply) {
   }
 }
 
-/* ---- arguments --------------------------------------------------------- */
-
-void ml_arg_ns(lua_State *L, int i, const char **db, const char **coll) {
-  size_t len;
-  const char *msg;
-  luaL_checktype(L, i, LUA_TSTRING);        /* a number is no name */
-  *db = lua_tolstring(L, i, &len);
-  if ((msg = ml_check_db(*db, len)) != NULL) luaL_argerror(L, i, msg);
-  luaL_checktype(L, i + 1, LUA_TSTRING);
-  *coll = lua_tolstring(L, i + 1, &len);
-  if ((msg = ml_check_coll(*db, *coll, len)) != NULL) luaL_argerror(L, i + 1, msg);
+/* [-0, +1] what a busy attempt tells: {owner = <value>, remaining = s,
+ * doc = <current>, operation_time = {t, i}} */
+void ml_push_doc_info(lua_State *L, const ml_acquire_reply *ar, const bson_t *reply,
+                      const char *owner_field) {
+  lua_createtable(L, 0, 4);
+  ml_pushbson(L, &ar->value);
+  lua_getfield(L, -1, owner_field);
+  lua_setfield(L, -3, "owner");
+  lua_setfield(L, -2, "doc");
+  lua_pushnumber(L, (lua_Number)(ar->remaining_ms > 0 ? ar->remaining_ms : 0) / 1000.0);
+  lua_setfield(L, -2, "remaining");
+  ml_set_operation_time(L, reply);
 }
+
+/* a status aggregate's reply (ml_build_doc_status): pushes {held, state,
+ * owner, remaining}, or nil, "not found"; returns the values pushed */
+int ml_push_doc_status(lua_State *L, const bson_t *reply) {
+  bson_iter_t docs, f;
+  int64_t rem = 0;
+  int held, has_owner;
+  if (!ml_reply_batch(reply, &docs, NULL) || !bson_iter_next(&docs) ||
+      !BSON_ITER_HOLDS_DOCUMENT(&docs))
+    return ml_pushfail(L, "not found", 0);
+  bson_iter_recurse(&docs, &f);
+  has_owner = bson_iter_find(&f, "owner") && !BSON_ITER_HOLDS_NULL(&f);
+  bson_iter_recurse(&docs, &f);
+  if (bson_iter_find(&f, "remainingMs")) rem = ml_iter_int64(&f, 0);
+  held = has_owner && rem > 0;
+  lua_createtable(L, 0, 4);
+  lua_pushboolean(L, held);
+  lua_setfield(L, -2, "held");
+  lua_pushstring(L, held ? "held" : has_owner ? "expired" : "free");
+  lua_setfield(L, -2, "state");
+  if (held) {
+    bson_iter_recurse(&docs, &f);
+    bson_iter_find(&f, "owner");
+    ml_pushbsonvalue(L, &f);
+    lua_setfield(L, -2, "owner");
+  }
+  lua_pushnumber(L, held ? (lua_Number)rem / 1000.0 : 0);
+  lua_setfield(L, -2, "remaining");
+  return 1;
+}
+
+/* ---- arguments --------------------------------------------------------- */
 
 /* field key of the table at 1: a string (NULL when absent and optional) */
 static const char *opt_str(lua_State *L, const char *key, int required, size_t *len) {
@@ -303,131 +334,9 @@ static int push_op(lua_State *L, ml_op *op) {
   return 1;
 }
 
-void ml_push_op(lua_State *L, const ml_op *op) {
-  bson_t env = BSON_INITIALIZER;
-  BCON_APPEND(&env, "kind", BCON_UTF8(kinds[op->kind]), "retry", BCON_BOOL(op->retry != 0),
-              "db", BCON_UTF8(op->db));
-  if (op->coll) BCON_APPEND(&env, "coll", BCON_UTF8(op->coll));
-  if (op->session) BCON_APPEND(&env, "session", BCON_UTF8(op->session));
-  BCON_APPEND(&env, "cmd", BCON_DOCUMENT(&op->cmd));
-  lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
-  bson_destroy(&env);
-}
-
-/* a BSON string argument as a view (raises when malformed) */
-static void arg_bson(lua_State *L, int i, bson_t *out) {
-  size_t len, off;
-  const char *s = luaL_checklstring(L, i, &len);
-  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(out, (const uint8_t *)s, len) ||
-      !bson_validate(out, BSON_VALIDATE_NONE, &off))
-    luaL_argerror(L, i, "malformed BSON");
-}
-
-int ml_op_view(const bson_t *env, ml_op *op) {
-  bson_iter_t it;
-  int k;
-  const uint8_t *data;
-  uint32_t len;
-  memset(op, 0, sizeof *op);
-  op->kind = (ml_run_kind)-1;
-  if (bson_iter_init_find(&it, env, "kind") && BSON_ITER_HOLDS_UTF8(&it))
-    for (k = 0; kinds[k]; k++)
-      if (!strcmp(bson_iter_utf8(&it, NULL), kinds[k])) op->kind = (ml_run_kind)k;
-  if (bson_iter_init_find(&it, env, "retry")) op->retry = bson_iter_as_bool(&it);
-  if (bson_iter_init_find(&it, env, "db") && BSON_ITER_HOLDS_UTF8(&it))
-    op->db = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
-    op->coll = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, env, "session") && BSON_ITER_HOLDS_UTF8(&it))
-    op->session = bson_iter_utf8(&it, NULL);
-  if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, env, "cmd") ||
-      !BSON_ITER_HOLDS_DOCUMENT(&it))
-    return 0;
-  bson_iter_document(&it, &len, &data);
-  return bson_init_static(&op->cmd, data, len);
-}
-
-/* the op of an envelope at i: views into the Lua string (never destroyed) */
-void ml_arg_op(lua_State *L, int i, ml_op *op) {
-  bson_t env;
-  arg_bson(L, i, &env);
-  if (!ml_op_view(&env, op)) luaL_argerror(L, i, "not an op (core.op_*)");
-}
-
 /* ---- builders ---------------------------------------------------------- */
 
 static const char *check_value(lua_State *L);
-
-/* the fields every acquire's attempt writes (any kind): owner, ttl_ms,
- * host, pid, app, and with waiter its tag, queue_ms and polling; the name
- * and namespace are read before */
-static void check_attempt(lua_State *L, ml_acquire_args *a) {
-  size_t len;
-  a->owner = check_hex(L, "owner", 32, 1);
-  a->ttl_ms = check_ms(L, "ttl_ms");
-  a->host = opt_str(L, "host", 0, &len);
-  if (!a->host) a->host = "";
-  else if (!bson_utf8_validate(a->host, len, false)) bad(L, "host", "not valid UTF-8");
-  a->pid = (int64_t)opt_num(L, "pid", 0, 0);
-  a->app = opt_str(L, "app", 0, &len);
-  if (a->app && !bson_utf8_validate(a->app, len, false)) bad(L, "app", "not valid UTF-8");
-  a->keeper = check_hex(L, "keeper", 16, 0);   /* client:keeper(): renewed by it */
-  a->waiter = check_hex(L, "waiter", 32, 0);
-  if (a->waiter) {
-    a->tag = check_hex(L, "tag", 16, 1);
-    a->queue_ms = check_ms(L, "queue_ms");
-    lua_getfield(L, 1, "polling");
-    a->polling = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-  }
-}
-
-static int l_op_acquire(lua_State *L) {
-  ml_acquire_args a;
-  ml_op op;
-  memset(&a, 0, sizeof a);
-  a.name = check_lock(L, &a.db, &a.coll, 1);
-  check_attempt(L, &a);
-  if (opt_str(L, "value", 0, NULL)) a.value = check_value(L);   /* a campaign's */
-  ml_build_acquire(&op, &a);
-  return push_op(L, &op);
-}
-
-/* the lockref of a named lock (id: its {_id: name}, initialised here) */
-static void named_ref(ml_lockref *r, const char *db, const char *coll, bson_t *id,
-                      const char *name) {
-  bson_init(id);
-  BCON_APPEND(id, "_id", BCON_UTF8(name));
-  ml_named_ref(r, db, coll, id);
-}
-
-static int l_op_release(lua_State *L) {
-  const char *db, *coll, *name, *owner;
-  ml_lockref r;
-  bson_t id;
-  ml_op op;
-  name = check_lock(L, &db, &coll, 1);
-  owner = check_hex(L, "owner", 32, 1);
-  named_ref(&r, db, coll, &id, name);
-  ml_build_release(&op, &r, owner, NULL);
-  bson_destroy(&id);
-  return push_op(L, &op);
-}
-
-static int l_op_extend(lua_State *L) {
-  const char *db, *coll, *name, *owner;
-  int64_t ttl_ms;
-  ml_lockref r;
-  bson_t id;
-  ml_op op;
-  name = check_lock(L, &db, &coll, 1);
-  owner = check_hex(L, "owner", 32, 1);
-  ttl_ms = check_ms(L, "ttl_ms");
-  named_ref(&r, db, coll, &id, name);
-  ml_build_extend(&op, &r, owner, ttl_ms);
-  bson_destroy(&id);
-  return push_op(L, &op);
-}
 
 static int l_op_leave(lua_State *L) {
   const char *db, *coll, *name, *waiter, *tag;
@@ -464,12 +373,6 @@ static int l_op_ensure_index(lua_State *L) {
   return push_op(L, &op);
 }
 
-static int l_op_command(lua_State *L) {
-  ml_op op;
-  ml_command_op(L, 1, &op);
-  return push_op(L, &op);
-}
-
 static int l_op_watch(lua_State *L) {
   const char *db, *coll, *field, *tag, *tok, *session;
   int all;
@@ -493,7 +396,7 @@ static int l_op_watch(lua_State *L) {
   tok = opt_str(L, "resume_token", 0, &len);
   if (tok) {
     lua_getfield(L, 1, "resume_token");
-    arg_bson(L, lua_gettop(L), &token);
+    ml_arg_bson(L, lua_gettop(L), &token);
   }
   ml_build_watch(&op, db, coll, field, tag, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
   op.session = session;
@@ -568,7 +471,7 @@ static int l_op_observe(lua_State *L) {
   tok = opt_str(L, "resume_token", 0, &len);
   if (tok) {
     lua_getfield(L, 1, "resume_token");
-    arg_bson(L, lua_gettop(L), &token);
+    ml_arg_bson(L, lua_gettop(L), &token);
   }
   ml_build_observe(&op, db, coll, name, (uint32_t)t, (uint32_t)i, tok ? &token : NULL);
   op.session = session;
@@ -609,89 +512,6 @@ static void check_docref(lua_State *L, ml_lockref *r, bson_t *id) {
   r->id = id;
 }
 
-/* is field key of the table at 1 a table (0: nil)?  Raises otherwise */
-static int opt_table(lua_State *L, const char *key) {
-  int t;
-  lua_getfield(L, 1, key);
-  t = lua_type(L, -1);
-  if (t != LUA_TNIL && t != LUA_TTABLE)
-    luaL_argerror(L, 1, lua_pushfstring(L, "%s: table expected, got %s", key, luaL_typename(L, -1)));
-  lua_pop(L, 1);
-  return t == LUA_TTABLE;
-}
-
-/* core.op_doc_acquire{db, coll, id, owner_field, time_field, time,
- * owner_type, owner, ttl_ms, insert}: what client:doc_acquire sends */
-static int l_op_doc_acquire(lua_State *L) {
-  ml_lockref r;
-  bson_t id, ins = BSON_INITIALIZER;
-  const char *owner, *msg = NULL;
-  int64_t ttl_ms;
-  int have_insert;
-  char err[512];
-  ml_op op;
-  owner = check_hex(L, "owner", 32, 1);
-  ttl_ms = check_ms(L, "ttl_ms");
-  have_insert = opt_table(L, "insert");
-  check_docref(L, &r, &id);     /* last check: id may allocate */
-  if (have_insert) {
-    lua_getfield(L, 1, "insert");
-    msg = ml_doc_insert(L, lua_gettop(L), r.owner_field, r.time_field, &ins, err, sizeof err);
-    lua_pop(L, 1);
-  }
-  if (msg) {
-    bson_destroy(&ins);
-    bson_destroy(&id);
-    bad(L, "insert", msg);
-  }
-  ml_build_doc_acquire(&op, &r, owner, ttl_ms, have_insert ? &ins : NULL);
-  bson_destroy(&ins);
-  bson_destroy(&id);
-  return push_op(L, &op);
-}
-
-/* core.op_doc_release{db, coll, id, owner_field, time_field, time,
- * owner_type, owner, changes}: h:release(changes) of a document lock */
-static int l_op_doc_release(lua_State *L) {
-  ml_lockref r;
-  bson_t id, extra = BSON_INITIALIZER;
-  const char *owner;
-  int has, ok = 1;
-  char err[512];
-  ml_op op;
-  owner = check_hex(L, "owner", 32, 1);
-  has = opt_table(L, "changes");
-  check_docref(L, &r, &id);     /* last check: id may allocate */
-  if (has) {
-    lua_getfield(L, 1, "changes");
-    ok = ml_doc_changes_of(L, lua_gettop(L), r.owner_field, r.time_field, &extra, err, sizeof err);
-    lua_pop(L, 1);
-  }
-  if (!ok) {
-    bson_destroy(&extra);
-    bson_destroy(&id);
-    bad(L, "changes", err);
-  }
-  ml_build_release(&op, &r, owner, has ? &extra : NULL);
-  bson_destroy(&extra);
-  bson_destroy(&id);
-  return push_op(L, &op);
-}
-
-/* core.op_doc_extend{db, coll, id, owner_field, time_field, time,
- * owner_type, owner, ttl_ms} */
-static int l_op_doc_extend(lua_State *L) {
-  ml_lockref r;
-  bson_t id;
-  const char *owner = check_hex(L, "owner", 32, 1);
-  int64_t ttl_ms = check_ms(L, "ttl_ms");
-  ml_op op;
-  check_docref(L, &r, &id);
-  ml_build_extend(&op, &r, owner, ttl_ms);
-  bson_destroy(&id);
-  return push_op(L, &op);
-}
-
 /* core.op_doc_status{db, coll, id, owner_field, time_field, time,
  * owner_type, ttl_ms} */
 static int l_op_doc_status(lua_State *L) {
@@ -726,8 +546,8 @@ int ml_push_run(lua_State *L, ml_client *c, const ml_op *op, int decode) {
 
 /* client:run(op) -> reply | nil, message, code, reply, domain (BSON
  * strings; domain: libmongoc's error domain, which tells an error without
- * a reply, MONGOC_ERROR_STREAM, from the others); registered in client.c */
-int ml_m_run(lua_State *L) {
+ * a reply, MONGOC_ERROR_STREAM, from the others) */
+static int ml_m_run(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   bson_t reply;
   bson_error_t err;
@@ -749,147 +569,17 @@ int ml_m_run(lua_State *L) {
   return 5;
 }
 
-int ml_push_op_owner(lua_State *L, ml_op *op, const char *owner) {
-  push_op(L, op);
-  lua_pushstring(L, owner);
-  return 2;
-}
-
-/* a BSON string at i, or nil (0); raises when malformed */
-static int opt_bson(lua_State *L, int i, bson_t *view) {
-  if (lua_isnoneornil(L, i)) return 0;
-  arg_bson(L, i, view);
-  return 1;
-}
-
-int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err) {
-  bson_t r, e;
-  int has_reply = opt_bson(L, i, &r), has_ereply = opt_bson(L, i + 3, &e);
-  const char *msg = lua_isnoneornil(L, i + 1) ? NULL : luaL_checkstring(L, i + 1);
-  lua_Integer code = luaL_optinteger(L, i + 2, 0);
-  lua_Integer domain = luaL_optinteger(L, i + 4, 0);
-  if (!reply) return has_reply;            /* checked only */
-  if (has_reply) {
-    bson_copy_to(&r, reply);
-    return 1;
-  }
-  if (has_ereply) bson_copy_to(&e, reply);
-  else bson_init(reply);
-  if (domain <= 0) {
-    /* the transport's own error: without the server's answer (one has
-     * ok), what the op asked may have been applied */
-    bson_iter_t it;
-    domain = has_ereply && bson_iter_init_find(&it, &e, "ok") ? MONGOC_ERROR_SERVER
-                                                                : MONGOC_ERROR_STREAM;
-  }
-  bson_set_error(err, (uint32_t)domain, (uint32_t)code, "%s", msg ? msg : "unknown error");
-  return 0;
-}
-
 /* ---- parsers ----------------------------------------------------------- */
-
-/* core.parse_acquire(reply, owner) -> {won, token, remaining, position,
- * queued, holder, owner, expires_at, operation_time} | nil, message */
-static int l_parse_acquire(lua_State *L) {
-  bson_t reply;
-  size_t len;
-  const char *owner;
-  ml_acquire_reply r;
-  arg_bson(L, 1, &reply);
-  owner = luaL_checklstring(L, 2, &len);
-  luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
-  if (ml_parse_acquire(&reply, owner, ML_F_OWNER, ML_OWNER_HEX, 0, &r) <= 0)
-    return ml_pushfail(L, "findAndModify returned no document", 0);
-  ml_push_acquire_info(L, &r, &reply);
-  lua_pushboolean(L, r.won);
-  lua_setfield(L, -2, "won");
-  return 1;
-}
-
-/* core.parse_doc_acquire(reply, owner, owner_field, owner_type) ->
- * {won = true, doc} | {won = false, owner, remaining, doc, operation_time}
- * | nil, "not found" (no document, none inserted) | nil, message */
-static int l_parse_doc_acquire(lua_State *L) {
-  bson_t reply;
-  size_t len;
-  const char *owner, *field, *msg;
-  ml_acquire_reply r;
-  int ok;
-  arg_bson(L, 1, &reply);
-  owner = luaL_checklstring(L, 2, &len);
-  luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
-  field = luaL_checklstring(L, 3, &len);
-  if ((msg = ml_check_field(field, len)) != NULL) luaL_argerror(L, 3, msg);
-  ok = ml_parse_acquire(&reply, owner, field,
-                        !strcmp(luaL_optstring(L, 4, "hex"), "uuid") ? ML_OWNER_UUID : ML_OWNER_HEX,
-                        1, &r);
-  if (ok <= 0) return ml_pushfail(L, ok == 0 ? "not found" : "findAndModify returned no document", 0);
-  if (!r.won) {
-    ml_push_doc_info(L, &r, &reply, field);
-  } else {
-    lua_createtable(L, 0, 2);
-    ml_pushbson(L, &r.value);
-    lua_setfield(L, -2, "doc");
-  }
-  lua_pushboolean(L, r.won);
-  lua_setfield(L, -2, "won");
-  return 1;
-}
 
 /* core.parse_doc_status(reply) -> {held, state, owner, remaining} |
  * nil, "not found" */
 static int l_parse_doc_status(lua_State *L) {
   bson_t reply;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   return ml_push_doc_status(L, &reply);
 }
 
 /* ---- the shared kinds (protocol_shared.h) ------------------------------ */
-
-/* mode ("shared" | "permit") and permits of a share op's table */
-static int check_mode(lua_State *L, int64_t *permits) {
-  size_t len;
-  const char *m = opt_str(L, "mode", 1, &len);
-  if (!strcmp(m, "shared")) return ML_MODE_SHARED;
-  if (strcmp(m, "permit")) bad(L, "mode", "\"shared\" or \"permit\" expected");
-  *permits = (int64_t)opt_num(L, "permits", 1, 0);
-  if (!(*permits >= 1 && *permits <= ML_PERMITS_MAX)) bad(L, "permits", "1 to 1000000 expected");
-  return ML_MODE_PERMIT;
-}
-
-/* core.op_share_acquire{db, coll, name, mode, permits, owner, ttl_ms, host,
- * pid, app, waiter, tag, queue_ms, polling} */
-static int l_op_share_acquire(lua_State *L) {
-  ml_acquire_args a;
-  int64_t permits = 0;
-  int mode;
-  ml_op op;
-  memset(&a, 0, sizeof a);
-  a.name = check_lock(L, &a.db, &a.coll, 1);
-  mode = check_mode(L, &permits);
-  check_attempt(L, &a);
-  ml_build_share_acquire(&op, &a, mode, permits);
-  return push_op(L, &op);
-}
-
-/* core.op_share_release{db, coll, name, owner}; with ttl_ms: the extend */
-static int share_end_or_extend(lua_State *L, int extend) {
-  const char *db, *coll, *name, *owner;
-  bson_t id;
-  ml_op op;
-  int64_t ms;
-  name = check_lock(L, &db, &coll, 1);
-  owner = check_hex(L, "owner", 32, 1);
-  ms = extend ? check_ms(L, "ttl_ms") : 0;   /* before anything is built */
-  bson_init(&id);
-  BCON_APPEND(&id, "_id", BCON_UTF8(name));
-  if (extend) ml_build_share_extend(&op, db, coll, &id, owner, ms);
-  else ml_build_share_release(&op, db, coll, &id, owner);
-  bson_destroy(&id);
-  return push_op(L, &op);
-}
-static int l_op_share_release(lua_State *L) { return share_end_or_extend(L, 0); }
-static int l_op_share_extend(lua_State *L) { return share_end_or_extend(L, 1); }
 
 static int l_op_share_leave(lua_State *L) {
   const char *db, *coll, *name, *waiter, *tag;
@@ -918,41 +608,11 @@ static int l_op_share_status(lua_State *L) {
   return push_op(L, &op);
 }
 
-/* core.parse_share_acquire(reply, owner, mode, permits) -> {won, mismatch,
- * token, value = the projected document} | nil, message */
-static int l_parse_share_acquire(lua_State *L) {
-  bson_t reply;
-  size_t len;
-  const char *owner, *m;
-  ml_share_reply r;
-  int mode;
-  arg_bson(L, 1, &reply);
-  owner = luaL_checklstring(L, 2, &len);
-  luaL_argcheck(L, ml_is_hex(owner, len, 32), 2, "32 lowercase hex digits expected");
-  m = luaL_checkstring(L, 3);
-  mode = !strcmp(m, "permit") ? ML_MODE_PERMIT : ML_MODE_SHARED;
-  if (ml_parse_share_acquire(&reply, owner, mode, (int64_t)luaL_optinteger(L, 4, 0), &r) <= 0)
-    return ml_pushfail(L, "findAndModify returned no document", 0);
-  lua_createtable(L, 0, 4);
-  lua_pushboolean(L, r.won);
-  lua_setfield(L, -2, "won");
-  lua_pushboolean(L, r.mismatch);
-  lua_setfield(L, -2, "mismatch");
-  if (r.won) {
-    ml_pushint64(L, r.token);
-    lua_setfield(L, -2, "token");
-  }
-  ml_pushbson(L, &r.value);
-  lua_setfield(L, -2, "value");
-  ml_set_operation_time(L, &reply);
-  return 1;
-}
-
 /* core.parse_update(reply) -> documents matched | nil, message */
 static int l_parse_update(lua_State *L) {
   bson_t reply;
   int64_t n;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   n = ml_parse_matched(&reply);
   if (n < 0) return ml_pushfail(L, "update reply without matchedCount", 0);
   lua_pushinteger(L, (lua_Integer)n);
@@ -962,7 +622,7 @@ static int l_parse_update(lua_State *L) {
 /* core.parse_status(reply) -> {status, ...} */
 static int l_parse_status(lua_State *L) {
   bson_t reply;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   ml_push_status_list(L, &reply);
   return 1;
 }
@@ -980,7 +640,7 @@ static int l_parse_events(lua_State *L) {
   int64_t id = 0;
   char buf[32];
   int n = 0;
-  arg_bson(L, 1, &reply);
+  ml_arg_bson(L, 1, &reply);
   tag = luaL_checklstring(L, 2, &len);
   luaL_argcheck(L, ml_is_hex(tag, len, 16), 2, "16 lowercase hex digits expected");
   lua_createtable(L, 0, 3);
@@ -1036,34 +696,21 @@ static int l_parse_events(lua_State *L) {
 }
 
 static const luaL_Reg ops_funcs[] = {
-  {"op_acquire", l_op_acquire},
-  {"op_release", l_op_release},
-  {"op_extend", l_op_extend},
   {"op_leave", l_op_leave},
   {"op_force_release", l_op_force_release},
   {"op_status", l_op_status},
   {"op_ensure_index", l_op_ensure_index},
-  {"op_command", l_op_command},
   {"op_watch", l_op_watch},
   {"op_getmore", l_op_getmore},
   {"op_killcursors", l_op_killcursors},
   {"op_proclaim", l_op_proclaim},
   {"op_leader", l_op_leader},
   {"op_observe", l_op_observe},
-  {"op_doc_acquire", l_op_doc_acquire},
-  {"op_doc_release", l_op_doc_release},
-  {"op_doc_extend", l_op_doc_extend},
   {"op_doc_status", l_op_doc_status},
-  {"parse_doc_acquire", l_parse_doc_acquire},
   {"parse_doc_status", l_parse_doc_status},
-  {"op_share_acquire", l_op_share_acquire},
-  {"op_share_release", l_op_share_release},
-  {"op_share_extend", l_op_share_extend},
   {"op_share_leave", l_op_share_leave},
   {"op_share_force_release", l_op_share_force_release},
   {"op_share_status", l_op_share_status},
-  {"parse_share_acquire", l_parse_share_acquire},
-  {"parse_acquire", l_parse_acquire},
   {"parse_update", l_parse_update},
   {"parse_status", l_parse_status},
   {"parse_events", l_parse_events},
@@ -1074,3 +721,9 @@ void ml_ops_open(lua_State *L) {
   /* [module] */
   luaL_setfuncs(L, ops_funcs, 0);
 }
+
+/* Client methods: any op (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_ops_methods[] = {
+  {"run", ml_m_run},
+  {NULL, NULL}
+};

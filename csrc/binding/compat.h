@@ -8,6 +8,7 @@
 #ifndef MONGOLOCK_COMPAT_H
 #define MONGOLOCK_COMPAT_H
 
+#include <stdint.h>
 #include <lua.h>
 #include <lauxlib.h>
 
@@ -74,5 +75,15 @@ static inline void *ml_testudata(lua_State *L, int ud, const char *tname)
 #define ml_setuservalue(L, i) lua_setuservalue(L, (i))
 #define ML_HAS_INTEGERS (LUA_VERSION_NUM >= 503)
 #endif
+
+/* [-0, +1] pushes an int64 as a Lua integer (5.3, 5.4) or number (5.1, 5.2,
+ * LuaJIT; exact up to 2^53, which tokens stay below until the year 2248) */
+static inline void ml_pushint64(lua_State *L, int64_t v) {
+#if ML_HAS_INTEGERS
+  lua_pushinteger(L, (lua_Integer)v);
+#else
+  lua_pushnumber(L, (lua_Number)v);
+#endif
+}
 
 #endif

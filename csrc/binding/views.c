@@ -35,13 +35,20 @@
  *     state, err, code = s:state()   "starting" | "running" | "failed" | "done"
  *     s:close()           ends it: next() gives its last command, if any
  *
- * Includes mongolock.h (the binding's helpers), stream.h and
- * protocol_views.h; nothing includes this file but core.c (views.h).
+ * May include: views.h, the binding's argument layer (args.h), its BSON
+ * values (bson_lua.h), sys.h (the process tag), lease.h (the clock),
+ * stream.h and protocol*.h; only module.c calls it (ml_views_open).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "protocol.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "bson_lua.h"
+#include "args.h"
 #include "views.h"
 #include "protocol_views.h"
 #include "stream.h"

@@ -44,7 +44,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "compat.h"
+#include "protocol.h"
+#include "transport.h"
+#include "args.h"
+#include "client.h"
+#include "pool.h"
 
 #define ML_POOL_MT "mongolock.Pool"
 #define ML_JOB_MT "mongolock.Job"

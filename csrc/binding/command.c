@@ -1,6 +1,6 @@
 /*
- * Generic commands on a client: client:command(db, cmd [, opts]) (registered
- * in client.c), and the op it runs (also core.op_command, ops.c).
+ * Generic commands on a client: client:command(db, cmd [, opts])
+ * (ml_command_methods), and the op it runs (also core.op_command).
  *
  * Results follow the project's convention: the server's reply as a Lua
  * table, or nil, message, code, reply where code is MongoDB's error code
@@ -10,7 +10,12 @@
  */
 #include <string.h>
 
-#include "mongolock.h"
+#include "protocol.h"
+#include "bson_lua.h"
+#include "args.h"
+#include "client.h"
+#include "ops.h"
+#include "command.h"
 
 /* a database name (MongoDB's limits, protocol.c) */
 static const char *check_db(lua_State *L, int i) {
@@ -65,7 +70,7 @@ void ml_command_op(lua_State *L, int first, ml_op *op) {
  * the command goes in opts.  Malformed tables raise.  Write commands get
  * the client's write concern unless opts has writeConcern.
  */
-int ml_m_command(lua_State *L) {
+static int ml_m_command(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_op op;
   int n;
@@ -73,4 +78,26 @@ int ml_m_command(lua_State *L) {
   n = ml_push_run(L, c, &op, 1);
   ml_op_destroy(&op);
   return n;
+}
+
+/* Client methods: any command (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_command_methods[] = {
+  {"command", ml_m_command},
+  {NULL, NULL}
+};
+
+/* core.op_command(db, cmd, opts) -> op: what client:command sends (an op
+ * envelope, args.h) */
+static int l_op_command(lua_State *L) {
+  ml_op op;
+  ml_command_op(L, 1, &op);
+  ml_push_op(L, &op);
+  ml_op_destroy(&op);
+  return 1;
+}
+
+/* [-0, +0] adds op_command to the module table at the top of the stack */
+void ml_command_open(lua_State *L) {
+  lua_pushcfunction(L, l_op_command);
+  lua_setfield(L, -2, "op_command");
 }

@@ -58,8 +58,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mongolock.h"
+#include "transport.h"
+#include "lease.h"
+#include "sys.h"
+#include "args.h"
+#include "client.h"
+#include "lock.h"
+#include "renew.h"
+#include "watch.h"
 #include "engine.h"
+#include "stats.h"
 
 typedef struct ml_renew {
   struct ml_renew *next;        /* all states of this process (renew_mu) */
@@ -499,7 +507,7 @@ void ml_bg_on_close(ml_client *c) {
 
 /* client:engine_next() -> id, op (a BSON op string, ops.c) | nil, seconds
  * until something may be due (math.huge: nothing held) */
-int ml_m_engine_next(lua_State *L) {
+static int ml_m_engine_next(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_renew *st;
   double now = ml_monotonic(), wake = now + 3600;
@@ -530,7 +538,7 @@ int ml_m_engine_next(lua_State *L) {
 
 /* client:engine_done(id, started, reply, err, code, ereply, domain) -> true:
  * the outcome of the command engine_next gave, as client:run answers it */
-int ml_m_engine_done(lua_State *L) {
+static int ml_m_engine_done(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   long id = (long)luaL_checkinteger(L, 2);
   double started = luaL_checknumber(L, 3);
@@ -599,3 +607,10 @@ void ml_renew_init(void) {
   pthread_once(&atfork_once, install_atfork);
   ml_gc_handoff = renew_handoff;
 }
+
+/* Client methods: the lease engine's external adapter (module.c adds them to mongolock.Client) */
+const luaL_Reg ml_renew_methods[] = {
+  {"engine_next", ml_m_engine_next},
+  {"engine_done", ml_m_engine_done},
+  {NULL, NULL}
+};

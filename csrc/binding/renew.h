@@ -1,0 +1,64 @@
+/*
+ * The lease engines of the process and their adapters (renew.c): a
+ * renewal thread per client, or the engine driven from Lua (inside nginx).
+ *
+ * May include: client.h, lease.h.
+ */
+#ifndef MONGOLOCK_RENEW_H
+#define MONGOLOCK_RENEW_H
+
+#include "client.h"
+#include "lease.h"
+
+/* once per process: fork handlers, and the renewal thread as the releaser
+ * of collected handles (ml_gc_handoff) */
+void ml_renew_init(void);
+
+/*
+ * Hands l (a lease just won whose handle asked for renewal) to c's renewal
+ * thread in this process, starting it when needed; the thread takes its
+ * own reference.  Raises on a closed client.  Returns 1, or 0 when no
+ * thread could be started (l->renew is then cleared).
+ */
+int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
+
+/* c's keeper id in this process (16 hex digits and a NUL in out), which
+ * the lease documents it renews carry (protocol.h); NULL when its engine
+ * cannot be made.  Raises on a closed client. */
+const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]);
+
+/*
+ * Asks c's background thread in this process (started when needed) for one
+ * server selection for writes: libmongoc then checks its servers at once,
+ * where after a connection error it would otherwise look again only after
+ * heartbeatFrequencyMS.  Never blocks the caller.  Raises on a closed
+ * client; returns 1, or 0 when no thread could be started.
+ */
+int ml_renew_scan(lua_State *L, ml_client *c);
+
+/* the list of the leases of c's handles (close releases those held); a
+ * lease leaves it when its handle is collected or c closes (the list owns
+ * no reference: the handle's keeps the lease alive meanwhile) */
+void ml_held_link(ml_client *c, ml_lease *l);
+void ml_held_unlink(ml_lease *l);
+/* every lease leaves c's list (a closing client's, in any process) */
+void ml_held_forget(ml_client *c);
+
+/* c->on_close of a client with a renewal thread or change streams: stops
+ * them (pending releases are sent first) while the pool is still valid */
+void ml_bg_on_close(ml_client *c);
+
+/* this process's renewal thread of a client (for mongolock.testing) */
+typedef struct ml_renew_counts {
+  int running;
+  long leases, renewals, failures, lost, released, batches, checks;
+} ml_renew_counts;
+void ml_renew_stats(ml_client *c, ml_renew_counts *out);
+/* waits up to timeout seconds until no release of a collected handle is
+ * pending; 1 when none is */
+int ml_renew_flush(ml_client *c, double timeout);
+
+/* Client methods: engine_next, engine_done (the external adapter) */
+extern const luaL_Reg ml_renew_methods[];
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * What the binding asks of the system: sleeping, timed waits on a
+ * monotonic clock, random owner ids and this process's tag.  No Lua.
+ *
+ * May include: sys.h and system headers; calls no other file of csrc.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/random.h>
+
+#include "sys.h"
+
+struct timespec ml_timespec(double s) {
+  struct timespec ts;
+  if (!(s > 0)) s = 0;                 /* also NaN */
+  if (s > 1e12) s = 1e12;
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  return ts;
+}
+
+void ml_sleep(double s) {
+  struct timespec req, rem;
+  if (!(s > 0)) return;                /* also NaN */
+  req = ml_timespec(s > 1e9 ? 1e9 : s);
+  while (nanosleep(&req, &rem) == -1 && errno == EINTR)
+    req = rem;
+}
+
+int ml_random_owner(char out[33]) {
+  unsigned char b[16];
+  size_t got = 0;
+  int i;
+  while (got < sizeof b) {
+    ssize_t n = getrandom(b + got, sizeof b - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return 0;
+    }
+    got += (size_t)n;
+  }
+  for (i = 0; i < 16; i++)
+    snprintf(out + 2 * i, 3, "%02x", b[i]);
+  out[32] = '\0';
+  return 1;
+}
+
+/*
+ * This process's tag: 64 random bits as 16 hex digits, drawn again in a
+ * forked child.  A queued waiter's entry carries it, and a release handed
+ * to a waiter names it in the document's next (tag and waiter id), so that
+ * the event reaches only the process that waits (csrc/binding/watch.c filters its
+ * stream on the tag).
+ */
+static pthread_mutex_t tag_mu = PTHREAD_MUTEX_INITIALIZER;
+static char tag_hex[17];
+static pid_t tag_pid;
+
+int ml_process_tag(char out[17]) {
+  int ok = 1;
+  pthread_mutex_lock(&tag_mu);
+  if (tag_pid != getpid()) {
+    char full[33];
+    if (ml_random_owner(full)) {
+      memcpy(tag_hex, full, 16);
+      tag_hex[16] = '\0';
+      tag_pid = getpid();
+    } else {
+      ok = 0;
+    }
+  }
+  if (ok) memcpy(out, tag_hex, 17);
+  pthread_mutex_unlock(&tag_mu);
+  return ok;
+}

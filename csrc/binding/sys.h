@@ -1,0 +1,30 @@
+/*
+ * What the binding asks of the system (sys.c): sleeping, timed waits,
+ * random owner ids, this process's tag.  No Lua, no libmongoc.
+ *
+ * May include: system headers only.
+ */
+#ifndef MONGOLOCK_SYS_H
+#define MONGOLOCK_SYS_H
+
+#include <time.h>
+
+/* sleeps for s seconds (s <= 0 returns at once); restarts on EINTR */
+void ml_sleep(double s);
+
+/*
+ * Writes 128 random bits from getrandom(2) as 32 lowercase hex digits and a
+ * NUL into out.  Returns 1, or 0 when the kernel gave no randomness (out is
+ * then untouched).
+ */
+int ml_random_owner(char out[33]);
+
+/* this process's tag, 16 hex digits and a NUL (drawn again after fork);
+ * 0 when the kernel gave no randomness */
+int ml_process_tag(char out[17]);
+
+/* seconds on CLOCK_MONOTONIC as an absolute timespec (for timed waits on
+ * condition variables with a monotonic clock), clamped to 0 .. 1e12 */
+struct timespec ml_timespec(double s);
+
+#endif

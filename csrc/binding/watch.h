@@ -1,0 +1,29 @@
+/*
+ * Change-stream waits (watch.c): the streams of the process and their two
+ * adapters (a thread per stream; Lua, inside nginx).
+ *
+ * May include: client.h.
+ */
+#ifndef MONGOLOCK_WATCH_H
+#define MONGOLOCK_WATCH_H
+
+#include "client.h"
+
+/* [-0, +0] adds watch_wait to the module table at the top of the stack */
+void ml_watch_open(lua_State *L);
+
+/* stops and joins c's change-stream threads in this process (an external
+ * client's streams are ended by its adapter's next ops) */
+void ml_watch_stop(ml_client *c);
+
+/* this process's change streams of a client (for mongolock.testing) */
+typedef struct ml_watch_counts {
+  long streams, threads, events, reopens, getmores, opens, failed, answered, handed, granted;
+} ml_watch_counts;
+void ml_watch_stats(ml_client *c, ml_watch_counts *out);
+
+/* Client methods: watch_next, watch_done, watch_stop (the external
+ * adapter) */
+extern const luaL_Reg ml_watch_methods[];
+
+#endif
