@@ -99,6 +99,28 @@ describe("#integration counters", function()
     client:close()
   end)
 
+  it("count the commands a scheduler's coroutines send (its thread pool's jobs), as the server does", function()
+    local client = helpers.connect({ scheduler = "cqueues" })
+    local locks = helpers.locks(client)
+    assert(locks:try("warm")):release()                -- outside the loop; the TTL index made once
+    local wire0, c0 = wire_commands(observer), client:stats().commands
+    local cq = require("cqueues").new()
+    local done = false
+    cq:wrap(function()
+      local h = assert(locks:try("s"))                  -- an attempt
+      assert(locks:status("s"))                         -- a read
+      assert(h:extend())                                -- a lease step
+      assert.is_true(h:release())                       -- and another
+      done = true
+    end)
+    assert(cq:loop())
+    assert.is_true(done)
+    local wire = wire_commands(observer) - wire0
+    assert.equal(4, wire)
+    assert.equal(wire, client:stats().commands - c0)
+    client:close()
+  end)
+
   it("are integers, and each metric family has one label set", function()
     local client = helpers.connect()
     local locks = helpers.locks(client)

@@ -59,12 +59,30 @@ function _M.series(client, kind, db, coll)
   return new_series(all, kind, db .. "." .. coll)
 end
 
--- the commands a client sent as jobs of nginx's worker threads (its
--- mongolock.ngx stand-in's count, a table kept by the record)
+-- the stand-ins that run a client's commands as jobs: nginx's worker
+-- threads (mongolock.ngx) and a scheduler's thread pool (mongolock.sched)
+local RUNNERS = { "_ngx_core", "_sched_core" }
+
+-- the commands client sent as jobs (the stand-ins' counts)
+function _M.jobs(client)
+  local n = 0
+  for _, k in ipairs(RUNNERS) do
+    local p = rawget(client, k)
+    if p and p.count then n = n + p.count.n end
+  end
+  return n
+end
+
+-- the same for a record, whose client may be gone (the stand-ins' count
+-- tables are kept by the record)
 local function jobs_count(r, client)
-  local nc = client and rawget(client, "_ngx_core")
-  if nc and nc.count then r.count = nc.count end
-  return r.count and r.count.n or 0
+  local n = 0
+  for _, k in ipairs(RUNNERS) do
+    local p = client and rawget(client, k)
+    if p and p.count then r[k] = p.count end
+    if r[k] then n = n + r[k].n end
+  end
+  return n
 end
 
 -- series, commands = _M.totals(): the process's Lua counters: a list of
