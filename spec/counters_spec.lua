@@ -41,20 +41,28 @@ describe("#integration counters", function()
     observer:close()
   end)
 
-  it("never go back: a closed client keeps its counts, the process's totals keep them for ever", function()
+  -- a client that took and released a lock of a fresh collection, renewed
+  -- twice by the engine: the client, the collection ("db.coll")
+  local function busy_client()
     local client = helpers.connect()
     local locks = helpers.locks(client, { ttl = 0.6 })
-    local coll = locks.database .. "." .. locks.collection
-    local acq_key = 'mongolock_acquisitions_total{kind="named",collection="' .. coll .. '"}'
-    local acq0 = sample(metrics.render(), acq_key) or 0
     local h = assert(locks:acquire("r", { renew = true }))
     assert.is_truthy(helpers.eventually(function() return client:stats().renewals >= 2 end, 10))
     assert.is_true(h:release())
+    return client, locks.database .. "." .. locks.collection
+  end
+
+  local function key(family, coll)
+    return "mongolock_" .. family .. '_total{kind="named",collection="' .. coll .. '"}'
+  end
+
+  it("never go back: a closed client keeps its counts, the process's totals keep them", function()
+    local client, coll = busy_client()
     local before = client:stats()
     local text = metrics.render()
     local renewals, commands = sample(text, "mongolock_renewals_total"), sample(text, "mongolock_commands_total")
     assert.is_true(renewals >= before.renewals)
-    assert.equal(acq0 + 1, sample(text, acq_key))
+    assert.equal(1, sample(text, key("acquisitions", coll)))
 
     client:close()
     local after = client:stats()
@@ -62,19 +70,32 @@ describe("#integration counters", function()
       assert.is_true(after[k] >= before[k], k .. ": " .. tostring(before[k]) .. " -> " .. tostring(after[k]))
     end
     assert.equal(before.renewals, after.renewals)
+    assert.equal(1, after.releases)
     text = metrics.render()
     assert.is_true(sample(text, "mongolock_renewals_total") >= renewals, text)
     assert.is_true(sample(text, "mongolock_commands_total") >= commands, text)
-    assert.equal(acq0 + 1, sample(text, acq_key))
+    assert.equal(1, sample(text, key("acquisitions", coll)))
+    assert.equal(1, sample(text, key("releases", coll)))
+  end)
 
-    -- collected: still there
-    client, locks, h = nil, nil, nil
+  it("never go back: a client collected without close leaves its counts in the process's totals", function()
+    -- nothing keeps the client but a weak table
+    local gone = setmetatable({}, { __mode = "v" })
+    local function run()
+      local client, coll = busy_client()
+      gone[1] = client
+      local text = metrics.render()
+      return coll, sample(text, "mongolock_renewals_total"), sample(text, "mongolock_commands_total")
+    end
+    local coll, renewals, commands = run()
     collectgarbage()
     collectgarbage()
-    text = metrics.render()
+    assert.is_nil(gone[1], "the client was collected")
+    local text = metrics.render()
     assert.is_true(sample(text, "mongolock_renewals_total") >= renewals, text)
-    assert.equal(acq0 + 1, sample(text, acq_key))
-    assert.equal(1, sample(text, 'mongolock_releases_total{kind="named",collection="' .. coll .. '"}'))
+    assert.is_true(sample(text, "mongolock_commands_total") >= commands, text)
+    assert.equal(1, sample(text, key("acquisitions", coll)))
+    assert.equal(1, sample(text, key("releases", coll)))
   end)
 
   it("count every command sent, as the server does: a change stream's aggregate, getMores and its idle killCursors",

@@ -81,8 +81,9 @@ static void push_counters(lua_State *L, ml_obs *o, const ml_obs_place *places) {
 
 /*
  * client:counters() -> {commands, releases = {<kind> = n}, lost = {<kind> =
- * n}, places = {{kind, collection, releases, lost}, ...}, renewals, renewal_failures, renewal_batches, renewal_checks,
- * stream_reopens, stream_getmores, streams, events_dropped}: this
+ * n}, places = {{kind, collection, releases, lost}, ...}, renewals,
+ * renewal_failures, renewal_batches, renewal_checks, stream_reopens,
+ * stream_getmores, streams, events_dropped}: this
  * client's C counters in this process (the engine's and the change
  * streams' count into them as they send, renew.c and watch.c), which
  * never go back: a closed client keeps them.  streams is the change

@@ -120,8 +120,10 @@ typedef struct ml_lease {
  * Invariants: counters only grow, by relaxed atomic adds from any thread
  * (the Lua thread, the engine's, a change stream's), so counting takes no
  * lock and no round trip; each add goes to ml_obs_totals too, so the
- * process's totals never go back when a client closes or is collected.  Events are queued only while `want` is set (a callback is
- * registered), under mu, a leaf lock: taken under renew.c's mutex and a
+ * process's totals never go back when a client closes or is collected.
+ * Places (releases and losses by collection) are linked under mu, then
+ * counted by atomic adds.  Events are queued only while `want` is set (a
+ * callback is registered), under mu, a leaf lock: taken under renew.c's mutex and a
  * lease's mu, never the other way round; at most ML_EVENTS_MAX wait in the
  * queue (older ones are dropped, and counted).
  */

@@ -8,9 +8,10 @@
  * Counting costs no round trip and no lock: each counter is a relaxed
  * atomic add on the client's own struct, and one on the process's totals
  * (ml_obs_totals), which keep every client's counts for the life of the
- * process.  Loss and renewal failure are
- * decided in C threads that never call Lua (renew.c): their events wait in
- * the queue until the Lua side takes them (stats.c).
+ * process; a release or a loss also takes the client's mu, a moment, to
+ * find its collection's place (count_place).  Loss and renewal failure are decided in C threads that never
+ * call Lua (renew.c): their events wait in the queue until the Lua side
+ * takes them (stats.c).
  */
 #include <stdlib.h>
 #include <string.h>

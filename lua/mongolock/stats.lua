@@ -31,10 +31,8 @@ _M.WAIT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
 local WAIT_BUCKETS = _M.WAIT_BUCKETS
 local NBUCKETS = #WAIT_BUCKETS
 
--- The counters of one kind of lock in one collection of a client, kept in
--- Lua on the client itself: counting is a table increment on the caller's
--- thread (no lock, no round trip; inside nginx one set per worker).
--- Returns nil for a client made otherwise (no _series).
+-- the series of (kind, collection) in all (a client's _series, or the
+-- sums), made when missing
 local function new_series(all, kind, collection)
   local key = kind .. "\0" .. collection
   local s = all.by[key]
@@ -49,11 +47,20 @@ local function new_series(all, kind, collection)
   return s
 end
 
+local sweep
+
+-- The counters of one kind of lock in one collection of a client, kept in
+-- Lua on the client itself: counting is a table increment on the caller's
+-- thread (no lock, no round trip; inside nginx one set per worker).
+-- Returns nil for a client made otherwise (no _series).
 function _M.series(client, kind, db, coll)
   local all = type(client) == "table" and rawget(client, "_series")
   if not all then return nil end
   if not all.recorded then
     all.recorded = true
+    -- the records of clients closed or collected meanwhile are folded
+    -- first, so that they do not pile up in a process without metrics
+    sweep()
     records[#records + 1] = { series = all, client = setmetatable({ client }, { __mode = "v" }) }
   end
   return new_series(all, kind, db .. "." .. coll)
@@ -89,14 +96,19 @@ end
 -- series (as client._series's, every client's summed by kind and
 -- collection) and the commands sent as nginx jobs.  A closed or collected
 -- client's are folded into _M.retired on the way, so they stay for ever.
-function _M.totals()
+local SUMMED = { "acquisitions", "waits", "timeouts", "busy", "wait_sum" }
+
+-- series s added into the sums `into`
+local function add(into, s)
+  local t = new_series(into, s.kind, s.collection)
+  for _, f in ipairs(SUMMED) do t[f] = t[f] + s[f] end
+  for i, n in ipairs(s.wait_counts) do t.wait_counts[i] = t.wait_counts[i] + n end
+end
+
+-- folds the records of clients closed or collected into _M.retired; the
+-- others' series are added into acc, when given
+function sweep(acc)
   local retired = _M.retired
-  local acc = { by = {} }
-  local function add(into, s)
-    local t = new_series(into, s.kind, s.collection)
-    for _, f in ipairs({ "acquisitions", "waits", "timeouts", "busy", "wait_sum" }) do t[f] = t[f] + s[f] end
-    for i, n in ipairs(s.wait_counts) do t.wait_counts[i] = t.wait_counts[i] + n end
-  end
   local i = 1
   while records[i] do
     local r = records[i]
@@ -107,11 +119,19 @@ function _M.totals()
       retired.commands = (retired.commands or 0) + jobs
       table_remove(records, i)
     else
-      for _, s in ipairs(r.series) do add(acc, s) end
-      acc.commands = (acc.commands or 0) + jobs
+      if acc then
+        for _, s in ipairs(r.series) do add(acc, s) end
+        acc.commands = (acc.commands or 0) + jobs
+      end
       i = i + 1
     end
   end
+end
+
+function _M.totals()
+  local retired = _M.retired
+  local acc = { by = {} }
+  sweep(acc)
   for _, s in ipairs(retired) do add(acc, s) end
   return acc, (acc.commands or 0) + (retired.commands or 0)
 end
