@@ -67,6 +67,7 @@ build = {
     ["mongolock.ngx.runner"] = "lua/mongolock/ngx/runner.lua",
     ["mongolock.yielding"] = "lua/mongolock/yielding.lua",
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
+    ["mongolock.sched.luv"] = "lua/mongolock/sched/luv.lua",
     ["mongolock.core"] = {
       sources = {
         -- the binding: mongolock.core's Lua types and the adapters

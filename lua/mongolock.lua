@@ -54,7 +54,7 @@ local connect_defaults = {
   -- serverSelectionTimeoutMS, connectTimeoutMS, socketTimeoutMS win)
   server_timeout = args.SERVER_TIMEOUT,
   server_selection_timeout = nil, -- seconds; server selection alone
-  scheduler = nil,                -- "cqueues" or a table (mongolock.sched): in
+  scheduler = nil,                -- "cqueues", "luv" or a table (mongolock.sched): in
                                   -- its coroutines every wait yields to it
   threads = 8,                    -- with a scheduler: worker threads that run
                                   -- its round trips (per client and process)

@@ -4,16 +4,20 @@
 local helpers = require "helpers"
 
 describe("#integration several locks at once", function()
-  local client, coll, locks, rw, sems
+  local client, other, coll, locks, rw, sems, other_locks
   setup(function()
     client = helpers.connect({ appname = "multi-parent" })
+    -- a holder elsewhere (a blocking wait for what its own client holds
+    -- answers "deadlock")
+    other = helpers.connect({ appname = "multi-other" })
     coll = helpers.unique("multi")
     local o = { database = helpers.database, collection = coll }
     locks = client:locks(o)
+    other_locks = other:locks(o)
     rw = client:rwlocks(o)
     sems = client:semaphores({ database = helpers.database, collection = coll, permits = 1 })
   end)
-  teardown(function() client:close() end)
+  teardown(function() client:close(); other:close() end)
 
   local function doc(name) return helpers.lock_doc(client, coll, name) end
 
@@ -37,7 +41,7 @@ describe("#integration several locks at once", function()
 
   it("takes all or none within one timeout", function()
     local a, b, c = helpers.unique("a"), helpers.unique("b"), helpers.unique("c")
-    local hb = assert(locks:try(b, { ttl = 30 }))
+    local hb = assert(other_locks:try(b, { ttl = 30 }))
     local set, err = client:acquire_all({ { locks, c }, { locks, a }, { locks, b } },
       { timeout = 0.5 })
     assert.is_nil(set)
@@ -70,7 +74,7 @@ describe("#integration several locks at once", function()
     assert(client:command(helpers.database, { insert = coll .. "-players" },
       { documents = { { _id = a, gold = 100 }, { _id = b, gold = 100 } } }))
     -- b is held elsewhere: nothing is taken, a is free again afterwards
-    local _, hb = assert(players:try(b))
+    local _, hb = assert(other:documents(helpers.database, coll .. "-players", { ttl = 10 }):try(b))
     local set, err = client:acquire_all({ { players, a }, { players, b }, { locks, a } },
       { timeout = 0.3 })
     assert.is_nil(set)

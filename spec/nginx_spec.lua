@@ -1614,3 +1614,58 @@ describe("#integration nginx serving a tree in a directory only its owner may en
     assert.equal(200, code, body .. (helpers.read_file(nginx.log) or ""))
   end)
 end)
+
+describe("#integration nginx: the example's error log under load", function()
+  local nginx
+
+  -- a wait that polls (wait = "poll": its first steps are shorter than a
+  -- millisecond, ngx.sleep's unit) for a lock a light thread of the same
+  -- request releases after 50 ms
+  local POLL_WAIT = [[
+        location = /poll-wait-spec {
+            content_by_lua_block {
+                local mongolock = require "mongolock"
+                local c = assert(mongolock.connect(os.getenv("MONGODB_URI")))
+                local locks = assert(c:locks({ collection = "nginx_poll_wait_spec" }))
+                local key = ngx.var.arg_key
+                local h = assert(locks:acquire(key, { ttl = 5 }))
+                ngx.thread.spawn(function() ngx.sleep(0.05); h:release() end)
+                local h2, err = locks:acquire(key, { wait = "poll", timeout = 5 })
+                ngx.say(h2 and "held" or ("nil " .. tostring(err)))
+                if h2 then h2:release() end
+                c:close()
+            }
+        }
+]]
+
+  setup(function()
+    nginx = start_nginx({ locations = POLL_WAIT })
+  end)
+
+  teardown(function()
+    if nginx then nginx:stop() end
+  end)
+
+  it("stays clean through 400 concurrent /incr and polling waits (no ngx.sleep(0), no [error] or [warn])",
+     function()
+    assert.equal(200, (get(nginx.port, "/reset")))
+    local responses = load(nginx.port, "/incr", 400, {})
+    assert.equal(400, #responses)
+    for _, r in ipairs(responses) do assert.equal(200, r.code, r.body) end
+    assert.equal(200, (get(nginx.port, "/metrics")))
+    for i = 1, 5 do
+      local code, body = get(nginx.port, "/poll-wait-spec?key=" .. helpers.unique("poll" .. i))
+      assert.equal(200, code, body)
+      assert.equal("held\n", body)
+    end
+    local log = helpers.read_file(nginx.log) or ""
+    assert.is_falsy(log:find("ngx.sleep(0)", 1, true), log)
+    local bad = {}
+    for line in log:gmatch("[^\n]+") do
+      if line:find("%[error%]") or line:find("%[warn%]") or line:find("%[alert%]") or line:find("%[crit%]") then
+        bad[#bad + 1] = line
+      end
+    end
+    assert.same({}, bad)
+  end)
+end)

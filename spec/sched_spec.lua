@@ -2,60 +2,18 @@
 -- { scheduler = S })): inside a coroutine of the loop every wait and every
 -- round trip yields to it, so the loop's other coroutines (a ticker here)
 -- keep running; outside one the same client blocks as before.  Run once per
--- adapter: cqueues (built in) and luv (a table implementing the documented
--- interface, written here as a user would).
+-- adapter: cqueues and luv (mongolock.sched.luv), both built in.
 local helpers = require "helpers"
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
 
--- the luv adapter: luv has no scheduler of its own, so the coroutines it
--- runs are the ones started by spawn (a weak set tells them apart)
-local function luv_adapter()
-  local uv = require "luv"
-  local mine = setmetatable({}, { __mode = "k" })
+-- the shipped luv adapter (mongolock.sched.luv), its coroutines' errors
+-- collected instead of raised
+local function luv_loop()
+  local S = require "mongolock.sched.luv"
   local errors = {}
-  local function resume(co, ...)
-    local ok, err = coroutine.resume(co, ...)
-    if not ok then errors[#errors + 1] = debug.traceback(co, tostring(err)) end
-  end
-  local S = { errors = errors }
-  function S.spawn(fn)
-    local co = coroutine.create(fn)
-    mine[co] = true
-    resume(co)
-  end
-  function S.current()
-    local co = coroutine.running()
-    return co ~= nil and mine[co] == true
-  end
-  function S.sleep(s)
-    local co = coroutine.running()
-    local t = uv.new_timer()
-    t:start(math.max(0, math.floor(s * 1000 + 0.5)), 0, function()
-      t:close()
-      resume(co)
-    end)
-    coroutine.yield()
-  end
-  function S.wait_fd(fd, s)
-    local co = coroutine.running()
-    local p, t = uv.new_poll(fd), uv.new_timer()
-    local done = false
-    local function wake()
-      if done then return end
-      done = true
-      p:stop()
-      p:close()
-      t:stop()
-      t:close()
-      resume(co)
-    end
-    p:start("r", wake)
-    t:start(math.max(1, math.floor(s * 1000 + 0.5)), 0, wake)
-    coroutine.yield()
-  end
-  function S.run() uv.run() end
-  return S
+  S.on_error = function(message) errors[#errors + 1] = message end
+  return { spawn = S.spawn, run = S.run, errors = errors }
 end
 
 -- the cqueues loop, with the same spawn/run shape as the luv one
@@ -73,7 +31,7 @@ end
 
 local adapters = {
   { name = "cqueues", loop = cqueues_loop, scheduler = function() return "cqueues" end },
-  { name = "luv", loop = luv_adapter, scheduler = function(loop) return loop end },
+  { name = "luv", loop = luv_loop, scheduler = function() return "luv" end },
 }
 
 for _, a in ipairs(adapters) do
@@ -337,19 +295,71 @@ for _, a in ipairs(adapters) do
       assert.same({}, loop.errors)
       assert.is_table(set, tostring(err))
     end)
+
+    it("a coroutine waits for a name its own client holds (another coroutine releases it); outside the "
+       .. "loop the same wait answers \"deadlock\" at once", function()
+      local locks = helpers.locks(client)
+      local name = helpers.unique("own")
+      local h = assert(locks:acquire(name))
+      local got, err
+      loop.spawn(function()
+        got, err = locks:acquire(name, { timeout = 8 })
+        if got then assert(got:release()) end
+      end)
+      loop.spawn(function()
+        mongolock.sleep(0.05)
+        assert(h:release())
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.is_not_nil(got, err)
+      h = assert(locks:acquire(name))
+      local t0 = core.monotonic()
+      got, err = locks:acquire(name)
+      assert.is_nil(got)
+      assert.equal("deadlock", err)
+      assert.is_true(core.monotonic() - t0 < 5)
+      assert(h:release())
+    end)
   end)
 end
 
 describe("#integration scheduler option", function()
   it("refuses what is no scheduler at the caller", function()
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = 42 }) end,
-      "bad argument #2 to 'connect' (scheduler: \"cqueues\" or a table expected, got number)")
+      "bad argument #2 to 'connect' (scheduler: \"cqueues\", \"luv\" or a table expected, got number)")
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "tokio" }) end,
-      "bad argument #2 to 'connect' (scheduler: \"cqueues\" or a table expected, got \"tokio\")")
+      "bad argument #2 to 'connect' (scheduler: \"cqueues\", \"luv\" or a table expected, got \"tokio\")")
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = { current = print } }) end,
       "bad argument #2 to 'connect' (scheduler: sleep must be a function)")
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "cqueues", threads = 0 }) end,
       "bad argument #2 to 'connect' (threads must be an integer from 1 to 256 (got 0))")
+  end)
+
+  it("takes mongolock.sched.luv as a table (the documented interface) as it takes \"luv\"", function()
+    local S = require "mongolock.sched.luv"
+    local client = helpers.connect({ scheduler = S })
+    local locks = helpers.locks(client)
+    local errors, got, ticks = {}, nil, 0
+    S.on_error = function(message) errors[#errors + 1] = message end
+    local name = helpers.unique("luv-table")
+    local h = assert(locks:acquire(name, { timeout = 1 }))
+    S.spawn(function()
+      got = assert(locks:acquire(name, { timeout = 5 }))
+      assert(got:release())
+    end)
+    S.spawn(function()
+      S.sleep(0.05)
+      ticks = ticks + 1
+      assert(h:release())
+    end)
+    assert.is_nil(got)       -- waiting in the loop, not blocking
+    S.run()
+    assert.same({}, errors)
+    assert.is_not_nil(got)
+    assert.equal(1, ticks)
+    assert.is_false(S.current())
+    client:close()
   end)
 
   it("outside a coroutine of the loop the client blocks as before", function()

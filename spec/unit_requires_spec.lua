@@ -104,7 +104,8 @@ local y = require('f')
   -- the adapters, and the modules above them that make clients and give
   -- them their runners
   local ADAPTERS = { ["mongolock.ngx"] = true, ["mongolock.ngx.runner"] = true,
-                     ["mongolock.ngx.thread"] = true, ["mongolock.sched"] = true }
+                     ["mongolock.ngx.thread"] = true, ["mongolock.sched"] = true,
+                     ["mongolock.sched.luv"] = true }
   local TOP = { ["mongolock"] = true, ["resty.mongolock"] = true, ["mongolock.cli"] = true }
 
   it("keeps the adapters out of the shared code: none of it loads one, even through another module", function()

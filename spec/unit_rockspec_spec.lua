@@ -49,8 +49,9 @@ local function openresty(name)
   return name == "ngx" or name:match("^ngx%.") ~= nil or name:match("^resty%.core") ~= nil
 end
 -- loaded only when the user asks for them, under pcall (no dependency of
--- the rock): cqueues by connect{scheduler = "cqueues"}
-local OPTIONAL = { cqueues = true }
+-- the rock): cqueues by connect{scheduler = "cqueues"}, luv by
+-- connect{scheduler = "luv"} (mongolock.sched.luv)
+local OPTIONAL = { cqueues = true, luv = true }
 
 local function read(path)
   return assert(helpers.read_file(root .. "/" .. path), path)

@@ -340,13 +340,21 @@ describe("#integration change-stream waits", function()
         h, err = locks:acquire("d", { timeout = 20, wait = "auto" })
       end)
       local st = testing.watch_stats(c2._core)
-      local r2, err2
-      if ok then
+      local r2, err2, released
+      if ok and h then
         -- the stream is known to be broken: watch mode tries again until
-        -- its timeout (a closed connection is transient), then says so
+        -- its timeout (a closed connection is transient), then says so.
+        -- Another client holds "d" then: a blocking wait for what its own
+        -- client holds answers "deadlock" at once.
+        local c3 = helpers.connect({ appname = "watch-dead-holder" })
+        local theirs = c3:locks({ database = locks.database, collection = locks.collection })
         ok, perr = pcall(function()
+          released = h:release()
+          local h3 = assert(theirs:acquire("d", { timeout = 5 }))
           r2, err2 = locks:acquire("d", { timeout = 1, wait = "watch" })
+          h3:release()
         end)
+        c3:close()
       end
       failpoint(c2, { mode = "off" })
       assert(ok, perr)
@@ -355,7 +363,7 @@ describe("#integration change-stream waits", function()
       assert.equal(0, st.streams)
       assert.is_nil(r2)
       assert.matches("change stream", err2)
-      assert.is_true(h:release())
+      assert.is_true(released)
       reap(p)
       c2:close()
     end)

@@ -28,6 +28,7 @@
 local core = require "mongolock.core"
 local args = require "mongolock.args"
 local loop = require "mongolock.loop"
+local locks_mod = require "mongolock.locks"
 local runners = require "mongolock.runners"
 local stats = require "mongolock.stats"
 local wait_mod = require "mongolock.wait"
@@ -190,7 +191,10 @@ local function attempt(self, id, o, deadline)
   local h, doc, info = runners.core_of(self):doc_acquire(self.db, self.coll, id,
     math_ceil(o.ttl * 1000), self.owner_field, self.time_field, self.time,
     self.owner_type == "uuid" and "uuid" or "hex", o.insert, o.renew, deadline)
-  if h then return doc, h end
+  if h then return doc, locks_mod.note_handle(self.client, h) end
+  if doc == "busy" and locks_mod.own_deadlock(self.client, self.db, self.coll, id, info, deadline) then
+    return nil, "deadlock", info
+  end
   return nil, doc, info
 end
 

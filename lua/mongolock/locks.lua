@@ -30,6 +30,7 @@ local wait_mod = require "mongolock.wait"
 local type = type
 local pairs = pairs
 local rawget = rawget
+local rawset = rawset
 local tostring = tostring
 local setmetatable = setmetatable
 local string_format = string.format
@@ -195,6 +196,54 @@ function _M.ensure_index(key, what, make)
   end
 end
 
+-- ---- a blocking wait for what its own client holds --------------------------
+--
+-- A blocking acquire (not in a scheduler's coroutine, not in an nginx
+-- phase that yields) of a name its own client holds would wait its whole
+-- timeout: nothing else in the thread runs to release it.  Its attempt
+-- answers nil, "deadlock", info instead of "busy" when everything in the
+-- way is this client's: the exclusive owner (info.owner) one of its handles
+-- and the info.holders shares or permits all its own, none of whose leases
+-- ends before the deadline unrenewed (an expiry would free it).  A queue
+-- ahead (no owner, no holder) or any other holder: it waits as before.
+-- Under a scheduler or in nginx another coroutine may release: it waits.
+
+-- h, a handle an attempt of client won (client._handles, weak keys)
+function _M.note_handle(client, h)
+  local set = rawget(client, "_handles")
+  if not set then
+    set = setmetatable({}, { __mode = "k" })
+    rawset(client, "_handles", set)
+  end
+  set[h] = true
+  return h
+end
+
+-- true when a blocking attempt (deadline: monotonic, nil for one attempt)
+-- of name in db.coll that found info ("busy") waits for this client alone
+function _M.own_deadlock(client, db, coll, name, info, deadline)
+  if not deadline or type(info) ~= "table" then return false end
+  local owner, holders = info.owner, type(info.holders) == "number" and info.holders or 0
+  if owner == nil and holders <= 0 then return false end
+  if runners.cooperative() or runners.scheduler() then return false end
+  local set = rawget(client, "_handles")
+  if not set then return false end
+  local left = deadline - monotonic()
+  local owned, shares = owner == nil, 0
+  for h in pairs(set) do
+    if h:held() and h.database == db and h.collection == coll then
+      local mine = owner ~= nil and h.owner == owner
+      local share = not mine and (h.kind == "shared" or h.kind == "permit") and h.name == name
+      if mine or share then
+        -- a lease that ends before the deadline frees the way
+        if not h.renew and (h:remaining() or 0) < left then return false end
+        if mine then owned = true else shares = shares + 1 end
+      end
+    end
+  end
+  return owned and shares >= holders
+end
+
 -- the TTL index, once per server, collection and process: keyed by URI,
 -- database and collection; a forked child makes it once more.  Made after
 -- an attempt the server answered (an unreachable server costs the attempt
@@ -239,6 +288,10 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
       o.renew, waiter, queue_ms, polling, deadline)
   end
   if h or err == "busy" then ensure_index(self) end
+  if h then return _M.note_handle(self.client, h), err, info end
+  if err == "busy" and _M.own_deadlock(self.client, self.database, self.collection, name, info, deadline) then
+    return nil, "deadlock", info
+  end
   return h, err, info
 end
 
@@ -271,8 +324,10 @@ local function wait_for(self, name, ttl_ms, o, on_step)
     end,
     -- a lock a release granted to this waiter (no command)
     granted = function(g, started)
-      return core_of(self):granted(self.database, self.collection, name, waiter, ttl_ms, queue_ms,
-        g.token, started, o.renew)
+      local h, err, info = core_of(self):granted(self.database, self.collection, name, waiter, ttl_ms,
+        queue_ms, g.token, started, o.renew)
+      if h then _M.note_handle(self.client, h) end
+      return h, err, info
     end,
     new_state = function(deadline) return loop.wait_state(self, name, waiter, o, deadline) end,
     -- a waiter that gives up (mongolock.loop): its place, and what an

@@ -15,6 +15,12 @@
 --   text = metrics.render()        -- this process's clients, no nginx needed
 --   text = metrics.render(dict)    -- every worker's, summed (after sync)
 --
+--   -- or into nginx-lua-prometheus's registry, served by its collect():
+--   init_worker_by_lua_block {
+--       prometheus = require("prometheus").init("prometheus_metrics")
+--       require("mongolock.metrics").register(prometheus)
+--   }
+--
 -- Each worker copies its own totals into the dict (keys by worker pid, one
 -- set per second, and at once before it serves /metrics): counting itself
 -- never touches the dict, whose lock every worker shares.  A worker that
@@ -218,6 +224,153 @@ function _M.serve(dict)
   ngx.header.content_type = "text/plain; version=0.0.4"
   ngx.header.content_length = #body
   ngx.print(body)
+end
+
+-- ---- feeding an nginx-lua-prometheus registry --------------------------------
+
+-- this process's totals (those of samples()): counters (family -> label
+-- key -> {labels, value}) and the wait histograms (label key -> {labels,
+-- counts (per bucket, not cumulative; the last above every bound), sum})
+local function totals()
+  local t, hist = {}, {}
+  local function add(fam, labels, v)
+    local f = t[fam]
+    if not f then f = {}; t[fam] = f end
+    local k = table_concat(labels, "\0")
+    local e = f[k]
+    if not e then e = { labels = labels, value = 0 }; f[k] = e end
+    e.value = e.value + v
+  end
+  local series, jobs = stats.totals()
+  for _, e in ipairs(series) do
+    local labels = { e.kind, e.collection }
+    for _, f in ipairs(SERIES) do add(f[1], labels, e[f[1]]) end
+    for _, f in ipairs(KIND) do add(f[1], labels, 0) end
+    local counts = {}
+    for i, n in ipairs(e.wait_counts) do counts[i] = n end
+    hist[e.kind .. "\0" .. e.collection] = { labels = labels, counts = counts, sum = e.wait_sum }
+  end
+  local c = core.totals()
+  for _, p in ipairs(c.places) do
+    for _, f in ipairs(KIND) do add(f[1], { p.kind, p.collection }, p[f[1]]) end
+  end
+  c.commands = c.commands + jobs
+  for _, f in ipairs(CLIENT) do add(f[1], {}, c[f[1]]) end
+  return t, hist
+end
+
+-- observes n[i] new waits in each bucket i of bounds B (n[#B + 1] above
+-- them all) whose seconds add up to sum: the counts and the sum are
+-- mongolock's, the single values (not kept) each one inside its bucket
+local function observe_waits(h, labels, B, n, sum)
+  local nb = #B
+  local low, room, above = 0, 0, 0
+  for i = 1, nb + 1 do
+    local lo = i == 1 and 0 or B[i - 1]
+    low = low + n[i] * lo
+    if i <= nb then room = room + n[i] * (B[i] - lo) else above = n[i] end
+  end
+  -- the share of its bucket each value fills; what is left goes above
+  local extra = sum - low
+  local f = room > 0 and math.max(0, math.min(1, extra / room)) or 0
+  local rest = above > 0 and math.max(extra - f * room, 0) / above or 0
+  for i = 1, nb + 1 do
+    local lo = i == 1 and 0 or B[i - 1]
+    local v
+    if i <= nb then
+      local w = B[i] - lo
+      v = lo + math.max(f * w, w * 1e-9)     -- inside (lo, B[i]]
+    else
+      v = lo + math.max(rest, 1e-9)
+    end
+    for _ = 1, n[i] do h:observe(v, labels) end
+  end
+end
+
+local feeders = {}
+
+--- Defines mongolock's families on an nginx-lua-prometheus registry and feeds it this worker's totals.
+-- feeder = metrics.register(prometheus[, opts]): from init_worker_by_lua,
+-- after prometheus.init(dict_name).  The families of render() as the
+-- registry's counters and histogram (same names, labels and help);
+-- feeder.update() (and metrics.update(), every registered feeder) adds what
+-- the clients did since the last update: every opts.interval seconds
+-- (default 1; false: never) from a timer of the worker, and before
+-- prometheus:collect() by the caller when it wants the latest.
+function _M.register(prometheus, opts)
+  if type(prometheus) ~= "table" or type(prometheus.counter) ~= "function"
+      or type(prometheus.histogram) ~= "function" then
+    args.argerror(1, "register", "an nginx-lua-prometheus registry expected (prometheus.init(dict_name)), got "
+      .. type(prometheus))
+  end
+  if opts ~= nil and type(opts) ~= "table" then args.argerror(2, "register", "table expected, got " .. type(opts)) end
+  opts = opts or {}
+  local interval = opts.interval
+  if interval == nil then interval = _M.INTERVAL end
+  if interval ~= false and (type(interval) ~= "number" or interval ~= interval or interval <= 0) then
+    args.argerror(2, "register", "interval must be a positive number or false")
+  end
+  local counters = {}
+  for _, l in ipairs({ SERIES, KIND }) do
+    for _, f in ipairs(l) do
+      counters[f[1]] = prometheus:counter("mongolock_" .. f[1] .. "_total", f[3], { "kind", "collection" })
+    end
+  end
+  for _, f in ipairs(CLIENT) do
+    counters[f[1]] = prometheus:counter("mongolock_" .. f[1] .. "_total", f[3])
+  end
+  local B = stats.WAIT_BUCKETS
+  local hist = prometheus:histogram("mongolock_wait_seconds", "Seconds an acquisition waited for its lock.",
+    { "kind", "collection" }, B)
+  -- what was fed so far (the totals never go down; were one to, it would
+  -- be fed no negative increment: the registry's counters only grow)
+  local fed, fed_hist = {}, {}
+  local feeder = {}
+  function feeder.update()
+    local t, h = totals()
+    for fam, series in pairs(t) do
+      local c, was = counters[fam], fed[fam]
+      if not was then was = {}; fed[fam] = was end
+      for k, e in pairs(series) do
+        local d = e.value - (was[k] or 0)
+        if d > 0 or was[k] == nil then
+          c:inc(math.max(d, 0), e.labels[1] and e.labels or nil)
+          was[k] = e.value
+        end
+      end
+    end
+    for k, x in pairs(h) do
+      local was = fed_hist[k]
+      if not was then was = { counts = {}, sum = 0 }; fed_hist[k] = was end
+      local n, any = {}, false
+      for i = 1, #B + 1 do
+        n[i] = math.max(x.counts[i] - (was.counts[i] or 0), 0)
+        if n[i] > 0 then any = true end
+      end
+      if any then
+        observe_waits(hist, x.labels, B, n, math.max(x.sum - was.sum, 0))
+        was.counts, was.sum = x.counts, x.sum
+      end
+    end
+    return true
+  end
+  feeders[#feeders + 1] = feeder
+  local ngx = rawget(_G, "ngx")
+  if interval and ngx and ngx.timer then
+    local ok, err = ngx.timer.every(interval, function(premature)
+      if premature then return end
+      local fok, ferr = pcall(feeder.update)
+      if not fok then ngx.log(ngx.ERR, "mongolock.metrics: ", tostring(ferr)) end
+    end)
+    if not ok then return nil, err end
+  end
+  return feeder
+end
+
+--- Feeds every registered registry now (before prometheus:collect()).
+function _M.update()
+  for _, f in ipairs(feeders) do f.update() end
+  return true
 end
 
 return _M

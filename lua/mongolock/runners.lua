@@ -91,11 +91,13 @@ end
 
 -- sleeps s seconds: ngx.sleep where it yields (the worker keeps serving),
 -- the scheduler's sleep in one of its coroutines, else the C core's
--- blocking sleep
+-- blocking sleep.  ngx.sleep counts whole milliseconds: a shorter sleep
+-- is ngx.sleep(0), which an nginx without OpenResty's delayed-events patch
+-- (Debian's) logs as a warning each time, so it sleeps 1 ms instead.
 function _M.sleep(s)
   if s <= 0 then return end
   local ngx = _M.cooperative()
-  if ngx then return ngx.sleep(s) end
+  if ngx then return ngx.sleep(s < 0.001 and 0.001 or s) end
   local S = _M.scheduler()
   if S then return S.sleep(s) end
   return core.sleep(s)

@@ -5,6 +5,7 @@
 -- its loop.
 --
 --   local client = mongolock.connect(uri, { scheduler = "cqueues" })
+--   local client = mongolock.connect(uri, { scheduler = "luv" })  -- mongolock.sched.luv
 --   local client = mongolock.connect(uri, { scheduler = S })  -- any loop
 --
 -- Inside a coroutine of the scheduler every round trip of the client runs
@@ -26,12 +27,13 @@
 --                      seconds have passed, whichever comes first (waking
 --                      early is harmless: the library looks again)
 --
--- "cqueues" is built in (below).  What stays off the loop: the lease
--- engine (renewal in batches, grant top-ups, releases of collected
--- handles) runs in the client's own background thread as outside a
--- scheduler; change-stream wake-ups come from the process's stream
--- (csrc/binding/watch.c, its own thread), which a waiting coroutine looks at
--- without blocking between scheduler sleeps of 1 to 20 ms.
+-- "cqueues" is built in (below), "luv" is mongolock.sched.luv.  What stays
+-- off the loop: the lease engine (renewal in batches, grant top-ups,
+-- releases of collected handles) runs in the client's own background
+-- thread as outside a scheduler; change-stream wake-ups come from the
+-- process's stream (csrc/binding/watch.c, its own thread), which a
+-- waiting coroutine looks at without blocking between scheduler sleeps of
+-- 1 to 20 ms.
 --
 -- Invariants:
 -- - One pool per client and process (a forked child makes its own); the
@@ -88,6 +90,13 @@ function builtin.cqueues()
   return S
 end
 
+-- luv (Debian's lua-luv): the coroutines of mongolock.sched.luv's spawn
+function builtin.luv()
+  local ok, S = pcall(require, "mongolock.sched.luv")
+  if not ok then return nil, 'scheduler "luv" needs ' .. tostring(S):gsub("^mongolock.sched.luv needs ", "") end
+  return S
+end
+
 local made = {}
 
 -- the scheduler connect's option names (raises at connect's caller)
@@ -101,7 +110,7 @@ function _M.check(S, n, fname, level)
     end
     S = made[S]
   elseif type(S) ~= "table" then
-    args.argerror(n, fname, 'scheduler: "cqueues" or a table expected, got '
+    args.argerror(n, fname, 'scheduler: "cqueues", "luv" or a table expected, got '
       .. (type(S) == "string" and args.shown(S) or type(S)), level)
   end
   for _, k in ipairs({ "current", "sleep", "wait_fd" }) do

@@ -175,8 +175,14 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   local h, e, v = core_of(self):share_acquire(self.database, self.collection, name, mode,
     o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline)
   if h or e == "busy" or e == "mismatch" then ensure_index(self) end
-  if h then return h end
-  if e == "busy" then return nil, "busy", to_info(v) end
+  if h then return locks_mod.note_handle(self.client, h) end
+  if e == "busy" then
+    local info = to_info(v)
+    if locks_mod.own_deadlock(self.client, self.database, self.collection, name, info, deadline) then
+      return nil, "deadlock", info
+    end
+    return nil, "busy", info
+  end
   if e == "mismatch" then return mismatch(name, mode, o, to_info(v)) end
   return nil, e, v
 end

@@ -90,7 +90,9 @@ local function watch(state, ot, seconds)
   -- or a scheduler's)
   local nc = ngx and runners.ngx_core(locks.client)
   if nc and ngx.worker.exiting() then return nil, "change stream: nginx worker exiting" end
-  local sleep = ngx and ngx.sleep or S.sleep
+  -- (runners.sleep: nginx's or the scheduler's, never an ngx.sleep
+  -- shorter than nginx's millisecond)
+  local sleep = runners.sleep
   local stop = monotonic() + seconds
   local step = 0.001
   while true do

@@ -1,0 +1,106 @@
+--- mongolock.sched.luv: a luv event loop (Debian's lua-luv) as a coroutine
+-- scheduler of mongolock (connect's `scheduler` option, mongolock.sched).
+--
+--   local mongolock = require "mongolock"
+--   local sched = require "mongolock.sched.luv"
+--   local client = mongolock.connect(uri, { scheduler = "luv" })  -- or = sched
+--   sched.spawn(function()
+--     local h = client:locks():acquire("job")  -- yields to the loop
+--     ...
+--   end)
+--   sched.run()                                  -- uv.run()
+--
+-- luv has no coroutines of its own: the loop's coroutines are the ones
+-- started by spawn (and only they: a coroutine one of them creates blocks
+-- as outside the loop).  Their waits are luv timers and polls on the
+-- library's job descriptors, so the loop's other handles keep running.
+-- One loop per process (luv's default loop).
+--
+-- A coroutine that raises goes to sched.on_error(message, co), whose
+-- default raises the message (with the coroutine's traceback) again: from
+-- spawn in the caller, from a callback in uv.run (luv's own handling).
+-- @module mongolock.sched.luv
+
+local ok, uv = pcall(require, "luv")
+if not ok then
+  error("mongolock.sched.luv needs the luv module (Debian: lua-luv): " .. tostring(uv), 2)
+end
+
+local coroutine, setmetatable, tostring, error = coroutine, setmetatable, tostring, error
+local traceback = debug.traceback
+local math_floor, math_max = math.floor, math.max
+
+local _M = { _VERSION = "0.1.0", name = "luv" }
+
+-- the coroutines spawn started (weak: a finished one is collected)
+local mine = setmetatable({}, { __mode = "k" })
+
+--- What happens to a coroutine's error: raised again, with its traceback.
+-- Replace it to log or collect instead.
+-- @tparam string message the error and the coroutine's traceback
+-- @param co the coroutine
+function _M.on_error(message, co)
+  local _ = co
+  error(message, 0)
+end
+
+local function resume(co, ...)
+  local done, err = coroutine.resume(co, ...)
+  if not done then _M.on_error(traceback(co, tostring(err)), co) end
+end
+
+--- Runs fn(...) in a new coroutine of the loop, until its first wait.
+-- @treturn thread the coroutine
+function _M.spawn(fn, ...)
+  local co = coroutine.create(fn)
+  mine[co] = true
+  resume(co, ...)
+  return co
+end
+
+--- Runs the loop (uv.run) until nothing is left to wait for.
+function _M.run(mode)
+  return uv.run(mode)
+end
+
+--- true inside a coroutine started by spawn.
+function _M.current()
+  local co = coroutine.running()
+  return co ~= nil and mine[co] == true
+end
+
+local function ms(s, least)
+  return math_max(least, math_floor(s * 1000 + 0.5))
+end
+
+--- Yields the running coroutine for `s` seconds (a luv timer).
+function _M.sleep(s)
+  local co = coroutine.running()
+  local t = uv.new_timer()
+  t:start(ms(s, 0), 0, function()
+    t:close()
+    resume(co)
+  end)
+  coroutine.yield()
+end
+
+--- Yields until descriptor fd is readable or `s` seconds have passed.
+function _M.wait_fd(fd, s)
+  local co = coroutine.running()
+  local p, t = uv.new_poll(fd), uv.new_timer()
+  local woken = false
+  local function wake()
+    if woken then return end
+    woken = true
+    p:stop()
+    p:close()
+    t:stop()
+    t:close()
+    resume(co)
+  end
+  p:start("r", wake)
+  t:start(ms(s, 1), 0, wake)
+  coroutine.yield()
+end
+
+return _M
