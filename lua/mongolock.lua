@@ -290,12 +290,11 @@ end
 -- (mongolock.metrics sums the workers).
 function client_mt:stats()
   local cn = self._core:counters()
-  local nc = rawget(self, "_ngx_core")
   local out = {
     acquisitions = 0, waits = 0, timeouts = 0, busy = 0, lost = 0, releases = 0,
     renewals = cn.renewals, renewal_failures = cn.renewal_failures,
-    -- inside nginx: the jobs run in worker threads too
-    commands = cn.commands + (nc and nc.count and nc.count.n or 0),
+    -- the jobs run in nginx's worker threads or a scheduler's pool too
+    commands = cn.commands + stats.jobs(self),
     stream_reopens = cn.stream_reopens, by_kind = {}, series = {},
   }
   local all_counts, all_sum = {}, 0

@@ -73,6 +73,16 @@ describe("#integration nginx /metrics", function()
       text)
     assert.is_truthy(text:find('mongolock_wait_seconds_bucket{kind="named",collection="[^"]+",le="%+Inf"}'),
       text)
+    -- one label set per family: releases and losses by kind and collection too
+    assert.is_truthy(text:find('mongolock_releases_total{kind="named",collection="[^"]+%.nginx_locks"} 6'), text)
+    assert.is_truthy(text:find('mongolock_lost_total{kind="named",collection="[^"]+%.nginx_locks"} 0'), text)
+    for line in text:gmatch("[^\n]+") do
+      if line:match("^mongolock_[%w_]+_total{") then
+        assert.is_truthy(line:match('^[%w_]+{kind="[^"]*",collection="[^"]*"} %d+$'), line)
+      end
+    end
+    -- counts are written as integers
+    assert.is_nil(text:find("_total%S* %d+%.0\n"), text)
 
     local path = os.tmpname()
     local f = assert(io.open(path, "w"))

@@ -58,40 +58,30 @@ local function fake_registry()
   return P
 end
 
--- a client's stats() with waits (seconds) and counts
+-- a client's Lua counters (mongolock.stats.series, of a collection of its
+-- own) with waits (seconds) and counts, and its commands as a stand-in's
+-- jobs; the C counters (releases, renewals) are the core's, not faked
+local seq = 0
 local function fake_client(t)
-  local counts, sum = {}, 0
-  for i = 1, #B + 1 do counts[i] = 0 end
-  for _, w in ipairs(t.waits) do
-    sum = sum + w
-    for i = 1, #B + 1 do
-      if i > #B or w <= B[i] then counts[i] = counts[i] + 1 end
-    end
-  end
-  local by_kind = {}
-  for _, k in ipairs({ "named", "document", "shared", "permit" }) do
-    by_kind[k] = { releases = t.releases or 0, lost = t.lost or 0 }
-  end
-  local s = {
-    series = { { kind = "named", collection = "app.locks", acquisitions = t.acquisitions, waits = #t.waits,
-                 timeouts = t.timeouts or 0, busy = t.busy or 0,
-                 wait_seconds = { buckets = B, counts = counts, sum = sum, count = #t.waits } } },
-    by_kind = by_kind, renewals = t.renewals or 0, renewal_failures = 0, commands = t.commands or 0,
-    stream_reopens = 0,
-  }
-  return { stats = function() return s end }
+  seq = seq + 1
+  local c = { _series = { by = {} }, _sched_core = { count = { n = t.commands or 0 } } }
+  function c.closed(self) return self.gone == true end
+  local s = stats.series(c, "named", "app", "locks" .. seq)
+  s.acquisitions, s.timeouts, s.busy = t.acquisitions, t.timeouts or 0, t.busy or 0
+  for _, w in ipairs(t.waits) do stats.observe_wait(s, w) end
+  return c, s
 end
 
 describe("#unit metrics.register (an nginx-lua-prometheus registry)", function()
+  -- a fake closed is folded into the process's totals (they keep it)
   local added = {}
   local function client(t)
-    local c = fake_client(t)
+    local c, s = fake_client(t)
     added[#added + 1] = c
-    stats.clients[c] = true
-    return c
+    return c, s
   end
   after_each(function()
-    for _, c in ipairs(added) do stats.clients[c] = nil end
+    for _, c in ipairs(added) do c.gone = true end
     added = {}
   end)
 
@@ -113,24 +103,21 @@ describe("#unit metrics.register (an nginx-lua-prometheus registry)", function()
     local P = fake_registry()
     local feeder = assert(metrics.register(P, { interval = false }))
     assert.same({ type = "counter", labels = { "kind", "collection" } }, P.families.mongolock_acquisitions_total)
-    assert.same({ type = "counter", labels = { "kind" } }, P.families.mongolock_releases_total)
+    assert.same({ type = "counter", labels = { "kind", "collection" } }, P.families.mongolock_releases_total)
     assert.same({ type = "counter" }, P.families.mongolock_commands_total)
     assert.equal("histogram", P.families.mongolock_wait_seconds.type)
     assert.same(B, P.families.mongolock_wait_seconds.buckets)
-    local c = client({ acquisitions = 4, waits = { 0.003, 0.2, 0.2, 12 }, timeouts = 1, releases = 2,
-                       commands = 17, renewals = 3 })
+    local c, s = client({ acquisitions = 4, waits = { 0.003, 0.2, 0.2, 12 }, timeouts = 1, commands = 17 })
     assert.is_true(metrics.update())
     same_as_render(P)
     -- more of everything: only what is new is added
-    local s = c.stats()
-    s.series[1].acquisitions = 6
-    s.commands = 25
-    local w = s.series[1].wait_seconds
-    for i = 6, #B + 1 do w.counts[i] = w.counts[i] + 1 end        -- one wait of 0.24 s (bucket 0.25)
-    w.sum, w.count, s.series[1].waits = w.sum + 0.24, w.count + 1, 5
+    s.acquisitions = 6
+    c._sched_core.count.n = 25
+    stats.observe_wait(s, 0.24)                                  -- one wait of 0.24 s (bucket 0.25)
     feeder.update()
     same_as_render(P)
-    assert.equal(6, P.values['mongolock_acquisitions_total{kind="named",collection="app.locks"}'])
+    assert.equal(6, P.values['mongolock_acquisitions_total{kind="named",collection="' .. s.collection .. '"}'])
+    assert.equal(5, P.values['mongolock_wait_seconds_count{kind="named",collection="' .. s.collection .. '"}'])
     assert.same({}, P.negative)
   end)
 
@@ -142,7 +129,7 @@ describe("#unit metrics.register (an nginx-lua-prometheus registry)", function()
     feeder.update()
     local before = {}
     for k, v in pairs(P.values) do before[k] = v end
-    stats.clients[c] = nil
+    c.gone = true                                                -- closed
     feeder.update()
     assert.same({}, P.negative)
     assert.same(before, P.values)

@@ -141,6 +141,7 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
       bson_error_t err2;
       int64_t n;
       ml_lease_spec_release_op(s, &op);
+      ml_obs_command(c);
       n = ml_release_matched(ml_run(ml_client_get(L, c), c->wc, &op, &reply, &err2), &reply);
       ml_op_destroy(&op);
       bson_destroy(&reply);

@@ -242,6 +242,7 @@ int luaopen_mongolock_core(lua_State *L) {
   ml_ops_open(L);
   ml_command_open(L);
   ml_views_open(L);
+  ml_stats_open(L);
   lua_pushlightuserdata(L, (void *)&internals);
   lua_setfield(L, LUA_REGISTRYINDEX, ML_INTERNALS_KEY);
   return 1;

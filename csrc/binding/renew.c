@@ -87,10 +87,31 @@ typedef struct ml_renew {
   ml_orphan *orphan;            /* detached by close inside a selection:
                                    the thread frees this state and drops
                                    the pool when it returns */
+  ml_obs *obs;                  /* c's counters (one reference) */
+  long shown[4];                /* the engine's renewals, failures,
+                                   batches, checks already added to obs */
 } ml_renew;
 
 static pthread_mutex_t renew_mu = PTHREAD_MUTEX_INITIALIZER;
 static ml_renew *states;        /* (renew_mu) */
+
+/* renew_mu held, after ml_engine_done: what the engine counted since,
+ * added to the client's counters (which outlive this state) */
+static void publish(ml_renew *st) {
+  long now[4];
+  int i;
+  now[0] = st->e.renewals;
+  now[1] = st->e.failures;
+  now[2] = st->e.batches;
+  now[3] = st->e.checks;
+  if (st->obs) {
+    ml_obs_add(st->obs, &st->obs->renewals, now[0] - st->shown[0]);
+    ml_obs_add(st->obs, &st->obs->renewal_failures, now[1] - st->shown[1]);
+    ml_obs_add(st->obs, &st->obs->renewal_batches, now[2] - st->shown[2]);
+    ml_obs_add(st->obs, &st->obs->renewal_checks, now[3] - st->shown[3]);
+  }
+  for (i = 0; i < 4; i++) st->shown[i] = now[i];
+}
 
 /* ---- fork -------------------------------------------------------------- */
 
@@ -159,11 +180,12 @@ static void *renew_main(void *arg) {
       /* only this thread changes st->e.work's op (the leases keep its db and
        * coll alive) */
       pthread_mutex_unlock(&renew_mu);
-      ml_obs_command(st->c);
+      if (st->obs) ml_obs_add(st->obs, &st->obs->commands, 1);
       ok = ml_run(mc, st->c->wc, &st->e.work.op, &reply, &err);
       pthread_mutex_lock(&renew_mu);
       if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
         pthread_cond_broadcast(&st->done);
+      publish(st);
       bson_destroy(&reply);
       continue;
     }
@@ -197,6 +219,7 @@ static void *renew_main(void *arg) {
       pthread_cond_destroy(&st->cv);
       pthread_cond_destroy(&st->done);
       ml_engine_clear(&st->e, 1);
+      ml_obs_unref(st->obs);
       free(st);
       ml_orphan_drop(o);
     }
@@ -221,6 +244,7 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   st = (ml_renew *)calloc(1, sizeof *st);
   if (!st) return NULL;
   st->c = c;
+  st->obs = ml_obs_ref(c->obs);
   st->pool = pool;
   st->pid = getpid();
   st->external = c->external;
@@ -244,6 +268,7 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
     if (rc != 0) {
       pthread_cond_destroy(&st->cv);
       pthread_cond_destroy(&st->done);
+      ml_obs_unref(st->obs);
       free(st);
       return NULL;
     }
@@ -405,6 +430,7 @@ static void state_unlink(ml_client *c, ml_renew *st) {
 
 static void state_free(ml_renew *st) {
   ml_engine_clear(&st->e, 1);
+  ml_obs_unref(st->obs);
   pthread_cond_destroy(&st->cv);
   pthread_cond_destroy(&st->done);
   free(st);
@@ -527,6 +553,7 @@ static int ml_m_engine_done(lua_State *L) {
   if (st && st->pid == getpid() && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
     if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
       pthread_cond_broadcast(&st->done);
+    publish(st);
   }
   pthread_mutex_unlock(&renew_mu);
   bson_destroy(&reply);

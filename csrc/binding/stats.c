@@ -22,7 +22,7 @@ static long load(const long *counter) {
 }
 
 void ml_obs_command(const ml_client *c) {
-  if (c && c->obs) __atomic_fetch_add(&c->obs->commands, 1, __ATOMIC_RELAXED);
+  if (c && c->obs) ml_obs_add(c->obs, &c->obs->commands, 1);
 }
 
 /* [-0, +1] {named = n, document = n, shared = n, permit = n} */
@@ -30,51 +30,88 @@ static void push_kinds(lua_State *L, const long *v) {
   int k;
   lua_createtable(L, 0, ML_KINDS);
   for (k = 0; k < ML_KINDS; k++) {
-    lua_pushnumber(L, (lua_Number)load(&v[k]));
+    lua_pushinteger(L, (lua_Integer)load(&v[k]));
     lua_setfield(L, -2, ml_kind_of((ml_kind)k)->name);
   }
 }
 
-static void setnum(lua_State *L, const char *k, long v) {
-  lua_pushnumber(L, (lua_Number)v);
+/* counts are integers (lua_pushinteger: math.type "integer" under 5.3+) */
+static void setint(lua_State *L, const char *k, long v) {
+  lua_pushinteger(L, (lua_Integer)v);
   lua_setfield(L, -2, k);
+}
+
+/* [-0, +1] {{kind, collection, releases, lost}, ...} from the places
+ * from p on (a list linked whole: read without a lock) */
+static void push_places(lua_State *L, const ml_obs_place *p) {
+  int i = 0;
+  lua_newtable(L);
+  for (; p; p = p->next) {
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, ml_kind_of(p->kind)->name);
+    lua_setfield(L, -2, "kind");
+    lua_pushstring(L, p->collection);
+    lua_setfield(L, -2, "collection");
+    setint(L, "releases", load(&p->releases));
+    setint(L, "lost", load(&p->lost));
+    lua_rawseti(L, -2, ++i);
+  }
+}
+
+/* [-0, +1] {commands, releases = {<kind> = n}, lost = {<kind> = n},
+ * places = {{kind, collection, releases, lost}, ...}, renewals,
+ * renewal_failures, renewal_batches, renewal_checks, stream_reopens,
+ * stream_getmores}: the counters of o (never going back) */
+static void push_counters(lua_State *L, ml_obs *o, const ml_obs_place *places) {
+  lua_createtable(L, 0, 12);
+  push_places(L, places);
+  lua_setfield(L, -2, "places");
+  setint(L, "commands", load(&o->commands));
+  push_kinds(L, o->releases);
+  lua_setfield(L, -2, "releases");
+  push_kinds(L, o->lost);
+  lua_setfield(L, -2, "lost");
+  setint(L, "renewals", load(&o->renewals));
+  setint(L, "renewal_failures", load(&o->renewal_failures));
+  setint(L, "renewal_batches", load(&o->renewal_batches));
+  setint(L, "renewal_checks", load(&o->renewal_checks));
+  setint(L, "stream_reopens", load(&o->stream_reopens));
+  setint(L, "stream_getmores", load(&o->stream_getmores));
 }
 
 /*
  * client:counters() -> {commands, releases = {<kind> = n}, lost = {<kind> =
- * n}, renewals, renewal_failures, renewal_batches, renewal_checks,
- * stream_reopens, stream_getmores, streams, events_dropped}: this
- * process's C counters (the engine's and the change streams' are its own,
- * renew.c and watch.c).  Works on a closed client.
+ * n}, places = {{kind, collection, releases, lost}, ...}, renewals,
+ * renewal_failures, renewal_batches, renewal_checks, stream_reopens,
+ * stream_getmores, streams, events_dropped}: this
+ * client's C counters in this process (the engine's and the change
+ * streams' count into them as they send, renew.c and watch.c), which
+ * never go back: a closed client keeps them.  streams is the change
+ * streams running now.
  */
 static int ml_m_counters(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
-  ml_renew_counts rn;
   ml_watch_counts wn;
   ml_obs *o = c->obs;
+  static ml_obs none;           /* a client without counters: zeros */
   long dropped = 0;
-  ml_renew_stats(c, &rn);
   ml_watch_stats(c, &wn);
-  lua_createtable(L, 0, 12);
-  /* the streams' aggregates and getMores are commands too (watch.c) */
-  setnum(L, "commands", (o ? load(&o->commands) : 0) + wn.getmores + wn.opens);
+  push_counters(L, o ? o : &none, o ? __atomic_load_n(&o->places, __ATOMIC_ACQUIRE) : NULL);
   if (o) {
-    push_kinds(L, o->releases);
-    lua_setfield(L, -2, "releases");
-    push_kinds(L, o->lost);
-    lua_setfield(L, -2, "lost");
     pthread_mutex_lock(&o->mu);
     dropped = o->dropped;
     pthread_mutex_unlock(&o->mu);
   }
-  setnum(L, "renewals", rn.renewals);
-  setnum(L, "renewal_failures", rn.failures);
-  setnum(L, "renewal_batches", rn.batches);
-  setnum(L, "renewal_checks", rn.checks);
-  setnum(L, "stream_reopens", wn.reopens);
-  setnum(L, "stream_getmores", wn.getmores);
-  setnum(L, "streams", wn.streams);
-  setnum(L, "events_dropped", dropped);
+  setint(L, "streams", wn.streams);
+  setint(L, "events_dropped", dropped);
+  return 1;
+}
+
+/* core.totals() -> client:counters()'s counters (without streams and
+ * events_dropped) summed over every client this process made, closed and
+ * collected ones too (ml_obs_totals): what mongolock.metrics exposes */
+static int l_totals(lua_State *L) {
+  push_counters(L, &ml_obs_totals, ml_obs_total_places());
   return 1;
 }
 
@@ -162,3 +199,9 @@ const luaL_Reg ml_stats_methods[] = {
   {"has_events", ml_m_has_events},
   {NULL, NULL}
 };
+
+/* [-0, +0] the module's functions (module.c): core.totals() */
+void ml_stats_open(lua_State *L) {
+  lua_pushcfunction(L, l_totals);
+  lua_setfield(L, -2, "totals");
+}

@@ -17,4 +17,8 @@ void ml_obs_command(const struct ml_client *c);
 /* Client methods: counters, take_events, want_events, has_events */
 extern const luaL_Reg ml_stats_methods[];
 
+/* [-0, +0] sets the module's totals() (every client's counters in this
+ * process, for ever) in the table on top */
+void ml_stats_open(lua_State *L);
+
 #endif

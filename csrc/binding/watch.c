@@ -106,6 +106,9 @@ typedef struct ml_watcher {
   pthread_cond_t cv;            /* events, state changes */
   long op_id;                   /* the op in flight's id for the external
                                    adapter */
+  ml_obs *obs;                  /* its client's counters (one reference):
+                                   every op sent counts there, the
+                                   killCursors after close too */
 } ml_watcher;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -134,6 +137,19 @@ static void install_atfork(void) {
 /* ---- the thread adapter ------------------------------------------------ */
 
 static void stream_free(ml_watcher *s);
+
+/* watch_mu held: the outcome of s's op in flight, given to the machine;
+ * the op (an aggregate, a getMore, a killCursors) counted as a command of
+ * its client, with the getMores and reopenings it made */
+static void stream_done(ml_watcher *s, int ok, const bson_t *reply, const bson_error_t *err) {
+  int kind = s->m.op_kind;
+  long getmores = s->m.getmores, reopens = s->m.reopens;
+  ml_stream_done(&s->m, ml_monotonic(), ok, reply, err);
+  if (!s->obs) return;
+  if (kind != ML_STREAM_OP_NONE) ml_obs_add(s->obs, &s->obs->commands, 1);
+  ml_obs_add(s->obs, &s->obs->stream_getmores, s->m.getmores - getmores);
+  ml_obs_add(s->obs, &s->obs->stream_reopens, s->m.reopens - reopens);
+}
 
 static void *watch_main(void *arg) {
   ml_watcher *s = (ml_watcher *)arg;
@@ -176,7 +192,7 @@ static void *watch_main(void *arg) {
       }
       pthread_mutex_lock(&watch_mu);
       s->in_call = 0;
-      ml_stream_done(&s->m, ml_monotonic(), ok, &reply, &err);
+      stream_done(s, ok, &reply, &err);
       bson_destroy(&reply);
       /* woken after the unlock: a waiter woken while watch_mu is held
        * would block on it at once and need a second wake-up */
@@ -207,6 +223,7 @@ static void *watch_main(void *arg) {
 /* ---- streams ----------------------------------------------------------- */
 
 static void stream_free(ml_watcher *s) {
+  ml_obs_unref(s->obs);
   ml_stream_clear(&s->m);
   pthread_cond_destroy(&s->cv);
   free(s);
@@ -281,6 +298,7 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
     free(s);
     return NULL;
   }
+  s->obs = ml_obs_ref(c->obs);
   if (!ml_process_tag(s->m.tag)) memcpy(s->m.tag, "-no-randomness-", 16);
   s->c = c;
   s->pool = pool;
@@ -410,7 +428,7 @@ static int ml_m_watch_done(lua_State *L) {
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == getpid() && !s->pool && s->m.op_kind && s->op_id == id) {
-      ml_stream_done(&s->m, ml_monotonic(), ok, &reply, &err);
+      stream_done(s, ok, &reply, &err);
       if (s->m.stop && ml_stream_finished(&s->m)) {
         stream_unlink(s);
         stream_free(s);

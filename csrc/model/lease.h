@@ -118,9 +118,12 @@ typedef struct ml_lease {
  * still writes somewhere valid.
  *
  * Invariants: counters only grow, by relaxed atomic adds from any thread
- * (the Lua thread, the engine's), so counting takes no lock and no round
- * trip.  Events are queued only while `want` is set (a callback is
- * registered), under mu, a leaf lock: taken under renew.c's mutex and a
+ * (the Lua thread, the engine's, a change stream's), so counting takes no
+ * lock and no round trip; each add goes to ml_obs_totals too, so the
+ * process's totals never go back when a client closes or is collected.
+ * Places (releases and losses by collection) are linked under mu, then
+ * counted by atomic adds.  Events are queued only while `want` is set (a
+ * callback is registered), under mu, a leaf lock: taken under renew.c's mutex and a
  * lease's mu, never the other way round; at most ML_EVENTS_MAX wait in the
  * queue (older ones are dropped, and counted).
  */
@@ -134,23 +137,49 @@ typedef struct ml_lease_event {
   char owner[33];
 } ml_lease_event;
 
+/* the releases and losses of one kind of lock in one collection of a
+ * client (or, total NULL, of the process: ml_obs_totals' places) */
+typedef struct ml_obs_place {
+  struct ml_obs_place *next;
+  ml_kind kind;
+  char *collection;             /* "db.coll" */
+  long releases, lost;          /* atomic */
+  struct ml_obs_place *total;   /* the process's place of the same kind
+                                   and collection (never freed) */
+} ml_obs_place;
+
 typedef struct ml_obs {
   pthread_mutex_t mu;
   int refs;                     /* (mu) */
-  long commands;                /* commands sent by this process's C paths */
+  long commands;                /* commands sent by this process's C paths
+                                   (the change streams' too) */
   long releases[ML_KINDS];      /* releases that matched, per kind */
   long lost[ML_KINDS];          /* leases found lost, per kind (once each) */
+  long renewals, renewal_failures, renewal_batches, renewal_checks;
+                                /* the lease engine's (renew.c) */
+  long stream_getmores, stream_reopens;  /* the change streams' (watch.c) */
   int want;                     /* queue events (atomic) */
   ml_lease_event *ev;           /* (mu) the queue, oldest first */
   size_t nev, cap;              /* (mu) */
   long dropped;                 /* (mu) events dropped from a full queue */
+  ml_obs_place *places;         /* (mu to link) releases and losses by kind
+                                   and collection, newest first; a place
+                                   once linked stays until the obs goes */
 } ml_obs;
+
+/* the process's totals: every client's counters (ml_obs_add) summed, kept
+ * whatever clients close or are collected; only the counters are used */
+extern ml_obs ml_obs_totals;
 
 ml_obs *ml_obs_new(void);
 ml_obs *ml_obs_ref(ml_obs *o);
 void ml_obs_unref(ml_obs *o);
-/* adds n to *counter (relaxed atomic); o may be NULL */
+/* adds n to *counter, a counter of o, and to the same counter of
+ * ml_obs_totals (relaxed atomics); o may be NULL */
 void ml_obs_add(ml_obs *o, long *counter, long n);
+/* the first of the process's places (ml_obs_totals'), newest first: its
+ * list only grows, each place linked whole (read without a lock) */
+ml_obs_place *ml_obs_total_places(void);
 /* frees what an event taken from the queue owns */
 void ml_lease_event_free(ml_lease_event *e);
 /* l->mu held: l is lost (held 0); the first time, counted and its event

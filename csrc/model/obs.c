@@ -6,9 +6,12 @@
  * them to Lua.
  *
  * Counting costs no round trip and no lock: each counter is a relaxed
- * atomic add on the client's own struct.  Loss and renewal failure are
- * decided in C threads that never call Lua (renew.c): their events wait in
- * the queue until the Lua side takes them (stats.c).
+ * atomic add on the client's own struct, and one on the process's totals
+ * (ml_obs_totals), which keep every client's counts for the life of the
+ * process; a release or a loss also takes the client's mu, a moment, to
+ * find its collection's place (count_place).  Loss and renewal failure are decided in C threads that never
+ * call Lua (renew.c): their events wait in the queue until the Lua side
+ * takes them (stats.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -40,19 +43,83 @@ void ml_lease_event_free(ml_lease_event *e) {
 void ml_obs_unref(ml_obs *o) {
   int refs;
   size_t i;
+  ml_obs_place *p, *nx;
   if (!o) return;
   pthread_mutex_lock(&o->mu);
   refs = --o->refs;
   pthread_mutex_unlock(&o->mu);
   if (refs > 0) return;
+  for (p = o->places; p; p = nx) {
+    nx = p->next;
+    free(p->collection);
+    free(p);
+  }
   for (i = 0; i < o->nev; i++) ml_lease_event_free(&o->ev[i]);
   free(o->ev);
   pthread_mutex_destroy(&o->mu);
   free(o);
 }
 
+ml_obs ml_obs_totals;
+
 void ml_obs_add(ml_obs *o, long *counter, long n) {
-  if (o) __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+  /* the same field of the totals: counter's offset in o */
+  long *total;
+  if (!o) return;
+  total = (long *)((char *)&ml_obs_totals + ((char *)counter - (char *)o));
+  __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+  __atomic_fetch_add(total, n, __ATOMIC_RELAXED);
+}
+
+/* ---- places: releases and losses by kind and collection ------------ */
+
+static pthread_mutex_t totals_mu = PTHREAD_MUTEX_INITIALIZER;
+
+ml_obs_place *ml_obs_total_places(void) {
+  return __atomic_load_n(&ml_obs_totals.places, __ATOMIC_ACQUIRE);
+}
+
+/* mu (o's, or totals_mu for the totals) held: the place of (kind, db.coll)
+ * in *list, made and linked when missing; NULL when out of memory */
+static ml_obs_place *place_in(ml_obs_place **list, ml_kind kind, const char *db, const char *coll) {
+  ml_obs_place *p;
+  size_t ndb = strlen(db), ncoll = strlen(coll);
+  for (p = *list; p; p = p->next)
+    if (p->kind == kind && !strncmp(p->collection, db, ndb) && p->collection[ndb] == '.' &&
+        !strcmp(p->collection + ndb + 1, coll))
+      return p;
+  p = (ml_obs_place *)calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->collection = (char *)malloc(ndb + ncoll + 2);
+  if (!p->collection) {
+    free(p);
+    return NULL;
+  }
+  memcpy(p->collection, db, ndb);
+  p->collection[ndb] = '.';
+  memcpy(p->collection + ndb + 1, coll, ncoll + 1);
+  p->kind = kind;
+  p->next = *list;
+  /* readers walk the list without a lock: p is whole before it is seen */
+  __atomic_store_n(list, p, __ATOMIC_RELEASE);
+  return p;
+}
+
+/* l's place in its client's counters (and the process's), counted by n */
+static void count_place(ml_lease *l, int lost, long n) {
+  ml_obs *o = l->obs;
+  ml_obs_place *p;
+  pthread_mutex_lock(&o->mu);
+  p = place_in(&o->places, l->kind, l->db, l->coll);
+  if (p && !p->total) {
+    pthread_mutex_lock(&totals_mu);
+    p->total = place_in(&ml_obs_totals.places, l->kind, l->db, l->coll);
+    pthread_mutex_unlock(&totals_mu);
+  }
+  pthread_mutex_unlock(&o->mu);
+  if (!p) return;
+  __atomic_fetch_add(lost ? &p->lost : &p->releases, n, __ATOMIC_RELAXED);
+  if (p->total) __atomic_fetch_add(lost ? &p->total->lost : &p->total->releases, n, __ATOMIC_RELAXED);
 }
 
 /* l's fields read here never change after ml_lock_new */
@@ -98,12 +165,16 @@ void ml_lease_set_lost(ml_lease *l) {
   l->lost = 1;
   if (l->obs) {
     ml_obs_add(l->obs, &l->obs->lost[l->kind], 1);
+    count_place(l, 1, 1);
     queue_event(l, 0);
   }
 }
 
 void ml_lease_count_release(ml_lease *l, long n) {
-  if (l->obs && n > 0) ml_obs_add(l->obs, &l->obs->releases[l->kind], n);
+  if (l->obs && n > 0) {
+    ml_obs_add(l->obs, &l->obs->releases[l->kind], n);
+    count_place(l, 0, n);
+  }
 }
 
 void ml_lease_renewal_failed(ml_lease *l) {

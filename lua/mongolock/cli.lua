@@ -520,8 +520,23 @@ local function token_text(t)
   return type(t) == "number" and format("%.0f", t) or "-"
 end
 
+-- v with every number that is not whole rounded to the millisecond (a
+-- copy when a table): what the command prints as JSON, "remaining":6 and
+-- not 5.9999869659999
+local function json_ms(v)
+  if type(v) == "number" then
+    if v ~= v or v == huge or v == -huge or v == floor(v) then return v end
+    return floor(v * 1000 + 0.5) / 1000
+  elseif type(v) == "table" and getmetatable(v) == nil then
+    local o = {}
+    for k, x in pairs(v) do o[k] = json_ms(x) end
+    return o
+  end
+  return v
+end
+
 local function json_out(v)
-  local s, err = cjson.encode(v)
+  local s, err = cjson.encode(json_ms(v))
   if not s then fail(EXIT.software, "cannot encode JSON: %s", err) end
   io.stdout:write(s, "\n")
 end
@@ -553,12 +568,13 @@ local function status_record(name, st)
 end
 
 -- the JSON form of a record: the token as a decimal string, as lua-cjson
--- writes at most 14 significant digits and tokens have 16
+-- writes at most 14 significant digits and tokens have 16; other numbers
+-- to the millisecond
 local function json_record(rec)
   local o = {}
   for k, v in pairs(rec) do o[k] = v end
   if type(o.token) == "number" then o.token = token_text(o.token) end
-  return o
+  return json_ms(o)
 end
 
 -- "in 12.3 s": the time left on a held lease, by the server's clock
@@ -778,7 +794,7 @@ local function top_json(snap)
   for i, rec in ipairs(snap.locks) do
     local o = json_record(rec)
     local ws = {}
-    for j, w in ipairs(rec.waiters) do ws[j] = assert(cjson.encode(w)) end
+    for j, w in ipairs(rec.waiters) do ws[j] = assert(cjson.encode(json_ms(w))) end
     o.waiters = nil
     local s = assert(cjson.encode(o))
     parts[i] = s:sub(1, -2) .. (s == "{}" and "" or ",") .. '"waiters":[' .. concat(ws, ",") .. "]}"

@@ -25,20 +25,21 @@
 -- set per second, and at once before it serves /metrics): counting itself
 -- never touches the dict, whose lock every worker shares.  A worker that
 -- exits leaves its last totals there, so the sums never go back.  The
--- totals are those of the clients the worker still has (one per worker, as
--- the examples make, keeps them whole).
+-- totals are the process's since it began: a client's counts stay in them
+-- after it is closed or collected (mongolock.stats.totals, core.totals()).
 --
 -- Families (names and habits of Prometheus' conventions and
 -- nginx-lua-prometheus): mongolock_acquisitions_total, _waits_total,
--- _timeouts_total, _busy_total and the histogram mongolock_wait_seconds
--- (labels kind, collection); mongolock_releases_total and _lost_total
--- (label kind); mongolock_renewals_total, _renewal_failures_total,
+-- _timeouts_total, _busy_total, the histogram mongolock_wait_seconds,
+-- mongolock_releases_total and _lost_total (labels kind, collection);
+-- mongolock_renewals_total, _renewal_failures_total,
 -- _commands_total, _stream_reopens_total.
 
 --- Prometheus metrics of the clients of this process; inside nginx, of every worker.
 -- @module mongolock.metrics
 
 local args = require "mongolock.args"
+local core = require "mongolock.core"
 local stats = require "mongolock.stats"
 
 local pairs, ipairs, type, tostring, tonumber = pairs, ipairs, type, tostring, tonumber
@@ -65,7 +66,6 @@ local CLIENT = {
   { "commands", "counter", "Commands sent to the server." },
   { "stream_reopens", "counter", "Change streams opened again after an error." },
 }
-local KINDS = { "named", "document", "shared", "permit" }
 
 local function escape(v)
   return (tostring(v):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
@@ -80,36 +80,49 @@ local function le(b)
   return b == math_floor(b) and string_format("%d", b) or string_format("%.15g", b)
 end
 
--- samples (key -> value, key = 'family{labels}') of one stats table added
--- into acc
-local function add_stats(acc, s)
-  local function add(key, v) acc[key] = (acc[key] or 0) + v end
-  for _, e in ipairs(s.series) do
-    local labels = string_format('kind="%s",collection="%s"', escape(e.kind), escape(e.collection))
-    for _, f in ipairs(SERIES) do add("mongolock_" .. f[1] .. "_total{" .. labels .. "}", e[f[1]]) end
-    local h = e.wait_seconds
-    for i, b in ipairs(h.buckets) do
-      add("mongolock_wait_seconds_bucket{" .. labels .. ',le="' .. le(b) .. '"}', h.counts[i])
-    end
-    add("mongolock_wait_seconds_bucket{" .. labels .. ',le="+Inf"}', h.counts[#h.buckets + 1])
-    add("mongolock_wait_seconds_sum{" .. labels .. "}", h.sum)
-    add("mongolock_wait_seconds_count{" .. labels .. "}", h.count)
+-- the cumulative wait histogram's counts of a series' per-bucket counts
+local function cumulative(counts)
+  local cum, acc = {}, 0
+  for i = 1, #counts do
+    acc = acc + counts[i]
+    cum[i] = acc
   end
-  for _, k in ipairs(KINDS) do
-    for _, f in ipairs(KIND) do add("mongolock_" .. f[1] .. '_total{kind="' .. k .. '"}', s.by_kind[k][f[1]]) end
-  end
-  for _, f in ipairs(CLIENT) do add("mongolock_" .. f[1] .. "_total", s[f[1]]) end
-  return acc
+  return cum
 end
 
---- The samples of every client of this process, as a table of series to values.
--- samples of every client of this process (a closed one too, until it is
--- collected: its acquisitions and releases still count)
+--- The samples of this process, as a table of series to values.
+-- samples (key -> value, key = 'family{labels}') of this process: every
+-- client's counts since the process began, those of clients closed or
+-- collected since too (mongolock.stats.totals, core.totals()), so that no
+-- counter ever goes back
 function _M.samples()
   local acc = {}
-  for client in pairs(stats.clients) do add_stats(acc, client:stats()) end
-  -- the families without labels are there with no client too
-  for _, f in ipairs(CLIENT) do acc["mongolock_" .. f[1] .. "_total"] = acc["mongolock_" .. f[1] .. "_total"] or 0 end
+  local series, jobs = stats.totals()
+  for _, e in ipairs(series) do
+    local labels = string_format('kind="%s",collection="%s"', escape(e.kind), escape(e.collection))
+    for _, f in ipairs(SERIES) do acc["mongolock_" .. f[1] .. "_total{" .. labels .. "}"] = e[f[1]] end
+    local counts = cumulative(e.wait_counts)
+    for i, b in ipairs(stats.WAIT_BUCKETS) do
+      acc["mongolock_wait_seconds_bucket{" .. labels .. ',le="' .. le(b) .. '"}'] = counts[i]
+    end
+    acc["mongolock_wait_seconds_bucket{" .. labels .. ',le="+Inf"}'] = counts[#counts]
+    acc["mongolock_wait_seconds_sum{" .. labels .. "}"] = e.wait_sum
+    acc["mongolock_wait_seconds_count{" .. labels .. "}"] = counts[#counts]
+  end
+  -- releases and losses: every kind and collection that counted one, or
+  -- an acquisition (0 then), with the same labels as the others
+  local t = core.totals()
+  local function place(kind, collection, p)
+    local labels = string_format('kind="%s",collection="%s"', escape(kind), escape(collection))
+    for _, f in ipairs(KIND) do
+      local key = "mongolock_" .. f[1] .. "_total{" .. labels .. "}"
+      acc[key] = (acc[key] or 0) + (p and p[f[1]] or 0)
+    end
+  end
+  for _, e in ipairs(series) do place(e.kind, e.collection, nil) end
+  for _, p in ipairs(t.places) do place(p.kind, p.collection, p) end
+  t.commands = t.commands + jobs
+  for _, f in ipairs(CLIENT) do acc["mongolock_" .. f[1] .. "_total"] = t[f[1]] end
   return acc
 end
 
@@ -154,7 +167,7 @@ end
 -- the key prefix of this worker's samples in the dict
 local function prefix()
   local ngx = rawget(_G, "ngx")
-  return tostring(ngx and ngx.worker and ngx.worker.pid() or require("mongolock.core").getpid()) .. "\t"
+  return tostring(ngx and ngx.worker and ngx.worker.pid() or core.getpid()) .. "\t"
 end
 
 --- Copies this process's totals into the shared dict.
@@ -215,9 +228,9 @@ end
 
 -- ---- feeding an nginx-lua-prometheus registry --------------------------------
 
--- this process's totals: counters (family -> label key -> {labels, value})
--- and the wait histograms (label key -> {labels, counts (per bucket, not
--- cumulative; the last above every bound), sum})
+-- this process's totals (those of samples()): counters (family -> label
+-- key -> {labels, value}) and the wait histograms (label key -> {labels,
+-- counts (per bucket, not cumulative; the last above every bound), sum})
 local function totals()
   local t, hist = {}, {}
   local function add(fam, labels, v)
@@ -228,26 +241,21 @@ local function totals()
     if not e then e = { labels = labels, value = 0 }; f[k] = e end
     e.value = e.value + v
   end
-  for client in pairs(stats.clients) do
-    local s = client:stats()
-    for _, e in ipairs(s.series) do
-      local labels = { e.kind, e.collection }
-      for _, f in ipairs(SERIES) do add(f[1], labels, e[f[1]]) end
-      local w, k = e.wait_seconds, e.kind .. "\0" .. e.collection
-      local x = hist[k]
-      if not x then x = { labels = labels, counts = {}, sum = 0 }; hist[k] = x end
-      local below = 0
-      for i = 1, #w.buckets + 1 do
-        x.counts[i] = (x.counts[i] or 0) + w.counts[i] - below
-        below = w.counts[i]
-      end
-      x.sum = x.sum + w.sum
-    end
-    for _, kind in ipairs(KINDS) do
-      for _, f in ipairs(KIND) do add(f[1], { kind }, s.by_kind[kind][f[1]]) end
-    end
-    for _, f in ipairs(CLIENT) do add(f[1], {}, s[f[1]]) end
+  local series, jobs = stats.totals()
+  for _, e in ipairs(series) do
+    local labels = { e.kind, e.collection }
+    for _, f in ipairs(SERIES) do add(f[1], labels, e[f[1]]) end
+    for _, f in ipairs(KIND) do add(f[1], labels, 0) end
+    local counts = {}
+    for i, n in ipairs(e.wait_counts) do counts[i] = n end
+    hist[e.kind .. "\0" .. e.collection] = { labels = labels, counts = counts, sum = e.wait_sum }
   end
+  local c = core.totals()
+  for _, p in ipairs(c.places) do
+    for _, f in ipairs(KIND) do add(f[1], { p.kind, p.collection }, p[f[1]]) end
+  end
+  c.commands = c.commands + jobs
+  for _, f in ipairs(CLIENT) do add(f[1], {}, c[f[1]]) end
   return t, hist
 end
 
@@ -303,11 +311,10 @@ function _M.register(prometheus, opts)
     args.argerror(2, "register", "interval must be a positive number or false")
   end
   local counters = {}
-  for _, f in ipairs(SERIES) do
-    counters[f[1]] = prometheus:counter("mongolock_" .. f[1] .. "_total", f[3], { "kind", "collection" })
-  end
-  for _, f in ipairs(KIND) do
-    counters[f[1]] = prometheus:counter("mongolock_" .. f[1] .. "_total", f[3], { "kind" })
+  for _, l in ipairs({ SERIES, KIND }) do
+    for _, f in ipairs(l) do
+      counters[f[1]] = prometheus:counter("mongolock_" .. f[1] .. "_total", f[3], { "kind", "collection" })
+    end
   end
   for _, f in ipairs(CLIENT) do
     counters[f[1]] = prometheus:counter("mongolock_" .. f[1] .. "_total", f[3])
@@ -315,8 +322,8 @@ function _M.register(prometheus, opts)
   local B = stats.WAIT_BUCKETS
   local hist = prometheus:histogram("mongolock_wait_seconds", "Seconds an acquisition waited for its lock.",
     { "kind", "collection" }, B)
-  -- what was fed so far (a total that went down, a collected client's,
-  -- is fed no negative increment: the registry's counters only grow)
+  -- what was fed so far (the totals never go down; were one to, it would
+  -- be fed no negative increment: the registry's counters only grow)
   local fed, fed_hist = {}, {}
   local feeder = {}
   function feeder.update()

@@ -167,7 +167,7 @@ function _M.of(client)
   if cc.set_methods and core.lease_step then
     -- the handles' release, extend and close yield too; the lease engine
     -- stays the client's own thread (not external)
-    cc:set_methods(yielding.lease_methods({ active = runner.active, run = runner.run }))
+    cc:set_methods(yielding.lease_methods({ active = runner.active, run = runner.run, count = p.count }))
   end
   return p
 end
