@@ -66,16 +66,18 @@ local function no_server(core_client, seconds, last)
 end
 
 -- Before the one attempt of timeout = 0: true when a writable server is
--- known or becomes known within half of `attempt` (the client's
--- attempt_timeout, ONE_ATTEMPT_WAIT by default; a fresh client's monitors
--- find a live server in milliseconds), else nil, the driver's cause
--- (no_server, in the other half), code.  A dead server so costs about
+-- known or becomes known within `attempt` (the client's attempt_timeout,
+-- ONE_ATTEMPT_WAIT by default; a fresh client's monitors find a live
+-- server in milliseconds, and one marked unknown by an error is checked
+-- again after libmongoc's minimum heartbeat, 500 ms: a shorter wait would
+-- miss it), else nil, the driver's cause (no_server, a quick selection of
+-- at most as long), code.  A refused or failed connection so costs about
 -- `attempt`, where the attempt's own server selection would wait the
 -- whole server bound: never longer than a call with a longer timeout.
 function _M.one_attempt_ready(core_client, bound, attempt)
   local wait = math_min(attempt or _M.ONE_ATTEMPT_WAIT, bound)
-  if await_server(core_client, monotonic() + wait / 2) then return true end
-  return nil, no_server(core_client, wait / 2)
+  if await_server(core_client, monotonic() + wait) then return true end
+  return nil, no_server(core_client, wait)
 end
 
 -- f(...) as a single attempt of owner (.core, .client): when the client
