@@ -167,14 +167,9 @@ void ml_push_status_list(lua_State *L, const bson_t *reply) {
   lua_Integer n = 0;
   lua_newtable(L);
   if (!ml_reply_batch(reply, &docs, NULL)) return;
-  while (bson_iter_next(&docs)) {
-    const uint8_t *data;
-    uint32_t len;
-    bson_t doc;
+  bson_t doc;
+  while (ml_batch_next(&docs, &doc)) {
     ml_status st;
-    if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
-    bson_iter_document(&docs, &len, &data);
-    if (!bson_init_static(&doc, data, len)) continue;
     ml_parse_status(&doc, &st);
     push_status(L, &st);
     lua_rawseti(L, -2, (int)++n);

@@ -151,14 +151,9 @@ static int ml_m_share_status(lua_State *L) {
   if (!name) {
     lua_Integer n = 0;
     lua_newtable(L);
+    bson_t doc;
     if (ml_reply_batch(&reply, &docs, NULL))
-      while (bson_iter_next(&docs)) {
-        const uint8_t *data;
-        uint32_t len;
-        bson_t doc;
-        if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
-        bson_iter_document(&docs, &len, &data);
-        if (!bson_init_static(&doc, data, len)) continue;
+      while (ml_batch_next(&docs, &doc)) {
         ml_pushbson(L, &doc);
         lua_rawseti(L, -2, ++n);
       }

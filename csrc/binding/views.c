@@ -351,14 +351,9 @@ static int l_stream_done(lua_State *L) {
   ok = ml_arg_outcome(L, 2, &reply, &err);
   lua_newtable(L);
   if (ok && kind != ML_STREAM_OP_KILL) {
+    bson_t doc;
     batch = ml_reply_batch(&reply, &docs, NULL);
-    while (batch && bson_iter_next(&docs)) {
-      const uint8_t *data;
-      uint32_t len;
-      bson_t doc;
-      if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
-      bson_iter_document(&docs, &len, &data);
-      if (!bson_init_static(&doc, data, len)) continue;
+    while (batch && ml_batch_next(&docs, &doc)) {
       push_event(L, &doc);
       lua_rawseti(L, -2, ++n);
     }

@@ -1082,6 +1082,17 @@ int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id) {
   return 0;
 }
 
+int ml_batch_next(bson_iter_t *docs, bson_t *doc) {
+  while (bson_iter_next(docs)) {
+    const uint8_t *data;
+    uint32_t len;
+    if (!BSON_ITER_HOLDS_DOCUMENT(docs)) continue;
+    bson_iter_document(docs, &len, &data);
+    if (bson_init_static(doc, data, len)) return 1;
+  }
+  return 0;
+}
+
 int ml_reply_resume_token(const bson_t *reply, const uint8_t **data, uint32_t *len) {
   bson_iter_t it;
   if (!bson_iter_init(&it, reply) || !bson_iter_find_descendant(&it, "cursor.postBatchResumeToken", &it) ||

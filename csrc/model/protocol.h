@@ -302,6 +302,11 @@ void ml_parse_status(const bson_t *doc, ml_status *out);
  * 0 when the reply has none; *cursor_id when not NULL */
 int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id);
 
+/* the next document of a batch that ml_reply_batch began (a view into the
+ * reply), skipping elements that are not well-formed documents; 0 at its
+ * end */
+int ml_batch_next(bson_iter_t *docs, bson_t *doc);
+
 /* a change stream batch's cursor.postBatchResumeToken (a view into
  * reply); 0 when it has none */
 int ml_reply_resume_token(const bson_t *reply, const uint8_t **data, uint32_t *len);

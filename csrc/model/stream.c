@@ -89,13 +89,9 @@ static int take_batch(ml_stream *s, const bson_t *reply) {
   int64_t id = 0;
   const uint8_t *data;
   uint32_t len;
+  bson_t doc;
   if (!ml_reply_batch(reply, &docs, &id)) return 0;
-  while (bson_iter_next(&docs)) {
-    bson_t doc;
-    if (!BSON_ITER_HOLDS_DOCUMENT(&docs)) continue;
-    bson_iter_document(&docs, &len, &data);
-    if (bson_init_static(&doc, data, len)) event_from(s, &doc);
-  }
+  while (ml_batch_next(&docs, &doc)) event_from(s, &doc);
   s->cursor_id = id;
   if (ml_reply_resume_token(reply, &data, &len)) {
     if (s->resume) bson_destroy(s->resume);
