@@ -10,6 +10,7 @@ local q = helpers.shell_quote
 local BIN = helpers.root .. "/bin/mongolock"
 
 local mongolock = helpers.mongolock
+local mongolock_array = require("mongolock").array
 
 describe("#integration mongolock top", function()
   local client, locks, base
@@ -106,12 +107,12 @@ describe("#integration mongolock top", function()
     assert.is_true(select(2, all:gsub("NAME +STATE", "")) <= 3, all)
   end)
 
-  it("is refreshed by the change stream: a release shows at once", function()
-    local h = assert(locks:acquire("live"))
+  local function refreshed_by_release(name, app)
+    local h = assert(locks:acquire(name))
     -- top without --once, for a bounded time, printing each refresh as JSON
     local out = os.tmpname()
     local words = { helpers.lua, q(BIN) }
-    for _, a in ipairs(args("top", "--json", "--seconds", "8")) do words[#words + 1] = q(a) end
+    for _, a in ipairs(args("top", "--json", "--seconds", "8", "--app", app)) do words[#words + 1] = q(a) end
     local p = assert(io.popen(format("%s </dev/null >%s 2>&1 & echo $!", table.concat(words, " "), q(out))))
     local pid = tonumber(p:read("*l"))
     p:close()
@@ -124,7 +125,7 @@ describe("#integration mongolock top", function()
       return list
     end
     local function live_held(s)
-      for _, l in ipairs(s.locks) do if l.name == "live" then return l.held end end
+      for _, l in ipairs(s.locks) do if l.name == name then return l.held end end
     end
     assert.is_truthy(helpers.eventually(function() return #snaps() >= 1 end, 8), helpers.read_file(out))
     assert.is_true(live_held(snaps()[1]))
@@ -136,8 +137,27 @@ describe("#integration mongolock top", function()
     end, 6)
     -- the lease had 60 s left and top reads the server again only on an
     -- event (or when a lease it shows runs out): the release's event
-    assert.is_truthy(got, helpers.read_file(out))
+    local text = helpers.read_file(out)
+    assert.is_truthy(got, text)
     os.execute("kill " .. pid .. " 2>/dev/null")
     os.remove(out)
+    return text
+  end
+
+  it("is refreshed by the change stream: a release shows at once", function()
+    refreshed_by_release("live", helpers.unique("top"))
+  end)
+
+  it("resumes its change stream when a getMore's connection closes, and still shows a release at once", function()
+    local app = helpers.unique("top")
+    local function fp(mode, data)
+      data.appName = app
+      return assert(client:command("admin", { configureFailPoint = "failCommand" }, { mode = mode, data = data }))
+    end
+    fp({ times = 2 }, { failCommands = mongolock_array({ "getMore" }), closeConnection = true })
+    finally(function() fp("off", {}) end)
+    local text = refreshed_by_release("resumed", app)
+    assert.is_true(fp("off", {}).count >= 1, "a getMore lost its connection")
+    assert.is_nil(text:find("polling", 1, true), text)
   end)
 end)

@@ -11,6 +11,10 @@
 --                              proclaim "v2", resign, campaign "v3", resign,
 --                              GAP seconds apart; prints "at PID WHAT T
 --                              TOKEN" after each step
+--   later NAME AT GAP          at CLOCK_MONOTONIC time AT: campaign "A",
+--                              print "leading PID TOKEN T"; GAP seconds
+--                              later proclaim "A2", print "proclaimed PID
+--                              T"; lead 5 s more, then resign
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
 local db, coll, mode, name, a, b, c = ...
@@ -55,5 +59,15 @@ elseif mode == "script" then
   core.sleep(gap)
   assert(l2:resign())
   say("at", pid, "none", now(), "0")
+elseif mode == "later" then
+  local at, gap = tonumber(a), tonumber(b)
+  core.sleep(math.max(0, at - core.monotonic()))
+  local leader = assert(el:campaign(name, "A", { ttl = 5, timeout = 10 }))
+  say("leading", pid, leader:token_string(), now())
+  core.sleep(gap)
+  assert(leader:proclaim("A2"))
+  say("proclaimed", pid, now())
+  core.sleep(5)
+  assert(leader:resign())
 end
 client:close()

@@ -210,6 +210,86 @@ describe("#integration elections", function()
     assert.same({ "value v2", "none", "leader v3", "none" }, got)
   end)
 
+  -- an observer on a client of its own (app name APP); fp(mode, data) sets
+  -- failCommand for that client only
+  local function observer_client()
+    local app = helpers.unique("observer")
+    local oc = helpers.connect({ appname = app })
+    local oel = oc:elections({ database = helpers.database, collection = coll, ttl = 3 })
+    local function fp(mode, data)
+      data.appName = app
+      return assert(client:command("admin", { configureFailPoint = "failCommand" }, { mode = mode, data = data }))
+    end
+    return oc, oel, fp
+  end
+
+  -- the changes an observer returns until done(change, all so far) (or 8 s)
+  local function changes_until(it, done)
+    local got = {}
+    local stop = core.monotonic() + 8
+    while core.monotonic() < stop do
+      local ch, err = it()
+      if ch then
+        got[#got + 1] = ch
+        if done(ch, got) then break end
+      elseif err ~= "timeout" then
+        error(err)
+      end
+    end
+    return got
+  end
+
+  local function words(got)
+    local w = {}
+    for _, ch in ipairs(got) do w[#w + 1] = ch.change .. (ch.value and (" " .. ch.value) or "") end
+    return table.concat(w, ", ")
+  end
+
+  it("an observer whose stream opens late reports the leader elected meanwhile and its proclaim", function()
+    local name = helpers.unique("e")
+    local oc, oel, fp = observer_client()
+    -- the observer's read (an aggregate) waits 1.5 s, then runs (nobody
+    -- leads yet); its stream's aggregate waits 1.5 s more: the campaign
+    -- and the proclaim happen while the stream opens
+    fp({ times = 2 }, { failCommands = require("mongolock").array({ "aggregate" }),
+                        blockConnection = true, blockTimeMS = 1500 })
+    finally(function() fp("off", {}) end)
+    local p = child("later", name, core.monotonic() + 2.1, 0.3)
+    local it = oel:observe(name, { timeout = 2 })
+    local got = changes_until(it, function(ch) return ch.value == "A2" end)
+    it:close()
+    local _, out = p:wait(15)
+    p:cleanup()
+    local token = assert(out:match("leading %d+ (%d+)"), out)
+    assert.equal("current", got[1].change, words(got))
+    local last = got[#got]
+    assert.equal("A2", last.value, words(got))
+    assert.is_true(last.leader)
+    assert.equal(token, ("%.0f"):format(last.token))
+    -- nothing said nobody leads after the campaign
+    for k = 2, #got do assert.is_true(got[k].leader, words(got)) end
+    oc:close()
+  end)
+
+  it("an observer whose getMore's connection closes reopens its stream and misses no change", function()
+    local name = helpers.unique("e")
+    local oc, oel, fp = observer_client()
+    local it = oel:observe(name, { timeout = 5 })
+    assert.equal("current", assert(it()).change)
+    -- its next two getMores lose their connection
+    fp({ times = 2 }, { failCommands = require("mongolock").array({ "getMore" }), closeConnection = true })
+    finally(function() fp("off", {}) end)
+    local p = child("script", name, 3, 0.4)
+    local got = changes_until(it, function(_, all) return #all == 5 end)
+    assert.is_true(fp("off", {}).count >= 1, "a getMore lost its connection")
+    it:close()
+    oc:close()
+    local st, out = p:wait(10)
+    p:cleanup()
+    assert.equal(0, st, out)
+    assert.equal("leader v1, value v2, none, leader v3, none", words(got))
+  end)
+
   it("an observer sees a dead leader's lease end, and answers timeout when nothing changes", function()
     local name = helpers.unique("e")
     local p = child("lead", name, "doomed", 1.5, 120)

@@ -907,8 +907,12 @@ local function cmd_top(args)
       return 0
     end
     local events, err = stream:done(cc:run(op))
-    if not events then return nil, err end
-    return #events
+    if events then return #events end
+    -- a failed command: the machine resumes after its last resume token
+    -- by itself unless it gave up
+    local state, serr = stream:state()
+    if state == "starting" or state == "running" then return 0 end
+    return nil, serr or err
   end
   local streaming = step(0) ~= nil and stream:state() == "running"
   local how = streaming and "change stream" or format("no change stream: every %d s", TOP_POLL)

@@ -337,9 +337,13 @@ local function step(o, seconds)
   end
   local reply, err, code, ereply, domain = core_of(o.el):run(op)
   local events, derr, dcode = s:done(reply, err, code, ereply, domain)
+  if events then return events end
+  -- a failed command: the machine resumes the stream after its last
+  -- resume token by itself (no event is skipped) unless it gave up
+  local state, serr, scode = s:state()
+  if state == "starting" or state == "running" then return {} end
   if not reply then return nil, err, code end
-  if not events then return nil, derr, dcode end
-  return events
+  return nil, serr or derr, scode or dcode
 end
 
 -- ends o's stream (best effort); true
