@@ -59,6 +59,7 @@ build = {
     ["mongolock.stats"] = "lua/mongolock/stats.lua",
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
+    ["mongolock.fenced"] = "lua/mongolock/fenced.lua",
     ["mongolock.documents"] = "lua/mongolock/documents.lua",
     ["mongolock.shared"] = "lua/mongolock/shared.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",

@@ -33,6 +33,19 @@ local _M = { _VERSION = "0.1.0", core = core }
 
 local client_mt = {}
 
+-- the client connect made around each core client (a handle's writes
+-- through h:fenced go through it, so that they yield where it can)
+local clients_of = setmetatable({}, { __mode = "k" })
+
+--- Fenced writes from a held handle (mongolock.fenced).
+-- f = h:fenced(collection [, {database = h.database, field = "fence"}]): writes
+-- to collection that apply only while no newer holder of the lock wrote the
+-- document
+core.lock_methods.fenced = function(h, coll, opts)
+  local c = core.handle_client(h)
+  return require("mongolock.fenced").new(h, coll, opts, clients_of[c] or c)
+end
+
 -- A client's URI (its credentials included) is kept out of the client's
 -- own fields, so that a dump of the client (a logger's inspect, a test
 -- failure's message) never shows a password; client.uri still reads it.
@@ -162,6 +175,7 @@ function _M.connect(uri, opts)
                                 attempt_given = opts.attempt_timeout ~= nil, _scheduler = scheduler,
                                 _threads = threads, _series = { by = {} } }, client_mt)
   uris[client] = uri
+  clients_of[c] = client
   stats.clients[client] = true
   -- the runners where the caller can yield: inside nginx its worker
   -- threads (in a phase that can yield), with a scheduler its thread pool

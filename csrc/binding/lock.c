@@ -672,6 +672,14 @@ static int l_set_methods(lua_State *L) {
   return 1;
 }
 
+/* core.handle_client(h) -> the client (mongolock.Client) that made h */
+static int l_handle_client(lua_State *L) {
+  (void)ml_checklock(L, 1);
+  ml_getuservalue(L, 1);
+  lua_rawgeti(L, -1, 1);
+  return 1;
+}
+
 /* ---- registration ------------------------------------------------------ */
 
 static const luaL_Reg lock_methods[] = {
@@ -709,6 +717,8 @@ void ml_lock_open(lua_State *L) {
   lua_setfield(L, -2, "lease_step");
   lua_pushcfunction(L, l_lease_done);
   lua_setfield(L, -2, "lease_done");
+  lua_pushcfunction(L, l_handle_client);
+  lua_setfield(L, -2, "handle_client");
   /* client -> methods, weak keys */
   lua_newtable(L);
   lua_createtable(L, 0, 1);

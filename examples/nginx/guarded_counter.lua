@@ -48,32 +48,28 @@ local function read(key)
   return doc and doc.n or 0
 end
 
--- n written as the holder of token (nil: unguarded).  The fenced write is
--- an upsert whose filter also asks for an older token: on a new database it
--- creates the document; when the document exists with a token as new as
--- ours or newer, the filter matches nothing and the upsert's insert of the
--- same _id fails with a duplicate key (11000): a newer holder wrote first.
-local function write(key, n, token)
-  local q, set = { _id = key }, { n = n }
-  if token then
-    q.token = { ["$lt"] = token }
-    set.token = token
+-- writes n as the counter of key: through the fenced object f of the lock
+-- held (h:fenced: the write applies only while no holder with a newer token
+-- wrote the document, on a new document too), or unguarded (f nil)
+local function write(key, n, f)
+  if f then
+    local ok, err, info = f:update({ _id = key }, { ["$set"] = { n = n } }, { upsert = true })
+    if err == "fenced" then
+      return nil, "fenced off: a holder with the newer token " .. tostring(info.token) .. " wrote first"
+    end
+    return ok, err
   end
-  local r, err, code = client():command(DB, { update = COLL },
-    { updates = { { q = q, u = { ["$set"] = set }, upsert = true } } })
-  if not r then
-    if token and code == 11000 then return nil, "fenced off: a holder with a newer token wrote first" end
-    return nil, err
-  end
-  if r.n == 0 then return nil, "fenced off: a holder with a newer token wrote first" end
+  local r, err = client():command(DB, { update = COLL },
+    { updates = { { q = { _id = key }, u = { ["$set"] = { n = n } }, upsert = true } } })
+  if not r then return nil, err end
   return true
 end
 
-local function add_one(key, token)
+local function add_one(key, f)
   local n, err = read(key)
   if not n then return nil, err end
   ngx.sleep(0.001)                     -- the window where updates get lost
-  local ok, werr = write(key, n + 1, token)
+  local ok, werr = write(key, n + 1, f)
   if not ok then return nil, werr end
   return n + 1
 end
@@ -94,7 +90,9 @@ function _M.guarded_add(key, opts, lock_name)
   lock_name = lock_name or "counter"
   local elapsed, lerr = lock:lock(lock_name)
   if not elapsed then return nil, "lock " .. lock_name .. ": " .. tostring(lerr), 503 end
-  local n, serr = add_one(key, lock:token())
+  -- the counter's writes carry the lock's fencing token (field "token")
+  local f = assert(lock:fenced(COLL, { database = DB, field = "token" }))
+  local n, serr = add_one(key, f)
   local ok, uerr = lock:unlock()
   if not n then return nil, "counter: " .. tostring(serr), 500 end
   if not ok then

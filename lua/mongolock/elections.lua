@@ -95,7 +95,7 @@ local function leader_of(el, h, value)
 end
 
 -- the handle's own methods, on the handle
-for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "token_string" }) do
+for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "token_string", "fenced" }) do
   Leader[k] = function(self, ...)
     local h = self._h
     return h[k](h, ...)

@@ -679,4 +679,7 @@ function _M.delete_many(self, docs)
   return results, currents
 end
 
+-- for mongolock.fenced: the same translation into pipeline stages
+_M._stages = { update = update_stages, replace = replace_stages, STASH = STASH }
+
 return _M
