@@ -62,6 +62,46 @@ local SPEC_LOCATIONS = [[
             }
         }
 
+        # ?key=&coll=&app=: a fenced write of resty.mongolock's object (its
+        # client's app name app) waits 0.8 s on the server while another
+        # holder force-releases the lock, takes it and writes: "<result of
+        # the delayed write> <err> <the newer token it names> <the newer token>"
+        location = /fenced-stale {
+            content_by_lua_block {
+                local mongolock = require "mongolock"
+                local uri = os.getenv("MONGODB_URI")
+                local key, coll, app = ngx.var.arg_key, ngx.var.arg_coll, ngx.var.arg_app
+                local mine = assert(mongolock.connect(uri, { appname = app }))
+                local other = assert(mongolock.connect(uri, { appname = "fenced-other" }))
+                local lock = require("resty.mongolock"):new({ client = mine, collection = "nginx_fenced_spec" })
+                assert(lock:lock(key))
+                local f = assert(lock:fenced(coll, { database = "mongolock_test" }))
+                assert(f:update({ _id = "d" }, { ["$set"] = { by = "first" } }, { upsert = true }))
+                assert(other:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 1 },
+                  data = { failCommands = mongolock.array({ "findAndModify" }), blockConnection = true,
+                           blockTimeMS = 800, appName = app } }))
+                local th = ngx.thread.spawn(function()
+                    return f:update({ _id = "d" }, { ["$set"] = { by = "stale" }, ["$inc"] = { n = 1 } })
+                end)
+                ngx.sleep(0.3)
+                local ol = other:locks({ collection = "nginx_fenced_spec" })
+                assert(ol:force_release(key))
+                local h2 = assert(ol:acquire(key))
+                local f2 = h2:fenced(coll, { database = "mongolock_test" })
+                assert(f2:update({ _id = "d" }, { ["$set"] = { by = "next" } }) == 1)
+                local newer = h2:token_string()
+                local _, ok, err, info = ngx.thread.wait(th)
+                h2:release()
+                lock:unlock()
+                other:close()
+                mine:close()
+                local body = table.concat({ tostring(ok), tostring(err),
+                  tostring(info and info.token_string), newer }, " ")
+                ngx.header.content_length = #body
+                ngx.print(body)
+            }
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
@@ -731,6 +771,21 @@ describe("#integration nginx with resty.mongolock", function()
       { updates = { { q = { _id = "guarded", token = { ["$lt"] = doc.token } },
                       u = { ["$set"] = { n = 99, token = doc.token } }, upsert = true } } })
     assert.equal(11000, ecode, err)
+  end)
+
+  it("refuses resty.mongolock's fenced write delayed on the way past a takeover; nothing of it lands", function()
+    local coll = helpers.unique("fenced")
+    local code, body = get(nginx.port, "/fenced-stale?key=" .. helpers.unique("k") .. "&coll=" .. coll
+      .. "&app=" .. helpers.unique("fenced-app"))
+    assert.equal(200, code, body)
+    local ok, err, named, newer = body:match("^(%S+) (%S+) (%S+) (%S+)$")
+    assert.equal("nil", ok, body)
+    assert.equal("fenced", err, body)
+    assert.equal(newer, named, body)
+    local r = assert(observer:command(helpers.database, { find = coll }, { filter = { _id = "d" } }))
+    local d = r.cursor.firstBatch[1]
+    assert.equal("next", d.by)
+    assert.is_nil(d.n)
   end)
 
   it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()

@@ -171,6 +171,46 @@ for _, a in ipairs(adapters) do
       assert.equal("b", seen[#seen])
     end)
 
+    it("a fenced write delayed on the way past a takeover is refused, and nothing of it lands", function()
+      local app = helpers.unique("fence")
+      local slow = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
+      local other = helpers.connect()
+      local o = { database = helpers.database, collection = helpers.unique("fl") }
+      local name, fcoll = helpers.unique("k"), helpers.unique("fdocs")
+      local result, token2
+      loop.spawn(function()
+        local h = assert(slow:locks(o):acquire(name))
+        local f = h:fenced(fcoll)
+        assert(f:update({ _id = "d" }, { ["$set"] = { by = "first" } }, { upsert = true }))
+        -- its next write waits 0.8 s on the server before it runs
+        assert(other:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 1 },
+          data = { failCommands = mongolock.array({ "findAndModify" }), blockConnection = true,
+                   blockTimeMS = 800, appName = app } }))
+        result = { f:update({ _id = "d" }, { ["$set"] = { by = "stale" }, ["$inc"] = { n = 1 } }) }
+      end)
+      loop.spawn(function()
+        mongolock.sleep(0.3)          -- while the first coroutine's write waits on the server
+        local ol = other:locks(o)
+        assert(ol:force_release(name))
+        local h2 = assert(ol:acquire(name))
+        assert.equal(1, h2:fenced(fcoll):update({ _id = "d" }, { ["$set"] = { by = "next" } }))
+        token2 = h2:token_string()
+        assert(h2:release())
+      end)
+      loop.run()
+      other:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" })
+      assert.same({}, loop.errors)
+      assert.is_nil(result[1])
+      assert.equal("fenced", result[2])
+      assert.equal(token2, result[3].token_string)
+      local r = assert(other:command(helpers.database, { find = fcoll }, { filter = { _id = "d" } }))
+      local d = r.cursor.firstBatch[1]
+      assert.equal("next", d.by)
+      assert.is_nil(d.n)
+      slow:close()
+      other:close()
+    end)
+
     it("every kind's round trips leave the loop running while the server takes 300 ms for each",
        function()
       -- the scheduler's client alone is delayed (its appname): a round trip
