@@ -81,7 +81,9 @@ function _M.new(h, coll, opts, c)
     argerror(2, "fenced", "field must be a top-level name (no '.', no '$', not _id)", 3)
   end
   local ts = h:token_string()
-  if ts == nil or ts == "0" then argerror(0, "fenced", "the handle has no fencing token", 3) end
+  if ts == nil or ts == "0" then
+    error("fenced: the handle has no fencing token (a document lock: fence on a version)", 2)
+  end
   local self = setmetatable({ h = h, db = db, coll = coll, field = field, token = core.Int64(ts),
                               token_string = ts, c = c }, mt)
   return self
