@@ -62,6 +62,8 @@ local FAM_OPTS = args.set({ "upsert", "new", "sort" })
 local stages = require("mongolock.versioned")._stages
 local STASH = stages.STASH
 
+local prepare                -- below
+
 -- f = fenced.new(h, coll, opts, c): h a held lock's handle (anything with
 -- h:check(), h:token_string() and h.database), c the client that runs the
 -- writes (mongolock.connect's, so that they yield where it can, else the
@@ -86,6 +88,7 @@ function _M.new(h, coll, opts, c)
   end
   local self = setmetatable({ h = h, db = db, coll = coll, field = field, token = core.Int64(ts),
                               token_string = ts, c = c }, mt)
+  prepare(self)
   return self
 end
 
@@ -109,13 +112,23 @@ local function ok_expr(self)
   return { ["$lte"] = { { ["$ifNull"] = { "$" .. self.field, 0 } }, self.token } }
 end
 
+-- the parts of every write that depend only on the field and the token,
+-- encoded once: the stash stage, the closing stages, the reply's projection
+prepare = function(self)
+  self.stash = core.Document({ ["$set"] = { [STASH] = { ["$cond"] = { ok_expr(self), "$$REMOVE", "$$ROOT" } } } })
+  self.restore = core.Document({ ["$replaceWith"] = { ["$ifNull"] = { "$" .. STASH,
+    { ["$mergeObjects"] = { "$$ROOT", { [self.field] = self.token } } } } } })
+  self.unstash = core.Document({ ["$unset"] = STASH })
+  self.newer = core.Document({ _id = 0, newer = { ["$cond"] = { ok_expr(self), null, "$" .. self.field } } })
+  self.ok_match = core.Document({ ["$expr"] = ok_expr(self) })
+end
+
 -- the write's pipeline: stash when fenced, change, restore or set the fence
 local function pipeline(self, change)
-  local p = { { ["$set"] = { [STASH] = { ["$cond"] = { ok_expr(self), "$$REMOVE", "$$ROOT" } } } } }
+  local p = { self.stash }
   for _, s in ipairs(change) do p[#p + 1] = s end
-  p[#p + 1] = { ["$replaceWith"] = { ["$ifNull"] = { "$" .. STASH,
-    { ["$mergeObjects"] = { "$$ROOT", { [self.field] = self.token } } } } } }
-  p[#p + 1] = { ["$unset"] = STASH }
+  p[#p + 1] = self.restore
+  p[#p + 1] = self.unstash
   return p
 end
 
@@ -161,7 +174,7 @@ local function write_one(self, filter, change, upsert)
   if why then return nil, why end
   local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
     query = filter, update = pipeline(self, change), new = false, upsert = upsert or false,
-    fields = { _id = 0, newer = { ["$cond"] = { ok_expr(self), null, "$" .. self.field } } },
+    fields = self.newer,
   })
   if not r then return nil, err, code end
   local pre = r.value
@@ -226,7 +239,7 @@ end
 
 -- the fence as a query: the stored token is not newer than ours
 local function ok_query(self, filter)
-  return { ["$and"] = core.array({ filter, { ["$expr"] = ok_expr(self) } }) }
+  return { ["$and"] = core.array({ filter, self.ok_match }) }
 end
 
 -- after a write that matched nothing: nil, "fenced", info when a document
