@@ -51,7 +51,7 @@ end
 
 local i = 0
 local ways = {
-  { "fenced: f:update (findAndModify)", function()
+  { "fenced: f:update", function()
     i = i + 1
     assert(f:update({ _id = 1 }, { ["$set"] = { n = i } }) == 1)
   end },

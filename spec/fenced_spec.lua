@@ -72,7 +72,7 @@ describe("#integration fenced writes", function()
     -- the first holder's writes, as if its handle still thought it held the
     -- lock (a write delayed on the way, a paused process): refused
     local stale = h1:fenced(coll)
-    stale.h = { check = function() return true end }
+    stale.check = function() return true end
     local before = doc("p")
     for _, call in ipairs({
       function() return stale:update({ _id = "p" }, { ["$set"] = { by = "old" } }) end,
@@ -147,7 +147,7 @@ describe("#integration fenced writes", function()
     local function fp(mode, data)
       return assert(client:command("admin", { configureFailPoint = "failCommand" }, { mode = mode, data = data }))
     end
-    fp({ times = 1 }, { failCommands = mongolock.array({ "findAndModify" }), blockConnection = true,
+    fp({ times = 1 }, { failCommands = mongolock.array({ "findAndModify", "update" }), blockConnection = true,
                         blockTimeMS = 2500, appName = app })
     finally(function() fp("off", {}) end)
     local f = io.open(go, "w")

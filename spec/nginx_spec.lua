@@ -78,7 +78,7 @@ local SPEC_LOCATIONS = [[
                 local f = assert(lock:fenced(coll, { database = "mongolock_test" }))
                 assert(f:update({ _id = "d" }, { ["$set"] = { by = "first" } }, { upsert = true }))
                 assert(other:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 1 },
-                  data = { failCommands = mongolock.array({ "findAndModify" }), blockConnection = true,
+                  data = { failCommands = mongolock.array({ "findAndModify", "update" }), blockConnection = true,
                            blockTimeMS = 800, appName = app } }))
                 local th = ngx.thread.spawn(function()
                     return f:update({ _id = "d" }, { ["$set"] = { by = "stale" }, ["$inc"] = { n = 1 } })

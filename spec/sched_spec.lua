@@ -184,7 +184,7 @@ for _, a in ipairs(adapters) do
         assert(f:update({ _id = "d" }, { ["$set"] = { by = "first" } }, { upsert = true }))
         -- its next write waits 0.8 s on the server before it runs
         assert(other:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 1 },
-          data = { failCommands = mongolock.array({ "findAndModify" }), blockConnection = true,
+          data = { failCommands = mongolock.array({ "findAndModify", "update" }), blockConnection = true,
                    blockTimeMS = 800, appName = app } }))
         result = { f:update({ _id = "d" }, { ["$set"] = { by = "stale" }, ["$inc"] = { n = 1 } }) }
       end)

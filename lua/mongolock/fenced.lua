@@ -16,8 +16,11 @@
 -- server.  Tokens never go backwards, so once the next holder has written
 -- a document, nothing a paused or cut-off older holder sends changes it.
 --
--- A single write is one findAndModify on the caller's filter whose update
--- pipeline (as mongolock.versioned's)
+-- An update by operators (no upsert) is one `update` with the fence in its
+-- filter: n = 1 is written; n = 0 is a refusal or no match, which one read
+-- tells apart (on that path only).  Every other single write (an upsert, a
+-- pipeline, a replace, find_and_modify) is one findAndModify on the
+-- caller's filter whose update pipeline (as mongolock.versioned's)
 --   1. stashes the whole document in a scratch field when the stored token
 --      is newer than ours (and stashes nothing otherwise),
 --   2. applies the change (the caller's update operators translated to
@@ -38,6 +41,7 @@
 
 local core = require "mongolock.core"
 local args = require "mongolock.args"
+local runners = require "mongolock.runners"
 
 local type = type
 local pairs = pairs
@@ -45,6 +49,9 @@ local ipairs = ipairs
 local tostring = tostring
 local setmetatable = setmetatable
 local string_format = string.format
+local string_sub = string.sub
+local string_match = string.match
+local next = next
 local math_type = math.type
 
 local argerror = args.argerror
@@ -87,13 +94,27 @@ function _M.new(h, coll, opts, c)
     error("fenced: the handle has no fencing token (a document lock: fence on a version)", 2)
   end
   local self = setmetatable({ h = h, db = db, coll = coll, field = field, token = core.Int64(ts),
-                              token_string = ts, c = c }, mt)
+                              token_string = ts, c = c, core = type(c) == "table" and c._core or nil,
+                              check = h.check }, mt)
   prepare(self)
   return self
 end
 
-local function command(self, ...)
-  return self.c:command(...)
+-- inside nginx or a scheduler's coroutine the client's command (it yields
+-- there), else the core's (the same command, without that look)
+local function run(self, ...)
+  local c = self.c
+  if self.core and not runners.yielding_core(c) then return self.core:command(...) end
+  return c:command(...)
+end
+
+-- the command; its arguments' complaint (a value BSON cannot hold: a
+-- function, a cycle) is raised at level (counted from here)
+local function command(self, level, ...)
+  local ok, r, err, code = pcall(run, self, ...)
+  if ok then return r, err, code end
+  local msg = tostring(r):gsub("^[^\n]-:%d+: ", "", 1):gsub("^bad argument #%d+ to '[^']*' %((.*)%)$", "%1")
+  error(string_format("fenced write: %s", msg), level)
 end
 
 local function is_null(v) return v == nil or v == null end
@@ -134,15 +155,15 @@ end
 
 -- nil when the handle may write, else nil, err (lost, not held, closed)
 local function refuse(self)
-  local ok, err = self.h:check()
+  local ok, err = self.check(self.h)
   if ok then return nil end
   return err or "not held"
 end
 
+-- (a filter that cannot be written as BSON raises when the command is
+-- built: see command)
 local function check_filter(filter, n, fname)
   if type(filter) ~= "table" then argerror(n, fname, "filter document expected, got " .. type(filter), 3) end
-  local ok, err = core.bson_encode(filter)
-  if not ok then argerror(n, fname, "filter cannot be written as BSON: " .. tostring(err), 3) end
 end
 
 -- t (a stored token) > ours (decimal digits), exactly: a token that is not
@@ -172,7 +193,7 @@ end
 local function write_one(self, filter, change, upsert)
   local why = refuse(self)
   if why then return nil, why end
-  local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
+  local r, err, code = command(self, 4, self.db, { findAndModify = self.coll }, {
     query = filter, update = pipeline(self, change), new = false, upsert = upsert or false,
     fields = self.newer,
   })
@@ -187,14 +208,66 @@ local function write_one(self, filter, change, upsert)
   return nil, "fenced", fenced_info(self, pre.newer)
 end
 
+-- update operators that also set the fence: a copy of update whose $set
+-- holds the field; raises at the caller of the caller (n, fname) when one
+-- is no operator or touches the field or _id
+local function with_fence(self, update, n, fname)
+  local out = {}
+  local field = self.field
+  for op, spec in pairs(update) do
+    if type(op) ~= "string" or string_sub(op, 1, 1) ~= "$" then
+      argerror(n, fname, "update operator expected, got " .. tostring(op) .. " (use replace for a whole document)", 4)
+    end
+    if type(spec) ~= "table" then argerror(n, fname, op .. " needs a document", 4) end
+    for k, v in pairs(spec) do
+      if type(k) ~= "string" then argerror(n, fname, op .. ": field names must be strings", 4) end
+      local top = string_match(k, "^[^%.]*")
+      if op == "$rename" and type(v) == "string" and top ~= field and top ~= "_id" then
+        top = string_match(v, "^[^%.]*")
+      end
+      if top == field or top == "_id" or top == STASH then
+        argerror(n, fname, string_format("update must not change %s", top), 4)
+      end
+    end
+    out[op] = spec
+  end
+  local set = {}
+  local given = out["$set"]
+  if given then for k, v in pairs(given) do set[k] = v end end
+  set[field] = self.token
+  out["$set"] = set
+  return out
+end
+
+local NO_OPTS = {}
+
 local function write_opts(opts, n, fname, valid)
+  if opts == nil then return NO_OPTS end
   check_type(opts, "table", n, fname, true)
-  opts = opts or {}
   args.check_keys(opts, valid, n, fname)
   if opts.upsert ~= nil and type(opts.upsert) ~= "boolean" then
     argerror(n, fname, "upsert must be a boolean", 3)
   end
   return opts
+end
+
+-- the fence as a query: the stored token is not newer than ours
+local function ok_query(self, filter)
+  return { ["$and"] = { filter, self.ok_match } }
+end
+
+-- after a write that matched nothing: nil, "fenced", info when a document
+-- of filter holds a newer token, else 0 (one read)
+local function why_none(self, filter)
+  local r, err, code = command(self, 3, self.db, { find = self.coll }, {
+    filter = filter, limit = 1, singleBatch = true,
+    projection = { _id = 0, [self.field] = 1 },
+  })
+  if not r then return nil, err, code end
+  local doc = r.cursor and r.cursor.firstBatch and r.cursor.firstBatch[1]
+  local newer = stored(doc, self.field)
+  if doc and newer ~= nil then return nil, "fenced", fenced_info(self, newer) end
+  return 0
 end
 
 --- Updates the first document matching filter, unless a newer holder wrote it.
@@ -205,8 +278,21 @@ end
 -- (nothing changed) | nil, "lost" | "not held" | "closed" | nil, err, code
 function _M.update(self, filter, update, opts)
   check_filter(filter, 1, "update")
-  local change = stages.update(self, update, 2, "update")
   opts = write_opts(opts, 3, "update", WRITE_OPTS)
+  if not opts.upsert and type(update) == "table" and update[1] == nil and not core.is_array(update)
+     and next(update) ~= nil then
+    -- operators without upsert: one update with the fence in its filter
+    -- (a refusal and no match are told apart by one read, on that path)
+    local u = with_fence(self, update, 2, "update")
+    local why = refuse(self)
+    if why then return nil, why end
+    local r, err, code = command(self, 3, self.db, { update = self.coll },
+      { updates = { { q = ok_query(self, filter), u = u } } })
+    if not r then return nil, err, code end
+    if (r.n or 0) > 0 then return 1 end
+    return why_none(self, filter)
+  end
+  local change = stages.update(self, update, 2, "update")
   return write_one(self, filter, change, opts.upsert)
 end
 
@@ -232,28 +318,9 @@ function _M.insert(self, doc)
   if not encoded then argerror(1, "insert", "document cannot be written as BSON: " .. tostring(eerr)) end
   local why = refuse(self)
   if why then return nil, why end
-  local r, err, code = command(self, self.db, { insert = self.coll }, { documents = core.array({ encoded }) })
+  local r, err, code = command(self, 3, self.db, { insert = self.coll }, { documents = core.array({ encoded }) })
   if not r then return nil, err, code end
   return true
-end
-
--- the fence as a query: the stored token is not newer than ours
-local function ok_query(self, filter)
-  return { ["$and"] = core.array({ filter, self.ok_match }) }
-end
-
--- after a write that matched nothing: nil, "fenced", info when a document
--- of filter holds a newer token, else 0 (one read)
-local function why_none(self, filter)
-  local r, err, code = command(self, self.db, { find = self.coll }, {
-    filter = filter, limit = 1, singleBatch = true,
-    projection = { _id = 0, [self.field] = 1 },
-  })
-  if not r then return nil, err, code end
-  local doc = r.cursor and r.cursor.firstBatch and r.cursor.firstBatch[1]
-  local newer = stored(doc, self.field)
-  if doc and newer ~= nil then return nil, "fenced", fenced_info(self, newer) end
-  return 0
 end
 
 --- Deletes the first document matching filter, unless a newer holder wrote it.
@@ -263,7 +330,7 @@ function _M.delete(self, filter)
   check_filter(filter, 1, "delete")
   local why = refuse(self)
   if why then return nil, why end
-  local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
+  local r, err, code = command(self, 3, self.db, { findAndModify = self.coll }, {
     query = ok_query(self, filter), remove = true, fields = { _id = 1 },
   })
   if not r then return nil, err, code end
@@ -287,7 +354,7 @@ function _M.find_and_modify(self, filter, update, opts)
   end
   local why = refuse(self)
   if why then return nil, why end
-  local r, err, code = command(self, self.db, { findAndModify = self.coll }, {
+  local r, err, code = command(self, 3, self.db, { findAndModify = self.coll }, {
     query = filter, update = pipeline(self, change), new = opts.new == true,
     upsert = opts.upsert == true, sort = opts.sort,
   })
@@ -314,7 +381,7 @@ function _M.update_many(self, filter, update)
   local u = {}
   for _, s in ipairs(change) do u[#u + 1] = s end
   u[#u + 1] = { ["$set"] = { [self.field] = self.token } }
-  local r, err, code = command(self, self.db, { update = self.coll }, {
+  local r, err, code = command(self, 3, self.db, { update = self.coll }, {
     updates = core.array({ { q = ok_query(self, filter), u = core.array(u), multi = true } }),
   })
   if not r then return nil, err, code end
