@@ -357,7 +357,10 @@ line apart, without the terminal's escapes.]])
   local r = p:command("release", [[
 Release the lock NAME whoever holds it, for a person cleaning up after a
 holder that cannot release it.  Its holder learns that it lost the lock at its
-next renewal.  Asks for confirmation on stdin unless --yes is given.]])
+next renewal.  A lease taken with a lock-delay (exec's and elect's
+--lock-delay) ends then without its holder's consent: nobody may take NAME
+until the delay has passed, since the old holder's work may still be
+running.  Asks for confirmation on stdin unless --yes is given.]])
     :summary("Force the release of a lock held by another process.")
   r:argument("name", "Lock name.")
   r:flag("--force", "Required: this releases a lock this process does not hold.")
