@@ -46,6 +46,8 @@
 
 /*
  * [ {$set: {_mlq: ML_LIVE(squeue), _mlh: ML_LIVE(holders), _mlw: ML_WATCHING(ML_LIVE(queue))}},
+ *   (and _mlb: ML_KEEPS(holders), the shares that keep the name: a permit's
+ *   room counts those in their lock-delay, and a taking write keeps them)
  *   {$set: {_mlk: KIND_OK, _mlm: O in _mlh.o}},
  *   {$set: {_mlt: _mlk && !_mlm && FREE(owner) && _mlw == [] && ROOM && TURN}},
  *   {$set: {permits, token, owner, expiresAt, holders, squeue, next}},
@@ -61,8 +63,6 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
   bson_t kdoc;
   bson_iter_t ik, ir, it, ic, iq, ip, kv;
   ml_keeper_value(&kdoc, &kv, a->keeper);
-  /* _mlb: the shares that keep the name (ML_KEEPS): a permit's room counts
-   * those in their lock-delay, and a taking write keeps them */
   bson_snprintf(tw, sizeof tw, "%s%s", a->waiter ? a->tag : "", w);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
   if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));

@@ -600,7 +600,7 @@ end
 -- the shares and permits of a status of mongolock.shared, nil when it has
 -- none (no share or permit held, no semaphore, nobody waiting for one)
 local function shares_record(st)
-  if not st or (st.in_use == 0 and not st.permits and (st.waiting or 0) == 0) then return nil end
+  if not st or (st.in_use == 0 and not st.permits and (st.waiting or 0) == 0 and not st.delayed) then return nil end
   for _, h in ipairs(st.holders) do h.token = token_text(h.token) end
   st.token = token_text(st.token)
   return st
@@ -610,9 +610,16 @@ local function rwlocks_of(client, locks)
   return client:rwlocks({ database = locks.database, collection = locks.collection })
 end
 
--- a name held by readers or permits only: "shared" or "permits"
+-- a name held by readers or permits only: "shared" or "permits"; kept by a
+-- share's or permit's lock-delay only: "delayed" (rec's delay then the
+-- shares')
 local function shared_state(rec, shares)
-  if rec.state == "held" or not shares or shares.in_use == 0 then return rec.state end
+  if rec.state == "held" or not shares then return rec.state end
+  if shares.in_use == 0 and shares.delayed and not rec.delayed then
+    rec.delayed, rec.delay = true, shares.delay
+    return "delayed"
+  end
+  if shares.in_use == 0 then return rec.state end
   return shares.permits and "permits" or "shared"
 end
 
@@ -1079,7 +1086,7 @@ local function cmd_wait(args)
       note(nil)
       local shares = shares_record(sst)
       local shared = shares and shares.in_use > 0
-      if not (st and (st.held or st.delayed)) and not shared then
+      if not (st and (st.held or st.delayed)) and not shared and not (shares and shares.delayed) then
         client:close()
         return EXIT.ok
       end
@@ -1093,7 +1100,7 @@ local function cmd_wait(args)
       local nap = step
       local rem = st and st.state == "held" and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
         or st and st.delayed and st.delay
-      local share_end = shared and soonest_end(shares)
+      local share_end = shared and soonest_end(shares) or shares and shares.delay
       if share_end and (not rem or share_end < rem) then rem = share_end end
       if rem and rem > 0 then nap = min(nap, rem + 0.005) end
       core.sleep(min(nap, deadline - now))
