@@ -253,6 +253,21 @@ describe("#integration lock_delay", function()
     assert.is_true(st.delayed, "elect --lock-delay 2 left no delay")
   end)
 
+  it("resty.mongolock's lock_delay option keeps a key whose lease ran out", function()
+    local resty = require "resty.mongolock"
+    local o = { client = client, database = locks.database, collection = locks.collection, exptime = 0.3,
+                timeout = 0, lock_delay = 1 }
+    local key = helpers.unique("delay-resty")
+    local lock = assert(resty:new(o))
+    assert.equal(0, lock:lock(key))
+    core.sleep(0.5)                                  -- no unlock: the lease runs out
+    local st = assert(locks:status(key))
+    assert.is_true(st.delayed)
+    assert.same({ nil, "timeout" }, { assert(resty:new(o)):lock(key) })
+    o.lock_delay = "1"
+    assert.has_error(function() resty:new(o) end)
+  end)
+
   it("checks lock_delay like the other options: a wrong type or a negative number raises", function()
     local name = helpers.unique("delay-args")
     assert.has_error(function() locks:try(name, { lock_delay = "3" }) end)
