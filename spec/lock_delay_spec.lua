@@ -110,6 +110,13 @@ describe("#integration lock_delay", function()
     code, out = cli("list")
     assert.equal(0, code)
     assert.matches(name:gsub("%-", "%%-") .. " +delayed +%d+ ", out)
+    code, out = cli("top", "--once", "--json")
+    assert.equal(0, code, out)
+    local top = cjson.decode(out).locks[1]
+    assert.equal("delayed", top.state)
+    assert.is_true(top.delay > 0 and top.delay <= delay)
+    code, out = cli("top", "--once")
+    assert.matches(name:gsub("%-", "%%-") .. " +delayed +%d+ +%- +%d+%.%d s", out)
     -- a waiter: woken at the delay's end, not before
     local h = assert(locks:acquire(name, { timeout = 10 }))
     local took = monotonic()
