@@ -115,7 +115,7 @@ describe("#integration lock_delay", function()
     local top = cjson.decode(out).locks[1]
     assert.equal("delayed", top.state)
     assert.is_true(top.delay > 0 and top.delay <= delay)
-    code, out = cli("top", "--once")
+    _, out = cli("top", "--once")
     assert.matches(name:gsub("%-", "%%-") .. " +delayed +%d+ +%- +%d+%.%d s", out)
     -- a waiter: woken at the delay's end, not before
     local h = assert(locks:acquire(name, { timeout = 10 }))
@@ -273,6 +273,29 @@ describe("#integration lock_delay", function()
     assert.same({ nil, "timeout" }, { assert(resty:new(o)):lock(key) })
     o.lock_delay = "1"
     assert.has_error(function() resty:new(o) end)
+  end)
+
+  it("a scheduler's coroutine passes lock_delay too (cqueues)", function()
+    local cqueues = require "cqueues"
+    local cq = cqueues.new()
+    local sc = helpers.connect({ scheduler = "cqueues" })
+    local sl = sc:locks({ database = locks.database, collection = locks.collection })
+    local sem = sc:semaphores({ database = locks.database, collection = locks.collection, permits = 1 })
+    local name, pname = helpers.unique("delay-cq"), helpers.unique("delay-cqp")
+    local done
+    cq:wrap(function()
+      assert(sl:try(name, { ttl = 0.2, lock_delay = 1 }))
+      assert(sem:try(pname, { ttl = 0.2, lock_delay = 1 }))
+      done = true
+    end)
+    assert(cq:loop())
+    assert.is_true(done)
+    core.sleep(0.4)
+    assert.is_true(assert(locks:status(name)).delayed)
+    local sst = assert(client:semaphores({ database = locks.database, collection = locks.collection,
+      permits = 1 }):status(pname))
+    assert.is_true(sst.delayed)
+    sc:close()
   end)
 
   it("checks lock_delay like the other options: a wrong type or a negative number raises", function()
