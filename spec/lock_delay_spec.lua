@@ -314,3 +314,28 @@ describe("#integration lock_delay", function()
     assert.is_true(h:release())
   end)
 end)
+
+-- The builders (no server): a zero delay writes what it wrote before (the
+-- field removed, which leaves a document without it as it was), a delay
+-- its milliseconds; a waiter's entry carries it for a grant.
+describe("#unit lock_delay builders", function()
+  local DEAD = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200&connectTimeoutMS=200"
+  local OWNER = ("0123456789abcdef"):rep(2)
+  local c
+  setup(function() c = assert(core.connect(DEAD)) end)
+  teardown(function() c:close() end)
+
+  local function set_of(a) return assert(core.bson_decode(a:op())).cmd.update[4]["$set"] end
+
+  it("writes lockDelay only when > 0, and a waiter's entry carries d", function()
+    local zero = set_of(c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER))
+    assert.same({ "$_mlt", "$$REMOVE", "$lockDelay" }, zero.lockDelay["$cond"])
+    local three = set_of(c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER, 3000))
+    assert.same({ "$_mlt", 3000, "$lockDelay" }, three.lockDelay["$cond"])
+    local w = c:acquire_attempt("d", "c", "n", 5000, nil, nil, OWNER, 3000, false, nil, 2500)
+    local entry = set_of(w).queue["$cond"][3]["$cond"][3]["$concatArrays"][2][1]
+    assert.equal(2500, entry.d)
+    assert.has_error(function() c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER, -1) end)
+    assert.has_error(function() c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER, "x") end)
+  end)
+end)
