@@ -157,6 +157,24 @@ describe("#integration lock_delay", function()
     assert(assert(locks:try(name)):release())
   end)
 
+  it("a release that grants the lock to a waiter gives it the waiter's delay", function()
+    local name = helpers.unique("delay-grant")
+    local h = assert(locks:acquire(name, { ttl = 5 }))
+    -- a watching waiter with ttl 0.3 s and lock_delay 1 s queues
+    local w = core.waiter_id()
+    local _, err = client._core:acquire(locks.database, locks.collection, name, 300, nil, false, w, 30000,
+      false, nil, 1000)
+    assert.equal("busy", err)
+    assert.is_true(h:release())                     -- granted to w in the same write
+    local doc = helpers.lock_doc(client, locks.collection, name)
+    assert.equal(w, doc.owner)
+    assert.equal(1000, doc.lockDelay)
+    core.sleep(0.45)                                -- w never comes: its lease runs out
+    local st = assert(locks:status(name))
+    assert.equal("delayed", st.state)
+    assert.is_true(st.delay > 0 and st.delay <= 1)
+  end)
+
   it("a forced release ends the lease at once and the delay runs from then", function()
     local name = helpers.unique("delay-force")
     local h = assert(locks:acquire(name, { ttl = 30, lock_delay = 2 }))
