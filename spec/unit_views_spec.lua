@@ -26,7 +26,7 @@ local VALUE_WORDS = { "value", "permits", "held" }
 -- Every other field is also matched as a dotted path (doc.expiresAt, e.h)
 -- and as a table constructor's key ({ h = ... }, { x = 1, p = ... }; not
 -- a list of names assigned: local ok, m = ..., snap, at = ...).
-local DOC_ONLY = { "acquiredAt", "expiresAt", "valueToken", "queue", "squeue", "keeper", "remainingMs",
+local DOC_ONLY = { "acquiredAt", "expiresAt", "valueToken", "queue", "squeue", "keeper", "remainingMs", "lockDelay",
                    "until", "w", "p", "h", "o", "m", "tk", "at", "k", "l" }
 
 local FILES = { "lua/mongolock/cli.lua", "lua/mongolock/elections.lua" }

@@ -82,6 +82,15 @@ int64_t ml_arg_ttl_ms(lua_State *L, int i) {
   return ms;
 }
 
+int64_t ml_arg_delay_ms(lua_State *L, int i) {
+  double ms;
+  if (lua_isnoneornil(L, i)) return 0;
+  ms = luaL_checknumber(L, i);
+  luaL_argcheck(L, ms == 0 || ml_ttl_ms(ms) > 0, i,
+                "lock delay must be a number of milliseconds >= 0, at most a year");
+  return ms == 0 ? 0 : ml_ttl_ms(ms);
+}
+
 double ml_arg_started(lua_State *L, int i) {
   double started = luaL_checknumber(L, i);
   /* a time of this process's monotonic clock, not in its future: a

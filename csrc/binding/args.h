@@ -42,6 +42,8 @@ const char *ml_arg_lock(lua_State *L, const char **db, const char **coll);
 const char *ml_arg_waiter(lua_State *L, int i);
 /* a ttl in milliseconds at i: positive, at most a year, rounded up */
 int64_t ml_arg_ttl_ms(lua_State *L, int i);
+/* an optional lock-delay in ms (nil: 0), >= 0, at most a year */
+int64_t ml_arg_delay_ms(lua_State *L, int i);
 /* a past reading of core.monotonic() at i */
 double ml_arg_started(lua_State *L, int i);
 

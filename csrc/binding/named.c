@@ -36,11 +36,14 @@ int ml_push_update(lua_State *L, ml_client *c, ml_op *op, const char *none) {
 /* ---- the commands ------------------------------------------------------ */
 
 /*
- * client:acquire(db, coll, name, ttl_ms [, app [, renew [, waiter, queue_ms [, polling]]]])
+ * client:acquire(db, coll, name, ttl_ms [, app [, renew [, waiter, queue_ms [, polling
+ *                [, _, lock_delay_ms]]]]])
  *   -> handle
  *    | nil, "busy", info      info = {owner, token, remaining (s),
  *                                     expires_at, holder, operation_time,
- *                                     queued, position}
+ *                                     queued, position, delay (s left of
+ *                                     the name's lock-delay) and
+ *                                     delay_until when in one}
  *    | nil, message, code     (server or network error)
  * Without waiter it is a try: it takes a free lock nobody queues for.
  * With waiter (core.waiter_id(), the same for every attempt of one
@@ -76,6 +79,7 @@ static int prepare_named(lua_State *L, ml_client *c, ml_acquire_attempt *t, int 
   if (campaign && a->waiter) a->polling = 1;
   t->renew = lua_toboolean(L, 7);
   if (t->renew) a->keeper = ml_renew_keeper(L, c, t->keeper);
+  a->delay_ms = ml_arg_delay_ms(L, 12);
   return 1;
 }
 

@@ -121,6 +121,16 @@ static void set_str(lua_State *L, const char *key, const char *s) {
   lua_setfield(L, -2, key);
 }
 
+/* a name in its lock-delay (left_ms > 0): delayed = true, delay = seconds
+ * left, delay_until = its end's date (when known) */
+static void set_delay(lua_State *L, int64_t left_ms, int has_until, int64_t until_ms) {
+  if (left_ms <= 0) return;
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "delayed");
+  set_seconds(L, 1, "delay", left_ms);
+  set_date(L, has_until, "delay_until", until_ms);
+}
+
 void ml_push_acquire_info(lua_State *L, const ml_acquire_reply *r, const bson_t *reply) {
   lua_createtable(L, 0, 8);
   set_str(L, "owner", r->has_owner && BSON_ITER_HOLDS_UTF8(&r->owner)
@@ -135,6 +145,8 @@ void ml_push_acquire_info(lua_State *L, const ml_acquire_reply *r, const bson_t 
   /* a named lock held by readers or permits: how many */
   set_int(L, r->holders >= 0, "holders", r->holders);
   set_int(L, r->readers >= 0, "readers", r->readers);
+  set_delay(L, ml_delay_left(r->delay_ms, r->has_remaining, r->remaining_ms), r->has_expires,
+            r->expires_ms + r->delay_ms);
   ml_set_operation_time(L, reply);
 }
 
@@ -142,13 +154,16 @@ void ml_push_acquire_info(lua_State *L, const ml_acquire_reply *r, const bson_t 
 static void push_status(lua_State *L, const ml_status *st) {
   /* held by readers' shares or permits, with no live exclusive owner */
   int shared = !st->held && st->has_holders && st->holders > 0;
+  int64_t delay = st->held ? 0 : ml_delay_left(st->delay_ms, st->has_remaining, st->remaining_ms);
   lua_createtable(L, 0, 12);
   set_str(L, "name", st->name);
   lua_pushboolean(L, st->held || shared);
   lua_setfield(L, -2, "held");
   set_str(L, "state", st->held ? "held"
                       : shared ? (st->has_permits ? "permits" : "shared")
+                      : delay > 0 ? "delayed"
                       : st->owner ? "expired" : "free");
+  set_delay(L, delay, st->has_expires, st->expires_ms + st->delay_ms);
   set_int(L, st->has_holders, "holders", st->holders);
   set_int(L, st->has_readers, "readers", st->readers);
   set_int(L, st->has_permits, "permits", st->permits);

@@ -67,6 +67,7 @@ static int prepare_share(lua_State *L, ml_client *c, ml_acquire_attempt *t, int 
                             &t->t)) return 0;
   t->renew = lua_toboolean(L, 9);
   if (t->renew) a->keeper = ml_renew_keeper(L, c, t->keeper);
+  a->delay_ms = ml_arg_delay_ms(L, 14);
   return 1;
 }
 

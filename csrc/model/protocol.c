@@ -33,28 +33,37 @@
     "{", "$eq", "[", "{", "$ifNull", "[", OWNER_REF, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
     "{", "$lte", "[", __VA_ARGS__, "$$NOW", "]", "}", "]", "}"
 
-/* no share or permit (holders, protocol_shared.h) is live: an exclusive
- * holder waits for every one of them */
+/* no share or permit (holders, protocol_shared.h) is live or in its
+ * lock-delay (ML_KEEPS): an exclusive holder waits for every one of them */
 #define NO_LIVE_HOLDERS                                                            \
-  "{", "$eq", "[", "{", "$size", "{", "$filter", "{",                              \
-    "input", "{", "$cond", "[", "{", "$isArray", "$holders", "}", "$holders", "[", "]", "]", "}", \
-    "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",     \
-    BCON_INT32(0), "]", "}"
+  "{", "$eq", "[", "{", "$size", ML_KEEPS("holders"), "}", BCON_INT32(0), "]", "}"
 
 /* an exclusive waiter's queue entry: ML_ENTRY with the lease it asks for
- * (l, ms) and its holder document (h), which a release that grants it the
- * lock writes */
-#define GRANTABLE_ENTRY(W, T, Q, P, L, H, K)                                      \
+ * (l, ms), its holder document (h) and its lock-delay (d, ms), which a
+ * release that grants it the lock writes */
+#define GRANTABLE_ENTRY(W, T, Q, P, L, H, K, D)                                   \
   "{", "w", BCON_UTF8(W), "t", BCON_UTF8(T),                                       \
        "until", "{", "$add", "[", "$$NOW", BCON_INT64(Q), "]", "}", "p", BCON_BOOL(P), \
        "l", BCON_INT64(L), "h", "{", "$literal", BCON_DOCUMENT(H), "}",            \
-       "k", K, "}"
+       "k", K, "d", BCON_INT64(D), "}"
 
 void ml_keeper_value(bson_t *doc, bson_iter_t *it, const char *keeper) {
   bson_init(doc);
   if (keeper) BCON_APPEND(doc, "v", BCON_UTF8(keeper));
   else BCON_APPEND(doc, "v", BCON_NULL);
   bson_iter_init_find(it, doc, "v");
+}
+
+void ml_delay_value(bson_t *doc, bson_iter_t *it, int64_t delay_ms) {
+  bson_init(doc);
+  if (delay_ms > 0) BCON_APPEND(doc, "v", BCON_INT64(delay_ms));
+  else BCON_APPEND(doc, "v", "$$REMOVE");
+  bson_iter_init_find(it, doc, "v");
+}
+
+int64_t ml_delay_left(int64_t delay_ms, int has_remaining, int64_t remaining_ms) {
+  if (delay_ms <= 0 || !has_remaining || remaining_ms > 0) return 0;
+  return remaining_ms + delay_ms > 0 ? remaining_ms + delay_ms : 0;
 }
 
 /* the first live watching entry of the queue (an object), null when none:
@@ -136,7 +145,7 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
               BCON_BOOL(true), "]", "}",                                           \
       "me", "{", "$indexOfArray", "[", "$_mlq.w", BCON_UTF8(W), "]", "}", "}",     \
     "in", "{", "$and", "[",                                                        \
-      FREE("$" ML_F_OWNER, "$" ML_F_EXPIRES),                                      \
+      ML_EXCL_FREE,                                                                \
       NO_LIVE_HOLDERS,                                                             \
       "{", "$or", "[",                                                             \
         "{", "$eq", "[", "$$fw", BCON_INT32(-1), "]", "}",                        \
@@ -157,7 +166,7 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
  * left by the server's clock, the queue's length and W's place in it */
 #define FIELDS(W)                                                                  \
   ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_EXPIRES, BCON_INT32(1), \
-  ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1),                        \
+  ML_F_HOLDER, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1), ML_F_DELAY, BCON_INT32(1), \
   "remainingMs", "{", "$subtract", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}",       \
   "queued", "{", "$size", QUEUE_ARRAY, "}",                                        \
   SHARE_COUNTS,                                                                    \
@@ -208,6 +217,10 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
     ML_F_KEEPER, "{", "$cond", "[", "$_mlh", "{", "$ifNull", "[", "$_mlh.k", BCON_NULL, "]", "}", \
                    IF_R(BCON_NULL, "$" ML_F_KEEPER), "]", "}",                     \
     ML_F_TTL, "{", "$cond", "[", "$_mlh", "$_mlh.l", "$" ML_F_TTL, "]", "}",        \
+    ML_F_DELAY, "{", "$cond", "[", "$_mlh",                                        \
+                  "{", "$cond", "[", "{", "$gt", "[", "$_mlh.d", BCON_INT64(0), "]", "}", \
+                                     "$_mlh.d", "$$REMOVE", "]", "}",              \
+                  IF_R("$$REMOVE", "$" ML_F_DELAY), "]", "}",                      \
   "}", "}"
 
 /*
@@ -253,12 +266,13 @@ static void k_field(const bson_t *part, const char *key, bson_iter_t *it) {
 }
 
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
-  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc;
+  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc, ddoc;
   const bson_t *takes, *fields, *queue, *owned;
-  bson_iter_t token, acquired, q, next, kv;
+  bson_iter_t token, acquired, q, next, kv, dv;
   bson_t pipe = BSON_INITIALIZER;
   pthread_once(&k_once, k_init);
   ml_keeper_value(&kdoc, &kv, a->keeper);
+  ml_delay_value(&ddoc, &dv, a->delay_ms);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
   if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));
   if (a->waiter) {
@@ -284,9 +298,11 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
           "{", "$map", "{", "input", "$_mlq",
                "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                 GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv)), "$$this", "]", "}", "}", "}",
+                 GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv),
+                                 a->delay_ms), "$$this", "]", "}", "}", "}",
           "{", "$concatArrays", "[", "$_mlq",
-                 "[", GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv)), "]", "]", "}",
+                 "[", GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv),
+                                 a->delay_ms), "]", "]", "}",
         "]", "}", "]", "}");
     takes = &takes_w;
     fields = &fields_w;
@@ -321,6 +337,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         ML_F_NEXT, BCON_ITER(&next),
         ML_F_KEEPER, ML_IF_TAKEN("$" ML_F_KEEPER, BCON_ITER(&kv)),
         ML_F_TTL, ML_IF_TAKEN("$" ML_F_TTL, BCON_INT64(a->ttl_ms)),
+        ML_F_DELAY, ML_IF_TAKEN("$" ML_F_DELAY, BCON_ITER(&dv)),
       "}", "}");
   /* a campaign's value, published only by the attempt that takes the lock,
    * with the term it was written in (the token the stage before set); an
@@ -342,6 +359,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   bson_destroy(&pipe);
   bson_destroy(&holder);
   bson_destroy(&kdoc);
+  bson_destroy(&ddoc);
   if (a->waiter) {
     bson_destroy(&takes_w);
     bson_destroy(&fields_w);
@@ -624,18 +642,33 @@ void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const
   bson_destroy(&u);
 }
 
-/* frees the lock whoever holds it: a release filtered on any owner */
+/*
+ * Frees the lock whoever holds it: a release filtered on any owner.  A
+ * lease with a lock-delay (ML_F_DELAY) that has not run out ends without
+ * its holder's consent: owner, keeper and next null, the lease's end now
+ * (or when it ended), the delay kept, no grant (_mlr false: GRANT_STAGES
+ * writes nothing), so that nobody takes the name before the delay after
+ * that end; its event wakes the waiters, whose attempts are told when.
+ */
 void ml_build_force_release(ml_op *op, const char *db, const char *coll, const char *name) {
-  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, id = BSON_INITIALIZER;
-  ml_lockref r;
-  BCON_APPEND(&id, "_id", BCON_UTF8(name));
-  ml_named_ref(&r, db, coll, &id);
+  bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_OWNER, "{", "$ne", BCON_NULL, "}");
-  release_pipeline(&u, &r);
+  BCON_APPEND(&u,
+    "0", "{", "$set", "{", "_mlr", "{", "$not", "[", "{", "$and", "[",
+      "{", "$gt", "[", "{", "$ifNull", "[", "$" ML_F_DELAY, BCON_INT64(0), "]", "}", BCON_INT64(0), "]", "}",
+      "{", "$gt", "[", "{", "$add", "[", "$" ML_F_EXPIRES, "$" ML_F_DELAY, "]", "}", "$$NOW", "]", "}",
+      "]", "}", "]", "}", "}", "}",
+    GRANT_STAGES("1", "2", IF_MLR, "{", "$and", "[", "$_mlr", NO_LIVE_HOLDERS, "]", "}"),
+    "3", "{", "$set", "{",
+      ML_F_OWNER, "{", "$cond", "[", "$_mlr", "$" ML_F_OWNER, BCON_NULL, "]", "}",
+      ML_F_KEEPER, "{", "$cond", "[", "$_mlr", "$" ML_F_KEEPER, BCON_NULL, "]", "}",
+      ML_F_NEXT, "{", "$cond", "[", "$_mlr", "$" ML_F_NEXT, BCON_NULL, "]", "}",
+      ML_F_EXPIRES, "{", "$cond", "[", "$_mlr", "$" ML_F_EXPIRES,
+                      "{", "$min", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}", "}", "}",
+    "4", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
   ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
-  bson_destroy(&id);
 }
 
 /* out of the queue; a lock already granted to the waiter (owner), or a
@@ -739,7 +772,7 @@ const char *ml_check_value(const char *s, size_t len) {
 #define STATUS_PROJECT                                                             \
   "{", "$project", "{",                                                            \
     ML_F_OWNER, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1), ML_F_ACQUIRED, BCON_INT32(1), \
-    ML_F_EXPIRES, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1),                       \
+    ML_F_EXPIRES, BCON_INT32(1), ML_F_HOLDER, BCON_INT32(1), ML_F_DELAY, BCON_INT32(1), \
     "waiting", "{", "$size", LIVE_QUEUE, "}", SHARE_COUNTS,                        \
     "held", "{", "$and", "[",                                                      \
       "{", "$ne", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
@@ -1017,6 +1050,8 @@ int ml_parse_acquire(const bson_t *reply, const char *owner, const char *owner_f
       iter_number(&it, &out->holders);
     } else if (!strcmp(k, "readers")) {
       iter_number(&it, &out->readers);
+    } else if (!strcmp(k, ML_F_DELAY)) {
+      iter_number(&it, &out->delay_ms);
     }
   }
   if (doc) {
@@ -1064,6 +1099,7 @@ void ml_parse_status(const bson_t *doc, ml_status *out) {
   out->has_holders = find_int64(doc, "holders", &out->holders);
   out->has_readers = find_int64(doc, "readers", &out->readers);
   out->has_permits = find_int64(doc, "permits", &out->permits);
+  if (!find_int64(doc, ML_F_DELAY, &out->delay_ms)) out->delay_ms = 0;
 }
 
 int ml_reply_batch(const bson_t *reply, bson_iter_t *docs, int64_t *cursor_id) {

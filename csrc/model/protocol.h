@@ -41,6 +41,12 @@
 #define ML_F_VTOKEN "valueToken"      /* the token (term) value was written
                                          in: it is the leader's value only
                                          while equal to token */
+#define ML_F_DELAY "lockDelay"        /* the holder's lock-delay (ms), written
+                                         by the write that gave it the lock
+                                         when > 0, removed by a release: the
+                                         name stays taken for that long after
+                                         a lease that ended unreleased
+                                         (ML_EXCL_FREE) */
 #define ML_TTL_INDEX "expiresAt_ttl"  /* name of the TTL index */
 
 #define ML_NAME_MAX 1024              /* bytes of a lock name */
@@ -137,6 +143,7 @@ typedef struct ml_acquire_args {
                                        the lock (ML_F_VALUE, with the new
                                        token in ML_F_VTOKEN); NULL for
                                        every other acquire */
+  int64_t delay_ms;                 /* the lock-delay (ML_F_DELAY), 0: none */
 } ml_acquire_args;
 
 /* the builders; each initialises op->cmd (ml_op_destroy frees it) */
@@ -264,7 +271,13 @@ typedef struct ml_acquire_reply {
                                        readers' alone; -1 when not in the reply */
   bson_iter_t owner;                /* the owner field's value (when has_owner) */
   int has_owner;
+  int64_t delay_ms;                 /* the lock's ML_F_DELAY, 0 when none */
 } ml_acquire_reply;
+
+/* the ms left of a name's lock-delay (ML_F_DELAY) on the server's clock,
+ * given its lease's time left (remaining_ms, negative once ended): > 0
+ * while a lease that ended unreleased keeps the name taken, else 0 */
+int64_t ml_delay_left(int64_t delay_ms, int has_remaining, int64_t remaining_ms);
 
 /* r: r->owner_field and r->owner_form say where and how the owner is
  * read; doc: a document-lock reply ({doc, remainingMs}).  Returns 0 when
@@ -294,6 +307,7 @@ typedef struct ml_status {
   int64_t token, acquired_ms, expires_ms, remaining_ms, waiting;
   int64_t holders, readers, permits;
   bson_t holder;                    /* view */
+  int64_t delay_ms;                 /* the lock's ML_F_DELAY, 0 when none */
 } ml_status;
 
 void ml_parse_status(const bson_t *doc, ml_status *out);
@@ -357,6 +371,9 @@ int64_t ml_iter_int64(const bson_iter_t *it, int64_t dflt);
 
 /* {v: keeper id or null} in *doc (the caller destroys it), *it at v */
 void ml_keeper_value(bson_t *doc, bson_iter_t *it, const char *keeper);
+/* the same for a lock-delay as an acquire writes it (ML_F_DELAY): the
+ * number when > 0, else "$$REMOVE" (the field removed) */
+void ml_delay_value(bson_t *doc, bson_iter_t *it, int64_t delay_ms);
 
 /* appends to q: _id among ids and owner_field among owners (n of them) */
 void ml_pairs_filter(bson_t *q, const char *owner_field, ml_owner_form form, const bson_t *ids,
@@ -385,6 +402,14 @@ void ml_op_update(ml_op *op, const char *db, const char *coll, const bson_t *q, 
   "{", "$filter", "{", "input", ML_ARR(F),                                         \
                        "cond", "{", "$gt", "[", "$$this.until", "$$NOW", "]", "}", "}", "}"
 
+/* entries of the holders array F that keep the name: live, or ended
+ * unreleased less than their lock-delay (d, ms) ago */
+#define ML_KEEPS(F)                                                                \
+  "{", "$filter", "{", "input", ML_ARR(F),                                         \
+    "cond", "{", "$gt", "[", "{", "$add", "[", "$$this.until",                    \
+                               "{", "$ifNull", "[", "$$this.d", BCON_INT64(0), "]", "}", "]", "}", \
+                        "$$NOW", "]", "}", "}", "}"
+
 /* the waiters of the array expression that can be woken (p: false; a
  * polling waiter cannot be) */
 #define ML_WATCHING(...)                                                           \
@@ -407,6 +432,23 @@ void ml_op_update(ml_op *op, const char *db, const char *coll, const bson_t *q, 
     "{", "$add", "[", "{", "$ifNull", "[", "$" ML_F_TOKEN, BCON_INT64(0), "]", "}", \
                       BCON_INT64(1), "]", "}",                                     \
     "{", "$multiply", "[", "{", "$toLong", "$$NOW", "}", BCON_INT64(1024), "]", "}", "]", "}"
+
+/*
+ * No exclusive holder keeps the name (an acquire's and a share's test): no
+ * owner and no lock-delay (released), or the lease's end plus its
+ * lock-delay (ML_F_DELAY; a release removes it) passed by the server's
+ * clock.  A forced release of a lease with a delay leaves the delay and no
+ * owner (ml_build_force_release).
+ */
+#define ML_EXCL_FREE                                                               \
+  "{", "$or", "[",                                                                 \
+    "{", "$and", "[",                                                              \
+      "{", "$eq", "[", "{", "$ifNull", "[", "$" ML_F_OWNER, BCON_NULL, "]", "}", BCON_NULL, "]", "}", \
+      "{", "$not", "[", "$" ML_F_DELAY, "]", "}", "]", "}",                        \
+    "{", "$lte", "[", "{", "$add", "[", "$" ML_F_EXPIRES,                          \
+                        "{", "$ifNull", "[", "$" ML_F_DELAY, BCON_INT64(0), "]", "}", "]", "}", \
+                      "$$NOW", "]", "}", "]", "}"
+
 
 /* {$cond: ["$_mlt", <taken...>, OLD]}: a field of an acquire's $set, the
  * old value written back when the attempt does not take the lock */

@@ -27,10 +27,27 @@
   "{", "$in", "[", BCON_UTF8(O),                                             \
     "{", "$map", "{", "input", ML_LIVE(ML_F_HOLDERS), "in", "$$this.o", "}", "}", "]", "}"
 
+/* the ms left of the lock-delay that keeps the name (the exclusive
+ * holder's, or the longest of the shares' that ended unreleased), 0 when
+ * none */
+#define DELAY_LEFT                                                           \
+  "{", "$max", "[", BCON_INT64(0),                                           \
+    "{", "$cond", "[", "{", "$or", "[", OWNER_LIVE, ML_EXCL_FREE, "]", "}", BCON_INT64(0), \
+      "{", "$subtract", "[", "{", "$add", "[", "$" ML_F_EXPIRES, "$" ML_F_DELAY, "]", "}", "$$NOW", "]", "}", \
+      "]", "}",                                                              \
+    "{", "$max", "{", "$map", "{",                                           \
+      "input", "{", "$filter", "{", "input", ML_KEEPS(ML_F_HOLDERS),         \
+                 "cond", "{", "$lte", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", \
+      "in", "{", "$subtract", "[", "{", "$add", "[", "$$this.until",         \
+                                     "{", "$ifNull", "[", "$$this.d", BCON_INT64(0), "]", "}", "]", "}", \
+                                "$$NOW", "]", "}", "}", "}", "}", "]", "}"
+
 /* ---- acquire ----------------------------------------------------------- */
 
 /*
  * [ {$set: {_mlq: ML_LIVE(squeue), _mlh: ML_LIVE(holders), _mlw: ML_WATCHING(ML_LIVE(queue))}},
+ *   (and _mlb: ML_KEEPS(holders), the shares that keep the name: a permit's
+ *   room counts those in their lock-delay, and a taking write keeps them)
  *   {$set: {_mlk: KIND_OK, _mlm: O in _mlh.o}},
  *   {$set: {_mlt: _mlk && !_mlm && FREE(owner) && _mlw == [] && ROOM && TURN}},
  *   {$set: {permits, token, owner, expiresAt, holders, squeue, next}},
@@ -59,7 +76,7 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
         "{", "$eq", "[", "{", "$ifNull", "[", "$" ML_F_PERMITS, BCON_NULL, "]", "}", BCON_NULL, "]", "}",
         "{", "$not", "[", "{", "$in", "[", "s", "$_mlh.m", "]", "}", "]", "}", "]", "}",
       "]", "}");
-    BCON_APPEND(&room, "v", "{", "$lt", "[", "{", "$size", "$_mlh", "}", BCON_INT64(permits), "]", "}");
+    BCON_APPEND(&room, "v", "{", "$lt", "[", "{", "$size", "$_mlb", "}", BCON_INT64(permits), "]", "}");
     /* first come, first served among the permits' waiters */
     BCON_APPEND(&turn, "v", "{", "$let", "{",
       "vars", "{",
@@ -79,7 +96,7 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
                        "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}"), "}",
       "in", "{", "$cond", "[",
         "{", "$and", "[", "{", "$ne", "[", "$$h", BCON_NULL, "]", "}",
-          "{", "$lt", "[", "{", "$add", "[", "{", "$size", "$_mlh", "}", BCON_INT32(1), "]", "}",
+          "{", "$lt", "[", "{", "$add", "[", "{", "$size", "$_mlb", "}", BCON_INT32(1), "]", "}",
                            BCON_INT64(permits), "]", "}", "]", "}",
         "$$h",
         "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_NULL,
@@ -130,11 +147,12 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
     "upsert", BCON_BOOL(true), "new", BCON_BOOL(true),
     "update", "[",
       "{", "$set", "{", "_mlq", ML_LIVE(ML_F_SQUEUE), "_mlh", ML_LIVE(ML_F_HOLDERS),
+                        "_mlb", ML_KEEPS(ML_F_HOLDERS),
                         "_mlw", ML_WATCHING(ML_LIVE(ML_F_QUEUE)), "}", "}",
       "{", "$set", "{", "_mlk", BCON_ITER(&ik),
                         "_mlm", "{", "$in", "[", BCON_UTF8(a->owner), "$_mlh.o", "]", "}", "}", "}",
       "{", "$set", "{", "_mlt", "{", "$and", "[", "$_mlk", "{", "$not", "[", "$_mlm", "]", "}",
-        "{", "$not", "[", OWNER_LIVE, "]", "}",
+        ML_EXCL_FREE,
         "{", "$eq", "[", "{", "$size", "$_mlw", "}", BCON_INT32(0), "]", "}",
         BCON_ITER(&ir), BCON_ITER(&it), "]", "}", "}", "}",
       "{", "$set", "{",
@@ -143,21 +161,23 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
         /* an owner whose lease ended is cleared: its extend must not bring
          * it back while shares are held */
         ML_F_OWNER, ML_IF_TAKEN("$" ML_F_OWNER, BCON_NULL),
+        ML_F_DELAY, ML_IF_TAKEN("$" ML_F_DELAY, "$$REMOVE"),
         /* the lease end the TTL index reads covers every share */
         ML_F_EXPIRES, ML_IF_TAKEN("$" ML_F_EXPIRES, "{", "$max", "[", "$" ML_F_EXPIRES,
                              "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}", "]", "}"),
-        ML_F_HOLDERS, ML_IF_TAKEN("$" ML_F_HOLDERS, "{", "$concatArrays", "[", "$_mlh", "[",
+        ML_F_HOLDERS, ML_IF_TAKEN("$" ML_F_HOLDERS, "{", "$concatArrays", "[", "$_mlb", "[",
           "{", "o", BCON_UTF8(a->owner), "m", BCON_UTF8(p ? "p" : "s"),
                "until", "{", "$add", "[", "$$NOW", BCON_INT64(a->ttl_ms), "]", "}",
                "tk", ML_NEXT_TOKEN, "at", "$$NOW",
                "h", "{", "$literal", BCON_DOCUMENT(&holder), "}",
-               "k", BCON_ITER(&kv), "l", BCON_INT64(a->ttl_ms), "}", "]", "]", "}"),
+               "k", BCON_ITER(&kv), "l", BCON_INT64(a->ttl_ms), "d", BCON_INT64(a->delay_ms), "}",
+          "]", "]", "}"),
         ML_F_SQUEUE, BCON_ITER(&iq),
         ML_F_NEXT, "{", "$cond", "[", "$_mlt", BCON_ITER(&ic),
           "{", "$cond", "[", "{", "$eq", "[", "$" ML_F_NEXT, BCON_UTF8(tw), "]", "}", BCON_NULL,
                              "$" ML_F_NEXT, "]", "}", "]", "}",
       "}", "}",
-      "{", "$unset", "[", "_mlq", "_mlh", "_mlw", "_mlk", "_mlm", "_mlt", "]", "}",
+      "{", "$unset", "[", "_mlq", "_mlh", "_mlb", "_mlw", "_mlk", "_mlm", "_mlt", "]", "}",
     "]",
     "fields", "{",
       "_id", BCON_INT32(0), ML_F_PERMITS, BCON_INT32(1), ML_F_TOKEN, BCON_INT32(1),
@@ -179,6 +199,7 @@ void ml_build_share_acquire(ml_op *op, const ml_acquire_args *a, int mode, int64
         "{", "$cond", "[", "{", "$isArray", "$" ML_F_SQUEUE, "}", "$" ML_F_SQUEUE ".w", "[", "]", "]", "}",
         BCON_UTF8(w), "]", "}",
       "writers", "{", "$size", ML_WATCHING(ML_LIVE(ML_F_QUEUE)), "}",
+      "delayMs", DELAY_LEFT,
     "}");
   bson_destroy(&holder);
   bson_destroy(&kind);
@@ -217,7 +238,7 @@ void ml_build_share_release(ml_op *op, const char *db, const char *coll, const b
   bson_iter_init_find(&i, id, "_id");
   BCON_APPEND(&q, "_id", BCON_ITER(&i), "$expr", HOLDS(owner));
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", ML_LIVE(ML_F_HOLDERS),
+    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", ML_KEEPS(ML_F_HOLDERS),
            "cond", "{", "$ne", "[", "$$this.o", BCON_UTF8(owner), "]", "}", "}", "}", "}", "}",
     "1", "{", "$set", "{", ML_F_HOLDERS, "$_mlh", ML_F_NEXT, NEXT_AFTER("$_mlh"), "}", "}",
     "2", "{", "$unset", "[", "_mlh", "]", "}");
@@ -238,7 +259,7 @@ void ml_build_share_release_many(ml_op *op, const char *db, const char *coll, co
     BSON_APPEND_UTF8(&os, key, owners[i]);
   }
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", ML_LIVE(ML_F_HOLDERS),
+    "0", "{", "$set", "{", "_mlh", "{", "$filter", "{", "input", ML_KEEPS(ML_F_HOLDERS),
            "cond", "{", "$not", "[", "{", "$in", "[", "$$this.o", "{", "$literal", BCON_ARRAY(&os), "}",
            "]", "}", "]", "}", "}", "}", "}", "}",
     "1", "{", "$set", "{", ML_F_HOLDERS, "$_mlh", ML_F_NEXT, NEXT_AFTER("$_mlh"), "}", "}",
@@ -292,8 +313,15 @@ void ml_build_share_force_release(ml_op *op, const char *db, const char *coll, c
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name),
               "$expr", "{", "$gt", "[", "{", "$size", ML_LIVE(ML_F_HOLDERS), "}", BCON_INT32(0), "]", "}");
+  /* every share ends now; those with a lock-delay keep the name for it
+   * from their end (ML_KEEPS) */
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", ML_F_HOLDERS, "[", "]", "}", "}",
+    "0", "{", "$set", "{", ML_F_HOLDERS, "{", "$map", "{",
+      "input", "{", "$filter", "{", "input", ML_KEEPS(ML_F_HOLDERS),
+        "cond", "{", "$gt", "[", "{", "$ifNull", "[", "$$this.d", BCON_INT64(0), "]", "}", BCON_INT64(0), "]", "}",
+        "}", "}",
+      "in", "{", "$mergeObjects", "[", "$$this",
+        "{", "until", "{", "$min", "[", "$$this.until", "$$NOW", "]", "}", "}", "]", "}", "}", "}", "}", "}",
     "1", "{", "$set", "{", ML_F_NEXT, NEXT_AFTER("{", "$literal", "[", "]", "}"), "}", "}");
   ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
@@ -318,7 +346,8 @@ void ml_build_share_status(ml_op *op, const char *db, const char *coll, const ch
           "owner", "$$this.o", "mode", "$$this.m", "token", "$$this.tk", "holder", "$$this.h",
           "remainingMs", "{", "$subtract", "[", "$$this.until", "$$NOW", "]", "}", "}", "}", "}",
         "waiting", "{", "$size", ML_LIVE(ML_F_SQUEUE), "}",
-        "writers", "{", "$size", ML_LIVE(ML_F_QUEUE), "}", "}", "}", "]",
+        "writers", "{", "$size", ML_LIVE(ML_F_QUEUE), "}",
+        "delayMs", DELAY_LEFT, "}", "}", "]",
     "cursor", "{", "}", "readConcern", "{", "level", "majority", "}");
   bson_destroy(&match);
 }

@@ -95,6 +95,17 @@ function _M.ttl(v, n, fname, what, level)
   return v
 end
 
+-- a lock-delay: seconds >= 0 (0: none), at most a year
+function _M.delay(v, n, fname, what, level)
+  level = (level or 2) + 1
+  number(v, n, fname, what, level)
+  if v ~= v or v < 0 or v > _M.TTL_MAX then
+    argerror(n, fname, string_format("%s must be a number of seconds >= 0, at most a year (%d) (got %s)",
+      what, _M.TTL_MAX, shown(v)), level)
+  end
+  return v
+end
+
 -- how long to wait: 0 makes one attempt, math.huge waits for ever
 function _M.timeout(v, n, fname, what, level)
   level = (level or 2) + 1

@@ -70,7 +70,7 @@ function _M.sleep_until_retry(state)
   if state.refresh_at then left = math_min(left, state.refresh_at - now) end
   -- never past the holder's lease end; a lock that is free already but
   -- went to a waiter ahead (remaining 0) is no reason to hurry
-  local remaining = info and info.remaining
+  local remaining = info and (info.delay or info.remaining)
   if not (type(remaining) == "number" and remaining > 0) then remaining = nil end
   local d, nxt = _M.delay(step, opts.ratio or defaults.ratio, opts.max_step or defaults.max_step,
     remaining, left, random())

@@ -242,6 +242,10 @@ the command exited 0.]])
     .. "group, as above) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
   option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
+  option(e, "exec", "--lock-delay", "Seconds nobody may take NAME after this holder's lease ended without a "
+    .. "release (mongolock killed or cut off, or release --force), so that its command is gone first "
+    .. "(default: --kill-after + 5; 0: none).")
+    :convert(seconds_or_zero)
   e:flag("--release-on-exit", "Release the lock as soon as the command exits, even while processes it "
     .. "started go on in its process group (default: hold it until the group is empty).")
   e:flag("-v --verbose", "Say on stderr when the lock is taken and released, and which signals are forwarded.")
@@ -304,6 +308,10 @@ SIGKILL after --kill-after seconds, unless --on-lost=warn.]])
     .. "group) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
   option(el, "elect", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
     :convert(seconds_or_zero)
+  option(el, "elect", "--lock-delay", "Seconds nobody may lead NAME after this leader's lease ended without "
+    .. "a resignation (mongolock killed or cut off, or release --force), so that its command is gone "
+    .. "first (default: --kill-after + 5; 0: none).")
+    :convert(seconds_or_zero)
   el:flag("--release-on-exit", "Resign as soon as the command exits, even while processes it started go "
     .. "on in its process group (default: lead until the group is empty).")
   el:flag("-v --verbose", "Say on stderr when the lead is taken and given up, and which signals are forwarded.")
@@ -349,7 +357,10 @@ line apart, without the terminal's escapes.]])
   local r = p:command("release", [[
 Release the lock NAME whoever holds it, for a person cleaning up after a
 holder that cannot release it.  Its holder learns that it lost the lock at its
-next renewal.  Asks for confirmation on stdin unless --yes is given.]])
+next renewal.  A lease taken with a lock-delay (exec's and elect's
+--lock-delay) ends then without its holder's consent: nobody may take NAME
+until the delay has passed, since the old holder's work may still be
+running.  Asks for confirmation on stdin unless --yes is given.]])
     :summary("Force the release of a lock held by another process.")
   r:argument("name", "Lock name.")
   r:flag("--force", "Required: this releases a lock this process does not hold.")
@@ -543,13 +554,15 @@ end
 
 -- ---- status, list ----------------------------------------------------------------
 
--- "held", "expired" (its holder neither released it nor renewed it in
--- time) or "free" (never taken, or released): the library's st.state when it
--- gives one, else from held and owner (a released lock has no owner)
+-- "held", "delayed" (its lease ended unreleased less than its lock-delay
+-- ago: nobody may take it yet), "expired" (its holder neither released it
+-- nor renewed it in time) or "free" (never taken, or released): the
+-- library's st.state when it gives one, else from held and owner (a
+-- released lock has no owner)
 local function state_of(st)
   if not st then return "free" end
   if st.state == "held" or st.state == "expired" or st.state == "free" or st.state == "shared"
-     or st.state == "permits" then return st.state end
+     or st.state == "permits" or st.state == "delayed" then return st.state end
   if st.held then return "held" end
   if st.owner ~= nil and type(st.expires_at) == "number" then return "expired" end
   return "free"
@@ -587,7 +600,7 @@ end
 -- the shares and permits of a status of mongolock.shared, nil when it has
 -- none (no share or permit held, no semaphore, nobody waiting for one)
 local function shares_record(st)
-  if not st or (st.in_use == 0 and not st.permits and (st.waiting or 0) == 0) then return nil end
+  if not st or (st.in_use == 0 and not st.permits and (st.waiting or 0) == 0 and not st.delayed) then return nil end
   for _, h in ipairs(st.holders) do h.token = token_text(h.token) end
   st.token = token_text(st.token)
   return st
@@ -597,9 +610,16 @@ local function rwlocks_of(client, locks)
   return client:rwlocks({ database = locks.database, collection = locks.collection })
 end
 
--- a name held by readers or permits only: "shared" or "permits"
+-- a name held by readers or permits only: "shared" or "permits"; kept by a
+-- share's or permit's lock-delay only: "delayed" (rec's delay then the
+-- shares')
 local function shared_state(rec, shares)
-  if rec.state == "held" or not shares or shares.in_use == 0 then return rec.state end
+  if rec.state == "held" or not shares then return rec.state end
+  if shares.in_use == 0 and shares.delayed and not rec.delayed then
+    rec.delayed, rec.delay = true, shares.delay
+    return "delayed"
+  end
+  if shares.in_use == 0 then return rec.state end
   return shares.permits and "permits" or "shared"
 end
 
@@ -645,12 +665,15 @@ local function cmd_status(args)
     json_out(j)
   else
     local out = { format("lock      %s", rec.name), format("state     %s", rec.state) }
-    if rec.state == "held" or rec.state == "expired" then
+    if rec.state == "held" or rec.state == "expired" or rec.state == "delayed" then
       local when = until_text(rec)
       out[#out + 1] = format("holder    %s", holder_text(rec.holder))
       out[#out + 1] = format("owner     %s", tostring(rec.owner or "-"))
       out[#out + 1] = format("%s   %s%s", rec.state == "held" and "expires" or "expired",
         iso(rec.expires_at), when and (" (" .. when .. ")") or "")
+    end
+    if rec.delayed and rec.delay_until then
+      out[#out + 1] = format("delayed   until %s (%.1f s left)", iso(rec.delay_until), rec.delay or 0)
     end
     if rec.token then out[#out + 1] = format("token     %s", token_text(rec.token)) end
     if rec.acquired_at then out[#out + 1] = format("acquired  %s", iso(rec.acquired_at)) end
@@ -716,9 +739,10 @@ local function cmd_list(args)
     -- EXPIRES: time left on a held lease, or when an expired one ended
     local rows = { { "NAME", "STATE", "TOKEN", "HOLDER", "EXPIRES" } }
     for _, r in ipairs(recs) do
-      local shown = r.state == "held" or r.state == "expired"
+      local shown = r.state == "held" or r.state == "expired" or r.state == "delayed"
       local holder = shown and holder_text(r.holder) or "-"
       local expires = shown and (until_text(r) or iso(r.expires_at)) or "-"
+      if r.delayed and r.delay then expires = format("delay %.1f s", r.delay) end
       if r.shares then
         holder = shown and (holder .. "; " .. shares_text(r.shares)) or shares_text(r.shares)
         if not shown then expires = shares_until(r.shares) end
@@ -781,6 +805,8 @@ local function top_snapshot(client, locks)
     rec.waiting = rec.waiting or 0
     rec.waiters = waiters[tostring(rec.name)] or {}
     if rec.state ~= "held" then rec.remaining = nil end
+    -- a name in its lock-delay: LEFT counts the delay down
+    if rec.delayed then rec.remaining = rec.delay end
     recs[#recs + 1] = rec
   end
   sort(recs, function(a, b) return tostring(a.name) < tostring(b.name) end)
@@ -1064,7 +1090,7 @@ local function cmd_wait(args)
       note(nil)
       local shares = shares_record(sst)
       local shared = shares and shares.in_use > 0
-      if not (st and st.held) and not shared then
+      if not (st and (st.held or st.delayed)) and not shared and not (shares and shares.delayed) then
         client:close()
         return EXIT.ok
       end
@@ -1077,7 +1103,8 @@ local function cmd_wait(args)
       -- due to end
       local nap = step
       local rem = st and st.state == "held" and (st.remaining or (st.remaining_ms and st.remaining_ms / 1000))
-      local share_end = shared and soonest_end(shares)
+        or st and st.delayed and st.delay
+      local share_end = shared and soonest_end(shares) or shares and shares.delay
       if share_end and (not rem or share_end < rem) then rem = share_end end
       if rem and rem > 0 then nap = min(nap, rem + 0.005) end
       core.sleep(min(nap, deadline - now))
@@ -1152,12 +1179,21 @@ local function mismatch(args, info)
     args.name)
 end
 
+-- exec's and elect's lock-delay: --lock-delay, else the kill window plus
+-- LOCK_DELAY_MARGIN seconds (doc/command.md); nil for hold (none)
+local LOCK_DELAY_MARGIN = 5
+local function lock_delay_of(args)
+  if args.lock_delay then return args.lock_delay end
+  if args.kill_after then return args.kill_after + LOCK_DELAY_MARGIN end
+  return nil
+end
+
 -- waits for the lock the way flock(1) does: once (-n, -w 0), up to -w
 -- seconds, or for ever.  Caught signals end the wait.  Returns the handle
 -- (renewed every ttl/3 by the library's background renewal), or nil and an
 -- exit status.
 local function exec_acquire(args, locks)
-  local opts = { ttl = args.ttl, renew = true }
+  local opts = { ttl = args.ttl, renew = true, lock_delay = lock_delay_of(args) }
   local h, err, info
   local caught = {}
   if args.nonblock or args.timeout == 0 then
@@ -1433,7 +1469,7 @@ local function cmd_elect(args)
   local value = args.value or default_value()
   local campaign = {
     try = function(_, name, opts)
-      local o = { ttl = opts.ttl, renew = opts.renew, timeout = 0 }
+      local o = { ttl = opts.ttl, renew = opts.renew, timeout = 0, lock_delay = opts.lock_delay }
       local h, err, info = el:campaign(name, value, o)
       if err == "timeout" then err = "busy" end
       return h, err, info

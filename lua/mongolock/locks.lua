@@ -63,6 +63,9 @@ local _M = {
     queue_ttl = 3,         -- seconds a waiter's place in the queue is kept
                            -- after its latest attempt (it comes back at
                            -- half of it while it waits)
+    lock_delay = 0,        -- seconds the name stays taken after a lease
+                           -- that ended without a release (expired, or
+                           -- force-released)
   },
 }
 local defaults = _M.defaults
@@ -80,7 +83,7 @@ function _M.get_wait() return wait end
 _M.check_name = check_name
 
 -- the options a call takes, and those client:locks takes besides
-local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait" }
+local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait", "lock_delay" }
 local VALID_CALL = args.set(CALL_OPTS)
 local VALID_NEW = args.set(CALL_OPTS, { "database", "collection", "expire_after" })
 
@@ -92,6 +95,7 @@ local checks = {
   max_step = args.seconds,
   expire_after = args.seconds,
   queue_ttl = args.ttl,
+  lock_delay = args.delay,
   ratio = function(v, n, fname, what, level)
     args.seconds(v, n, fname, what, (level or 2) + 1)
     if v < 1 then
@@ -277,15 +281,16 @@ local function attempt(self, name, ttl_ms, o, waiter, queue_ms, polling, deadlin
     local ready, err, code = loop.one_attempt_ready(self.core, self.bound, self.client.attempt_bound)
     if not ready then return nil, err, code end
   end
+  local delay_ms = math_ceil(o.lock_delay * 1000)
   local function send()
     if o.value ~= nil then
       -- an election's campaign (mongolock.elections): the attempt that takes
       -- the lock publishes the value; its waiter is never granted the lock
       return core_of(self):campaign(self.database, self.collection, name, ttl_ms, self.app, o.renew,
-        waiter, queue_ms, o.value, deadline)
+        waiter, queue_ms, o.value, deadline, delay_ms)
     end
     return core_of(self):acquire(self.database, self.collection, name, ttl_ms, self.app,
-      o.renew, waiter, queue_ms, polling, deadline)
+      o.renew, waiter, queue_ms, polling, deadline, delay_ms)
   end
   local h, err, info
   -- one attempt: bounded by the client's attempt_timeout (loop.single)

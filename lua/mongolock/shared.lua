@@ -62,7 +62,7 @@ local CHECKS = setmetatable({
     return v
   end,
 }, { __index = locks_mod.checks })
-local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait" }
+local CALL_OPTS = { "ttl", "timeout", "renew", "step", "ratio", "max_step", "queue_ttl", "wait", "lock_delay" }
 local VALID_CALL = { rw = args.set(CALL_OPTS), semaphore = args.set(CALL_OPTS, { "permits" }) }
 
 local function check_call(self, opts, n, fname, level)
@@ -146,6 +146,10 @@ local function to_info(v)
     info.remaining = v.remainingMs > 0 and v.remainingMs / 1000 or 0
   end
   if type(v.position) == "number" and v.position >= 0 then info.position = v.position + 1 end
+  -- in a lock-delay (a share, permit or writer's lease that ended unreleased)
+  if type(v.delayMs) == "number" and v.delayMs > 0 then
+    info.delayed, info.delay = true, v.delayMs / 1000
+  end
   return info
 end
 
@@ -174,7 +178,8 @@ local function attempt(self, mode, name, o, waiter, queue_ms, polling, deadline)
   end
   local function send()
     return core_of(self):share_acquire(self.database, self.collection, name, mode,
-      o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline)
+      o.permits, math_ceil(o.ttl * 1000), self.app, o.renew, waiter, queue_ms, polling, deadline,
+      math_ceil((o.lock_delay or 0) * 1000))
   end
   -- one attempt: bounded by the client's attempt_timeout (loop.single)
   local h, e, v
@@ -267,8 +272,10 @@ function status_of(st)
       token = e.token, holder = e.holder,
       remaining = type(e.remainingMs) == "number" and math_max(e.remainingMs, 0) / 1000 or nil }
   end
+  local delay = type(st.delayMs) == "number" and st.delayMs > 0 and st.delayMs / 1000 or nil
   return { name = st._id, permits = st.permits, token = st.token, exclusive = st.exclusive,
-    holders = holders, in_use = #holders, waiting = st.waiting, writers = st.writers }
+    holders = holders, in_use = #holders, waiting = st.waiting, writers = st.writers,
+    delayed = delay and true or nil, delay = delay }
 end
 
 --- Ends every share or permit of the name, whoever holds them.

@@ -133,6 +133,8 @@ function _M.sleep_until_retry(state)
   if left <= 0 then return true end
   local remaining = info.remaining
   local position = info.position
+  -- a name in its lock-delay is free at the delay's end instead
+  if type(info.delay) == "number" then remaining = info.delay end
   if type(remaining) == "number" and remaining >= 0 and (position == nil or position == 1) then
     -- the holder's lease ends then (no event marks it); a millisecond
     -- later the server is sure to see it expired

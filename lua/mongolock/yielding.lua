@@ -158,26 +158,27 @@ local function run_attempt(p, make, deadline, what, leave, leave_args, ...)
 end
 
 -- client:acquire's arguments, then the caller's deadline
-function P.acquire(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, deadline)
+-- (and the lock-delay, after the attempt's owner, which it leaves new)
+function P.acquire(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, deadline, delay_ms)
   local c = stats()
   c.attempts = c.attempts + 1
   return run_attempt(p, "acquire_attempt", deadline, "'" .. name .. "'", waiter and "leave",
-    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling)
+    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, nil, delay_ms)
 end
 
 -- client:campaign's arguments (an election's attempt), then the deadline
-function P.campaign(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, deadline)
+function P.campaign(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, deadline, delay_ms)
   local c = stats()
   c.attempts = c.attempts + 1
   return run_attempt(p, "campaign_attempt", deadline, "a campaign for '" .. name .. "'", waiter and "leave",
-    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value)
+    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, nil, delay_ms)
 end
 
 function P.share_acquire(p, db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling,
-                         deadline)
+                         deadline, delay_ms)
   return run_attempt(p, "share_acquire_attempt", deadline, "a share of '" .. name .. "'",
     waiter and "share_leave", { db, coll, name, waiter },
-    db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling)
+    db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling, nil, delay_ms)
 end
 
 function P.doc_acquire(p, db, coll, id, ttl_ms, owner_field, time_field, time, owner_type, insert, renew,

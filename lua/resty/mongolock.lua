@@ -62,6 +62,8 @@ local defaults = {
   ratio = args.backoff.ratio,           -- the step grows by this factor
   max_step = args.backoff.max_step,     -- up to this (s)
   collection = "locks",
+  lock_delay = 0,      -- seconds the key stays taken after a lease that
+                       -- ended without an unlock (mongolock.locks)
   -- seconds an attempt waits for a reachable server, blocking the worker:
   -- 1 s unless the URI says otherwise (libmongoc's own default is 30 s)
   server_selection_timeout = 1,
@@ -70,7 +72,7 @@ _M.defaults = defaults
 
 local VALID = args.set({ "uri", "client", "database", "collection", "appname", "exptime",
   "timeout", "step", "ratio", "max_step", "server_selection_timeout", "server_timeout", "mode",
-  "permits" })
+  "permits", "lock_delay" })
 
 -- per process: uri -> client, uri|db|collection -> locks, and the gates
 -- (locks -> key -> gate)
@@ -121,7 +123,7 @@ end
 --         obj, err = mongolock:new(dict_name, opts)   (lua-resty-lock's form)
 -- opts: uri (else MONGODB_URI) or client, database, collection, exptime,
 -- timeout, step, ratio, max_step, appname, server_selection_timeout,
--- server_timeout, mode, permits.  mode = "read" takes a reader's share of
+-- server_timeout, mode, permits, lock_delay.  mode = "read" takes a reader's share of
 -- the key as a reader-writer lock (readers hold it together; "write", the
 -- default, is the exclusive lock writers take); permits = N takes one of
 -- N permits of the key as a counting semaphore (every caller gives the same
@@ -162,6 +164,8 @@ function _M.new(_, dict_name, opts)
   o.exptime = o.exptime == nil and defaults.exptime or args.ttl(o.exptime, n, "new", "exptime", 2)
   o.timeout = o.timeout == nil and defaults.timeout
     or args.timeout(o.timeout, n, "new", "timeout", 2)
+  o.lock_delay = o.lock_delay == nil and defaults.lock_delay
+    or args.delay(o.lock_delay, n, "new", "lock_delay", 2)
   for _, k in ipairs({ "step", "ratio", "max_step" }) do
     o[k] = o[k] == nil and defaults[k] or args.seconds(o[k], n, "new", k, 2)
   end
@@ -198,7 +202,7 @@ function _M.new(_, dict_name, opts)
   end
   return setmetatable({
     locks = locks, shared = shared, handle = nil, exptime = o.exptime, timeout = o.timeout,
-    step = o.step, ratio = o.ratio, max_step = o.max_step,
+    lock_delay = o.lock_delay, step = o.step, ratio = o.ratio, max_step = o.max_step,
   }, mt)
 end
 
@@ -318,14 +322,14 @@ local function lock_shared(self, key)
   local shared = self.shared
   local permit = shared.kind == "semaphore"
   local start = monotonic()
-  local o = { ttl = self.exptime }
+  local o = { ttl = self.exptime, lock_delay = self.lock_delay }
   local h, err, code
   if permit then h, err, code = shared:try(key, o) else h, err, code = shared:try_read(key, o) end
   local waited = false
   if not h and err == "busy" and self.timeout > 0 then
     waited = true
     o = { ttl = self.exptime, timeout = self.timeout, step = self.step, ratio = self.ratio,
-      max_step = self.max_step }
+      max_step = self.max_step, lock_delay = self.lock_delay }
     if permit then h, err, code = shared:acquire(key, o) else h, err, code = shared:read(key, o) end
   end
   if not h then
@@ -343,7 +347,7 @@ function _M.lock(self, key)
   check_name(key, "lock")
   if self.handle then return nil, "locked" end
   if self.shared then return lock_shared(self, key) end
-  local locks, topts = self.locks, { ttl = self.exptime }
+  local locks, topts = self.locks, { ttl = self.exptime, lock_delay = self.lock_delay }
   local start = monotonic()
   local deadline = start + self.timeout
 
@@ -372,7 +376,8 @@ function _M.lock(self, key)
   else
     local waits = false
     h, err, code = locks_mod.acquire_stepping(locks, key, { ttl = self.exptime, timeout = left,
-      step = self.step, ratio = self.ratio, max_step = self.max_step }, function(waiting)
+      step = self.step, ratio = self.ratio, max_step = self.max_step, lock_delay = self.lock_delay },
+      function(waiting)
         waits = waits or waiting
         if gate then gate.deadline = math_min(deadline, monotonic() + locks.queue_ttl / 2 + 2) end
       end)
