@@ -201,10 +201,14 @@ The command runs in a process group of its own (given the terminal when
 mongolock has it, so ^C and ^Z reach it as usual), and every signal mongolock
 sends goes to that whole group: SIGINT, SIGTERM and SIGHUP sent to mongolock
 are forwarded.  When the lease is lost (no renewal succeeded for a whole
-ttl, or the lock was released or taken by another), mongolock says why on
+ttl, or the lock was released or taken by another), mongolock says so on
 stderr and, unless --on-lost=warn, sends the group SIGTERM, then SIGKILL
 after --kill-after seconds (and SIGKILL to what remains of the group once
 the command has ended), so nothing it started goes on without the lock.
+Cut off from the server, it does not wait for the lease's end: while no
+renewal succeeds, SIGTERM comes --kill-after + 0.1 s before the lease's
+local deadline and SIGKILL 0.1 s before it, so the group is gone before
+another holder can start (--kill-after is cut to ttl/2 - 0.1 s).
 Processes that leave the group (setsid, daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
 group runs on unsupervised and the lock frees at the end of its lease.
 
@@ -240,7 +244,8 @@ the command exited 0.]])
     :convert(exit_code)
   option(e, "exec", "--on-lost", "What to do when the lease is lost: kill (end the command's process "
     .. "group, as above) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
-  option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+  option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL (at most "
+    .. "ttl/2 - 0.1; cut to that).", "10")
     :convert(seconds_or_zero)
   e:flag("--release-on-exit", "Release the lock as soon as the command exits, even while processes it "
     .. "started go on in its process group (default: hold it until the group is empty).")
@@ -302,7 +307,8 @@ SIGKILL after --kill-after seconds, unless --on-lost=warn.]])
     :convert(exit_code)
   option(el, "elect", "--on-lost", "What to do when the lead is lost: kill (end the command's process "
     .. "group) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
-  option(el, "elect", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+  option(el, "elect", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL (at most "
+    .. "ttl/2 - 0.1; cut to that).", "10")
     :convert(seconds_or_zero)
   el:flag("--release-on-exit", "Resign as soon as the command exits, even while processes it started go "
     .. "on in its process group (default: lead until the group is empty).")
