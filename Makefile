@@ -235,7 +235,8 @@ torture: deps-torture build
 
 # make torture-freeze: holders frozen past their ttl (SIGSTOP, then SIGCONT)
 # every TORTURE_FREEZE_EVERY seconds or so, for exclusive locks and
-# elections: the library's workers (the holder's process frozen), then the
+# elections: the library's workers (the holder's process frozen; sections
+# of up to 300 ms, so that a freeze finds the holder at work), then the
 # command's (mongolock exec or elect, 4 workers, each through a proxy of its
 # own: the holder's proxy frozen); TORTURE_SECONDS each
 TORTURE_FREEZE_EVERY ?= 3
@@ -243,7 +244,7 @@ TORTURE_FREEZE_EVERY ?= 3
 torture-freeze: deps-torture build
 	@for k in exclusive election; do \
 	  tools/with-standin node tools/torture/run.js --kind $$k --freeze-every $(TORTURE_FREEZE_EVERY) \
-	    --log build/torture/freeze-$$k.log --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
+	    --hold-ms 300 --log build/torture/freeze-$$k.log --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
 	  tools/with-standin node tools/torture/run.js --kind $$k --command --workers 4 \
 	    --freeze-every $(TORTURE_FREEZE_EVERY) --log build/torture/freeze-command-$$k.log \
 	    --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
