@@ -56,12 +56,13 @@ local function start(dir, label, args)
   }
 end
 
--- the old holder's command: its pid to dir/a.pid, SIGTERM's time to
+-- the old holder's command: its pid to dir/a.pid (mongolock's to
+-- dir/a.ppid), SIGTERM's time to
 -- dir/a.term (and it goes on), a time every 10 ms to dir/a.times
 local function old_child(dir)
-  return { "sh", "-c", format("echo $$ >%s; trap 'date +%%s.%%N >>%s' TERM; "
+  return { "sh", "-c", format("echo $PPID >%s; echo $$ >%s; trap 'date +%%s.%%N >>%s' TERM; "
     .. "while :; do date +%%s.%%N >>%s; sleep 0.01; done",
-    q(dir .. "/a.pid"), q(dir .. "/a.term"), q(dir .. "/a.times")) }
+    q(dir .. "/a.ppid"), q(dir .. "/a.pid"), q(dir .. "/a.term"), q(dir .. "/a.times")) }
 end
 
 -- the new holder's command: "TIME STATE" to dir/b.start, STATE the old
@@ -157,6 +158,28 @@ describe("#integration a holder cut off from the server", function()
 
   it("exec with the command's defaults (ttl 30 s, --kill-after 10): the old child is dead first", function()
     judge(race("exec", {}, {}, 60), "defaults")
+  end)
+
+  it("mongolock itself stopped past its lease's end: at SIGCONT it kills its command at once", function()
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. q(dir)) end)
+    local name = helpers.unique("stopped")
+    local a = start(dir, "a", cat(args(helpers.uri(), "exec", "--ttl", "2", "--kill-after", "5", name),
+      old_child(dir)))
+    poll(function() return last_time(dir .. "/a.times") end, 20, "the child's first time")
+    local ml = tonumber(read(dir .. "/a.ppid"))
+    os.execute(format("kill -STOP %d", ml))
+    core.sleep(2.5)           -- past the lease's end: its command runs on meanwhile
+    local p = io.popen(format("kill -CONT %d; date +%%s.%%N", ml))
+    local cont = tonumber(p:read("*l"))
+    p:close()
+    local rc, _, err = a.wait(30)
+    assert.equal(137, rc, err)
+    assert.matches("lost the lock " .. name .. ": no renewal succeeded within its ttl (2 s); terminating", err, 1,
+      true)
+    -- no grace: SIGKILL came with SIGTERM (a generous bound for a loaded host)
+    local last = last_time(dir .. "/a.times")
+    assert.is_true(last - cont < 0.5, format("the command ran %.3f s after SIGCONT", last - cont))
   end)
 
   it("says 'lost' within 0.1 s of SIGTERM while the server does not answer (--server-timeout 5)", function()
