@@ -62,8 +62,10 @@ local function fail(code, fmt, ...)
   error(setmetatable({ code = code, msg = format(fmt, ...) }, failure_mt), 0)
 end
 
+-- one write(2) a line (stderr is unbuffered): the command's children
+-- write there too, and a line must not be cut by theirs
 local function warn(fmt, ...)
-  io.stderr:write("mongolock: ", format(fmt, ...), "\n")
+  io.stderr:write("mongolock: " .. format(fmt, ...) .. "\n")
 end
 
 -- ---- option values -----------------------------------------------------------
@@ -1789,7 +1791,7 @@ function _M.main(argv, info)
     return setmetatable({ code = EXIT.software, msg = "internal error: " .. tostring(e):match("^[^\n]*") }, failure_mt)
   end)   -- (Lua 5.1's xpcall passes no arguments)
   if not done then
-    io.stderr:write("mongolock: ", code.msg, "\n")
+    io.stderr:write("mongolock: " .. code.msg .. "\n")
     return code.code
   end
   return code, quick
