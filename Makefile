@@ -8,7 +8,7 @@
 #   make build   the C core for Lua 5.4 and LuaJIT, installing only what
 #                building needs (the default target)
 #   make bench   benchmarks (tables on stdout and into doc/benchmarks.md, plots under bench/out/)
-#   make torture, make test-asan, make test-valgrind: doc/testing.md
+#   make torture, make torture-freeze, make test-asan, make test-valgrind: doc/testing.md
 #   make doc     the API reference (LDoc, config.ld) under build/doc/
 #
 # Debian packages are installed with apt-get when missing (run as root, or
@@ -230,6 +230,23 @@ TORTURE_SECONDS ?= 100
 torture: deps-torture build
 	@for k in exclusive semaphore rw election; do \
 	  tools/with-standin node tools/torture/run.js --kind $$k --log build/torture/$$k.log \
+	    --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
+	done
+
+# make torture-freeze: holders frozen past their ttl (SIGSTOP, then SIGCONT)
+# every TORTURE_FREEZE_EVERY seconds or so, for exclusive locks and
+# elections: the library's workers (the holder's process frozen; sections
+# of up to 300 ms, so that a freeze finds the holder at work), then the
+# command's (mongolock exec or elect, 4 workers, each through a proxy of its
+# own: the holder's proxy frozen); TORTURE_SECONDS each
+TORTURE_FREEZE_EVERY ?= 3
+.PHONY: torture-freeze
+torture-freeze: deps-torture build
+	@for k in exclusive election; do \
+	  tools/with-standin node tools/torture/run.js --kind $$k --freeze-every $(TORTURE_FREEZE_EVERY) \
+	    --hold-ms 300 --log build/torture/freeze-$$k.log --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
+	  tools/with-standin node tools/torture/run.js --kind $$k --command --workers 4 \
+	    --freeze-every $(TORTURE_FREEZE_EVERY) --log build/torture/freeze-command-$$k.log \
 	    --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \
 	done
 

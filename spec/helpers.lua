@@ -10,6 +10,7 @@
 --   helpers.script(src)      writes a Lua script to a temporary file, returns its path
 --   helpers.spawn(path, ...) starts it as a separate OS process in the background
 --   helpers.opcounters(c)    serverStatus opcounters as one table of numbers
+--   helpers.proxy()          a TCP proxy to the server that can be frozen (spec/proxy.js)
 --                            (the specs' hooks are require "mongolock.testing",
 --                            csrc/testing/testing.c, built next to the core)
 --
@@ -192,6 +193,73 @@ function helpers.uri_with(opts)
   local sep = u:find("?", 1, true) and "&" or (u:match("/$") and "?" or "/?")
   return u .. sep .. table.concat(parts, "&")
 end
+
+-- ---- a path to the server that can be frozen (spec/proxy.js) ------------
+--
+-- helpers.proxy() -> p: a TCP proxy to the server's primary, in a process
+-- of its own.  p.uri: helpers.uri() through it (the same credentials and
+-- options, directConnection=true: a replica set's members are not looked
+-- up, so nothing goes around the proxy); p.pid; p:freeze() stops the
+-- process (SIGSTOP: every connection through it, open or new, carries
+-- nothing, as a server that stopped answering); p:thaw() continues it;
+-- p:stop() kills it (also when the Lua state closes).
+local Proxy = {}
+Proxy.__index = Proxy
+local proxies = {}
+
+function Proxy:freeze() os.execute(format("kill -STOP %d 2>/dev/null", self.pid)) end
+function Proxy:thaw() os.execute(format("kill -CONT %d 2>/dev/null", self.pid)) end
+function Proxy:stop()
+  if self.stopped then return end
+  self.stopped = true
+  os.execute(format("kill -KILL %d 2>/dev/null", self.pid))
+  os.remove(self.log)
+end
+
+function helpers.proxy()
+  local u = helpers.uri()
+  local scheme, userinfo, hosts, rest = u:match("^(mongodb://)([^@/]*@?)([^/?]*)(.*)$")
+  assert(scheme, "helpers.proxy: a mongodb:// URI expected (not mongodb+srv://)")
+  if not userinfo:find("@", 1, true) then hosts, userinfo = userinfo .. hosts, "" end
+  -- the primary: the one host, else the server's own answer
+  local target = hosts
+  if hosts:find(",", 1, true) or rest:find("replicaSet=", 1, true) then
+    local c = helpers.connect()
+    local r = c._core:command("admin", { hello = 1 })
+    target = r and r.primary or hosts:match("^[^,]+")
+    c:close()
+  end
+  local path, query = rest:match("^(/?[^?]*)%??(.*)$")
+  local opts = {}
+  for kv in query:gmatch("[^&]+") do
+    local k = kv:match("^[^=]*"):lower()
+    if k ~= "replicaset" and k ~= "directconnection" then opts[#opts + 1] = kv end
+  end
+  opts[#opts + 1] = "directConnection=true"
+  local log = tmpname()
+  local p = assert(io.popen(format("node %s %s >%s 2>&1 </dev/null & echo $!",
+    shell_quote(helpers.root .. "/spec/proxy.js"), shell_quote(target), shell_quote(log))))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local self = setmetatable({ pid = pid, log = log }, Proxy)
+  proxies[#proxies + 1] = self
+  local addr
+  for _ = 1, 400 do
+    addr = (read_file(log) or ""):match("listening (%S+)")
+    if addr then break end
+    sleep(0.05)
+  end
+  if not addr then
+    self:stop()
+    error("the proxy did not start: " .. (read_file(log) or "no output"))
+  end
+  self.uri = format("%s%s%s%s?%s", scheme, userinfo, addr, path ~= "" and path or "/", table.concat(opts, "&"))
+  return self
+end
+
+helpers._proxy_reaper = setmetatable({}, { __gc = function()
+  for _, p in ipairs(proxies) do p:stop() end
+end })
 
 -- ---- a server with credentials and TLS (spec/auth_spec.lua) ----------------
 --

@@ -44,8 +44,26 @@ describe("#unit torture checker", function()
     assert.equal(0, v, tap)
     assert.is_nil(tap:find("not ok", 1, true), tap)
     assert.truthy(tap:find("# sections 4 (valid 3, lease ran out 1), failed releases 1, acquire errors 1, "
-      .. "kills 1, faults 1, violations 0", 1, true), tap)
+      .. "kills 1, faults 1, freezes 0, violations 0", 1, true), tap)
     assert.truthy(tap:find("1 checked", 1, true), tap)
+  end)
+
+  it("judges a frozen holder's work: a section that knew its lease ran out passes, one that claimed it fails",
+    function()
+    local frozen = {
+      "A 1 10.0 1", "S 1 10.0 13.5 1 0",          -- frozen 10.2..13.4, then learned it had lost
+      "Z 1 1 10.2 13.4",
+      "A 2 12.1 2", "S 2 12.1 12.3 2 1",
+    }
+    local v, tap = run(frozen)
+    assert.equal(0, v, tap)
+    assert.truthy(tap:find("ok 5 - a frozen holder's valid work never overlaps another holder's (1 freezes, "
+      .. "1 caught a holder at work, 0 of its sections claimed a valid lease)", 1, true), tap)
+    frozen[2] = "S 1 10.0 13.5 1 1"               -- a child that cannot check: claims it
+    v, tap = run(frozen)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("not ok 5 - a frozen holder's valid work", 1, true), tap)
+    assert.truthy(tap:find("frozen holder of token 1 (pid 1 frozen 10.200000..13.400000) acted", 1, true), tap)
   end)
 
   it("catches two valid sections that overlap", function()

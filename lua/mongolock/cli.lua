@@ -62,8 +62,10 @@ local function fail(code, fmt, ...)
   error(setmetatable({ code = code, msg = format(fmt, ...) }, failure_mt), 0)
 end
 
+-- one write(2) a line (stderr is unbuffered): the command's children
+-- write there too, and a line must not be cut by theirs
 local function warn(fmt, ...)
-  io.stderr:write("mongolock: ", format(fmt, ...), "\n")
+  io.stderr:write("mongolock: " .. format(fmt, ...) .. "\n")
 end
 
 -- ---- option values -----------------------------------------------------------
@@ -201,10 +203,14 @@ The command runs in a process group of its own (given the terminal when
 mongolock has it, so ^C and ^Z reach it as usual), and every signal mongolock
 sends goes to that whole group: SIGINT, SIGTERM and SIGHUP sent to mongolock
 are forwarded.  When the lease is lost (no renewal succeeded for a whole
-ttl, or the lock was released or taken by another), mongolock says why on
+ttl, or the lock was released or taken by another), mongolock says so on
 stderr and, unless --on-lost=warn, sends the group SIGTERM, then SIGKILL
 after --kill-after seconds (and SIGKILL to what remains of the group once
 the command has ended), so nothing it started goes on without the lock.
+Cut off from the server, it does not wait for the lease's end: while no
+renewal succeeds, SIGTERM comes --kill-after + 0.1 s before the lease's
+local deadline and SIGKILL 0.1 s before it, so the group is gone before
+another holder can start (--kill-after is cut to ttl/2 - 0.1 s).
 Processes that leave the group (setsid, daemons) are not followed.  If mongolock itself is killed with SIGKILL, the
 group runs on unsupervised and the lock frees at the end of its lease.
 
@@ -240,7 +246,8 @@ the command exited 0.]])
     :convert(exit_code)
   option(e, "exec", "--on-lost", "What to do when the lease is lost: kill (end the command's process "
     .. "group, as above) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
-  option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+  option(e, "exec", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL (at most "
+    .. "ttl/2 - 0.1; cut to that).", "10")
     :convert(seconds_or_zero)
   option(e, "exec", "--lock-delay", "Seconds nobody may take NAME after this holder's lease ended without a "
     .. "release (mongolock killed or cut off, or release --force), so that its command is gone first "
@@ -306,7 +313,8 @@ SIGKILL after --kill-after seconds, unless --on-lost=warn.]])
     :convert(exit_code)
   option(el, "elect", "--on-lost", "What to do when the lead is lost: kill (end the command's process "
     .. "group) or warn (say so and let it run on).", "kill"):choices({ "warn", "kill" })
-  option(el, "elect", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL.", "10")
+  option(el, "elect", "--kill-after", "With --on-lost=kill: seconds from SIGTERM to SIGKILL (at most "
+    .. "ttl/2 - 0.1; cut to that).", "10")
     :convert(seconds_or_zero)
   option(el, "elect", "--lock-delay", "Seconds nobody may lead NAME after this leader's lease ended without "
     .. "a resignation (mongolock killed or cut off, or release --force), so that its command is gone "
@@ -433,7 +441,7 @@ local function option_error(e)
   return opt and (opt .. ": " .. msg) or msg
 end
 
-local function open_locks(args)
+local function open_locks(args, more)
   load_core()
   local uri = args.uri or getenv("MONGODB_URI")
   if not uri or uri == "" then
@@ -441,8 +449,9 @@ local function open_locks(args)
   end
   -- the library bounds every call by server_timeout, unless the URI gives
   -- serverSelectionTimeoutMS, connectTimeoutMS or socketTimeoutMS
-  local ok, client, err = pcall(mongolock.connect, uri, { appname = args.app,
-    server_timeout = server_timeout(args) })
+  local copts = { appname = args.app, server_timeout = server_timeout(args) }
+  for k, v in pairs(more or {}) do copts[k] = v end
+  local ok, client, err = pcall(mongolock.connect, uri, copts)
   if not ok then fail(EXIT.usage, "%s", option_error(client)) end
   if not client then
     if tostring(err):match("^invalid URI") then fail(EXIT.usage, "%s", err) end
@@ -1247,14 +1256,92 @@ local function lost_cause(args, h, locks)
   return "it was released by another process (mongolock release --force)"
 end
 
+-- ---- the end of a lease under exec and elect -----------------------------------------------
+--
+-- A holder cut off from the server (a frozen server or proxy, a network
+-- that drops its packets) cannot learn that its lease ended: it must end
+-- its command before the server's lease end, when another exec can start
+-- its own.  h:remaining() counts down to the lease's local deadline, which
+-- is never later than the server's lease end (doc/design.md, Local
+-- deadline: the local monotonic time taken before the renewal was sent,
+-- plus the ttl, less 1e-3 of the ttl and 2 ms for the two clocks' rates).
+-- So, under --on-lost=kill, while no renewal has succeeded:
+--   remaining <= kill_after + KILL_MARGIN  SIGTERM to the command's group
+--   remaining <= KILL_MARGIN               SIGKILL to what remains of it
+-- KILL_MARGIN covers this process's wake-up (it looks every LOOK seconds
+-- at most, and wakes at the instant the next signal is due) and the time a
+-- killed group takes to be gone.  The window (kill_after + KILL_MARGIN) is
+-- at most half the ttl (kill_window), so a healthy lease, renewed when a
+-- third of its ttl has passed, never reaches it: a longer --kill-after is
+-- cut to fit.  doc/command.md gives the rule and its margins.
+local KILL_MARGIN = 0.1
+-- the longest the loop sleeps between two looks at the lease and signals
+local LOOK = 0.05
+
+-- the seconds from SIGTERM to SIGKILL: --kill-after, cut so that the
+-- window fits in half the ttl
+local function kill_window(args)
+  return min(args.kill_after, max(0, args.ttl / 2 - KILL_MARGIN))
+end
+_M.kill_window = function(ttl, kill_after) return kill_window({ ttl = ttl, kill_after = kill_after }) end
+_M.KILL_MARGIN = KILL_MARGIN
+
+-- The cause of a loss is looked up beside the supervision, never before
+-- the "lost" line or the kill: on a client of its own connected with a
+-- scheduler (mongolock.sched's three functions) whose coroutine is the
+-- lookup's, so each of its round trips is a job of that client's thread
+-- and the coroutine yields while it runs; the supervising loop resumes it
+-- every time around (at most LOOK seconds apart) and drops it after the
+-- server timeout and a second.
+local lookup_co   -- the lookup's coroutine while it runs
+local LOOKUP_SCHEDULER = {
+  current = function() return lookup_co ~= nil and coroutine.running() == lookup_co end,
+  sleep = function(s) coroutine.yield(core.monotonic() + s) end,
+  wait_fd = function(_, s) coroutine.yield(core.monotonic() + min(s, LOOK)) end,
+}
+
+-- starts the lookup of why h was lost: kind(args, client, locks) is the
+-- object whose status(NAME) lost_cause reads, made on the lookup's client
+local function lookup_start(args, h, kind)
+  local co = coroutine.create(function()
+    local client, locks = open_locks(args, { scheduler = LOOKUP_SCHEDULER, threads = 1 })
+    return lost_cause(args, h, kind(args, client, locks))
+  end)
+  return { co = co, wake = 0, stop = core.monotonic() + server_timeout(args) + 1 }
+end
+
+-- one step of the lookup lk: false once it has ended (its answer said as
+-- a second line, "lost the lock NAME: CAUSE") or was dropped
+local function lookup_step(args, lk)
+  local now = core.monotonic()
+  if now >= lk.stop then return false end
+  if now < lk.wake then return true end
+  lookup_co = lk.co
+  local ok, r = coroutine.resume(lk.co)
+  lookup_co = nil
+  if coroutine.status(lk.co) ~= "dead" then
+    lk.wake = tonumber(r) or now
+    return true
+  end
+  if ok and type(r) == "string" then warn("lost the lock %s: %s", args.name, r) end
+  return false
+end
+
 -- runs argv as a child holding h (a handle renewed in the background),
 -- until it ends; returns its exit status and whether the lease was lost
--- (and said so) meanwhile
-local function supervise(args, h, argv, locks)
+-- (and said so) meanwhile.  kind(args, client, locks): the object whose
+-- status(NAME) tells why a lease was lost (exec's locks, elect's campaign).
+local function supervise(args, h, argv, kind)
   -- the command learns which lock it runs under and its fencing token, to
   -- pass to the resources it writes (exact: a decimal string)
   -- the parent of what CMD's processes leave orphaned (proc.wait_group)
   proc.subreaper(true)
+  -- a lock handed over by a release (a grant) comes with a lease of the
+  -- waiter's place (queue_ttl), which the library tops up to the ttl
+  -- shortly before it ends: the kill window would not fit in it, so it is
+  -- extended to the ttl now, before the command starts
+  local rem0 = h:remaining()
+  if args.on_lost == "kill" and rem0 and rem0 < args.ttl * 2 / 3 then h:extend() end
   local pid, tty, errno = proc.spawn(argv, { MONGOLOCK_NAME = args.name, MONGOLOCK_TOKEN = h:token_string() })
   if not pid then
     warn("failed to execute %s", tty)
@@ -1265,19 +1352,39 @@ local function supervise(args, h, argv, locks)
       tty and ", given the terminal" or "", args.name)
   end
 
-  -- how often h:lost() is looked at: a fraction of the renewal period
-  local look = min(0.25, args.ttl / 6)
-  local lost, kill_at = false, nil
+  local kill = args.on_lost == "kill"
+  local kill_after = kill_window(args)
+  if kill and args.verbose and kill_after < args.kill_after then
+    warn("--kill-after %g does not fit a lease of %g s: %s gets %g s from SIGTERM to SIGKILL", args.kill_after,
+      args.ttl, argv[1], kill_after)
+  end
+  -- how often h:lost() is looked at (h:lost() is a flag the renewal sets)
+  local look = min(LOOK, args.ttl / 6)
+  local lost, kill_at, lookup = false, nil, nil
   -- the command's exit status once it has ended (its group may live on)
   local status
+  -- h's local deadline as last seen (monotonic), to tell a deadline that
+  -- passed from a loss the server told
+  local deadline = core.monotonic() + (h:remaining() or 0)
+
+  local function done()
+    -- the cause's lookup, if any, has the rest of its time to answer
+    while lookup and lookup_step(args, lookup) do core.sleep(min(look, max(0, lookup.stop - core.monotonic()))) end
+    return status, lost
+  end
 
   while true do
     local wait = look
+    local rem = not lost and h:remaining()
+    if rem then
+      deadline = core.monotonic() + rem
+      if kill then wait = min(wait, max(0, rem - kill_after - KILL_MARGIN)) end
+    end
     if kill_at then wait = min(wait, max(0, kill_at - core.monotonic())) end
     if status == nil then
       -- once the lease is lost under --on-lost=kill, what the command
       -- leaves in its group is killed when it ends
-      local how, code, signo = proc.wait(pid, wait, (lost and args.on_lost == "kill") and "KILL" or nil)
+      local how, code, signo = proc.wait(pid, wait, (lost and kill) and "KILL" or nil)
       if how == "exit" then status = code end
       if how == "signal" then status = 128 + signo end
       if how == nil then fail(EXIT.software, "%s", tostring(code)) end
@@ -1285,13 +1392,13 @@ local function supervise(args, h, argv, locks)
         -- the lock is held until the group is empty, as flock's descriptor
         -- is held by every process that inherited it (unless
         -- --release-on-exit)
-        if args.release_on_exit or proc.wait_group(pid, 0) then return status, lost end
+        if args.release_on_exit or proc.wait_group(pid, 0) then return done() end
         if args.verbose then
           warn("%s exited; %s is held until the rest of its process group %d ends", argv[1], args.name, pid)
         end
       end
     elseif proc.wait_group(pid, wait) then
-      return status, lost
+      return done()
     end
 
     for _, sig in ipairs(proc.signals()) do
@@ -1305,22 +1412,38 @@ local function supervise(args, h, argv, locks)
       end
     end
 
-    -- lost: a renewal found the lock gone, or none succeeded in time
-    if not lost and h:lost() then
-      lost = true
-      if args.on_lost == "kill" then
-        proc.kill(pid, "TERM")
-        kill_at = core.monotonic() + args.kill_after
-        warn("lost the lock %s: %s; terminating %s (process group %d)",
-          args.name, lost_cause(args, h, locks), argv[1], pid)
-      else
-        warn("lost the lock %s: %s; %s keeps running", args.name, lost_cause(args, h, locks), argv[1])
+    -- lost: a renewal (or the server) found the lock gone, or its local
+    -- deadline passed; under --on-lost=kill, its end is near and no
+    -- renewal has succeeded: the command ends first (the rule above)
+    if not lost then
+      local now = core.monotonic()
+      rem = h:remaining()
+      local why
+      if rem == nil or h:lost() then
+        why = now >= deadline and format("no renewal succeeded within its ttl (%g s)", args.ttl)
+          or "the server no longer has this holder's lease"
+        kill_at = now + (now >= deadline and 0 or kill_after)
+      elseif kill and rem <= kill_after + KILL_MARGIN then
+        why = format("no renewal succeeded for %.1f s, and its lease ends in %.1f s", args.ttl - rem, rem)
+        kill_at = now + max(0, rem - KILL_MARGIN)
+      end
+      if why then
+        lost = true
+        if kill then
+          proc.kill(pid, "TERM")
+          warn("lost the lock %s: %s; terminating %s (process group %d)", args.name, why, argv[1], pid)
+        else
+          kill_at = nil
+          warn("lost the lock %s: %s; %s keeps running", args.name, why, argv[1])
+        end
+        lookup = lookup_start(args, h, kind)
       end
     end
     if kill_at and core.monotonic() >= kill_at then
       proc.kill(pid, "KILL")
       kill_at = nil
     end
+    if lookup and not lookup_step(args, lookup) then lookup = nil end
   end
 end
 
@@ -1398,7 +1521,7 @@ local function cmd_exec(args)
   local h, status = exec_acquire(args, locks)
   if not h then return status, true end
   if args.verbose then warn("took %s (token %s)", args.name, h:token_string()) end
-  local code, lost = supervise(args, h, args.cmd, locks)
+  local code, lost = supervise(args, h, args.cmd, kind_of)
   return (finish_exec(args, h, code, lost, locks)), true
 end
 
@@ -1481,7 +1604,12 @@ local function cmd_elect(args)
   local h, status = exec_acquire(args, campaign)
   if not h then return status, true end
   if args.verbose then warn("leading %s (term %s, value %s)", args.name, h:token_string(), value) end
-  local code, lost = supervise(args, h, args.cmd, campaign)
+  -- the lookup of a loss's cause: the election's status on the lookup's client
+  local function status_of(_, client2, locks2)
+    local el2 = elections_of(client2, locks2, args.ttl)
+    return { status = function(_, name) return el2:status(name) end }
+  end
+  local code, lost = supervise(args, h, args.cmd, status_of)
   return (finish_exec(args, h, code, lost, campaign)), true
 end
 
@@ -1703,7 +1831,7 @@ function _M.main(argv, info)
     return setmetatable({ code = EXIT.software, msg = "internal error: " .. tostring(e):match("^[^\n]*") }, failure_mt)
   end)   -- (Lua 5.1's xpcall passes no arguments)
   if not done then
-    io.stderr:write("mongolock: ", code.msg, "\n")
+    io.stderr:write("mongolock: " .. code.msg .. "\n")
     return code.code
   end
   return code, quick

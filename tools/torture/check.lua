@@ -3,7 +3,9 @@
 -- lock kept its promises.  Prints TAP (one "ok"/"not ok" line per property,
 -- then the counts) and exits 1 on any violation.
 --
---   lua check.lua --ttl S [--retry S] [--kind K [--permits N]] LOG
+--   lua check.lua --ttl S [--retry S] [--kind K [--permits N]] [--acts] LOG
+--     (--acts: a holder acts several times a token, as an election's
+--     leader does: the command's child of run.js --command)
 --   local check = dofile("tools/torture/check.lua"); check.run(lines, opts)
 --
 -- Log lines (times are CLOCK_MONOTONIC seconds, comparable across processes):
@@ -22,6 +24,9 @@
 --                                      server showed holding token
 --   N pid                              pid renews its leases (the lease engine)
 --   F kind time                        the harness armed a failCommand fault
+--   Z pid token stop cont              the harness froze pid (SIGSTOP at stop,
+--                                      SIGCONT at cont): the holder of token,
+--                                      or the proxy it reached the server by
 --   X begin|end time                   the run's bounds
 --
 -- Properties:
@@ -44,6 +49,9 @@
 --       leader's pid, or pid-k from its proclaims), and it returned every
 --       term granted while it watched (from its first line to a second
 --       before the end).
+--   5. a frozen holder's valid work (its sections that ended after the
+--      freeze began) never overlaps another token's valid section
+--      (judged when the log has Z lines; part of 1, reported apart);
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet or the process renewed its leases, of the kill),
@@ -66,6 +74,7 @@ local SHAPES = {
   K = { list = "kills", "#pid", "#token", "#time" },
   N = { list = "renewers", "#pid" },
   F = { list = "faults", "kind", "#time" },
+  Z = { list = "freezes", "#pid", "#token", "#stop", "#cont" },
   X = { list = "bounds", "what", "#time" },
 }
 
@@ -97,7 +106,7 @@ end
 -- parses lines (an iterator or a table of strings) into a log table
 function M.parse(lines)
   local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, observed = {},
-                errors = {}, kills = {}, faults = {}, bounds = {}, bad = {},
+                errors = {}, kills = {}, faults = {}, bounds = {}, bad = {}, freezes = {},
                 renewers = {} }
   local function one(line)
     if line:match("^%s*$") then return end
@@ -308,6 +317,36 @@ function M.shared_token_order(log, writers)
   return out
 end
 
+-- property 5: the work of frozen holders.  Returns messages, the number of
+-- freezes that caught a holder at work (a section of its token that ended
+-- after the freeze began), and how many of those sections claimed a valid
+-- lease.
+function M.frozen(log)
+  local out, caught, claimed = {}, 0, 0
+  local others = {}
+  for _, s in ipairs(log.sections) do if s.valid then others[#others + 1] = s end end
+  for _, z in ipairs(log.freezes) do
+    local hit = false
+    for _, s in ipairs(log.sections) do
+      if s.token == z.token and s.stop > z.stop then
+        hit = true
+        if s.valid then
+          claimed = claimed + 1
+          for _, o in ipairs(others) do
+            if o.token ~= z.token and o.start < s.stop and s.start < o.stop then
+              out[#out + 1] = format("frozen holder of token %s (pid %d frozen %.6f..%.6f) acted %.6f..%.6f, "
+                .. "token %s (pid %d) %.6f..%.6f", tostring(z.token), z.pid, z.stop, z.cont, s.start, s.stop,
+                tostring(o.token), o.pid, o.start, o.stop)
+            end
+          end
+        end
+      end
+    end
+    if hit then caught = caught + 1 end
+  end
+  return out, caught, claimed
+end
+
 -- property 3: recovery after SIGKILL of a holder.  Returns messages, the
 -- number of kills checked, the largest recovery seen, and how many kills
 -- came too close to the end of the run to be judged.
@@ -401,8 +440,19 @@ function M.run(lines, opts)
   else
     ov, nvalid = M.overlaps(log)
     report(#ov == 0, format("no two valid critical sections overlap (%d valid of %d)", nvalid, #log.sections), ov)
-    to = M.token_order(log)
-    report(#to == 0, "fencing tokens increase in the order sections started; none granted twice", to)
+    if opts.acts then
+      -- several acts per token (the command's child, run.js --command)
+      to = M.term_order(log)
+      report(#to == 0, "fencing tokens never decrease in the order acts started; none granted twice", to)
+    else
+      to = M.token_order(log)
+      report(#to == 0, "fencing tokens increase in the order sections started; none granted twice", to)
+    end
+  end
+  if #log.freezes > 0 then
+    local fz, caught, claimed = M.frozen(log)
+    report(#fz == 0, format("a frozen holder's valid work never overlaps another holder's (%d freezes, %d caught "
+      .. "a holder at work, %d of its sections claimed a valid lease)", #log.freezes, caught, claimed), fz)
   end
   local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
   report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "
@@ -419,8 +469,8 @@ function M.run(lines, opts)
   for _, r in ipairs(log.releases) do if r.result ~= "ok" then lost = lost + 1 end end
   local invalid = #log.sections - nvalid
   print(format("# sections %d (valid %d, lease ran out %d), failed releases %d, acquire errors %d, "
-    .. "kills %d, faults %d, violations %d", #log.sections, nvalid, invalid, lost, #log.errors,
-    #log.kills, #log.faults, violations))
+    .. "kills %d, faults %d, freezes %d, violations %d", #log.sections, nvalid, invalid, lost, #log.errors,
+    #log.kills, #log.faults, #log.freezes, violations))
   if kind == "election" then
     local plost = 0
     for _, p in ipairs(log.proclaims) do if p.result ~= "ok" then plost = plost + 1 end end
@@ -438,10 +488,11 @@ local function main(argv)
     elseif a == "--retry" then opts.retry = tonumber(argv[i + 1]); i = i + 2
     elseif a == "--kind" then opts.kind = argv[i + 1]; i = i + 2
     elseif a == "--permits" then opts.permits = tonumber(argv[i + 1]); i = i + 2
+    elseif a == "--acts" then opts.acts = true; i = i + 1
     else path = a; i = i + 1 end
   end
   if not path or not opts.ttl then
-    io.stderr:write("usage: check.lua --ttl S [--retry S] [--kind K [--permits N]] LOG\n")
+    io.stderr:write("usage: check.lua --ttl S [--retry S] [--kind K [--permits N]] [--acts] LOG\n")
     os.exit(2)
   end
   local f = assert(io.open(path, "r"))

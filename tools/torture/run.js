@@ -33,6 +33,19 @@
 //   --lie             negative control: workers claim every lease valid and
 //                     one section in five outlives its ttl; the checker must
 //                     then report overlaps (the run fails)
+//   --freeze-every S  mean seconds between freezes of the holder (default 0:
+//                     none): SIGSTOP for 1.2 to 2 ttl, then SIGCONT, logged
+//                     as a Z line; the checker judges the frozen holders'
+//                     work against the next holders'
+//   --command         the workers run the command (bin/mongolock exec, or
+//                     elect with --kind election; cmd_worker.lua) with a
+//                     child (cmd_child.lua) that ignores SIGTERM and cannot
+//                     check its lease, each worker through a TCP proxy of
+//                     its own (spec/proxy.js): a freeze stops the holder's
+//                     proxy, cutting it off from the server.  Exclusive and
+//                     election only; no kills (a SIGKILLed mongolock leaves
+//                     its child unsupervised: doc/command.md) and no
+//                     observer
 //
 // Needs MONGODB_URI, a server that accepts configureFailPoint (the
 // stand-in, or mongod with enableTestCommands=1), and `make build`.
@@ -48,13 +61,15 @@ const { MongoClient } = require(require.resolve('mongodb', {
 
 function parseArgs(argv) {
   const o = { workers: 16, seconds: 60, ttl: 2, holdMs: 30, retry: 2, skewed: 2, lua: 'both',
-    killEvery: 4, faultEvery: 1, kind: 'exclusive', permits: 3, log: path.join(root, 'build', 'torture', 'torture.log') };
+    killEvery: 4, faultEvery: 1, freezeEvery: 0, kind: 'exclusive', permits: 3,
+    log: path.join(root, 'build', 'torture', 'torture.log') };
   const num = { '--workers': 'workers', '--seconds': 'seconds', '--ttl': 'ttl', '--hold-ms': 'holdMs',
     '--retry': 'retry', '--skewed': 'skewed', '--kill-every': 'killEvery', '--fault-every': 'faultEvery',
-    '--permits': 'permits' };
+    '--permits': 'permits', '--freeze-every': 'freezeEvery' };
   for (let i = 0; i < argv.length; i += 2) {
     const k = argv[i];
     if (k === '--lie') { o.lie = true; i -= 1; continue; }
+    if (k === '--command') { o.command = true; i -= 1; continue; }
     const v = argv[i + 1];
     if (v === undefined) usage(`${k} needs a value`);
     if (num[k]) {
@@ -72,6 +87,8 @@ function parseArgs(argv) {
     } else usage(`unknown option ${k}`);
   }
   if (o.workers < 2 || o.ttl <= 0 || o.seconds <= 0) usage('need --workers >= 2, --ttl > 0, --seconds > 0');
+  if (o.command && !['exclusive', 'election'].includes(o.kind)) usage('--command takes --kind exclusive or election');
+  if (o.command) o.skewed = 0;
   return o;
 }
 
@@ -123,11 +140,28 @@ async function main() {
   const workers = new Map(); // child process pid -> { proc, lua, skew, pid (the Lua process's) }
   let started = 0;
   let stopping = false;
-  const stats = { kills: 0, faults: 0, respawns: 0 };
+  const stats = { kills: 0, faults: 0, respawns: 0, freezes: 0 };
+
+  // --command: a proxy per worker slot (spec/proxy.js), kept across respawns
+  const proxies = new Map(); // slot -> { proc, uri }
+  const target = /^mongodb:\/\/(?:[^@/]*@)?([^,/?]+)/.exec(uri);
+  async function proxyOf(slot) {
+    if (proxies.has(slot)) return proxies.get(slot);
+    const proc = spawn('node', [path.join(root, 'spec', 'proxy.js'), target[1]], { stdio: ['ignore', 'pipe', errlog] });
+    const addr = await new Promise((resolve) => {
+      proc.stdout.on('data', (b) => { const m = /listening (\S+)/.exec(String(b)); if (m) resolve(m[1]); });
+      proc.on('exit', () => resolve(null));
+    });
+    if (!addr) throw new Error('the proxy did not start');
+    const p = { proc, uri: `mongodb://${addr}/?directConnection=true` };
+    proxies.set(slot, p);
+    return p;
+  }
+  if (o.command) for (let i = 0; i < o.workers; i++) await proxyOf(i);
 
   function startWorker(slot) {
     const lua = o.lua === 'both' ? (slot % 2 ? 'luajit' : 'lua5.4') : o.lua;
-    const skew = slot < o.skewed ? (slot % 2 ? '-1h' : '+1h') : null;
+    const skew = !o.command && slot < o.skewed ? (slot % 2 ? '-1h' : '+1h') : null;
     const env = {
       ...process.env,
       LUA_PATH: `${root}/lua/?.lua;${root}/lua/?/init.lua;;`,
@@ -139,7 +173,13 @@ async function main() {
     env.TORTURE_KIND = o.kind;
     env.TORTURE_PERMITS = String(o.permits);
     let proc;
-    if (skew) {
+    if (o.command) {
+      env.TORTURE_URI = proxies.get(slot).uri;
+      env.TORTURE_APP = `torture-cmd-${slot}`;
+      env.TORTURE_LUA = lua;
+      args[0] = path.join(__dirname, 'cmd_worker.lua');
+      proc = spawn(lua, args, { env, stdio: ['ignore', 'pipe', errlog] });
+    } else if (skew) {
       // the monotonic clock stays real so that log times compare
       env.FAKETIME_DONT_FAKE_MONOTONIC = '1';
       proc = spawn('faketime', ['-f', skew, lua, ...args], { env, stdio: ['ignore', 'pipe', errlog] });
@@ -164,7 +204,7 @@ async function main() {
 
   // an election's observer (not a worker: never killed), logging O lines
   let observer = null;
-  if (o.kind === 'election') {
+  if (o.kind === 'election' && !o.command) {
     observer = spawn('lua5.4', [path.join(__dirname, 'observer.lua'), o.log, name, stopfile], {
       env: { ...process.env, LUA_PATH: `${root}/lua/?.lua;${root}/lua/?/init.lua;;`,
              LUA_CPATH: `${root}/build/lua5.4/?.so;;` },
@@ -181,7 +221,7 @@ async function main() {
   const deadline = mono() + o.seconds;
 
   async function killer() {
-    while (mono() < deadline) {
+    while (!o.command && mono() < deadline) {
       await sleep(rand(0.5, 1.5) * o.killEvery);
       if (mono() >= deadline) break;
       const doc = await coll.findOne({ _id: name }).catch(() => null);
@@ -234,7 +274,34 @@ async function main() {
     }
   }
 
-  await Promise.all([killer(), faulter()]);
+  // the holder frozen past its ttl: its process (SIGSTOP), or with
+  // --command the proxy it reaches the server through; Z pid token stop cont
+  async function freezer() {
+    while (o.freezeEvery > 0 && mono() < deadline) {
+      await sleep(rand(0.5, 1.5) * o.freezeEvery);
+      if (mono() >= deadline) break;
+      const doc = await coll.findOne({ _id: name }).catch(() => null);
+      if (!doc || doc.owner == null || !doc.holder) continue;
+      let victim = null;
+      if (o.command) {
+        const m = /^torture-cmd-(\d+)$/.exec(String(doc.holder.app));
+        const p = m && proxies.get(Number(m[1]));
+        victim = p && p.proc.pid;
+      } else {
+        const w = [...workers.values()].find((x) => x.pid === Number(doc.holder.pid));
+        victim = w && w.pid;
+      }
+      if (!victim) continue;
+      const t = mono();
+      try { process.kill(victim, 'SIGSTOP'); } catch (e) { continue; }
+      await sleep(o.ttl * rand(1.2, 2));
+      try { process.kill(victim, 'SIGCONT'); } catch (e) { /* gone */ }
+      stats.freezes += 1;
+      emit(`Z ${victim} ${String(doc.token)} ${t.toFixed(6)} ${mono().toFixed(6)}`);
+    }
+  }
+
+  await Promise.all([killer(), faulter(), freezer()]);
 
   // stop: no new acquisitions; those in flight finish their section
   stopping = true;
@@ -251,13 +318,18 @@ async function main() {
     try { process.kill(w.proc.pid, 'SIGKILL'); } catch (e) { /* gone */ }
     if (w.pid) try { process.kill(w.pid, 'SIGKILL'); } catch (e) { /* gone */ }
   }
+  for (const p of proxies.values()) {
+    try { p.proc.kill('SIGKILL'); } catch (e) { /* gone */ }
+  }
   await client.close();
   fs.rmSync(stopfile, { force: true });
 
   const r = spawnSync('lua5.4', [path.join(__dirname, 'check.lua'), '--ttl', String(o.ttl),
-    '--retry', String(o.retry), '--kind', o.kind, '--permits', String(o.permits), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
+    '--retry', String(o.retry), '--kind', o.kind, '--permits', String(o.permits), ...(o.command ? ['--acts'] : []),
+    o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
   process.stdout.write(`# kind ${o.kind}${o.kind === 'semaphore' ? ` (${o.permits} permits)` : ''}, workers ${o.workers} (${o.skewed} under faketime +/-1h, lua ${o.lua}), `
-    + `processes started ${started}, killed ${stats.kills}, faults armed ${stats.faults}, `
+    + `${o.command ? 'the command (mongolock exec/elect) through proxies, ' : ''}`
+    + `processes started ${started}, killed ${stats.kills}, faults armed ${stats.faults}, frozen ${stats.freezes}, `
     + `${o.seconds} s, ttl ${o.ttl} s, log ${path.relative(root, o.log)}\n`);
   process.exit(r.status === null ? 1 : r.status);
 }
