@@ -253,7 +253,7 @@ build/bench/raw: $(RAW_SRC) csrc/model/protocol.h csrc/driver/transport.h | deps
 	@$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -Icsrc/model -Icsrc/driver -o $@ $(RAW_SRC) $(MONGOC_LIBS) -lm >&2
 
 .PHONY: bench torture test-asan test-valgrind
-bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES)
+bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES) frameworks
 	@bench/run
 
 # TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js); one
