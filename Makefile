@@ -200,6 +200,7 @@ $(COPAS): $(VENDOR)/copas-4.11.0.tar.gz $(VENDOR)/timerwheel-1.0.2.tar.gz
 	@tar xzf $(VENDOR)/timerwheel-1.0.2.tar.gz -C build/copas/src
 	@cp -r build/copas/src/copas-4.11.0/src/. build/copas/src/timerwheel-1.0.2/src/. build/copas/lua/
 	@cp /usr/share/lua/5.1/coxpcall.lua /usr/share/lua/5.1/binaryheap.lua build/copas/lua/
+	@touch $@
 	@echo "Copas 4.11.0 and timerwheel 1.0.2 in build/copas/lua"
 
 # the API reference: LDoc on the public modules' doc comments (config.ld)
