@@ -39,23 +39,30 @@ if why_not then
   return
 end
 
--- runs spec/skynet/main.lua in a skynet process; returns its RESULT lines
--- ({ key = { values... } }, rounds and hand-offs as lists) and its output
-local function run_skynet(rounds)
+-- runs the service `start` (spec/skynet/main.lua, or one of `files`: {
+-- name = source }, written to a folder of their own) in a skynet process;
+-- returns its RESULT lines ({ key = { values... } }, rounds and hand-offs
+-- as lists) and its output
+local function run_skynet(rounds, start, files)
   local dir = os.tmpname()
   os.remove(dir)
   assert(os.execute("mkdir -p " .. helpers.shell_quote(dir)))
+  for name, src in pairs(files or {}) do
+    local w = assert(io.open(dir .. "/" .. name .. ".lua", "w"))
+    w:write(src)
+    w:close()
+  end
   local q = function(s) return string.format("%q", s) end
   local config = dir .. "/config"
   local f = assert(io.open(config, "w"))
   f:write(table.concat({
     "thread = 2",
     "harbor = 0",
-    "start = \"main\"",
+    "start = " .. q(start or "main"),
     "bootstrap = \"snlua bootstrap\"",
     "cpath = " .. q(skynet_dir .. "/cservice/?.so"),
     "lualoader = " .. q(skynet_dir .. "/lualib/loader.lua"),
-    "luaservice = " .. q(root .. "/spec/skynet/?.lua;" .. skynet_dir .. "/service/?.lua"),
+    "luaservice = " .. q(dir .. "/?.lua;" .. root .. "/spec/skynet/?.lua;" .. skynet_dir .. "/service/?.lua"),
     "lua_path = " .. q(skynet_dir .. "/lualib/?.lua;" .. skynet_dir .. "/lualib/?/init.lua;"
       .. root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua"),
     "lua_cpath = " .. q(skynet_dir .. "/luaclib/?.so;" .. root .. "/build/lua5.4/?.so"),
@@ -159,6 +166,29 @@ describe("#integration skynet", function()
     end
     -- a collected handle's release goes to the client's own thread
     check(r.slow["__gc"][2] < 0.25, "__gc: " .. r.slow["__gc"].rest)
+  end)
+
+  it("the README's skynet service runs as written", function()
+    local readme = assert(helpers.read_file(root .. "/README.md"))
+    local player = assert(readme:match("\n```lua\n(%-%- not run: player%.lua, a skynet service.-\n)```"))
+    local id = helpers.unique("p")
+    local rr, rout = run_skynet(1, "readme_main", { player = player, readme_main = string.format([[
+      local skynet = require "skynet"
+      require "skynet.manager"
+      local mongolock = require "mongolock"
+      skynet.start(function()
+        local ok, err = pcall(function()
+          local p = skynet.newservice("player")
+          for _ = 1, 3 do assert(skynet.call(p, "lua", %q, 5)) end
+          local c = assert(mongolock.connect(os.getenv("MONGODB_URI")))
+          local r = assert(c:command("game", { find = "players" }, { filter = { _id = %q } }))
+          print("RESULT gold " .. tostring(r.cursor.firstBatch[1].gold))
+        end)
+        if not ok then print("RESULT error " .. tostring(err)) end
+        skynet.abort()
+      end)
+    ]], id, id) })
+    assert(rr.gold and rr.gold[1] == "15", "the README's service; the skynet process printed:\n" .. rout)
   end)
 
   it("bad use answers as elsewhere: the main coroutine blocks as outside a scheduler, a wrong argument "
