@@ -232,6 +232,46 @@ describe("#integration copas", function()
     assert.is_true(lines["__gc"][2] < 0.25, "__gc held the loop up")
   end)
 
+  it("doc/schedulers.md's Copas server runs as written (on a free port, in the spec's loop)", function()
+    local socket = require "socket"
+    local doc = assert(helpers.read_file(root .. "/doc/schedulers.md"))
+    local src = assert(doc:match("\n```lua\n(%-%- not run: server%.lua, a Copas server.-\n)```"))
+    local n
+    src, n = src:gsub('socket%.bind%("127%.0%.0%.1", 7000%)', "BIND()")
+    assert.equal(1, n)
+    src, n = src:gsub("copas%.loop%(%)%s*$", "")
+    assert.equal(1, n)
+    local server
+    local env = setmetatable({ BIND = function()
+      server = assert(socket.bind("127.0.0.1", 0))
+      return server
+    end }, { __index = _G })
+    local chunk = assert((loadstring or load)(src, "=server.lua", "t", env))
+    if rawget(_G, "setfenv") then setfenv(chunk, env) end
+    chunk()
+    local _, port = server:getsockname()
+    local id, answers = helpers.unique("p"), {}
+    local _, _, errors = run(function()
+      for i = 1, 3 do
+        local c = copas.wrap(assert(socket.tcp()))
+        assert(c:connect("127.0.0.1", port))
+        assert(c:send(id .. " 5\n"))
+        answers[i] = c:receive()
+        c:close()
+      end
+      local c = copas.wrap(assert(socket.tcp()))
+      assert(c:connect("127.0.0.1", port))
+      assert(c:send("nonsense\n"))
+      answers[4] = c:receive()
+      c:close()
+      copas.removeserver(server)
+    end)
+    assert.same({}, errors)
+    assert.same({ "ok", "ok", "ok", "usage: ID GOLD" }, answers)
+    local r = assert(client:command("game", { find = "players" }, { filter = { _id = id } }))
+    assert.equal(15, r.cursor.firstBatch[1].gold)
+  end)
+
   it("bad use answers as elsewhere: outside copas.loop the client blocks as before, a wrong argument "
      .. "raises the same error, a closed client answers nil, \"closed\"", function()
     local locks = client:locks({ database = helpers.database, collection = lcoll })
