@@ -31,7 +31,8 @@ PKGS_BUILD := gcc make pkg-config libmongoc-dev libbson-dev \
 # what the command (bin/mongolock) loads, for the README's next steps
 PKGS_RUN := lua-argparse lua-cjson
 PKGS_TEST := lua-busted lua-argparse lua-cjson lua-check lua-socket luarocks \
-	faketime nginx libnginx-mod-http-lua wrk lua-cqueues lua-luv prometheus
+	faketime nginx libnginx-mod-http-lua wrk lua-cqueues lua-luv prometheus \
+	lua-coxpcall lua-binaryheap
 # the #unit specs under the other Lua versions the core supports
 PKGS_LUAS := lua5.1 liblua5.1-0-dev lua5.2 liblua5.2-dev lua5.3 liblua5.3-dev
 PKGS_BENCH := wrk gnuplot-nox valgrind nginx libnginx-mod-http-lua lua-socket lua-cjson \
@@ -165,8 +166,42 @@ LUA_CPATH_luajit := $(CURDIR)/build/luajit/?.so;;
 run: deps build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' tools/with-standin lua5.4 examples/counter.lua
 
-test: deps-test build build-luas build/test/model
+test: deps-test build build-luas build/test/model frameworks
 	@tools/run-tests
+
+# ---- the game-server frameworks the scheduler specs run in ---------------
+#
+# skynet and Copas are in neither Debian nor npm: ../shared/vendor holds
+# their released tarballs (its README).  make frameworks builds skynet into
+# build/skynet (its own Makefile, no jemalloc: about 20 s) and unpacks Copas
+# and timerwheel into build/copas/lua with Debian's coxpcall and binaryheap
+# (installed for Lua 5.1 to 5.3 only; pure Lua, they serve 5.4 too).
+# Without the folder it says so, and spec/skynet_spec.lua and
+# spec/copas_spec.lua skip themselves.  VENDOR=DIR: the tarballs elsewhere.
+VENDOR ?= $(abspath $(CURDIR)/../shared/vendor)
+export MONGOLOCK_VENDOR := $(VENDOR)
+SKYNET := build/skynet/skynet
+COPAS := build/copas/lua/copas.lua
+.PHONY: frameworks
+frameworks: deps-test
+	@if [ -d '$(VENDOR)' ]; then $(MAKE) -s $(SKYNET) $(COPAS); \
+	else echo "no $(VENDOR): the skynet and Copas specs skip"; fi
+
+$(SKYNET): $(VENDOR)/skynet-1.8.0.tar.gz
+	@rm -rf build/skynet && mkdir -p build/skynet
+	@echo "building skynet 1.8.0 into build/skynet (log: build/skynet.log)"
+	@tar xzf $< -C build/skynet --strip-components=1
+	@$(MAKE) -C build/skynet linux MALLOC_STATICLIB= SKYNET_DEFINES=-DNOUSE_JEMALLOC >build/skynet.log 2>&1 \
+	  || { tail -20 build/skynet.log; exit 1; }
+
+$(COPAS): $(VENDOR)/copas-4.11.0.tar.gz $(VENDOR)/timerwheel-1.0.2.tar.gz
+	@rm -rf build/copas && mkdir -p build/copas/src build/copas/lua
+	@tar xzf $(VENDOR)/copas-4.11.0.tar.gz -C build/copas/src
+	@tar xzf $(VENDOR)/timerwheel-1.0.2.tar.gz -C build/copas/src
+	@cp -r build/copas/src/copas-4.11.0/src/. build/copas/src/timerwheel-1.0.2/src/. build/copas/lua/
+	@cp /usr/share/lua/5.1/coxpcall.lua /usr/share/lua/5.1/binaryheap.lua build/copas/lua/
+	@touch $@
+	@echo "Copas 4.11.0 and timerwheel 1.0.2 in build/copas/lua"
 
 # the API reference: LDoc on the public modules' doc comments (config.ld)
 .PHONY: doc
@@ -219,7 +254,7 @@ build/bench/raw: $(RAW_SRC) csrc/model/protocol.h csrc/driver/transport.h | deps
 	@$(CC) $(CFLAGS) $(WARN) $(MONGOC_CFLAGS) -Icsrc/model -Icsrc/driver -o $@ $(RAW_SRC) $(MONGOC_LIBS) -lm >&2
 
 .PHONY: bench torture test-asan test-valgrind
-bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES)
+bench: deps-bench build build/bench/raw $(BENCH_PEER_MODULES) frameworks
 	@bench/run
 
 # TORTURE_ARGS: e.g. --workers 32 --seconds 300 (tools/torture/run.js); one

@@ -69,6 +69,8 @@ build = {
     ["mongolock.yielding"] = "lua/mongolock/yielding.lua",
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
     ["mongolock.sched.luv"] = "lua/mongolock/sched/luv.lua",
+    ["mongolock.sched.skynet"] = "lua/mongolock/sched/skynet.lua",
+    ["mongolock.sched.copas"] = "lua/mongolock/sched/copas.lua",
     ["mongolock.core"] = {
       sources = {
         -- the binding: mongolock.core's Lua types and the adapters

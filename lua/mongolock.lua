@@ -70,7 +70,7 @@ local connect_defaults = {
   -- seconds a single attempt (try, timeout = 0) waits for a writable
   -- server and for its reply, a frozen server's too; at most server_timeout
   attempt_timeout = args.ATTEMPT_TIMEOUT,
-  scheduler = nil,                -- "cqueues", "luv" or a table (mongolock.sched): in
+  scheduler = nil,                -- "cqueues", "luv", "skynet", "copas" or a table (mongolock.sched): in
                                   -- its coroutines every wait yields to it
   threads = 8,                    -- with a scheduler: worker threads that run
                                   -- its round trips (per client and process)

@@ -366,10 +366,11 @@ end
 
 describe("#integration scheduler option", function()
   it("refuses what is no scheduler at the caller", function()
+    local names = "\"cqueues\", \"luv\", \"skynet\", \"copas\""
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = 42 }) end,
-      "bad argument #2 to 'connect' (scheduler: \"cqueues\", \"luv\" or a table expected, got number)")
+      "bad argument #2 to 'connect' (scheduler: " .. names .. " or a table expected, got number)")
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "tokio" }) end,
-      "bad argument #2 to 'connect' (scheduler: \"cqueues\", \"luv\" or a table expected, got \"tokio\")")
+      "bad argument #2 to 'connect' (scheduler: " .. names .. " or a table expected, got \"tokio\")")
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = { current = print } }) end,
       "bad argument #2 to 'connect' (scheduler: sleep must be a function)")
     assert.has_error(function() mongolock.connect(helpers.uri(), { scheduler = "cqueues", threads = 0 }) end,

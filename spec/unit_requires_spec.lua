@@ -105,7 +105,8 @@ local y = require('f')
   -- them their runners
   local ADAPTERS = { ["mongolock.ngx"] = true, ["mongolock.ngx.runner"] = true,
                      ["mongolock.ngx.thread"] = true, ["mongolock.sched"] = true,
-                     ["mongolock.sched.luv"] = true }
+                     ["mongolock.sched.luv"] = true, ["mongolock.sched.skynet"] = true,
+                     ["mongolock.sched.copas"] = true }
   local TOP = { ["mongolock"] = true, ["resty.mongolock"] = true, ["mongolock.cli"] = true }
 
   it("keeps the adapters out of the shared code: none of it loads one, even through another module", function()

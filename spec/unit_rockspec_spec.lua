@@ -50,8 +50,9 @@ local function openresty(name)
 end
 -- loaded only when the user asks for them, under pcall (no dependency of
 -- the rock): cqueues by connect{scheduler = "cqueues"}, luv by
--- connect{scheduler = "luv"} (mongolock.sched.luv)
-local OPTIONAL = { cqueues = true, luv = true }
+-- connect{scheduler = "luv"} (mongolock.sched.luv), skynet's lualib and
+-- Copas by "skynet" and "copas" (mongolock.sched.skynet, .copas)
+local OPTIONAL = { cqueues = true, luv = true, skynet = true, ["skynet.socket"] = true, copas = true }
 
 local function read(path)
   return assert(helpers.read_file(root .. "/" .. path), path)

@@ -6,6 +6,8 @@
 --
 --   local client = mongolock.connect(uri, { scheduler = "cqueues" })
 --   local client = mongolock.connect(uri, { scheduler = "luv" })  -- mongolock.sched.luv
+--   local client = mongolock.connect(uri, { scheduler = "skynet" })  -- mongolock.sched.skynet
+--   local client = mongolock.connect(uri, { scheduler = "copas" })  -- mongolock.sched.copas
 --   local client = mongolock.connect(uri, { scheduler = S })  -- any loop
 --
 -- Inside a coroutine of the scheduler every round trip of the client runs
@@ -27,7 +29,8 @@
 --                      seconds have passed, whichever comes first (waking
 --                      early is harmless: the library looks again)
 --
--- "cqueues" is built in (below), "luv" is mongolock.sched.luv.  What stays
+-- "cqueues" is built in (below), "luv", "skynet" and "copas" are
+-- mongolock.sched.luv, .skynet and .copas.  What stays
 -- off the loop: the lease engine (renewal in batches, grant top-ups,
 -- releases of collected handles) runs in the client's own background
 -- thread as outside a scheduler; change-stream wake-ups come from the
@@ -97,6 +100,24 @@ function builtin.luv()
   return S
 end
 
+-- skynet (a service's coroutines, mongolock.sched.skynet) and Copas 4
+-- (mongolock.sched.copas): each module says what it needs when missing
+local function module_adapter(name)
+  return function()
+    local mod = "mongolock.sched." .. name
+    local ok, S = pcall(require, mod)
+    if not ok then
+      local msg = tostring(S)
+      local at = msg:find(mod .. " needs ", 1, true)
+      if at then msg = msg:sub(at + #mod + 7) end
+      return nil, 'scheduler "' .. name .. '" needs ' .. msg
+    end
+    return S
+  end
+end
+builtin.skynet = module_adapter("skynet")
+builtin.copas = module_adapter("copas")
+
 local made = {}
 
 -- the scheduler connect's option names (raises at connect's caller)
@@ -110,7 +131,7 @@ function _M.check(S, n, fname, level)
     end
     S = made[S]
   elseif type(S) ~= "table" then
-    args.argerror(n, fname, 'scheduler: "cqueues", "luv" or a table expected, got '
+    args.argerror(n, fname, 'scheduler: "cqueues", "luv", "skynet", "copas" or a table expected, got '
       .. (type(S) == "string" and args.shown(S) or type(S)), level)
   end
   for _, k in ipairs({ "current", "sleep", "wait_fd" }) do
