@@ -33,6 +33,7 @@ void ml_sleep(double s) {
 }
 
 int ml_random_owner(char out[33]) {
+  static const char hex[] = "0123456789abcdef";
   unsigned char b[16];
   size_t got = 0;
   int i;
@@ -44,8 +45,10 @@ int ml_random_owner(char out[33]) {
     }
     got += (size_t)n;
   }
-  for (i = 0; i < 16; i++)
-    snprintf(out + 2 * i, 3, "%02x", b[i]);
+  for (i = 0; i < 16; i++) {
+    out[2 * i] = hex[b[i] >> 4];
+    out[2 * i + 1] = hex[b[i] & 15];
+  }
   out[32] = '\0';
   return 1;
 }
