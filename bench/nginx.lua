@@ -2,8 +2,10 @@
 -- resty.mongolock guarding a counter document) under load, with the server
 -- answering normally and with every findAndModify, update and find delayed
 -- (the failCommand fail point's blockConnection; mongod needs
--- enableTestCommands); and one uncontended lock cycle inside nginx against
--- the same cycle outside it.
+-- enableTestCommands); one uncontended lock cycle inside nginx against
+-- the same cycle outside it; and the hand-off between two holders taking
+-- turns on one key: a handler in each worker, against two LuaJIT processes
+-- (BENCH_NGINX_HANDOFFS holds of 1 ms).
 --
 --   lua5.4 bench/nginx.lua [SECONDS]
 --     MONGODB_URI set; LUA_PATH with lua/ and spec/, LUA_CPATH the lua5.4
@@ -20,6 +22,11 @@ local nx = require "nginx_helpers"
 local format = string.format
 local seconds = tonumber(arg[1]) or 5
 local CYCLES = tonumber(os.getenv("BENCH_NGINX_CYCLES")) or 2000
+local HANDOFFS = tonumber(os.getenv("BENCH_NGINX_HANDOFFS")) or 300
+local HOLD = 0.001
+-- inside and outside alternate in rounds, so that both sides see the same
+-- load of a shared machine
+local ROUNDS = 5
 local CLIENTS = 16
 local SLOW_COMMANDS = { "findAndModify", "update", "find" }
 
@@ -39,7 +46,7 @@ local function cycles(n, tag)
     if not ok then return nil, "unlock: " .. tostring(uerr) end
     return true
   end
-  for _ = 1, 50 do assert(one()) end          -- connections, index, JIT
+  for _ = 1, 20 do assert(one()) end          -- connections, index, JIT
   local t0 = core.monotonic()
   for _ = 1, n do
     local ok, err = one()
@@ -49,15 +56,60 @@ local function cycles(n, tag)
 end
 ]==]
 
+-- the hand-off between two holders of one key: each takes it, holds it
+-- hold seconds (sleep(hold)), releases it, and again, n times from
+-- monotonic time start_at; the two wait for each other (the release is
+-- handed to the waiter).  Returns one line per hold: "<taken> <released>"
+-- (core.monotonic, shared by the processes of a host; released is read
+-- just before the release is sent)
+local HANDOFF_SRC = [==[
+local resty = require "resty.mongolock"
+local core = require "mongolock.core"
+local function handoffs(n, hold, key, start_at, sleep)
+  local lock = assert(resty:new({ uri = os.getenv("MONGODB_URI"), collection = "nginx_bench", timeout = 30 }))
+  local warm = "warm-" .. key .. "-" .. core.getpid()
+  for _ = 1, 20 do assert(lock:lock(warm)); assert(lock:unlock()) end
+  sleep(math.max(0, start_at - core.monotonic()))
+  local out = {}
+  for _ = 1, n do
+    local e, err = lock:lock(key)
+    if not e then return nil, "lock: " .. tostring(err) end
+    local taken = core.monotonic()
+    sleep(hold)
+    local released = core.monotonic()
+    local ok, uerr = lock:unlock()
+    if not ok then return nil, "unlock: " .. tostring(uerr) end
+    out[#out + 1] = string.format("%.6f %.6f", taken, released)
+  end
+  return table.concat(out, "\n")
+end
+]==]
+
 local LOCATIONS = [[
         location = /bench-cycles {
             content_by_lua_file bench_cycles.lua;
+        }
+        location = /bench-handoff {
+            content_by_lua_file bench_handoff.lua;
         }
 ]]
 local HANDLER = CYCLES_SRC .. [==[
 local t, err = cycles(tonumber(ngx.var.arg_n), "nginx")
 if not t then ngx.status = 500; ngx.say(err); return end
 ngx.say(t)
+]==]
+
+local HANDOFF_HANDLER = HANDOFF_SRC .. [==[
+local a = ngx.req.get_uri_args()
+local out, err = handoffs(tonumber(a.n), tonumber(a.hold), a.key, tonumber(a.start_at), ngx.sleep)
+if not out then out, ngx.status = tostring(err), 500 end
+ngx.header["Content-Length"] = #out   -- read on a keep-alive connection
+ngx.print(out)
+]==]
+
+local HANDOFF_OUTSIDE = HANDOFF_SRC .. [==[
+local out = assert(handoffs(tonumber(arg[1]), tonumber(arg[2]), arg[3], tonumber(arg[4]), core.sleep))
+io.write(out)
 ]==]
 
 local OUTSIDE = CYCLES_SRC .. [==[
@@ -105,7 +157,69 @@ local function row(nginx, label, delay_ms)
     (pings[#pings] or 0) * 1000)
 end
 
-local nginx = nx.start({ locations = LOCATIONS, files = { ["bench_cycles.lua"] = HANDLER } })
+-- the hand-offs of two holders' lines ("<taken> <released>"): from one's
+-- release to the other's lock() returning, when the holder changed; the
+-- first WARM of a round dropped (the change streams open meanwhile)
+local WARM = 40
+local function handoff_latencies(a, b)
+  local ev = {}
+  for who, lines in ipairs({ a, b }) do
+    for t, r in lines:gmatch("([%d%.]+) ([%d%.]+)") do ev[#ev + 1] = { tonumber(t), tonumber(r), who } end
+  end
+  table.sort(ev, function(x, y) return x[1] < y[1] end)
+  local lat = {}
+  for i = WARM + 1, #ev do
+    if ev[i][3] ~= ev[i - 1][3] then lat[#lat + 1] = ev[i][1] - ev[i - 1][2] end
+  end
+  table.sort(lat)
+  return lat
+end
+
+-- two nginx workers' handlers (one keep-alive connection to each)
+local function handoff_inside(port, n)
+  local conns = nx.open_pingers(port, 2, 1)
+  local key = "handoff-nginx-" .. os.time() .. "-" .. math.random(1e9)
+  local start_at = require("mongolock.core").monotonic() + 1
+  for _, c in ipairs(conns) do
+    local path = format("/bench-handoff?n=%d&hold=%g&key=%s&start_at=%.6f", n, HOLD, key, start_at)
+    assert(c.sock:send("GET " .. path .. " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+  end
+  local bodies = {}
+  for i, c in ipairs(conns) do
+    c.sock:settimeout(120)
+    local code, body = nx.keepalive_read(c.sock)
+    assert(code == 200, body)
+    bodies[i] = body
+    c.sock:close()
+  end
+  return handoff_latencies(bodies[1], bodies[2])
+end
+
+-- two LuaJIT processes, the same module outside nginx
+local function handoff_outside(n)
+  local script = helpers.script(HANDOFF_OUTSIDE)
+  local key = "handoff-luajit-" .. os.time() .. "-" .. math.random(1e9)
+  local start_at = require("mongolock.core").monotonic() + 1
+  local outs, ps = {}, {}
+  for i = 1, 2 do
+    outs[i] = os.tmpname()
+    ps[i] = format("LUA_CPATH=%s luajit %s %d %g %s %.6f >%s 2>&1",
+      helpers.shell_quote(nx.root .. "/build/luajit/?.so;;"), helpers.shell_quote(script), n, HOLD, key,
+      start_at, outs[i])
+  end
+  assert(os.execute("(" .. ps[1] .. ") & (" .. ps[2] .. ") & wait"))
+  local bodies = {}
+  for i = 1, 2 do
+    bodies[i] = assert(helpers.read_file(outs[i]))
+    os.remove(outs[i])
+    assert(bodies[i]:match("^[%d%. \n]+$"), bodies[i])
+  end
+  os.remove(script)
+  return handoff_latencies(bodies[1], bodies[2])
+end
+
+local nginx = nx.start({ locations = LOCATIONS, files = { ["bench_cycles.lua"] = HANDLER,
+                                                          ["bench_handoff.lua"] = HANDOFF_HANDLER } })
 local ok, err = pcall(function()
   local rows = {}
   assert(nx.get(nginx.port, "/reset") == 200)
@@ -113,17 +227,40 @@ local ok, err = pcall(function()
   rows[#rows + 1] = row(nginx, "every command delayed 20 ms", 20)
   rows[#rows + 1] = row(nginx, "every command delayed 200 ms", 200)
 
-  say("nginx: %d uncontended lock cycles inside nginx and outside (LuaJIT)", CYCLES)
-  local code, body = nx.get(nginx.port, "/bench-cycles?n=" .. CYCLES)
-  assert(code == 200, body)
-  local inside = assert(tonumber(body:match("[%d%.e%-]+")), body)
+  say("nginx: %d uncontended lock cycles inside nginx and outside (LuaJIT), in %d rounds", CYCLES, ROUNDS)
+  local per = math.ceil(CYCLES / ROUNDS)
+  local inside, outside, cycle_ratios = 0, 0, {}
   local script = helpers.script(OUTSIDE)
-  local p = assert(io.popen(format("LUA_CPATH=%s luajit %s %d 2>&1",
-    helpers.shell_quote(nx.root .. "/build/luajit/?.so;;"), helpers.shell_quote(script), CYCLES)))
-  local outside_out = p:read("*a")
-  p:close()
+  for _ = 1, ROUNDS do
+    local code, body = nx.get(nginx.port, "/bench-cycles?n=" .. per)
+    assert(code == 200, body)
+    local tin = assert(tonumber(body:match("[%d%.e%-]+")), body)
+    local p = assert(io.popen(format("LUA_CPATH=%s luajit %s %d 2>&1",
+      helpers.shell_quote(nx.root .. "/build/luajit/?.so;;"), helpers.shell_quote(script), per)))
+    local outside_out = p:read("*a")
+    p:close()
+    local tout = assert(tonumber(outside_out:match("^%s*([%d%.e%-]+)%s*$")), outside_out)
+    inside, outside = inside + tin, outside + tout
+    cycle_ratios[#cycle_ratios + 1] = tin / tout
+    say("  inside %.0f us, outside %.0f us per cycle", tin / per * 1e6, tout / per * 1e6)
+  end
   os.remove(script)
-  local outside = assert(tonumber(outside_out:match("^%s*([%d%.e%-]+)%s*$")), outside_out)
+  table.sort(cycle_ratios)
+
+  local hper = math.ceil(HANDOFFS / ROUNDS)
+  say("nginx: the hand-off between two holders, %d holds of %g ms, inside nginx and outside, in %d rounds",
+    hper * ROUNDS, HOLD * 1000, ROUNDS)
+  local hin, hout, handoff_ratios = {}, {}, {}
+  for _ = 1, ROUNDS do
+    local a, b = handoff_inside(nginx.port, hper), handoff_outside(hper)
+    for _, x in ipairs(a) do hin[#hin + 1] = x end
+    for _, x in ipairs(b) do hout[#hout + 1] = x end
+    handoff_ratios[#handoff_ratios + 1] = nx.percentile(a, 0.5) / nx.percentile(b, 0.5)
+    say("  inside %s, outside %s", nx.summary(a), nx.summary(b))
+  end
+  table.sort(hin)
+  table.sort(hout)
+  table.sort(handoff_ratios)
 
   print(format("### nginx: examples/nginx (2 workers), %d wrk connections on /incr for %d s", CLIENTS, seconds))
   print()
@@ -134,11 +271,29 @@ local ok, err = pcall(function()
   print("/ping: every 50 ms on 2 keep-alive connections per worker, during the load. Delays: the failCommand "
     .. "fail point's blockConnection on findAndModify, update and find.")
   print()
-  print(format("| one uncontended resty.mongolock lock + unlock (%d cycles) | us per cycle |", CYCLES))
+  print(format("| one uncontended resty.mongolock lock + unlock (%d cycles) | us per cycle |", per * ROUNDS))
   print("|---|---:|")
-  print(format("| inside nginx (a content handler) | %.0f |", inside / CYCLES * 1e6))
-  print(format("| outside nginx (LuaJIT, the same module) | %.0f |", outside / CYCLES * 1e6))
-  print(format("| ratio | %.2f |", inside / outside))
+  print(format("| inside nginx (a content handler) | %.0f |", inside / (per * ROUNDS) * 1e6))
+  print(format("| outside nginx (LuaJIT, the same module) | %.0f |", outside / (per * ROUNDS) * 1e6))
+  print(format("| ratio (rounds' range) | %.2f (%.2f–%.2f) |", inside / outside, cycle_ratios[1],
+    cycle_ratios[#cycle_ratios]))
+
+  print()
+  local pct = nx.percentile
+  print(format("| the hand-off between two holders of one key (%d holds of %g ms each) | p50 ms | p90 ms "
+    .. "| p99 ms |", hper * ROUNDS, HOLD * 1000))
+  print("|---|---:|---:|---:|")
+  for _, r in ipairs({ { "two nginx workers' handlers", hin },
+                       { "two LuaJIT processes (outside nginx, the same module)", hout } }) do
+    local l = r[2]
+    print(format("| %s | %.2f | %.2f | %.2f |", r[1], pct(l, 0.5) * 1000, pct(l, 0.9) * 1000, pct(l, 0.99) * 1000))
+  end
+  print(format("| ratio (p50; rounds' range) | %.2f (%.2f–%.2f) | | |", pct(hin, 0.5) / pct(hout, 0.5),
+    handoff_ratios[1], handoff_ratios[#handoff_ratios]))
+  print()
+  print(format("Inside and outside alternate in %d rounds (the ratio's range: each round's). A hand-off: from just "
+    .. "before the holder's unlock() to the other's lock() returning; the first %d holds of a round dropped.",
+    ROUNDS, WARM))
 end)
 nginx:stop()
 pcall(failpoint, { mode = "off" })

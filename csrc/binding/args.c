@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "bson_lua.h"
+#include "lease.h"
 #include "sys.h"
 
 /* ---- answers ------------------------------------------------------------ */
@@ -126,11 +127,10 @@ int ml_arg_attempt_owner(lua_State *L, const char *default_app, int app_i, int w
   }
   a->owner = t->owner;
   if (!a->app) a->app = default_app;   /* holder.app: the URI's */
-  if (gethostname(t->host, sizeof t->host) != 0) t->host[0] = '\0';
-  t->host[sizeof t->host - 1] = '\0';
+  ml_hostname(t->host);
   if (!bson_utf8_validate(t->host, strlen(t->host), false)) t->host[0] = '\0';
   a->host = t->host;
-  a->pid = (int64_t)getpid();
+  a->pid = (int64_t)ml_pid();
   return 1;
 }
 

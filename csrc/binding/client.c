@@ -63,11 +63,56 @@ static void exit_register(void) {
   pthread_atfork(NULL, NULL, forget_pools);
 }
 
+/* ---- topology changes -------------------------------------------------- */
+
+/*
+ * Every pool reports its topology changes (SDAM monitoring: a server's
+ * description or the topology's changed; libmongoc reports no change when
+ * a heartbeat finds the same) by bumping one process-wide count, with the
+ * time of the latest.  client:writable() answers true again without
+ * copying the server descriptions while the count has not moved since it
+ * last looked.  libmongoc reports a change just before it publishes it, so
+ * a look within TOPOLOGY_SETTLE seconds of a change is not kept.
+ */
+#define TOPOLOGY_SETTLE 1.0
+static uint64_t topology_gen;      /* (atomic) changes seen, every pool */
+static int64_t topology_at_us;     /* (atomic) ml_monotonic() of the latest, us */
+
+static void topology_changed(void) {
+  __atomic_store_n(&topology_at_us, (int64_t)(ml_monotonic() * 1e6), __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&topology_gen, 1, __ATOMIC_SEQ_CST);
+}
+
+static void on_server_changed(const mongoc_apm_server_changed_t *e) {
+  (void)e;
+  topology_changed();
+}
+
+static void on_topology_changed(const mongoc_apm_topology_changed_t *e) {
+  (void)e;
+  topology_changed();
+}
+
+static void on_server_closed(const mongoc_apm_server_closed_t *e) {
+  (void)e;
+  topology_changed();
+}
+
 mongoc_client_pool_t *ml_pool_new(const mongoc_uri_t *uri) {
   mongoc_client_pool_t *pool;
+  mongoc_apm_callbacks_t *cbs;
   pthread_once(&exit_once, exit_register);
   pool = mongoc_client_pool_new(uri);
-  if (pool) __atomic_add_fetch(&pools_open, 1, __ATOMIC_SEQ_CST);
+  if (!pool) return NULL;
+  __atomic_add_fetch(&pools_open, 1, __ATOMIC_SEQ_CST);
+  cbs = mongoc_apm_callbacks_new();
+  if (cbs) {
+    mongoc_apm_set_server_changed_cb(cbs, on_server_changed);
+    mongoc_apm_set_topology_changed_cb(cbs, on_topology_changed);
+    mongoc_apm_set_server_closed_cb(cbs, on_server_closed);
+    mongoc_client_pool_set_apm_callbacks(pool, cbs, NULL);
+    mongoc_apm_callbacks_destroy(cbs);
+  }
   return pool;
 }
 
@@ -87,17 +132,18 @@ ml_client *ml_checkclient(lua_State *L, int idx) {
 /* makes pool and client for this process; raises on failure */
 static void client_make(lua_State *L, ml_client *c) {
   mongoc_client_pool_t *pool;
-  if (c->pool && c->pid == getpid()) return;
+  if (c->pool && c->pid == ml_pid()) return;
   /* in a forked child: abandon the parent's pool and connection; the
    * parent's sockets and monitor threads are not ours to tear down */
   c->pool = NULL;
   c->client = NULL;
   c->renew_state = NULL;
+  c->writable_seen = 0;
   pool = ml_pool_new(c->uri);
   if (!pool) luaL_error(L, "mongolock: cannot create a connection pool for this URI");
   mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
   c->pool = pool;
-  c->pid = getpid();
+  c->pid = ml_pid();
 }
 
 mongoc_client_pool_t *ml_client_pool(lua_State *L, ml_client *c) {
@@ -342,7 +388,7 @@ void ml_pin_library(void) {
 static void client_close(ml_client *c) {
   if (c->closed) return;
   c->closed = 1;
-  if (c->pool && c->pid == getpid()) {
+  if (c->pool && c->pid == ml_pid()) {
     if (c->on_close) c->on_close(c);
     if (c->client) mongoc_client_pool_push(c->pool, c->client);
     if (c->orphan) ml_orphan_drop(c->orphan);
@@ -545,7 +591,7 @@ static int l_connect(lua_State *L) {
     return ml_pushfail(L, "invalid URI: libmongoc cannot use it", 0);
   }
   mongoc_client_pool_set_error_api(c->pool, MONGOC_ERROR_API_VERSION_2);
-  c->pid = getpid();
+  c->pid = ml_pid();
   return 1;
 }
 
@@ -581,6 +627,8 @@ static int l_gc(lua_State *L) {
  * No round trip: it reads the topology the pool's monitors keep, so a
  * caller with a deadline can wait for a server without entering server
  * selection, which would block for the whole serverSelectionTimeoutMS.
+ * A true answer is kept until a pool reports a topology change (above):
+ * the look copies every server's description, about 3 us per try.
  */
 static int l_writable(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
@@ -588,6 +636,11 @@ static int l_writable(lua_State *L) {
   mongoc_server_description_t **sds;
   size_t n = 0, k;
   int ok = 0;
+  uint64_t gen = __atomic_load_n(&topology_gen, __ATOMIC_SEQ_CST);
+  if (c->writable_seen && c->writable_gen == gen) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   sds = mongoc_client_get_server_descriptions(mc, &n);
   for (k = 0; k < n && !ok; k++) {
     const char *t = mongoc_server_description_type(sds[k]);
@@ -595,6 +648,9 @@ static int l_writable(lua_State *L) {
          !strcmp(t, "LoadBalancer");
   }
   mongoc_server_descriptions_destroy_all(sds, n);
+  c->writable_seen = ok && ml_monotonic() - (double)__atomic_load_n(&topology_at_us, __ATOMIC_SEQ_CST) / 1e6 >
+                                TOPOLOGY_SETTLE;
+  c->writable_gen = gen;
   lua_pushboolean(L, ok);
   return 1;
 }

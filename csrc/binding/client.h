@@ -57,6 +57,11 @@ typedef struct ml_client {
                                    reference, dropped by __gc */
   int32_t attempt_ms;           /* a single attempt's bound (client.c's
                                    client:one_attempt); 0: none */
+  int writable_seen;            /* client:writable() found a writable
+                                   server at topology change writable_gen
+                                   (client.c): true again without a look
+                                   until the topology changes */
+  uint64_t writable_gen;
 } ml_client;
 
 /*

@@ -194,7 +194,7 @@ static int lease_state(lua_State *L, int idx, ml_lock *h, ml_client **cp) {
   if (!l || !c || c->closed) return ML_HANDLE_CLOSED;
   if (cp) *cp = c;
   pthread_mutex_lock(&l->mu);
-  if (l->pid != getpid()) {
+  if (l->pid != ml_pid()) {
     st = ML_HANDLE_NOT_HELD;           /* a forked child never acts for its parent */
   } else {
     if (l->held && !l->ending && ml_monotonic() >= l->deadline) {
@@ -225,7 +225,7 @@ static int lock_end(lua_State *L, int idx, ml_lock *h, const bson_t *extra, int 
   ml_client *c = NULL;
   ml_lease *l = h->lease;
   int st = lease_state(L, idx, h, &c), r = 1;
-  if (st == ML_HANDLE_HELD && ((c->pool && c->pid == getpid()) || c->external)) {
+  if (st == ML_HANDLE_HELD && ((c->pool && c->pid == ml_pid()) || c->external)) {
     if (from_gc && ml_gc_handoff && ml_gc_handoff(c, l)) {
       h->lease = NULL;          /* renew.c owns this reference now */
       return ML_HANDLE_HELD;

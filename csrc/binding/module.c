@@ -114,15 +114,14 @@ static int l_utf8_valid(lua_State *L) {
 
 /* core.getpid() -> this process's id */
 static int l_getpid(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)getpid());
+  lua_pushinteger(L, (lua_Integer)ml_pid());
   return 1;
 }
 
 /* core.hostname() -> the host name (holder.host in lock documents) */
 static int l_hostname(lua_State *L) {
   char h[256];
-  if (gethostname(h, sizeof h) != 0) h[0] = '\0';
-  h[sizeof h - 1] = '\0';
+  ml_hostname(h);
   lua_pushstring(L, h);
   return 1;
 }

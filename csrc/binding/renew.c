@@ -239,14 +239,14 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   sigset_t all, old;
   int rc;
 
-  if (st && st->pid == getpid() && (st->external || st->pool == pool)) return st;
+  if (st && st->pid == ml_pid() && (st->external || st->pool == pool)) return st;
   /* a state from another process (or pool) is abandoned, not freed */
   st = (ml_renew *)calloc(1, sizeof *st);
   if (!st) return NULL;
   st->c = c;
   st->obs = ml_obs_ref(c->obs);
   st->pool = pool;
-  st->pid = getpid();
+  st->pid = ml_pid();
   st->external = c->external;
   {
     char r[33];
@@ -343,8 +343,8 @@ int ml_renew_scan(lua_State *L, ml_client *c) {
  */
 static int renew_handoff(ml_client *c, ml_lease *l) {
   ml_renew *st;
-  if (c->closed || l->pid != getpid()) return 0;
-  if (!c->external && (!c->pool || c->pid != getpid())) return 0;
+  if (c->closed || l->pid != ml_pid()) return 0;
+  if (!c->external && (!c->pool || c->pid != ml_pid())) return 0;
   pthread_once(&atfork_once, install_atfork);
   pthread_mutex_lock(&renew_mu);
   st = state_get(c, c->pool);
@@ -404,7 +404,7 @@ static void queue_held(ml_client *c, ml_renew *st) {
     int take;
     held_unlink_locked(l);
     pthread_mutex_lock(&l->mu);
-    take = st && l->held && !l->ending && l->pid == getpid();
+    take = st && l->held && !l->ending && l->pid == ml_pid();
     if (take) {
       l->ending = 1;
       l->refs++;
@@ -443,20 +443,20 @@ static void renew_stop(ml_client *c) {
   pthread_once(&atfork_once, install_atfork);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (!c->external && c->pool && c->pid == getpid()) {
+  if (!c->external && c->pool && c->pid == ml_pid()) {
     int any = 0;
     ml_lease *l;
     for (l = c->held; l && !any; l = l->hnext) {
       pthread_mutex_lock(&l->mu);
-      any = l->held && !l->ending && l->pid == getpid();
+      any = l->held && !l->ending && l->pid == ml_pid();
       pthread_mutex_unlock(&l->mu);
     }
-    if (any && (!st || st->pid != getpid())) st = state_get(c, c->pool);
-    queue_held(c, st && st->pid == getpid() ? st : NULL);
+    if (any && (!st || st->pid != ml_pid())) st = state_get(c, c->pool);
+    queue_held(c, st && st->pid == ml_pid() ? st : NULL);
   } else {
     queue_held(c, NULL);
   }
-  if (!st || st->pid != getpid()) {
+  if (!st || st->pid != ml_pid()) {
     pthread_mutex_unlock(&renew_mu);
     return;
   }
@@ -515,7 +515,7 @@ static int ml_m_engine_next(lua_State *L) {
   luaL_argcheck(L, c->external, 1, "the client's engine runs on its own thread");
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid == getpid()) {
+  if (st && st->pid == ml_pid()) {
     if (st->e.work.kind == ML_WORK_NONE) has = ml_engine_next(&st->e, now, &wake);
     else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
     else wake = now + 1;                      /* in flight */
@@ -550,7 +550,7 @@ static int ml_m_engine_done(lua_State *L) {
   ok = ml_arg_outcome(L, 4, &reply, &err);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid == getpid() && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
+  if (st && st->pid == ml_pid() && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
     if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
       pthread_cond_broadcast(&st->done);
     publish(st);
@@ -568,7 +568,7 @@ void ml_renew_stats(ml_client *c, ml_renew_counts *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid == getpid()) {
+  if (st && st->pid == ml_pid()) {
     out->running = 1;
     out->leases = (long)st->e.n;
     out->renewals = st->e.renewals;
@@ -588,7 +588,7 @@ int ml_renew_flush(ml_client *c, double timeout) {
   for (;;) {
     ml_renew *st = (ml_renew *)c->renew_state;
     pending = 0;
-    if (!st || st->pid != getpid()) break;
+    if (!st || st->pid != ml_pid()) break;
     pending = st->e.nrel > 0 || st->e.work.kind == ML_WORK_RELEASE;
     if (!pending || ml_monotonic() >= until) break;
     if (st->external) {

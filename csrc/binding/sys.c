@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <sys/random.h>
 
+#include "lease.h"
 #include "sys.h"
 
 struct timespec ml_timespec(double s) {
@@ -32,6 +33,7 @@ void ml_sleep(double s) {
 }
 
 int ml_random_owner(char out[33]) {
+  static const char hex[] = "0123456789abcdef";
   unsigned char b[16];
   size_t got = 0;
   int i;
@@ -43,8 +45,10 @@ int ml_random_owner(char out[33]) {
     }
     got += (size_t)n;
   }
-  for (i = 0; i < 16; i++)
-    snprintf(out + 2 * i, 3, "%02x", b[i]);
+  for (i = 0; i < 16; i++) {
+    out[2 * i] = hex[b[i] >> 4];
+    out[2 * i + 1] = hex[b[i] & 15];
+  }
   out[32] = '\0';
   return 1;
 }
@@ -60,15 +64,29 @@ static pthread_mutex_t tag_mu = PTHREAD_MUTEX_INITIALIZER;
 static char tag_hex[17];
 static pid_t tag_pid;
 
+static char host_name[256];
+static pid_t host_pid;
+
+void ml_hostname(char out[256]) {
+  pthread_mutex_lock(&tag_mu);
+  if (host_pid != ml_pid()) {
+    if (gethostname(host_name, sizeof host_name) != 0) host_name[0] = '\0';
+    host_name[sizeof host_name - 1] = '\0';
+    host_pid = ml_pid();
+  }
+  memcpy(out, host_name, sizeof host_name);
+  pthread_mutex_unlock(&tag_mu);
+}
+
 int ml_process_tag(char out[17]) {
   int ok = 1;
   pthread_mutex_lock(&tag_mu);
-  if (tag_pid != getpid()) {
+  if (tag_pid != ml_pid()) {
     char full[33];
     if (ml_random_owner(full)) {
       memcpy(tag_hex, full, 16);
       tag_hex[16] = '\0';
-      tag_pid = getpid();
+      tag_pid = ml_pid();
     } else {
       ok = 0;
     }

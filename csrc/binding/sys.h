@@ -23,6 +23,10 @@ int ml_random_owner(char out[33]);
  * 0 when the kernel gave no randomness */
 int ml_process_tag(char out[17]);
 
+/* this host's name (gethostname, read once per process; "" when it
+ * fails), NUL-terminated in out */
+void ml_hostname(char out[256]);
+
 /* seconds on CLOCK_MONOTONIC as an absolute timespec (for timed waits on
  * condition variables with a monotonic clock), clamped to 0 .. 1e12 */
 struct timespec ml_timespec(double s);

@@ -21,6 +21,27 @@ double ml_monotonic(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* the pid kept by ml_pid (0: not known yet, or forgotten by a fork) */
+static pid_t pid_kept;
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+
+static void pid_forget(void) {
+  __atomic_store_n(&pid_kept, 0, __ATOMIC_RELAXED);
+}
+
+static void pid_register(void) {
+  pthread_atfork(NULL, NULL, pid_forget);
+}
+
+pid_t ml_pid(void) {
+  pid_t p = __atomic_load_n(&pid_kept, __ATOMIC_RELAXED);
+  if (p) return p;
+  pthread_once(&pid_once, pid_register);
+  p = getpid();
+  __atomic_store_n(&pid_kept, p, __ATOMIC_RELAXED);
+  return p;
+}
+
 double ml_lease_deadline(double started, int64_t ms) {
   return started + (double)ms / 1000.0 * (1.0 - 1e-3) - 0.002;
 }
@@ -101,7 +122,7 @@ ml_lease *ml_lease_new(const ml_lease_spec *s) {
   l->owner_form = s->ref.owner_form;
   bson_strncpy(l->owner, s->owner, sizeof l->owner);
   l->token = s->token;
-  l->pid = getpid();
+  l->pid = ml_pid();
   l->ttl_ms = s->ttl_ms;
   l->deadline = ml_lease_deadline(s->started, s->grant_ms > 0 && s->grant_ms < s->ttl_ms
                                                 ? s->grant_ms : s->ttl_ms);

@@ -19,6 +19,11 @@ struct ml_client;
 /* seconds on CLOCK_MONOTONIC: the only clock the library reads locally */
 double ml_monotonic(void);
 
+/* getpid(), kept after the first call and forgotten in the child of a
+ * fork (pthread_atfork): every look at "is this still the process that
+ * made it" costs a load, not a system call */
+pid_t ml_pid(void);
+
 /*
  * What kind of lock a lease is on.  Every kind answers the same strings
  * for the same situation; the kind decides what the document looks like:

@@ -63,6 +63,10 @@ local unpack = table.unpack or rawget(_G, "unpack")
 
 local _M = { _VERSION = "0.1.0" }
 
+-- mongolock.ngx.thread's answer when its VM needs the spec (kept here: the
+-- event loop does not load the thread's module)
+local NEED_SPEC = "mongolock.ngx.thread: spec needed"
+
 local config = {
   thread_pool = "mongolock", -- the thread_pool directive's name
   max_running = 8,           -- jobs in flight per worker
@@ -160,6 +164,7 @@ local function get_state()
     runners = 0,                      -- runners alive
     idle = {},                        -- idle runners' semaphores, most recent last
     unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
+    semas = {},                       -- semaphores of jobs taken, for the next ones
     janitor = false,
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
               vm_refusals = 0 },
@@ -204,8 +209,14 @@ local function execute(st, job)
   st.stats.jobs = st.stats.jobs + 1
   local running = st.runners - #st.idle
   if running > st.stats.max_running then st.stats.max_running = running end
+  local spec = job.spec
   local ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
-    job.spec, job.op)
+    spec.key, job.op)
+  if ok and reply == nil and err == NEED_SPEC then
+    -- this thread VM has no client for the spec yet: nothing was sent
+    ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
+      spec.key, job.op, spec)
+  end
   if not ok and reply == "no available Lua vm" then
     -- other code holds VMs too, or lua_worker_thread_vm_pool_size is below
     -- max_running: nothing was sent; the job goes back to the head of the
@@ -375,7 +386,10 @@ function _M.run(spec, op, deadline, on_orphan, arg)
   if not ngx then error("mongolock.ngx: not inside an nginx worker with ngx.run_worker_thread", 2) end
   local st = get_state()
   start_janitor(st)
-  local sema = semaphore.new(0)
+  -- a semaphore of a job taken before (woken by its post: its count is 0)
+  local free = st.semas
+  local sema = free[#free]
+  if sema then free[#free] = nil else sema = semaphore.new(0) end
   local job = { spec = spec, op = op, sema = sema, state = "queued", on_orphan = on_orphan, orphan_arg = arg }
   push(st, job)
   local ok, err = dispatch(st)
@@ -388,7 +402,11 @@ function _M.run(spec, op, deadline, on_orphan, arg)
     local wait = FOREVER
     if deadline then wait = math_max(0, math_min(FOREVER, deadline - monotonic())) end
     local woken = sema:wait(wait)
-    if woken or job.state == "done" then break end
+    if woken then
+      if #free < 16 then free[#free + 1] = sema end
+      break
+    end
+    if job.state == "done" then break end
     if deadline and monotonic() >= deadline then
       job.state = "abandoned"
       return nil, "timeout"

@@ -50,8 +50,7 @@
 
 local core = require "mongolock.core"
 
-local type, pcall, setmetatable, tostring, select = type, pcall, setmetatable, tostring, select
-local unpack = table.unpack or rawget(_G, "unpack")
+local type, pcall, setmetatable, tostring = type, pcall, setmetatable, tostring
 local getpid = core.getpid
 
 local _M = { _VERSION = "0.1.0" }
@@ -59,7 +58,6 @@ local _M = { _VERSION = "0.1.0" }
 local P = {}
 local mt = { __index = P }
 
-local function pack(...) return { n = select("#", ...), ... } end
 
 local function log(runner, ...)
   if runner.log then runner.log(...) end
@@ -121,30 +119,45 @@ end
 -- the outcome of an attempt nobody waits for any more (o: what the
 -- attempt was, a table, not upvalues: see mongolock.ngx's run): taken by
 -- the same C tail, a handle it won closed at once, a queue it joined left
+-- what an orphaned attempt was, in the log: its kind's words (what) and
+-- the lock's name
+local WHAT = { acquire_attempt = "'%s'", campaign_attempt = "a campaign for '%s'",
+               share_acquire_attempt = "a share of '%s'", doc_acquire_attempt = "a document's lock" }
+
 local function orphaned(o, reply, err, code, ereply, domain)
   local p, a = o.p, o.attempt
   if p.cc:closed() then return end
   local ok, h = pcall(a.take, a, reply, err, code, ereply, domain)
   if ok and h ~= nil and type(h) ~= "string" then
+    local what = WHAT[o.make]:format(tostring(o.name))
     local cok, cerr = pcall(h.close, h)
-    if cok then log(p.runner, "WARN", o.what, " was won after its caller gave up: released")
-    else log(p.runner, "ERR", o.what, " was won after its caller gave up; release failed: ", tostring(cerr)) end
+    if cok then log(p.runner, "WARN", what, " was won after its caller gave up: released")
+    else log(p.runner, "ERR", what, " was won after its caller gave up; release failed: ", tostring(cerr)) end
   elseif o.leave then
-    pcall(p[o.leave], p, unpack(o.leave_args, 1, 4))
+    pcall(p[o.leave], p, o.db, o.coll, o.name, o.waiter)
   end
+end
+
+-- the C tail's answers, after the handle (their first value) is made
+-- known to the runner
+local function taken(p, h, ...)
+  made(p, h)
+  return h, ...
 end
 
 -- one attempt of any kind: the attempt the C client's constructor `make`
 -- (client:X_attempt) prepares from the method's arguments (...), its op,
 -- the job, its C tail on the outcome.  deadline: the caller stops waiting
--- then (nil: it waits for the reply)
-local function run_attempt(p, make, deadline, what, leave, leave_args, ...)
+-- then (nil: it waits for the reply).  A waiter's attempt that is
+-- orphaned leaves the queue with p[leave](p, db, coll, name, waiter)
+local function run_attempt(p, make, deadline, leave, db, coll, name, waiter, ...)
   local cc = p.cc
   if cc:closed() then return nil, "closed" end
-  local a, aerr, acode = cc[make](cc, ...)
+  local a, aerr, acode = cc[make](cc, db, coll, name, ...)
   if not a then return nil, aerr, acode end
   local op = a:op()
-  local o = { p = p, attempt = a, what = what, leave = leave, leave_args = leave_args }
+  local o = { p = p, attempt = a, make = make, leave = waiter and leave, db = db, coll = coll, name = name,
+              waiter = waiter }
   p.count.n = p.count.n + 1
   local reply, err, code, ereply, domain = p.runner.run(op, deadline, orphaned, o)
   if not reply and err == "timeout" and code == nil and ereply == nil then
@@ -152,9 +165,7 @@ local function run_attempt(p, make, deadline, what, leave, leave_args, ...)
     return nil, "timeout"
   end
   if cc:closed() then return nil, "closed" end
-  local r = pack(a:take(reply, err, code, ereply, domain))
-  made(p, r[1])
-  return unpack(r, 1, r.n)
+  return taken(p, a:take(reply, err, code, ereply, domain))
 end
 
 -- client:acquire's arguments, then the caller's deadline
@@ -162,29 +173,28 @@ end
 function P.acquire(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, deadline, delay_ms)
   local c = stats()
   c.attempts = c.attempts + 1
-  return run_attempt(p, "acquire_attempt", deadline, "'" .. name .. "'", waiter and "leave",
-    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, polling, nil, delay_ms)
+  return run_attempt(p, "acquire_attempt", deadline, "leave", db, coll, name, waiter,
+    ttl_ms, app, renew, waiter, queue_ms, polling, nil, delay_ms)
 end
 
 -- client:campaign's arguments (an election's attempt), then the deadline
 function P.campaign(p, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, deadline, delay_ms)
   local c = stats()
   c.attempts = c.attempts + 1
-  return run_attempt(p, "campaign_attempt", deadline, "a campaign for '" .. name .. "'", waiter and "leave",
-    { db, coll, name, waiter }, db, coll, name, ttl_ms, app, renew, waiter, queue_ms, value, nil, delay_ms)
+  return run_attempt(p, "campaign_attempt", deadline, "leave", db, coll, name, waiter,
+    ttl_ms, app, renew, waiter, queue_ms, value, nil, delay_ms)
 end
 
 function P.share_acquire(p, db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling,
                          deadline, delay_ms)
-  return run_attempt(p, "share_acquire_attempt", deadline, "a share of '" .. name .. "'",
-    waiter and "share_leave", { db, coll, name, waiter },
-    db, coll, name, mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling, nil, delay_ms)
+  return run_attempt(p, "share_acquire_attempt", deadline, "share_leave", db, coll, name, waiter,
+    mode, permits, ttl_ms, app, renew, waiter, queue_ms, polling, nil, delay_ms)
 end
 
 function P.doc_acquire(p, db, coll, id, ttl_ms, owner_field, time_field, time, owner_type, insert, renew,
                        deadline)
-  return run_attempt(p, "doc_acquire_attempt", deadline, "a document's lock", nil, nil,
-    db, coll, id, ttl_ms, owner_field, time_field, time, owner_type, insert, renew)
+  return run_attempt(p, "doc_acquire_attempt", deadline, nil, db, coll, id, nil,
+    ttl_ms, owner_field, time_field, time, owner_type, insert, renew)
 end
 
 -- one command and its parser: answer | nil, err, code

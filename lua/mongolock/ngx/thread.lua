@@ -8,13 +8,19 @@
 --
 -- A call runs one op through the client's libmongoc pool (the client's
 -- write concern, retryable writes, everything the URI asks for) and returns
--- the reply as a BSON string: reply | nil, message, code, reply.
+-- the reply as a BSON string: reply | nil, message, code, reply.  It names
+-- the client by its spec's key alone; a VM that has no client for it yet
+-- answers NEED_SPEC, and the caller calls again with the spec (once per VM
+-- and spec: the spec's tables are not copied into the VM at every call).
 
 local mongolock = require "mongolock"
 
 local _M = {}
 
 local clients = {}
+
+-- the answer of a call whose VM needs the spec to make its client
+_M.NEED_SPEC = "mongolock.ngx.thread: spec needed"
 
 local function client_for(spec)
   local c = clients[spec.key]
@@ -26,9 +32,15 @@ local function client_for(spec)
   return c
 end
 
-function _M.run(spec, op)
-  local c, err = client_for(spec)
-  if not c then return nil, err end
+-- run(key, op [, spec]): spec when the VM may lack the client (NEED_SPEC)
+function _M.run(key, op, spec)
+  local c = clients[key]
+  if not c or c:closed() then
+    if not spec then return nil, _M.NEED_SPEC end
+    local err
+    c, err = client_for(spec)
+    if not c then return nil, err end
+  end
   return c._core:run(op)
 end
 
