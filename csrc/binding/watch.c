@@ -36,10 +36,12 @@
  *     inside nginx: mongolock.ngx.runner runs each op as a worker thread's
  *     job); waiters look without blocking and sleep on the event loop.
  * A waiter that must not block (a coroutine of a scheduler) looks without
- * blocking and leaves a Signal (pool.c: an eventfd its loop polls): the
- * stream writes every signal left with it whenever an op of it ends (a
- * batch, an opening, a failure) or it ends, and forgets them; the waiter
- * then looks again.
+ * blocking and leaves a Signal (pool.c: an eventfd its loop polls) with
+ * what it waits for: when an op of the stream ends (a batch, an opening, a
+ * failure) the stream writes the signals of the waiters that have
+ * something to look at (the event of their release, a failure, the end of
+ * the stream), and all of them when it ends, and forgets those; the
+ * waiter then looks again.
  *
  * Invariants:
  * - watch_mu guards every stream and its ring; waiters and the thread wait
@@ -100,6 +102,14 @@
 #define POLL_GRACE 0.5          /* see polled_until */
 
 
+/* a signal left by a waiter that does not block: what it waits for */
+typedef struct {
+  ml_signal *sig;               /* one reference */
+  bson_t *key;                  /* {k: _id} */
+  char *waiter;                 /* or NULL */
+  uint32_t t, i;                /* its attempt's operation time */
+} ml_sigwait;
+
 typedef struct ml_watcher {
   struct ml_watcher *next;
   ml_stream m;                  /* the machine (stream.c) */
@@ -118,8 +128,8 @@ typedef struct ml_watcher {
   ml_obs *obs;                  /* its client's counters (one reference):
                                    every op sent counts there, the
                                    killCursors after close too */
-  ml_signal **sigs;             /* written when something happens (one
-                                   reference each), then forgotten */
+  ml_sigwait *sigs;             /* written when their waiter has something
+                                   to look at, then forgotten */
   int nsigs, capsigs;
 } ml_watcher;
 
@@ -148,30 +158,75 @@ static void install_atfork(void) {
 
 /* ---- signals ----------------------------------------------------------- */
 
-/* watch_mu held: writes every signal left with s and forgets them */
-static void sigs_notify(ml_watcher *s) {
-  int k;
-  for (k = 0; k < s->nsigs; k++) {
-    ml_signal_notify(s->sigs[k]);
-    ml_signal_unref(s->sigs[k]);
-  }
-  s->nsigs = 0;
+static char *dupstr(const char *p) {
+  size_t n = strlen(p) + 1;
+  char *d = (char *)malloc(n);
+  if (d) memcpy(d, p, n);
+  return d;
 }
 
-/* watch_mu held: leaves g with s (once) */
-static void sigs_add(ml_watcher *s, ml_signal *g) {
+
+static void sigwait_free(ml_sigwait *w) {
+  ml_signal_unref(w->sig);
+  if (w->key) bson_destroy(w->key);
+  free(w->waiter);
+}
+
+/* watch_mu held: writes the signals left with s whose waiter has something
+ * to look at (its release seen, the stream failed, ended, or started after
+ * the waiter's attempt), or all of them, and forgets those */
+static void sigs_notify(ml_watcher *s, int all) {
+  int k, n = 0;
+  for (k = 0; k < s->nsigs; k++) {
+    ml_sigwait *w = &s->sigs[k];
+    const watch_event *grant = NULL;
+    int mine = 0;
+    if (all || s->m.stop || s->m.state != ML_STREAM_RUNNING ||
+        ml_ts_after(s->m.start_t, s->m.start_i, w->t, w->i) ||
+        ml_stream_seen(&s->m, w->key, w->waiter, w->t, w->i, &grant, &mine)) {
+      ml_signal_notify(w->sig);
+      sigwait_free(w);
+    } else {
+      s->sigs[n++] = *w;
+    }
+  }
+  s->nsigs = n;
+}
+
+/* watch_mu held: leaves g with s for the waiter (key, waiter, t, i) of its
+ * coroutine, in place of what it waited for before */
+static void sigs_add(ml_watcher *s, ml_signal *g, const bson_t *key, const char *waiter, uint32_t t,
+                     uint32_t i) {
+  ml_sigwait w;
   int k;
+  memset(&w, 0, sizeof w);
+  w.key = bson_copy(key);
+  w.waiter = waiter ? dupstr(waiter) : NULL;
+  if (!w.key || (waiter && !w.waiter)) {
+    sigwait_free(&w);           /* not kept: the waiter looks again within its bound */
+    return;
+  }
+  w.sig = g;
+  w.t = t;
+  w.i = i;
+  ml_signal_ref(g);
   for (k = 0; k < s->nsigs; k++)
-    if (s->sigs[k] == g) return;
+    if (s->sigs[k].sig == g) {
+      sigwait_free(&s->sigs[k]);
+      s->sigs[k] = w;
+      return;
+    }
   if (s->nsigs == s->capsigs) {
     int cap = s->capsigs ? 2 * s->capsigs : 8;
-    ml_signal **n = (ml_signal **)realloc(s->sigs, (size_t)cap * sizeof *n);
-    if (!n) return;             /* not kept: the waiter looks again within its bound */
-    s->sigs = n;
+    ml_sigwait *nw = (ml_sigwait *)realloc(s->sigs, (size_t)cap * sizeof *nw);
+    if (!nw) {
+      sigwait_free(&w);
+      return;
+    }
+    s->sigs = nw;
     s->capsigs = cap;
   }
-  ml_signal_ref(g);
-  s->sigs[s->nsigs++] = g;
+  s->sigs[s->nsigs++] = w;
 }
 
 /* ---- the thread adapter ------------------------------------------------ */
@@ -185,7 +240,7 @@ static void stream_done(ml_watcher *s, int ok, const bson_t *reply, const bson_e
   int kind = s->m.op_kind;
   long getmores = s->m.getmores, reopens = s->m.reopens;
   ml_stream_done(&s->m, ml_monotonic(), ok, reply, err);
-  sigs_notify(s);
+  sigs_notify(s, 0);
   if (!s->obs) return;
   if (kind != ML_STREAM_OP_NONE) ml_obs_add(s->obs, &s->obs->commands, 1);
   ml_obs_add(s->obs, &s->obs->stream_getmores, s->m.getmores - getmores);
@@ -246,7 +301,7 @@ static void *watch_main(void *arg) {
     cv_wait_until(&s->cv, wake == HUGE_VAL ? ml_monotonic() + ML_STREAM_IDLE : wake);
   }
   if (s->m.state != ML_STREAM_FAILED) s->m.state = ML_STREAM_DONE;
-  sigs_notify(s);
+  sigs_notify(s, 1);
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
@@ -265,19 +320,12 @@ static void *watch_main(void *arg) {
 /* ---- streams ----------------------------------------------------------- */
 
 static void stream_free(ml_watcher *s) {
-  sigs_notify(s);
+  sigs_notify(s, 1);
   free(s->sigs);
   ml_obs_unref(s->obs);
   ml_stream_clear(&s->m);
   pthread_cond_destroy(&s->cv);
   free(s);
-}
-
-static char *dupstr(const char *p) {
-  size_t n = strlen(p) + 1;
-  char *d = (char *)malloc(n);
-  if (d) memcpy(d, p, n);
-  return d;
 }
 
 /* watch_mu held: takes s out of the list */
@@ -386,7 +434,7 @@ void ml_watch_stop(ml_client *c) {
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == pid) {
       s->m.stop = 1;
-      sigs_notify(s);
+      sigs_notify(s, 1);
       pthread_cond_broadcast(&s->cv);
     }
   for (s = streams; s;) {
@@ -626,7 +674,7 @@ static int l_watch_wait(lua_State *L) {
   }
   s->m.waiters--;
   s->m.idle_since = ml_monotonic();
-  if (sig && res[0] == 't') sigs_add(s, sig);
+  if (sig && res[0] == 't') sigs_add(s, sig, &key, waiter, t, i);
   if (res[0] == 'e' || res[0] == 'g') s->m.answered++;
   if (res[0] == 'g') s->m.granted++;
   if (mine) s->m.handed++;
