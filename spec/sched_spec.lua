@@ -526,6 +526,33 @@ describe("#unit the core's worker-thread pool", function()
     assert.equal(0, p2:threads())
   end)
 
+  it("writes a job's end to a signal the caller keeps (core.signal), to none with false", function()
+    local sig = assert(core.signal())
+    local fd = sig:fd()
+    assert.is_number(fd)
+    assert.is_false(sig:clear())
+    local op = core.op_status{ db = "d", coll = "c", name = "s" }
+    for _ = 1, 2 do                             -- the same descriptor for every job
+      local job = assert(pool:submit(op, sig))
+      assert.equal(fd, job:fd())
+      local r = wait(job)
+      assert.is_string(r[2])
+      assert.is_true(sig:clear())
+      assert.is_false(sig:clear())
+    end
+    local quiet = assert(pool:submit(op, false))
+    assert.is_nil(quiet:fd())
+    assert.is_string(wait(quiet)[2])
+    -- closed while a job holds it: the job ends without writing it
+    local job = assert(pool:submit(op, sig))
+    assert.is_true(sig:close())
+    assert.is_true(sig:close())
+    assert.is_nil(sig:fd())
+    assert.is_string(wait(job)[2])
+    assert.has_error(function() pool:submit(op, sig) end)
+    assert.has_error(function() pool:submit(op, 42) end)
+  end)
+
   it("answers nil, \"closed\" for a closed client", function()
     local c2 = assert(mongolock.connect("mongodb://127.0.0.1:9/"))
     c2:close()
