@@ -553,6 +553,17 @@ describe("#unit the core's worker-thread pool", function()
     assert.has_error(function() pool:submit(op, 42) end)
   end)
 
+  it("core.pid() is this process's id, as core.getpid() answers it, in a forked child too", function()
+    local testing = require "mongolock.testing"
+    assert.equal(core.getpid(), core.pid())
+    local parent = core.pid()
+    local child = assert(testing.fork())
+    if child == 0 then testing.exit(core.pid() == core.getpid() and core.pid() ~= parent and 0 or 1) end
+    local st = testing.waitpid(child, 10)
+    assert.equal(0, st)
+    assert.equal(parent, core.pid())
+  end)
+
   it("answers nil, \"closed\" for a closed client", function()
     local c2 = assert(mongolock.connect("mongodb://127.0.0.1:9/"))
     c2:close()

@@ -119,12 +119,18 @@ static void fork_parent(void) {
   pthread_mutex_unlock(&refs_mu);
   pthread_mutex_unlock(&jobs_mu);
 }
+/* this process's id, taken again in a child of fork(): core.pid() and the
+ * pools' checks ask no system call each time */
+static volatile pid_t my_pid;
+
 static void fork_child(void) {
   pthread_mutex_init(&sig_mu, NULL);
+  my_pid = getpid();
   fork_parent();
 }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void install_atfork(void) {
+  my_pid = getpid();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
@@ -360,7 +366,7 @@ static void pool_close(ml_pool *p) {
   pool_state *ps = p->ps;
   if (!ps) return;
   p->ps = NULL;
-  if (ps->pid != getpid()) return;
+  if (ps->pid != my_pid) return;
   pthread_mutex_lock(&ps->mu);
   ps->stop = 1;
   wake_idle(ps, 1);
@@ -398,7 +404,7 @@ static int l_pool(lua_State *L) {
   mongoc_client_pool_set_error_api(ps->mpool, MONGOC_ERROR_API_VERSION_2);
   ps->wc = mongoc_write_concern_copy(c->wc);
   pthread_mutex_init(&ps->mu, NULL);
-  ps->pid = getpid();
+  ps->pid = my_pid;
   ps->refs = 1;
   p->ps = ps;
   ml_pin_library();
@@ -446,7 +452,7 @@ static int l_submit(lua_State *L) {
   if (lua_isnil(L, 3) || lua_isnone(L, 3)) own = 1;
   else if (!(lua_isboolean(L, 3) && !lua_toboolean(L, 3))) sig = check_signal(L, 3);
   if (!ps) return ml_pushfail(L, "closed", 0);
-  if (ps->pid != getpid()) return ml_pushfail(L, "the pool was made in another process", 0);
+  if (ps->pid != my_pid) return ml_pushfail(L, "the pool was made in another process", 0);
   ref = (ml_jobref *)ml_newuserdata(L, sizeof *ref);
   ref->job = NULL;
   luaL_getmetatable(L, ML_JOB_MT);
@@ -560,6 +566,13 @@ static int l_job_close(lua_State *L) {
   return 1;
 }
 
+/* core.pid() -> this process's id, as core.getpid() answers it, without a
+ * system call (kept by fork's handler) */
+static int l_pid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)my_pid);
+  return 1;
+}
+
 static const luaL_Reg pool_methods[] = {
   {"submit", l_submit},
   {"close", l_pool_close},
@@ -602,4 +615,6 @@ void ml_pool_open(lua_State *L) {
   lua_setfield(L, -2, "pool");
   lua_pushcfunction(L, l_signal);
   lua_setfield(L, -2, "signal");
+  lua_pushcfunction(L, l_pid);
+  lua_setfield(L, -2, "pid");
 }

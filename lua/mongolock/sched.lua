@@ -54,7 +54,8 @@ local type, pcall, rawget, rawset, tostring = type, pcall, rawget, rawset, tostr
 local setmetatable = setmetatable
 local co_running = coroutine.running
 local math_min = math.min
-local getpid = core.getpid
+-- this process's id without a system call (core.pid: taken again at fork)
+local getpid = core.pid
 local monotonic = core.monotonic
 local watch_wait = core.watch_wait
 local new_signal = core.signal
@@ -128,19 +129,12 @@ end
 
 -- ---- the runner -----------------------------------------------------------------
 
--- each coroutine's signal (core.signal: an eventfd that its jobs and the
--- stream it waits on write), made in this process; weak: a collected
--- coroutine's is closed by its own collection
-local signals = setmetatable({}, { __mode = "k" })
-local signals_pid = getpid()
-
--- the running coroutine's signal, or nil when no eventfd can be had
-local function signal_of()
-  local pid = getpid()
-  if pid ~= signals_pid then
-    -- a forked child: the parent's eventfds are shared with it
-    signals, signals_pid = setmetatable({}, { __mode = "k" }), pid
-  end
+-- the running coroutine's signal in signals (core.signal: an eventfd that
+-- its jobs and the stream it waits on write), or nil when no eventfd can
+-- be had.  signals is the runner's (one per process, as its pool: a forked
+-- child's coroutines do not share their parent's eventfds); weak: a
+-- collected coroutine's is closed by its own collection
+local function signal_of(signals)
   local co = co_running()
   local sig = signals[co]
   if sig then return sig end
@@ -155,10 +149,11 @@ end
 -- bound limits.
 local function runner_of(S, pool)
   local wait_fd = S.wait_fd
+  local signals = setmetatable({}, { __mode = "k" })
   -- the job's end is written to the coroutine's signal; a write left from
   -- before (a stream's) only wakes it early, and it looks again
   local function run(op)
-    local sig = signal_of()
+    local sig = signal_of(signals)
     local job, err = pool:submit(op, sig)
     if not job then return nil, err end
     local fd = job:fd()
@@ -173,7 +168,7 @@ local function runner_of(S, pool)
   -- within `seconds`; the stream writes the coroutine's signal when it
   -- read something, and the coroutine looks again
   local function watch(cc, db, coll, field, id, t, i, seconds, waiter)
-    local sig = signal_of()
+    local sig = signal_of(signals)
     if not sig then return nil, "change stream: no descriptor to wait on" end
     local stop = monotonic() + seconds
     sig:clear()
