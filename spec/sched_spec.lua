@@ -412,6 +412,105 @@ describe("#integration scheduler option", function()
   end)
 end)
 
+-- a scheduler of its own on luv (not the shipped adapter: its coroutines
+-- are only those it spawns) that records every sleep and every wait on a
+-- descriptor, and whether a wait ended on the descriptor's readiness
+local function recording_scheduler()
+  local uv = require "luv"
+  local mine = setmetatable({}, { __mode = "k" })
+  local S = { log = {}, errors = {} }
+  local function resume(co)
+    local ok, err = coroutine.resume(co)
+    if not ok then S.errors[#S.errors + 1] = debug.traceback(co, tostring(err)) end
+  end
+  function S.current()
+    local co = coroutine.running()
+    return co ~= nil and mine[co] == true
+  end
+  function S.sleep(s)
+    local co = coroutine.running()
+    S.log[#S.log + 1] = { co = co, what = "sleep", at = core.monotonic() }
+    local t = uv.new_timer()
+    t:start(math.max(0, math.floor(s * 1000 + 0.5)), 0, function()
+      t:close()
+      resume(co)
+    end)
+    coroutine.yield()
+  end
+  function S.wait_fd(fd, s)
+    local co = coroutine.running()
+    local e = { co = co, what = "wait_fd", fd = fd }
+    S.log[#S.log + 1] = e
+    local p, t = uv.new_poll(fd), uv.new_timer()
+    local function wake(how)
+      if e.how then return end
+      e.how, e.at = how, core.monotonic()
+      p:stop()
+      p:close()
+      t:stop()
+      t:close()
+      resume(co)
+    end
+    p:start("r", function() wake("readable") end)
+    t:start(math.max(1, math.floor(s * 1000 + 0.5)), 0, function() wake("timeout") end)
+    coroutine.yield()
+  end
+  function S.spawn(fn)
+    local co = coroutine.create(fn)
+    mine[co] = true
+    resume(co)
+    return co
+  end
+  function S.run() uv.run() end
+  function S.timer(s, fn)
+    local t = uv.new_timer()
+    t:start(math.floor(s * 1000), 0, function()
+      t:close()
+      fn()
+    end)
+  end
+  return S
+end
+
+describe("#integration a coroutine waiting for a lock", function()
+  it("is woken through wait_fd by the release's event, with no sleep steps while it waits", function()
+    local S = recording_scheduler()
+    local client = helpers.connect({ scheduler = S })
+    local plain = helpers.connect()
+    local o = { database = helpers.database, collection = helpers.unique("locks") }
+    local locks, held = client:locks(o), plain:locks(o)
+    local name = helpers.unique("woken")
+    local h = assert(held:acquire(name, { ttl = 10 }))
+    local got, err, waiter, released_at, t0, t1
+    waiter = S.spawn(function()
+      t0 = core.monotonic()
+      got, err = locks:acquire(name, { timeout = 10, wait = "watch" })
+      t1 = core.monotonic()
+      if got then assert(got:release()) end
+    end)
+    -- the release, from the loop's thread outside any coroutine, 0.4 s on
+    S.timer(0.4, function()
+      assert(h:release())
+      released_at = core.monotonic()
+    end)
+    S.run()
+    plain:close()
+    client:close()
+    assert.same({}, S.errors)
+    assert.is_not_nil(got, tostring(err))
+    assert.is_number(released_at)
+    local sleeps, woke = 0, nil
+    for _, e in ipairs(S.log) do
+      if e.co == waiter and e.what == "sleep" and e.at >= t0 and e.at <= t1 then sleeps = sleeps + 1 end
+      -- the first wait of the waiter that ended after the release
+      if e.co == waiter and e.what == "wait_fd" and not woke and e.at and e.at >= released_at then woke = e end
+    end
+    assert.equal(0, sleeps)
+    assert.is_table(woke, "no wait on a descriptor ended after the release")
+    assert.equal("readable", woke.how)
+  end)
+end)
+
 -- the core's worker-thread pool itself (csrc/binding/pool.c), on a server that
 -- does not answer: no round trip reaches anything
 describe("#unit the core's worker-thread pool", function()
@@ -466,6 +565,44 @@ describe("#unit the core's worker-thread pool", function()
     assert.is_string(r[2])
     assert.same({ nil, "closed" }, { p2:submit(core.op_status{ db = "d", coll = "c", name = "y" }) })
     assert.equal(0, p2:threads())
+  end)
+
+  it("writes a job's end to a signal the caller keeps (core.signal), to none with false", function()
+    local sig = assert(core.signal())
+    local fd = sig:fd()
+    assert.is_number(fd)
+    assert.is_false(sig:clear())
+    local op = core.op_status{ db = "d", coll = "c", name = "s" }
+    for _ = 1, 2 do                             -- the same descriptor for every job
+      local job = assert(pool:submit(op, sig))
+      assert.equal(fd, job:fd())
+      local r = wait(job)
+      assert.is_string(r[2])
+      assert.is_true(sig:clear())
+      assert.is_false(sig:clear())
+    end
+    local quiet = assert(pool:submit(op, false))
+    assert.is_nil(quiet:fd())
+    assert.is_string(wait(quiet)[2])
+    -- closed while a job holds it: the job ends without writing it
+    local job = assert(pool:submit(op, sig))
+    assert.is_true(sig:close())
+    assert.is_true(sig:close())
+    assert.is_nil(sig:fd())
+    assert.is_string(wait(job)[2])
+    assert.has_error(function() pool:submit(op, sig) end)
+    assert.has_error(function() pool:submit(op, 42) end)
+  end)
+
+  it("core.pid() is this process's id, as core.getpid() answers it, in a forked child too", function()
+    local testing = require "mongolock.testing"
+    assert.equal(core.getpid(), core.pid())
+    local parent = core.pid()
+    local child = assert(testing.fork())
+    if child == 0 then testing.exit(core.pid() == core.getpid() and core.pid() ~= parent and 0 or 1) end
+    local st = testing.waitpid(child, 10)
+    assert.equal(0, st)
+    assert.equal(parent, core.pid())
   end)
 
   it("answers nil, \"closed\" for a closed client", function()

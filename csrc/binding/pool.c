@@ -2,11 +2,15 @@
  * mongolock.Pool: worker threads that run ops (ops.c's envelopes) off the
  * calling thread, for event loops that must not block (a coroutine
  * scheduler: lua/mongolock/sched.lua).  One job is one op; its end is
- * signalled on an eventfd of its own, which the event loop polls:
+ * signalled on an eventfd, which the event loop polls: the job's own, or
+ * a mongolock.Signal the caller keeps (one per coroutine: no descriptor
+ * made per job), which the change streams' threads write too (watch.c):
  *
  *   pool = core.pool(client, threads)   -- its own libmongoc pool on the
  *                                       -- client's URI and write concern
- *   job  = pool:submit(op)              -- mongolock.Job | nil, message
+ *   job  = pool:submit(op [, sig])      -- mongolock.Job | nil, message;
+ *                                       -- sig: a Signal written at its
+ *                                       -- end, false: none (nobody waits)
  *   fd   = job:fd()                     -- readable once the job is done
  *   reply, err, code, ereply, domain = job:take()
  *                                       -- as client:run(op); false while
@@ -15,17 +19,26 @@
  *                                       -- wanted: the op still runs
  *   pool:close()                        -- (also __gc) queued jobs end
  *                                       -- with "closed"
+ *   sig = core.signal()                 -- mongolock.Signal: an eventfd
+ *   sig:fd(), sig:clear(), sig:close()  -- (clear reads it: true when it
+ *                                       -- had been written)
  *
  * Each thread runs ml_run (transport.c) on a connection it pops from the
  * pool's libmongoc pool, so a job is exactly what client:run(op) does.
+ * An idle thread waits on a condition of its own, and submit wakes the one
+ * that went idle last (its connection and caches warm): a coroutine
+ * making one round trip after another keeps to one thread.
  *
  * Invariants:
- * - jobs_mu guards every job's fd, done, refs and outcome.  A job has one
+ * - jobs_mu guards every job's done, refs and outcome.  A job has one
  *   reference for its Job userdata (until taken, closed or collected) and
  *   one for the pool while it is queued or running; the last one frees it.
- *   The thread writes the eventfd only under jobs_mu and only while fd >= 0;
- *   the Lua side closes it under jobs_mu: no write ever reaches a closed
- *   (or reused) descriptor.
+ * - sig_mu guards every Signal's fd and refs.  A Signal has one reference
+ *   for its Lua userdata (until closed or collected) and one per job or
+ *   stream that may write it; the last one frees it.  It is written only
+ *   under sig_mu and only while fd >= 0, and the Lua side closes it under
+ *   sig_mu: no write ever reaches a closed (or reused) descriptor.  Lock
+ *   order: jobs_mu or watch_mu, then sig_mu; nothing is locked under it.
  * - A pool's shared state has one reference for its Pool userdata and one
  *   per thread; the last one destroys the libmongoc pool.  Threads are
  *   detached: close never waits for a call in flight (bounded by the URI's
@@ -59,7 +72,8 @@ typedef struct ml_job {
   struct ml_job *next;          /* the queue (the pool's mu) */
   uint8_t *op;                  /* the envelope's bytes; freed once run */
   uint32_t oplen;
-  int fd;                       /* eventfd, -1 once the Lua side closed it */
+  ml_signal *sig;               /* written at the end (one reference), or NULL */
+  int own;                      /* sig is the job's own: closed when let go of */
   int done;                     /* the outcome below is set */
   int refs;
   int ok;
@@ -67,9 +81,16 @@ typedef struct ml_job {
   bson_error_t err;
 } ml_job;
 
-typedef struct pool_state {
-  pthread_mutex_t mu;           /* guards head, tail, stop */
+/* an idle thread, on its own stack, in the pool's idle list */
+typedef struct ml_idle {
+  struct ml_idle *next;
   pthread_cond_t cv;
+  int woken;
+} ml_idle;
+
+typedef struct pool_state {
+  pthread_mutex_t mu;           /* guards head, tail, idle, stop */
+  ml_idle *idle;                /* the idle threads, the latest first */
   ml_job *head, *tail;
   int stop;
   int refs;                     /* (refs_mu) the Pool userdata's, each thread's */
@@ -83,21 +104,89 @@ typedef struct { ml_job *job; } ml_jobref;
 
 static pthread_mutex_t jobs_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t refs_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sig_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* fork: both mutexes are held across fork(), so a child never inherits one
- * that a pool thread (which does not exist there) held */
+/* fork: jobs_mu and refs_mu are held across fork(), so a child never
+ * inherits one that a pool thread (which does not exist there) held.
+ * sig_mu is taken under watch_mu by a stream's thread, and fork's other
+ * handler takes watch_mu after these: it is not held across fork (that
+ * could deadlock) but made anew in the child, where no thread holds it. */
 static void fork_prepare(void) {
   pthread_mutex_lock(&jobs_mu);
   pthread_mutex_lock(&refs_mu);
 }
-static void fork_after(void) {
+static void fork_parent(void) {
   pthread_mutex_unlock(&refs_mu);
   pthread_mutex_unlock(&jobs_mu);
 }
+/* this process's id, taken again in a child of fork(): core.pid() and the
+ * pools' checks ask no system call each time */
+static volatile pid_t my_pid;
+
+static void fork_child(void) {
+  pthread_mutex_init(&sig_mu, NULL);
+  my_pid = getpid();
+  fork_parent();
+}
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void install_atfork(void) {
-  pthread_atfork(fork_prepare, fork_after, fork_after);
+  my_pid = getpid();
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
+
+/* ---- signals ------------------------------------------------------------ */
+
+struct ml_signal {
+  int fd;                       /* eventfd, -1 once closed */
+  int refs;
+};
+
+static ml_signal *signal_new(void) {
+  ml_signal *g = (ml_signal *)malloc(sizeof *g);
+  if (!g) return NULL;
+  g->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (g->fd < 0) {
+    free(g);
+    return NULL;
+  }
+  g->refs = 1;
+  return g;
+}
+
+void ml_signal_ref(ml_signal *g) {
+  pthread_mutex_lock(&sig_mu);
+  g->refs++;
+  pthread_mutex_unlock(&sig_mu);
+}
+
+void ml_signal_unref(ml_signal *g) {
+  int last;
+  if (!g) return;
+  pthread_mutex_lock(&sig_mu);
+  last = --g->refs == 0;
+  if (last && g->fd >= 0) close(g->fd);
+  pthread_mutex_unlock(&sig_mu);
+  if (last) free(g);
+}
+
+void ml_signal_notify(ml_signal *g) {
+  pthread_mutex_lock(&sig_mu);
+  if (g->fd >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(g->fd, &one, sizeof one);
+    (void)w;                    /* an eventfd takes it unless it would overflow */
+  }
+  pthread_mutex_unlock(&sig_mu);
+}
+
+static void signal_close(ml_signal *g) {
+  pthread_mutex_lock(&sig_mu);
+  if (g->fd >= 0) close(g->fd);
+  g->fd = -1;
+  pthread_mutex_unlock(&sig_mu);
+}
+
+/* ---- jobs --------------------------------------------------------------- */
 
 /* jobs_mu held: drops one reference; returns the job when it was the last */
 static ml_job *job_unref_locked(ml_job *j) {
@@ -107,6 +196,7 @@ static ml_job *job_unref_locked(ml_job *j) {
 static void job_free(ml_job *j) {
   if (!j) return;
   if (j->done) bson_destroy(&j->reply);
+  ml_signal_unref(j->sig);
   free(j->op);
   free(j);
 }
@@ -120,11 +210,7 @@ static void job_finish(ml_job *j, int ok, bson_t *reply, const bson_error_t *err
   bson_steal(&j->reply, reply);
   if (err) j->err = *err;
   j->done = 1;
-  if (j->fd >= 0) {
-    uint64_t one = 1;
-    ssize_t w = write(j->fd, &one, sizeof one);
-    (void)w;                    /* an eventfd takes it unless it would overflow */
-  }
+  if (j->sig) ml_signal_notify(j->sig);
   last = job_unref_locked(j);
   pthread_mutex_unlock(&jobs_mu);
   job_free(last);
@@ -145,7 +231,6 @@ static void state_unref(pool_state *ps) {
   if (!last) return;
   if (ps->mpool) ml_pool_destroy(ps->mpool);
   mongoc_write_concern_destroy(ps->wc);
-  pthread_cond_destroy(&ps->cv);
   pthread_mutex_destroy(&ps->mu);
   free(ps);
 }
@@ -153,6 +238,8 @@ static void state_unref(pool_state *ps) {
 static void *pool_main(void *arg) {
   pool_state *ps = (pool_state *)arg;
   mongoc_client_t *mc = NULL;
+  ml_idle me;
+  pthread_cond_init(&me.cv, NULL);
   for (;;) {
     ml_job *j;
     bson_t env, reply;
@@ -160,7 +247,12 @@ static void *pool_main(void *arg) {
     ml_op op;
     int ok;
     pthread_mutex_lock(&ps->mu);
-    while (!ps->head && !ps->stop) pthread_cond_wait(&ps->cv, &ps->mu);
+    while (!ps->head && !ps->stop) {
+      me.woken = 0;
+      me.next = ps->idle;
+      ps->idle = &me;
+      while (!me.woken) pthread_cond_wait(&me.cv, &ps->mu);
+    }
     j = ps->head;
     if (j) {
       ps->head = j->next;
@@ -183,11 +275,87 @@ static void *pool_main(void *arg) {
     job_finish(j, ok, &reply, ok ? NULL : &err);
   }
   if (mc) mongoc_client_pool_push(ps->mpool, mc);
+  pthread_cond_destroy(&me.cv);
   state_unref(ps);
   return NULL;
 }
 
+/* ps->mu held: wakes the thread that went idle last (1), or none is idle
+ * (0); all: every idle one */
+static void wake_idle(pool_state *ps, int all) {
+  do {
+    ml_idle *w = ps->idle;
+    if (!w) return;
+    ps->idle = w->next;
+    w->woken = 1;
+    pthread_cond_signal(&w->cv);
+  } while (all);
+}
+
 /* ---- Lua ---------------------------------------------------------------- */
+
+#define ML_SIGNAL_MT "mongolock.Signal"
+
+typedef struct { ml_signal *sig; } ml_sigref;
+
+/* the Signal at i (raises unless one, or when closed) */
+static ml_signal *check_signal(lua_State *L, int i) {
+  ml_sigref *r = (ml_sigref *)luaL_checkudata(L, i, ML_SIGNAL_MT);
+  luaL_argcheck(L, r->sig != NULL, i, "signal closed");
+  return r->sig;
+}
+
+ml_signal *ml_check_signal(lua_State *L, int i) {
+  return check_signal(L, i);
+}
+
+/* core.signal() -> sig | nil, message: an eventfd that jobs (submit's sig)
+ * and change streams (watch_wait's) write when something is there */
+static int l_signal(lua_State *L) {
+  ml_sigref *r = (ml_sigref *)ml_newuserdata(L, sizeof *r);
+  r->sig = NULL;
+  luaL_getmetatable(L, ML_SIGNAL_MT);
+  lua_setmetatable(L, -2);
+  if (!(r->sig = signal_new())) {
+    int e = errno;
+    lua_pushnil(L);
+    lua_pushfstring(L, "eventfd: %s", strerror(e));
+    return 2;
+  }
+  return 1;
+}
+
+/* sig:fd() -> the descriptor | nil once closed */
+static int l_signal_fd(lua_State *L) {
+  ml_sigref *r = (ml_sigref *)luaL_checkudata(L, 1, ML_SIGNAL_MT);
+  if (r->sig) lua_pushinteger(L, r->sig->fd);   /* only the Lua side closes it */
+  else lua_pushnil(L);
+  return 1;
+}
+
+/* sig:clear() -> true when it had been written since the last clear */
+static int l_signal_clear(lua_State *L) {
+  ml_signal *g = check_signal(L, 1);
+  uint64_t n = 0;
+  ssize_t got = read(g->fd, &n, sizeof n);      /* non-blocking */
+  lua_pushboolean(L, got == (ssize_t)sizeof n && n > 0);
+  return 1;
+}
+
+/* sig:close() (also __gc): idempotent; a job or stream holding it writes
+ * it no more */
+static int l_signal_close(lua_State *L) {
+  ml_sigref *r = (ml_sigref *)luaL_checkudata(L, 1, ML_SIGNAL_MT);
+  ml_signal *g = r->sig;
+  if (g) {
+    r->sig = NULL;
+    signal_close(g);
+    ml_signal_unref(g);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 
 static ml_pool *check_pool(lua_State *L, int i) {
   return (ml_pool *)luaL_checkudata(L, i, ML_POOL_MT);
@@ -198,10 +366,10 @@ static void pool_close(ml_pool *p) {
   pool_state *ps = p->ps;
   if (!ps) return;
   p->ps = NULL;
-  if (ps->pid != getpid()) return;
+  if (ps->pid != my_pid) return;
   pthread_mutex_lock(&ps->mu);
   ps->stop = 1;
-  pthread_cond_broadcast(&ps->cv);
+  wake_idle(ps, 1);
   pthread_mutex_unlock(&ps->mu);
   state_unref(ps);
 }
@@ -236,8 +404,7 @@ static int l_pool(lua_State *L) {
   mongoc_client_pool_set_error_api(ps->mpool, MONGOC_ERROR_API_VERSION_2);
   ps->wc = mongoc_write_concern_copy(c->wc);
   pthread_mutex_init(&ps->mu, NULL);
-  pthread_cond_init(&ps->cv, NULL);
-  ps->pid = getpid();
+  ps->pid = my_pid;
   ps->refs = 1;
   p->ps = ps;
   ml_pin_library();
@@ -267,8 +434,9 @@ static int l_pool(lua_State *L) {
   return 1;
 }
 
-/* pool:submit(op) -> job | nil, message: op (core.op_* or an *_op method's
- * string) queued for the next free thread */
+/* pool:submit(op [, sig]) -> job | nil, message: op (core.op_* or an
+ * *_op method's string) queued for the next free thread; its end written
+ * to sig (a Signal), to none (false), or to an eventfd of its own (nil) */
 static int l_submit(lua_State *L) {
   ml_pool *p = check_pool(L, 1);
   pool_state *ps = p->ps;
@@ -277,10 +445,14 @@ static int l_submit(lua_State *L) {
   const char *bytes;
   ml_job *j;
   ml_jobref *ref;
+  ml_signal *sig = NULL;
+  int own = 0;
   ml_arg_op(L, 2, &op);         /* raises unless it is an op */
   bytes = lua_tolstring(L, 2, &len);
+  if (lua_isnil(L, 3) || lua_isnone(L, 3)) own = 1;
+  else if (!(lua_isboolean(L, 3) && !lua_toboolean(L, 3))) sig = check_signal(L, 3);
   if (!ps) return ml_pushfail(L, "closed", 0);
-  if (ps->pid != getpid()) return ml_pushfail(L, "the pool was made in another process", 0);
+  if (ps->pid != my_pid) return ml_pushfail(L, "the pool was made in another process", 0);
   ref = (ml_jobref *)ml_newuserdata(L, sizeof *ref);
   ref->job = NULL;
   luaL_getmetatable(L, ML_JOB_MT);
@@ -292,13 +464,18 @@ static int l_submit(lua_State *L) {
   }
   memcpy(j->op, bytes, len);
   j->oplen = (uint32_t)len;
-  j->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (j->fd < 0) {
-    int e = errno;
-    job_free(j);
-    lua_pushnil(L);
-    lua_pushfstring(L, "eventfd: %s", strerror(e));
-    return 2;
+  if (own) {
+    j->own = 1;
+    if (!(j->sig = signal_new())) {
+      int e = errno;
+      job_free(j);
+      lua_pushnil(L);
+      lua_pushfstring(L, "eventfd: %s", strerror(e));
+      return 2;
+    }
+  } else if (sig) {
+    ml_signal_ref(sig);
+    j->sig = sig;
   }
   j->refs = 2;
   ref->job = j;
@@ -306,7 +483,7 @@ static int l_submit(lua_State *L) {
   if (ps->tail) ps->tail->next = j;
   else ps->head = j;
   ps->tail = j;
-  pthread_cond_signal(&ps->cv);
+  wake_idle(ps, 0);
   pthread_mutex_unlock(&ps->mu);
   return 1;
 }
@@ -328,9 +505,8 @@ static void job_release(ml_jobref *ref) {
   ml_job *j = ref->job, *last;
   if (!j) return;
   ref->job = NULL;
+  if (j->own) signal_close(j->sig);
   pthread_mutex_lock(&jobs_mu);
-  if (j->fd >= 0) close(j->fd);
-  j->fd = -1;
   last = job_unref_locked(j);
   pthread_mutex_unlock(&jobs_mu);
   job_free(last);
@@ -340,11 +516,18 @@ static ml_jobref *check_job(lua_State *L, int i) {
   return (ml_jobref *)luaL_checkudata(L, i, ML_JOB_MT);
 }
 
-/* job:fd() -> the eventfd (readable once done) | nil once taken or closed */
+/* job:fd() -> the eventfd written at its end | nil once taken or closed,
+ * or when it has none */
 static int l_job_fd(lua_State *L) {
   ml_jobref *ref = check_job(L, 1);
-  if (!ref->job) lua_pushnil(L);
-  else lua_pushinteger(L, ref->job->fd);
+  int fd = -1;
+  if (ref->job && ref->job->sig) {
+    pthread_mutex_lock(&sig_mu);
+    fd = ref->job->sig->fd;
+    pthread_mutex_unlock(&sig_mu);
+  }
+  if (fd < 0) lua_pushnil(L);
+  else lua_pushinteger(L, fd);
   return 1;
 }
 
@@ -383,10 +566,24 @@ static int l_job_close(lua_State *L) {
   return 1;
 }
 
+/* core.pid() -> this process's id, as core.getpid() answers it, without a
+ * system call (kept by fork's handler) */
+static int l_pid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)my_pid);
+  return 1;
+}
+
 static const luaL_Reg pool_methods[] = {
   {"submit", l_submit},
   {"close", l_pool_close},
   {"threads", l_pool_threads},
+  {NULL, NULL}
+};
+
+static const luaL_Reg signal_methods[] = {
+  {"fd", l_signal_fd},
+  {"clear", l_signal_clear},
+  {"close", l_signal_close},
   {NULL, NULL}
 };
 
@@ -413,6 +610,11 @@ void ml_pool_open(lua_State *L) {
   pthread_once(&atfork_once, install_atfork);
   new_mt(L, ML_POOL_MT, pool_methods, l_pool_close);
   new_mt(L, ML_JOB_MT, job_methods, l_job_close);
+  new_mt(L, ML_SIGNAL_MT, signal_methods, l_signal_close);
   lua_pushcfunction(L, l_pool);
   lua_setfield(L, -2, "pool");
+  lua_pushcfunction(L, l_signal);
+  lua_setfield(L, -2, "signal");
+  lua_pushcfunction(L, l_pid);
+  lua_setfield(L, -2, "pid");
 }

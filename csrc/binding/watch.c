@@ -35,6 +35,13 @@
  *   - client:watch_next() / client:watch_done() (a client made external,
  *     inside nginx: mongolock.ngx.runner runs each op as a worker thread's
  *     job); waiters look without blocking and sleep on the event loop.
+ * A waiter that must not block (a coroutine of a scheduler) looks without
+ * blocking and leaves a Signal (pool.c: an eventfd its loop polls) with
+ * what it waits for: when an op of the stream ends (a batch, an opening, a
+ * failure) the stream writes the signals of the waiters that have
+ * something to look at (the event of their release, a failure, the end of
+ * the stream), and all of them when it ends, and forgets those; the
+ * waiter then looks again.
  *
  * Invariants:
  * - watch_mu guards every stream and its ring; waiters and the thread wait
@@ -63,6 +70,9 @@
  *   destroys it.  Otherwise close joins the thread.  The library stays
  *   loaded (pinned) while such a thread may still run.  An external
  *   stream open at close is ended by the adapter's next ops and freed then.
+ * - A signal left with a stream holds a reference on it (the Lua side may
+ *   close it meanwhile: it is then written no more) until the stream writes
+ *   it or is freed.
  * - The thread never touches a lua_State.
  * - fork: watch_mu is held across fork(); the child forgets the parent's
  *   streams without touching them (their threads do not exist there).
@@ -84,12 +94,21 @@
 #include "watch.h"
 #include "stream.h"
 #include "transport.h"
+#include "pool.h"
 
 #define AWAIT_MS 10000          /* a thread's getMore's maxAwaitTimeMS */
 #define AWAIT_EXTERNAL 1000     /* the external adapter's */
 #define FAILED_FOR 30.0         /* a failed stream is not retried for this long */
 #define POLL_GRACE 0.5          /* see polled_until */
 
+
+/* a signal left by a waiter that does not block: what it waits for */
+typedef struct {
+  ml_signal *sig;               /* one reference */
+  bson_t *key;                  /* {k: _id} */
+  char *waiter;                 /* or NULL */
+  uint32_t t, i;                /* its attempt's operation time */
+} ml_sigwait;
 
 typedef struct ml_watcher {
   struct ml_watcher *next;
@@ -109,6 +128,9 @@ typedef struct ml_watcher {
   ml_obs *obs;                  /* its client's counters (one reference):
                                    every op sent counts there, the
                                    killCursors after close too */
+  ml_sigwait *sigs;             /* written when their waiter has something
+                                   to look at, then forgotten */
+  int nsigs, capsigs;
 } ml_watcher;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -134,6 +156,79 @@ static void install_atfork(void) {
   ml_pin_library();
 }
 
+/* ---- signals ----------------------------------------------------------- */
+
+static char *dupstr(const char *p) {
+  size_t n = strlen(p) + 1;
+  char *d = (char *)malloc(n);
+  if (d) memcpy(d, p, n);
+  return d;
+}
+
+
+static void sigwait_free(ml_sigwait *w) {
+  ml_signal_unref(w->sig);
+  if (w->key) bson_destroy(w->key);
+  free(w->waiter);
+}
+
+/* watch_mu held: writes the signals left with s whose waiter has something
+ * to look at (its release seen, the stream failed, ended, or started after
+ * the waiter's attempt), or all of them, and forgets those */
+static void sigs_notify(ml_watcher *s, int all) {
+  int k, n = 0;
+  for (k = 0; k < s->nsigs; k++) {
+    ml_sigwait *w = &s->sigs[k];
+    const watch_event *grant = NULL;
+    int mine = 0;
+    if (all || s->m.stop || s->m.state != ML_STREAM_RUNNING ||
+        ml_ts_after(s->m.start_t, s->m.start_i, w->t, w->i) ||
+        ml_stream_seen(&s->m, w->key, w->waiter, w->t, w->i, &grant, &mine)) {
+      ml_signal_notify(w->sig);
+      sigwait_free(w);
+    } else {
+      s->sigs[n++] = *w;
+    }
+  }
+  s->nsigs = n;
+}
+
+/* watch_mu held: leaves g with s for the waiter (key, waiter, t, i) of its
+ * coroutine, in place of what it waited for before */
+static void sigs_add(ml_watcher *s, ml_signal *g, const bson_t *key, const char *waiter, uint32_t t,
+                     uint32_t i) {
+  ml_sigwait w;
+  int k;
+  memset(&w, 0, sizeof w);
+  w.key = bson_copy(key);
+  w.waiter = waiter ? dupstr(waiter) : NULL;
+  if (!w.key || (waiter && !w.waiter)) {
+    sigwait_free(&w);           /* not kept: the waiter looks again within its bound */
+    return;
+  }
+  w.sig = g;
+  w.t = t;
+  w.i = i;
+  ml_signal_ref(g);
+  for (k = 0; k < s->nsigs; k++)
+    if (s->sigs[k].sig == g) {
+      sigwait_free(&s->sigs[k]);
+      s->sigs[k] = w;
+      return;
+    }
+  if (s->nsigs == s->capsigs) {
+    int cap = s->capsigs ? 2 * s->capsigs : 8;
+    ml_sigwait *nw = (ml_sigwait *)realloc(s->sigs, (size_t)cap * sizeof *nw);
+    if (!nw) {
+      sigwait_free(&w);
+      return;
+    }
+    s->sigs = nw;
+    s->capsigs = cap;
+  }
+  s->sigs[s->nsigs++] = w;
+}
+
 /* ---- the thread adapter ------------------------------------------------ */
 
 static void stream_free(ml_watcher *s);
@@ -145,6 +240,7 @@ static void stream_done(ml_watcher *s, int ok, const bson_t *reply, const bson_e
   int kind = s->m.op_kind;
   long getmores = s->m.getmores, reopens = s->m.reopens;
   ml_stream_done(&s->m, ml_monotonic(), ok, reply, err);
+  sigs_notify(s, 0);
   if (!s->obs) return;
   if (kind != ML_STREAM_OP_NONE) ml_obs_add(s->obs, &s->obs->commands, 1);
   ml_obs_add(s->obs, &s->obs->stream_getmores, s->m.getmores - getmores);
@@ -205,6 +301,7 @@ static void *watch_main(void *arg) {
     cv_wait_until(&s->cv, wake == HUGE_VAL ? ml_monotonic() + ML_STREAM_IDLE : wake);
   }
   if (s->m.state != ML_STREAM_FAILED) s->m.state = ML_STREAM_DONE;
+  sigs_notify(s, 1);
   pthread_cond_broadcast(&s->cv);
   {
     int detached = s->detached;
@@ -223,17 +320,12 @@ static void *watch_main(void *arg) {
 /* ---- streams ----------------------------------------------------------- */
 
 static void stream_free(ml_watcher *s) {
+  sigs_notify(s, 1);
+  free(s->sigs);
   ml_obs_unref(s->obs);
   ml_stream_clear(&s->m);
   pthread_cond_destroy(&s->cv);
   free(s);
-}
-
-static char *dupstr(const char *p) {
-  size_t n = strlen(p) + 1;
-  char *d = (char *)malloc(n);
-  if (d) memcpy(d, p, n);
-  return d;
 }
 
 /* watch_mu held: takes s out of the list */
@@ -342,6 +434,7 @@ void ml_watch_stop(ml_client *c) {
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == pid) {
       s->m.stop = 1;
+      sigs_notify(s, 1);
       pthread_cond_broadcast(&s->cv);
     }
   for (s = streams; s;) {
@@ -460,7 +553,7 @@ static uint32_t check_u32(lua_State *L, int idx) {
 }
 
 /*
- * core.watch_wait(client, db, coll, field, id, t, i, timeout [, waiter])
+ * core.watch_wait(client, db, coll, field, id, t, i, timeout [, waiter [, sig]])
  *   -> "event" | "granted", token | "timeout" | "retry" |
  *      nil, message, code
  *
@@ -480,6 +573,10 @@ static uint32_t check_u32(lua_State *L, int idx) {
  * cooperatively between calls.  A client made external (its streams read
  * by client:watch_next / watch_done) never blocks: with timeout 0 it
  * looks, with more it answers nil, message (no stream can be read here).
+ * With sig (a Signal, core.signal) it never blocks either: it looks, and
+ * on "timeout" leaves sig with the stream, which writes it when it has
+ * read something (or failed, or ended), and keeps reading for timeout
+ * seconds: the caller waits on sig's descriptor, then calls again.
  */
 static int l_watch_wait(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
@@ -489,6 +586,8 @@ static int l_watch_wait(lua_State *L) {
   uint32_t t = check_u32(L, 6), i = check_u32(L, 7);
   double timeout = luaL_checknumber(L, 8);
   const char *waiter = luaL_optstring(L, 9, NULL);
+  ml_signal *sig = lua_isnoneornil(L, 10) ? NULL : ml_check_signal(L, 10);
+  double grace = 0;
   mongoc_client_pool_t *pool;
   ml_watcher *s;
   bson_t key;
@@ -502,6 +601,10 @@ static int l_watch_wait(lua_State *L) {
   luaL_argcheck(L, strlen(field) > 0 && strlen(field) < 200, 4, "bad field name");
   pool = c->external ? NULL : ml_client_pool(L, c);
   pthread_once(&atfork_once, install_atfork);
+  if (sig) {
+    grace = timeout;            /* it looks; the stream reads that long */
+    timeout = 0;
+  }
   if (c->external && timeout > 0)
     return ml_pushfail(L, "change stream: this client's streams are read by its event loop, "
                           "which cannot run while this call blocks", 0);
@@ -533,7 +636,10 @@ static int l_watch_wait(lua_State *L) {
   s->m.waiters++;
   /* the thread reads while anyone waits; a non-blocking caller (OpenResty)
    * comes back within 20 ms, so it counts as waiting a while longer */
-  if (!(timeout > 0)) s->m.polled_until = ml_monotonic() + POLL_GRACE;
+  if (!(timeout > 0)) {
+    double until = ml_monotonic() + (grace > POLL_GRACE ? grace : POLL_GRACE);
+    if (until > s->m.polled_until) s->m.polled_until = until;
+  }
   pthread_cond_broadcast(&s->cv);
   for (;;) {
     if (s->m.state == ML_STREAM_FAILED) {
@@ -568,6 +674,7 @@ static int l_watch_wait(lua_State *L) {
   }
   s->m.waiters--;
   s->m.idle_since = ml_monotonic();
+  if (sig && res[0] == 't') sigs_add(s, sig, &key, waiter, t, i);
   if (res[0] == 'e' || res[0] == 'g') s->m.answered++;
   if (res[0] == 'g') s->m.granted++;
   if (mine) s->m.handed++;

@@ -13,8 +13,9 @@
 -- Inside a coroutine of the scheduler every round trip of the client runs
 -- in a thread of the core's pool (core.pool: its own libmongoc pool on the
 -- client's URI, write concern and options) while the coroutine waits on
--- the job's descriptor, and every sleep is the scheduler's: the loop's
--- other coroutines keep running.  The calls are mongolock.yielding's
+-- its descriptor (core.signal: one eventfd per coroutine, written when its
+-- job ends or its stream read something), and every sleep is the
+-- scheduler's: the loop's other coroutines keep running.  The calls are mongolock.yielding's
 -- stand-in of the core client (the C client's ops and tails), so a won
 -- attempt is the same mongolock.Lock as everywhere.  Outside such a
 -- coroutine the same client blocks as it always did.
@@ -34,9 +35,9 @@
 -- off the loop: the lease engine (renewal in batches, grant top-ups,
 -- releases of collected handles) runs in the client's own background
 -- thread as outside a scheduler; change-stream wake-ups come from the
--- process's stream (csrc/binding/watch.c, its own thread), which a
--- waiting coroutine looks at without blocking between scheduler sleeps of
--- 1 to 20 ms.
+-- process's stream (csrc/binding/watch.c, its own thread), which writes
+-- the waiting coroutine's descriptor when it read something: the
+-- coroutine wakes on the event, and looks again (without blocking).
 --
 -- Invariants:
 -- - One pool per client and process (a forked child makes its own); the
@@ -52,9 +53,15 @@ local args = require "mongolock.args"
 local runners = require "mongolock.runners"
 local yielding = require "mongolock.yielding"
 
-local type, pcall, rawget, rawset, select, tostring = type, pcall, rawget, rawset, select, tostring
-local unpack = table.unpack or rawget(_G, "unpack")
-local getpid = core.getpid
+local type, pcall, rawget, rawset, tostring = type, pcall, rawget, rawset, tostring
+local setmetatable = setmetatable
+local co_running = coroutine.running
+local math_min = math.min
+-- this process's id without a system call (core.pid: taken again at fork)
+local getpid = core.pid
+local monotonic = core.monotonic
+local watch_wait = core.watch_wait
+local new_signal = core.signal
 
 local _M = {
   _VERSION = "0.1.0",
@@ -64,8 +71,6 @@ local _M = {
   -- missed the wake-up looks again then
   LOOK_AGAIN = 1,
 }
-
-local function pack(...) return { n = select("#", ...), ... } end
 
 -- ---- built-in adapters --------------------------------------------------------
 
@@ -145,27 +150,66 @@ end
 
 -- ---- the runner -----------------------------------------------------------------
 
+-- the running coroutine's signal in signals (core.signal: an eventfd that
+-- its jobs and the stream it waits on write), or nil when no eventfd can
+-- be had.  signals is the runner's (one per process, as its pool: a forked
+-- child's coroutines do not share their parent's eventfds); weak: a
+-- collected coroutine's is closed by its own collection
+local function signal_of(signals)
+  local co = co_running()
+  local sig = signals[co]
+  if sig then return sig end
+  sig = new_signal()
+  if sig then signals[co] = sig end
+  return sig
+end
+
 -- runs op in a thread of pool; the coroutine waits on S (mongolock.yielding
 -- documents runners).  The caller's deadline is not used: as a blocking
 -- call, the coroutine waits for the reply, which the client's server
 -- bound limits.
 local function runner_of(S, pool)
+  local wait_fd = S.wait_fd
+  local signals = setmetatable({}, { __mode = "k" })
+  -- the job's end is written to the coroutine's signal; a write left from
+  -- before (a stream's) only wakes it early, and it looks again
   local function run(op)
-    local job, err = pool:submit(op)
+    local sig = signal_of(signals)
+    local job, err = pool:submit(op, sig)
     if not job then return nil, err end
     local fd = job:fd()
     while true do
-      local r = pack(job:take())
-      if r[1] ~= false then return unpack(r, 1, r.n) end
-      S.wait_fd(fd, _M.LOOK_AGAIN)
+      local a, b, c, d, e = job:take()
+      if a ~= false then return a, b, c, d, e end
+      wait_fd(fd, _M.LOOK_AGAIN)
+      if sig then sig:clear() end
+    end
+  end
+  -- change-stream wake-ups (mongolock.wait): core.watch_wait's answer
+  -- within `seconds`; the stream writes the coroutine's signal when it
+  -- read something, and the coroutine looks again
+  local function watch(cc, db, coll, field, id, t, i, seconds, waiter)
+    local sig = signal_of(signals)
+    if not sig then return nil, "change stream: no descriptor to wait on" end
+    local stop = monotonic() + seconds
+    sig:clear()
+    while true do
+      local left = stop - monotonic()
+      if left < 0 then left = 0 end
+      local res, err, code = watch_wait(cc, db, coll, field, id, t, i, left, waiter, sig)
+      if res ~= "timeout" then return res, err, code end
+      if left <= 0 then return "timeout" end
+      wait_fd(sig:fd(), math_min(left, _M.LOOK_AGAIN))
+      sig:clear()
     end
   end
   return {
     active = function() return S.current() and true or false end,
     run = run,
+    watch = watch,
     -- sent, nobody waits: the op runs, its outcome is dropped
     send = function(op)
-      local job = pool:submit(op)
+      local job = pool:submit(op, false)
       if job then job:close() end
     end,
   }
@@ -183,7 +227,7 @@ function _M.of(client)
   local ok, pool = pcall(core.pool, cc, client._threads or _M.THREADS)
   if not ok or not pool then return nil end
   local runner = runner_of(client._scheduler, pool)
-  p = yielding.new(cc, runner, { pool = pool })
+  p = yielding.new(cc, runner, { pool = pool, watch = runner.watch })
   rawset(client, "_sched_core", p)
   if cc.set_methods and core.lease_step then
     -- the handles' release, extend and close yield too; the lease engine

@@ -38,9 +38,11 @@
 -- its stream each time a reply came (an ngx.semaphore); where round trips
 -- stay on the event loop (configure{enabled = false}) the process's stream
 -- (a thread) is looked at without blocking, between cooperative ngx.sleep
--- steps of 1 to 20 ms; so it is in a coroutine of a scheduler
--- (connect{scheduler =}, mongolock.sched), with the scheduler's sleep;
--- elsewhere the calling thread blocks in C until woken.
+-- steps of 1 to 20 ms; so it is in a coroutine of a scheduler other than
+-- the client's own (with that scheduler's sleep).  In a coroutine of the
+-- client's scheduler (connect{scheduler =}, mongolock.sched) the stream's
+-- thread writes the coroutine's descriptor, which the scheduler's wait_fd
+-- watches.  Elsewhere the calling thread blocks in C until woken.
 
 local core = require "mongolock.core"
 local args = require "mongolock.args"
@@ -80,6 +82,10 @@ local function watch(state, ot, seconds)
     state.name
   local waiter = state.waiter
   local ngx = cooperative()
+  -- in a coroutine of the client's scheduler: woken through its descriptor
+  -- (mongolock.sched)
+  local sc = not ngx and runners.sched_core(locks.client)
+  if sc and sc.watch then return sc.watch(cc, db, coll, field, id, ot.t, ot.i, seconds, waiter) end
   local S = not ngx and runners.scheduler()
   if not ngx and not S then
     return watch_wait(cc, db, coll, field, id, ot.t, ot.i, seconds, waiter)

@@ -51,7 +51,8 @@
 local core = require "mongolock.core"
 
 local type, pcall, setmetatable, tostring = type, pcall, setmetatable, tostring
-local getpid = core.getpid
+-- this process's id without a system call (core.pid: taken again at fork)
+local getpid = core.pid or core.getpid
 
 local _M = { _VERSION = "0.1.0" }
 
