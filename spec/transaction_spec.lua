@@ -4,7 +4,6 @@
 -- fails when the lease ended or the lock changed hands meanwhile.  Needs a
 -- replica set (the stand-in, or mongod --replSet with enableTestCommands).
 local helpers = require "helpers"
-local core = require "mongolock.core"
 local mongolock = require "mongolock"
 
 local DB = helpers.database
@@ -32,7 +31,8 @@ describe("#integration transactions on the lock", function()
 
   it("refuses bad arguments at the caller", function()
     local h = assert(locks:acquire(helpers.unique("k")))
-    assert.has_error(function() h:transaction(5) end, "bad argument #1 to 'transaction' (function expected, got number)")
+    assert.has_error(function() h:transaction(5) end,
+      "bad argument #1 to 'transaction' (function expected, got number)")
     assert.has_error(function() h:transaction(function() end, { time = 1 }) end)
     assert.has_error(function() h:transaction(function() end, { timeout = -1 }) end)
     assert.has_error(function() h:transaction(function(tx) tx:collection(5) end) end)
@@ -193,5 +193,40 @@ describe("#integration transactions on the lock", function()
     assert.is_nil(doc("forced"))
     assert.is_true(h2:release())
     h:close()
+  end)
+end)
+
+describe("#integration transactions on the lock under a cqueues scheduler", function()
+  it("run in coroutines, their commands yielding, and commit", function()
+    local cqueues = require "cqueues"
+    local cq = cqueues.new()
+    local client = helpers.connect({ scheduler = "cqueues" })
+    local locks = helpers.locks(client, { ttl = 10 })
+    local coll = helpers.unique("txn_cq")
+    local results, ticks = {}, 0
+    for i = 1, 4 do
+      cq:wrap(function()
+        local h = assert(locks:acquire("cq" .. i))
+        results[i] = { h:transaction(function(tx)
+          local p = tx:collection(coll)
+          assert.equal(1, p:update({ _id = i }, { ["$inc"] = { n = 1 } }, { upsert = true }))
+          assert.equal(1, p:update({ _id = "total" .. i }, { ["$inc"] = { n = i } }, { upsert = true }))
+          return i
+        end) }
+        assert.is_true(h:release())
+      end)
+    end
+    cq:wrap(function()
+      for _ = 1, 20 do
+        ticks = ticks + 1
+        cqueues.sleep(0.001)
+      end
+    end)
+    assert(cq:loop())
+    for i = 1, 4 do assert.same({ i }, results[i]) end
+    assert.equal(20, ticks)
+    local r = assert(client:command(DB, { count = coll }, {}))
+    assert.equal(8, r.n)
+    client:close()
   end)
 end)
