@@ -230,3 +230,13 @@ describe("#integration transactions on the lock under a cqueues scheduler", func
     client:close()
   end)
 end)
+
+describe("#integration examples/trade.lua", function()
+  it("makes its trades in guarded transactions, commits nothing under a lost lock, and the books balance", function()
+    local out, ok = helpers.run(helpers.root .. "/examples/trade.lua", { "12" })
+    assert.is_true(ok, out)
+    assert.matches("trades: %d+ made, %d+ refused %(not enough gold%), 1 under a lost lock: nothing written", out)
+    assert.matches("gold: 200 %(was 200%), swords: 1", out)
+    assert.matches("\nok\n", out)
+  end)
+end)
