@@ -1051,6 +1051,7 @@ Engine.prototype.updateOne = function (coll, db, name, filter, u, opts, vars) {
   const ctx = { isInsert: false, vars, clusterTime: this.replset ? this.store.clock.now() : undefined };
   const opType = upd.kind === 'replacement' ? 'replace' : 'update';
   if (matched.length) {
+    if (matched.length > 1) this.store.guardAll(coll, matched);
     let nModified = 0;
     const results = [];
     for (const old of matched) {
@@ -1146,6 +1147,7 @@ COMMANDS.delete = function (cmd) {
       if (this.txn && limit === 0) fail(72, 'Cannot use (or request) retryable writes with limit=0');
       this.beforeStmt();
       const docs = this.select(coll, s.q, vars, limit === 1 ? 1 : Infinity);
+      if (docs.length > 1) this.store.guardAll(coll, docs);
       let removed = 0;
       for (const d of docs) if (this.store.remove(coll, d)) removed += 1;
       n += removed;

@@ -155,6 +155,13 @@ class Store {
     const { Blocked } = require('./txn');
     for (const t of this.open) if (t.wrote(coll.ns, idk)) throw new Blocked(t);
   }
+  // before a statement that writes several documents: guard() of each, so
+  // that it waits before writing any (mongod's statement is not half
+  // applied when it retries its write conflict)
+  guardAll(coll, docs) {
+    if (!this.open.size || !coll) return;
+    for (const d of docs) this.guard(coll, valueKey(d._id));
+  }
   captured(coll, idk, old) {
     for (const t of this.open) t.capture(coll.ns, idk, old);
   }

@@ -196,6 +196,7 @@ class TxnStore {
     this.views = new Map();
   }
   get clock() { return this.txn.store.clock; }
+  guardAll() {} // (a transaction's writes conflict at once: conflictCheck)
   coll(db, name, create) {
     const ns = `${db}.${name}`;
     const t = this.txn;

@@ -180,6 +180,21 @@ test('a plain write to a document a transaction wrote waits for its end, or fail
   assert.deepEqual(await outside('wait').findOne({ _id: 1 }), { _id: 1, v: 11 }, 'applied after the commit');
 });
 
+test('a plain multi-document write waits for a transaction that holds one of its documents, each written once', async () => {
+  const c = coll('waitmany');
+  await c.insertMany([{ _id: 1, v: 0 }, { _id: 2, v: 0 }, { _id: 3, v: 0 }]);
+  const s = client.startSession();
+  s.startTransaction();
+  await c.updateOne({ _id: 2 }, { $inc: { v: 1 } }, { session: s });
+  const plain = outside('waitmany').updateMany({}, { $inc: { v: 10 } });
+  await new Promise((r) => setTimeout(r, 150));
+  assert.equal((await outside('waitmany').findOne({ _id: 2 })).v, 0, 'waiting');
+  await s.commitTransaction();
+  assert.equal((await plain).modifiedCount, 3);
+  await s.endSession();
+  assert.deepEqual((await outside('waitmany').find().sort({ _id: 1 }).toArray()).map((d) => d.v), [10, 11, 10]);
+});
+
 test('the lifetime limit aborts a transaction: NoSuchTransaction on its next command', async (t) => {
   if (env.external) { t.skip('changes a server parameter'); return; }
   await admin.command({ setParameter: 1, transactionLifetimeLimitSeconds: 1 });
