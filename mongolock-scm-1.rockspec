@@ -60,6 +60,7 @@ build = {
     ["mongolock.cli"] = "lua/mongolock/cli.lua",
     ["mongolock.versioned"] = "lua/mongolock/versioned.lua",
     ["mongolock.fenced"] = "lua/mongolock/fenced.lua",
+    ["mongolock.transaction"] = "lua/mongolock/transaction.lua",
     ["mongolock.documents"] = "lua/mongolock/documents.lua",
     ["mongolock.shared"] = "lua/mongolock/shared.lua",
     ["resty.mongolock"] = "lua/resty/mongolock.lua",

@@ -46,6 +46,15 @@ core.lock_methods.fenced = function(h, coll, opts)
   return require("mongolock.fenced").new(h, coll, opts, clients_of[c] or c)
 end
 
+--- Writes that commit only while the lock is held (mongolock.transaction).
+-- r1, ... = h:transaction(fn [, {timeout = seconds}]): fn(tx)'s results once its
+-- writes (tx:collection(name):update/insert/delete/find_and_modify/find) committed
+-- in one transaction that also checks the lock document | nil, "lost" | nil, err, code
+core.lock_methods.transaction = function(h, fn, opts)
+  local c = core.handle_client(h)
+  return require("mongolock.transaction").run(h, fn, opts, clients_of[c] or c)
+end
+
 -- A client's URI (its credentials included) is kept out of the client's
 -- own fields, so that a dump of the client (a logger's inspect, a test
 -- failure's message) never shows a password; client.uri still reads it.
@@ -237,8 +246,9 @@ end
 --- Runs any command on database db.
 -- reply = client:command(db, cmd [, opts]): any command; cmd holds only
 -- the command name, the other fields go in opts (csrc/binding/command.c).
--- nil, message, code, reply on failure; nil, "closed" on a closed client
-function client_mt:command(db, cmd, opts)
+-- nil, message, code, reply on failure; nil, "closed" on a closed client.
+-- (session: a 32-hex-digit key, the explicit session of mongolock.transaction)
+function client_mt:command(db, cmd, opts, session)
   check_type(db, "string", 1, "command")
   check_type(cmd, "table", 2, "command")
   check_type(opts, "table", 3, "command", true)
@@ -248,7 +258,7 @@ function client_mt:command(db, cmd, opts)
   -- coroutine): in a worker thread, the reply decoded here
   local nc = runners.yielding_core(self)
   if nc then
-    local ok, op = pcall(core.op_command, db, cmd, opts)
+    local ok, op = pcall(core.op_command, db, cmd, opts, session)
     if not ok then
       if type(op) == "string" then
         op = op:gsub("^[^\n]-:%d+: ", "", 1):gsub("'op_command'", "'command'", 1)
@@ -261,7 +271,7 @@ function client_mt:command(db, cmd, opts)
   end
   -- the core checks the rest (the database name, one command name, values
   -- that BSON can hold); its complaint is raised again at our caller
-  local ok, r, err, code, reply = pcall(function() return c:command(db, cmd, opts) end)
+  local ok, r, err, code, reply = pcall(function() return c:command(db, cmd, opts, session) end)
   if not ok then
     if type(r) == "string" then
       r = r:gsub("^[^\n]-:%d+: ", "", 1)

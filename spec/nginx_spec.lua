@@ -102,6 +102,39 @@ local SPEC_LOCATIONS = [[
             }
         }
 
+        # ?key=&coll=: two guarded transactions of resty.mongolock's object:
+        # one commits, one whose lock another client force-releases and
+        # takes before the commit: "<first result> <second result> <err>"
+        location = /txn-spec {
+            content_by_lua_block {
+                local mongolock = require "mongolock"
+                local uri = os.getenv("MONGODB_URI")
+                local key, coll = ngx.var.arg_key, ngx.var.arg_coll
+                local mine = assert(mongolock.connect(uri, { appname = "txn-spec" }))
+                local other = assert(mongolock.connect(uri, { appname = "txn-other" }))
+                local lock = require("resty.mongolock"):new({ client = mine, collection = "nginx_txn_spec" })
+                assert(lock:lock(key))
+                local function write(tx, id)
+                  local c = tx:collection(coll, { database = "mongolock_test" })
+                  assert(c:update({ _id = id }, { ["$inc"] = { n = 1 } }, { upsert = true }) == 1)
+                end
+                local r1 = lock:transaction(function(tx) write(tx, "a"); write(tx, "b"); return "committed" end)
+                local r2, err = lock:transaction(function(tx)
+                  write(tx, "c")
+                  local ol = other:locks({ collection = "nginx_txn_spec" })
+                  assert(ol:force_release(key))
+                  assert(ol:acquire(key)):release()
+                  return "committed"
+                end)
+                lock:unlock()
+                other:close()
+                mine:close()
+                local body = table.concat({ tostring(r1), tostring(r2), tostring(err) }, " ")
+                ngx.header.content_length = #body
+                ngx.print(body)
+            }
+        }
+
         location = /gate-spec {
             content_by_lua_file gate_spec.lua;
         }
@@ -786,6 +819,16 @@ describe("#integration nginx with resty.mongolock", function()
     local d = r.cursor.firstBatch[1]
     assert.equal("next", d.by)
     assert.is_nil(d.n)
+  end)
+
+  it("commits resty.mongolock's guarded transaction, and nothing of one whose lock was taken over", function()
+    local coll = helpers.unique("txn")
+    local code, body = get(nginx.port, "/txn-spec?key=" .. helpers.unique("k") .. "&coll=" .. coll)
+    assert.equal(200, code, body)
+    assert.equal("committed nil lost", body)
+    local r = assert(observer:command(helpers.database, { find = coll }, { sort = { _id = 1 } }))
+    assert.equal(2, #r.cursor.firstBatch)
+    assert.same({ "a", "b" }, { r.cursor.firstBatch[1]._id, r.cursor.firstBatch[2]._id })
   end)
 
   it("queues a worker's waiters in arrival order, never past a holder's lease or a waiter's timeout", function()

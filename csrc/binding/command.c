@@ -34,12 +34,19 @@ static const char *check_db(lua_State *L, int i) {
  */
 void ml_command_op(lua_State *L, int first, ml_op *op) {
   const char *db = check_db(L, first);
-  int nkeys = 0, icmd = first + 1, iopts = first + 2;
+  int nkeys = 0, icmd = first + 1, iopts = first + 2, isession = first + 3;
+  const char *session = NULL;
+  if (!lua_isnoneornil(L, isession)) {
+    size_t len, i;
+    session = luaL_checklstring(L, isession, &len);
+    for (i = 0; i < len && strchr("0123456789abcdef", session[i]) && session[i]; i++) {}
+    luaL_argcheck(L, len == 32 && i == len, isession, "session key: 32 lowercase hex digits expected");
+  }
   bson_t cmd = BSON_INITIALIZER, opts = BSON_INITIALIZER;
   char msg[512];
   luaL_checktype(L, icmd, LUA_TTABLE);
   if (!lua_isnoneornil(L, iopts)) luaL_checktype(L, iopts, LUA_TTABLE);
-  lua_settop(L, iopts);
+  lua_settop(L, isession);
   lua_pushnil(L);
   while (lua_next(L, icmd)) {
     lua_pop(L, 1);
@@ -58,13 +65,17 @@ void ml_command_op(lua_State *L, int first, ml_op *op) {
     luaL_argerror(L, iopts, msg);
   }
   ml_build_command(op, db, &cmd, &opts);
+  op->session = session;   /* (a string on the Lua stack: the op lives no longer) */
   bson_destroy(&cmd);
   bson_destroy(&opts);
 }
 
 /*
- * client:command(db, cmd [, opts]) -> reply | nil, message, code, reply
+ * client:command(db, cmd [, opts [, session]]) -> reply | nil, message, code, reply
  *
+ * session (32 hex digits): the command runs in that explicit session on a
+ * connection of its own (transport.h): a multi-document transaction's
+ * commands (mongolock.transaction).
  * cmd is a table with exactly one key, the command name (a Lua table has
  * no key order, and MongoDB needs the name first); every other field of
  * the command goes in opts.  Malformed tables raise.  Write commands get

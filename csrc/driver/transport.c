@@ -227,8 +227,18 @@ int ml_run_in_session(mongoc_client_t *mc, mongoc_client_session_t *cs, const ml
 static int run_in_session(mongoc_client_t *mc, const ml_op *op, bson_t *reply, bson_error_t *error) {
   const char *name = command_name(&op->cmd);
   int opening = !strcmp(name, "aggregate"), closing = !strcmp(name, "killCursors"), ok;
+  /* a transaction's first command opens its session unless open; the
+   * session's end is endSessions, answered here (destroying the client
+   * ends its server sessions) */
+  int txn = bson_has_field(&op->cmd, "startTransaction");
   cursor_session *s = session_take(op->session);
-  if (opening) {
+  if (!strcmp(name, "endSessions")) {
+    session_end(s);
+    bson_init(reply);
+    BSON_APPEND_INT32(reply, "ok", 1);
+    return 1;
+  }
+  if (opening || (txn && !s)) {
     session_end(s);
     s = session_open(mc, op->session, error);
     if (!s) {

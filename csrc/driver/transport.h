@@ -34,7 +34,10 @@
  * session of its own choosing; so these run in an explicit session, kept
  * per process under its key on a connection of its own: an aggregate opens
  * it (replacing one of the same key), getMores use it, killCursors or a
- * failed aggregate ends it.  A key that is not open (ended, or opened
+ * failed aggregate ends it.  A multi-document transaction's commands run
+ * the same way: its first command (startTransaction) opens the session when
+ * the key is not open, and an endSessions op with the key ends it (answered
+ * ok without being sent).  A key that is not open (ended, or opened
  * before fork) fails with an error.  Its commands may come from any thread
  * and any client of the process, one at a time.
  */

@@ -95,7 +95,8 @@ local function leader_of(el, h, value)
 end
 
 -- the handle's own methods, on the handle
-for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "token_string", "fenced" }) do
+for _, k in pairs({ "lost", "check", "held", "remaining", "extend", "close", "token_string", "fenced",
+                    "transaction" }) do
   Leader[k] = function(self, ...)
     local h = self._h
     return h[k](h, ...)

@@ -465,4 +465,15 @@ function _M.fenced(self, coll, opts)
   return h:fenced(coll, opts)
 end
 
+--- Writes that commit only while the lock is held.
+-- syntax: r1, ... = obj:transaction(fn, opts)
+-- The held handle's h:transaction (mongolock.transaction): fn(tx)'s writes in one
+-- transaction that also checks the lock document; nil, "lost" and nothing committed
+-- once the lock was lost. nil, "unlocked" when the object holds no lock.
+function _M.transaction(self, fn, opts)
+  local h = self.handle
+  if not h then return nil, "unlocked" end
+  return h:transaction(fn, opts)
+end
+
 return _M

@@ -16,6 +16,7 @@ const { fail, MongoError, codeName, nonResumable } = require('./errors');
 const { memo } = require('./bsoncache');
 const shape = require('./shape');
 const auth = require('./auth');
+const { Txn, Blocked, TxnError, txnLabels } = require('./txn');
 const { Int32, Long, ObjectId, Timestamp, Binary } = V;
 
 // Fields every command accepts (mongod's generic arguments).
@@ -91,6 +92,11 @@ function intOf(v, def) { return v === undefined ? def : Math.trunc(V.num(v)); }
 // InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary.
 const RETRYABLE_CODES = new Set([6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436]);
 const RETRYABLE_WRITES = new Set(['insert', 'update', 'delete', 'findAndModify']);
+// commands that run in a multi-document transaction (as the library uses
+// them), and those that only end one
+const TXN_COMMANDS = new Set(['find', 'getMore', 'killCursors', 'insert', 'update', 'delete', 'findAndModify',
+  'findandmodify', 'aggregate', 'distinct']);
+const TXN_ONLY = new Set(['commitTransaction', 'abortTransaction']);
 const RETRIED_MAX = 10000; // sessions whose last retryable write is kept
 const READ_CONCERN_LEVELS = new Set(['local', 'majority', 'linearizable', 'available', 'snapshot']);
 
@@ -154,6 +160,9 @@ class Engine {
     this.fpEntered = { failpoint: 0, txnWriteFp: 0 }; // times each has fired
     this.txn = null;         // the retryable write being executed
     this.retried = new Map(); // session -> { txn, body }: retryable writes' results
+    this.sessions = new Map(); // session -> { number, txn }: its latest multi-document transaction
+    this.txnLifetimeSecs = 60; // transactionLifetimeLimitSeconds
+    this.resume = null;       // a plain write blocked by a transaction: its applied statements
     this.counters = { insert: 0, query: 0, update: 0, delete: 0, getmore: 0, command: 0 };
     this.commandMetrics = new Map(); // name -> {failed, total}
     this.startedAt = Date.now();
@@ -227,7 +236,14 @@ class Engine {
             if (ix.partial && !ix.partial(doc)) continue;
             if (v instanceof Date && v.getTime() + secs * 1000 <= now) expired.push(doc);
           }
-          for (const doc of expired) { this.store.remove(coll, doc); this.ttlDeleted += 1; }
+          for (const doc of expired) {
+            try {
+              this.store.remove(coll, doc);
+              this.ttlDeleted += 1;
+            } catch (e) {
+              if (!(e instanceof Blocked)) throw e; // written by a transaction: a later pass
+            }
+          }
         }
       }
     }
@@ -243,10 +259,14 @@ class Engine {
   }
 
   // rw: the command is a retryable write
-  errorReply(e, rw) {
+  errorReply(e, rw, labels) {
     if (e instanceof MongoError) {
       const body = { ok: 0, errmsg: e.message, code: e.code, codeName: e.codeName };
       if (e.extra) Object.assign(body, e.extra);
+      if (labels) {
+        if (labels.length) body.errorLabels = labels;
+        return this.reply(body);
+      }
       // mongod 4.4+ labels the errors of its NonResumableChangeStreamError
       // category (jstests/change_streams/error_label.js), and a retryable
       // write's retryable errors RetryableWriteError
@@ -307,9 +327,14 @@ class Engine {
     return m;
   }
 
-  runCommand(name, cmd, conn) {
+  // resume: the record of a plain write run again after a transaction it
+  // waited for ended (its statements applied before it waited)
+  runCommand(name, cmd, conn, resume) {
     try {
-      this.count(name, cmd);
+      if (cmd.autocommit !== undefined || cmd.startTransaction !== undefined || TXN_ONLY.has(name)) {
+        return this.runInTxn(name, cmd, conn);
+      }
+      if (!resume) this.count(name, cmd);
       const fn = COMMANDS[name] || COMMANDS[ALIASES[name]];
       if (!fn) fail(59, `no such command: '${name}'`);
       if (typeof cmd.$db !== 'string' && !conn.legacy) fail(40571, 'OP_MSG requests require a $db argument');
@@ -334,7 +359,10 @@ class Engine {
           ids: Array.isArray(cmd.stmtIds) ? cmd.stmtIds : null, close: false };
       }
       this.lsid = sessionKey(cmd) === null ? null : cmd.lsid;
+      if (rw) this.endTxnBefore(rw);
+      this.resume = rw ? null : (resume || { stmts: new Map(), since: Date.now() });
       const r = fn.call(this, cmd, conn, name);
+      this.resume = null;
       if (r && typeof r.then === 'function') this.txn = null;
       if (r && typeof r.then === 'function') return r.then((b) => (b === SENT || b.closeConnection ? b : this.reply(b)), (e) => this.errorReply(e));
       const txn = this.txn;
@@ -345,9 +373,145 @@ class Engine {
       return this.reply(r);
     } catch (e) {
       const txn = this.txn;
+      const res = this.resume;
       this.txn = null;
+      this.resume = null;
+      if (e instanceof Blocked) return this.waitFor(e.txn, name, cmd, conn, res || { stmts: new Map(), since: Date.now() });
       if (txn && txn.close) return { closeConnection: true };
       return this.errorReply(e, !!txn);
+    }
+  }
+
+  // A plain write met a document a transaction in progress wrote: as
+  // mongod retries its write conflict, it waits for that transaction to end
+  // and runs again (statements already applied are not applied twice), or
+  // fails with 50 MaxTimeMSExpired at its maxTimeMS.
+  waitFor(txn, name, cmd, conn, resume) {
+    const max = cmd.maxTimeMS === undefined ? 0 : intOf(cmd.maxTimeMS, 0);
+    return new Promise((resolve) => {
+      let timer = null;
+      const go = () => {
+        if (timer) clearTimeout(timer);
+        timer = null;
+        resolve(this.runCommand(name, cmd, conn, resume));
+      };
+      txn.waiters.push(go);
+      if (max > 0) {
+        const left = resume.since + max - Date.now();
+        timer = setTimeout(() => {
+          timer = null;
+          const i = txn.waiters.indexOf(go);
+          if (i >= 0) txn.waiters.splice(i, 1);
+          resolve(this.errorReply(new MongoError(50, 'operation exceeded time limit'), !!retryableWrite(name, cmd)));
+        }, Math.max(0, left));
+      }
+    });
+  }
+
+  // A retryable write with a newer txnNumber than the session's transaction
+  // in progress aborts that transaction (mongod's beginOrContinue).
+  endTxnBefore(rw) {
+    const s = this.sessions.get(rw.session);
+    if (s && s.txn && rw.txn > s.number) s.txn.abort();
+  }
+
+  // ---- multi-document transactions (txn.js) ------------------------------
+  runInTxn(name, cmd, conn) {
+    const fn = COMMANDS[name] || COMMANDS[ALIASES[name]];
+    if (!fn) fail(59, `no such command: '${name}'`);
+    if (typeof cmd.$db !== 'string' && !conn.legacy) fail(40571, 'OP_MSG requests require a $db argument');
+    checkFields(ALIASES[name] || name, cmd);
+    this.count(name, cmd);
+    if (!this.replset) {
+      if (cmd.txnNumber !== undefined) fail(20, 'Transaction numbers are only allowed on a replica set member or mongos');
+      fail(20, 'Transactions are not supported by this server');
+    }
+    if (TXN_ONLY.has(name) && cmd.$db !== 'admin') fail(13, `${name} may only be run against the admin database.`);
+    const key = sessionKey(cmd);
+    if (cmd.txnNumber !== undefined && key === null) fail(72, 'Transaction number requires a session ID to also be specified');
+    if (cmd.autocommit === undefined) {
+      if (cmd.startTransaction !== undefined) fail(72, "'startTransaction' field requires 'autocommit' field to also be specified");
+      fail(125, `${name} must be run within a transaction`);
+    }
+    if (cmd.autocommit !== false) fail(72, 'Specifying autocommit=true is not allowed.');
+    if (cmd.txnNumber === undefined) fail(72, "'autocommit' field requires a transaction number to also be specified");
+    if (cmd.startTransaction !== undefined && cmd.startTransaction !== true) fail(72, 'Specifying startTransaction=false is not allowed.');
+    if (!TXN_COMMANDS.has(name) && !TXN_ONLY.has(name)) fail(263, `Cannot run '${name}' in a multi-document transaction.`);
+    if (!this.isPrimary()) return this.errorReply(new MongoError(10107, 'not primary'), false, txnLabels(name, 10107));
+    const n = BigInt(cmd.txnNumber.toString());
+    let s = this.sessions.get(key);
+    if (!s) {
+      s = { number: -1n, txn: null };
+      this.sessions.set(key, s);
+      if (this.sessions.size > RETRIED_MAX) {
+        for (const [k, v] of this.sessions) if (!v.txn || v.txn.state !== 'inProgress') { this.sessions.delete(k); break; }
+      }
+    }
+    const rec = this.retried.get(key);
+    const active = rec && rec.txn > s.number ? rec.txn : s.number;
+    const err = (code, msg) => this.errorReply(new MongoError(code, msg), false, txnLabels(name, code));
+    if (n < active) {
+      return err(225, `Cannot start transaction ${n} on session ${sessionText(cmd.lsid)} because a newer transaction ${active} has already started.`);
+    }
+    if (cmd.startTransaction) {
+      if (n === active) return err(117, 'Only servers in a sharded cluster can start a new transaction at the active transaction number');
+      if (s.txn) s.txn.abort();
+      if (cmd.readConcern !== undefined) {
+        const lvl = cmd.readConcern.level;
+        if (lvl !== undefined && !['local', 'majority', 'snapshot'].includes(lvl)) {
+          return err(72, `The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run in a transaction`);
+        }
+      }
+      s.number = n;
+      s.txn = new Txn(this.store, key, n);
+      s.txn.readConcern = cmd.readConcern;
+      const t = s.txn;
+      t.timer = setTimeout(() => t.abort(), this.txnLifetimeSecs * 1000);
+      t.timer.unref();
+    } else if (n !== s.number || !s.txn) {
+      return err(251, `Given transaction number ${n} does not match any in-progress transactions. The active transaction number is ${active}`);
+    }
+    const t = s.txn;
+    if (name === 'commitTransaction' || name === 'abortTransaction') {
+      this.writeConcernCheck(cmd);
+      if (t.state === 'aborted') return err(251, `Transaction ${n} has been aborted.`);
+      if (name === 'commitTransaction') {
+        if (t.state === 'inProgress') t.commit();
+        return this.reply({ ok: 1 }); // a commit sent again answers as the first
+      }
+      if (t.state === 'committed') return err(256, 'Transaction has been committed');
+      t.abort();
+      return this.reply({ ok: 1 });
+    }
+    if (t.state === 'aborted') return err(251, `Transaction ${n} has been aborted.`);
+    if (t.state === 'committed') return err(256, `Transaction ${n} has been committed.`);
+    const abortWith = (code, msg) => { t.abort(); return err(code, msg); };
+    if (!cmd.startTransaction && cmd.readConcern !== undefined) {
+      return abortWith(72, 'Only the first command in a transaction may specify a readConcern');
+    }
+    if (cmd.writeConcern !== undefined) {
+      return abortWith(72, 'Cannot set write concern after starting a transaction.');
+    }
+    if (name === 'aggregate' && Array.isArray(cmd.pipeline) && cmd.pipeline.some((st) => V.isPlainDoc(st) && st.$changeStream !== undefined)) {
+      return abortWith(263, 'Cannot run aggregate with $changeStream in a multi-document transaction.');
+    }
+    const saved = this.store;
+    this.store = t.view;
+    this.lsid = cmd.lsid;
+    this.txn = null;
+    this.resume = null;
+    try {
+      const r = fn.call(this, cmd, conn, name);
+      // mongod aborts a transaction whose statement failed
+      if (r && r.writeErrors) t.abort();
+      return this.reply(r);
+    } catch (e) {
+      t.abort();
+      if (e instanceof TxnError) return this.errorReply(e.mongo, false, txnLabels(name, e.mongo.code));
+      if (e instanceof MongoError) return this.errorReply(e, false, txnLabels(name, e.code));
+      throw e;
+    } finally {
+      this.store = saved;
     }
   }
 
@@ -384,6 +548,7 @@ class Engine {
 
   // the first result of statement i, when this retry already applied it
   applied(i) {
+    if (!this.txn && this.resume) return this.resume.stmts.get(i);
     const id = this.stmtId(i);
     return id === null ? undefined : this.txn.rec.stmts.get(id);
   }
@@ -403,7 +568,10 @@ class Engine {
   // counts for in the reply): recorded; onPrimaryTransactionalWrite
   // without failBeforeCommitExceptionCode loses the reply.
   afterStmt(i, result, fire = true) {
-    if (!this.txn) return;
+    if (!this.txn) {
+      if (this.resume) this.resume.stmts.set(i, result);
+      return;
+    }
     this.txn.wrote = true;
     this.txn.rec.stmts.set(this.stmtId(i), result);
     const data = fire ? this.txnWriteFires(false) : null;
@@ -467,7 +635,9 @@ class Engine {
       }
       // mongod labels a retryable write's retryable error (or write concern
       // error) RetryableWriteError, unless the fail point gives errorLabels
-      const labels = (code) => (Array.isArray(data.errorLabels) ? data.errorLabels
+      const inTxn = cmd.autocommit !== undefined || TXN_ONLY.has(name);
+      const labels = (code, wc) => (Array.isArray(data.errorLabels) ? data.errorLabels
+        : inTxn ? txnLabels(name, wc ? undefined : code, wc ? code : undefined)
         : retryableWrite(name, cmd) && RETRYABLE_CODES.has(code) ? ['RetryableWriteError']
           : nonResumable(code) ? ['NonResumableChangeStreamError'] : null);
       if (data.errorCode !== undefined) {
@@ -481,7 +651,7 @@ class Engine {
       const attach = (b) => {
         if (data.writeConcernError && !b.closeConnection) {
           b.writeConcernError = data.writeConcernError;
-          const l = labels(V.num(data.writeConcernError.code));
+          const l = labels(V.num(data.writeConcernError.code), true);
           if (l && l.length) b.errorLabels = l;
         }
         return b;
@@ -696,7 +866,13 @@ COMMANDS.endSessions = function (cmd) {
   // an ended session sends no more retries: forget its last write
   if (Array.isArray(cmd.endSessions)) {
     for (const s of cmd.endSessions) {
-      if (s && s.id instanceof Binary) this.retried.delete(Buffer.from(s.id.buffer).toString('hex'));
+      if (!(s && s.id instanceof Binary)) continue;
+      const key = Buffer.from(s.id.buffer).toString('hex');
+      this.retried.delete(key);
+      // and its transaction in progress ends (aborted)
+      const st = this.sessions.get(key);
+      if (st && st.txn) st.txn.abort();
+      this.sessions.delete(key);
     }
   }
   return { ok: 1 };
@@ -716,6 +892,9 @@ COMMANDS.getParameter = function (cmd) {
   const r = { ok: 1 };
   if (cmd.ttlMonitorSleepSecs !== undefined || cmd.getParameter === '*') r.ttlMonitorSleepSecs = new Int32(this.ttlSecs);
   if (cmd.enableTestCommands !== undefined || cmd.getParameter === '*') r.enableTestCommands = true;
+  if (cmd.transactionLifetimeLimitSeconds !== undefined || cmd.getParameter === '*') {
+    r.transactionLifetimeLimitSeconds = new Int32(this.txnLifetimeSecs);
+  }
   if (Object.keys(r).length === 1) fail(72, 'no option found to get');
   return r;
 };
@@ -734,6 +913,13 @@ COMMANDS.setParameter = function (cmd) {
       r.was = new Int32(this.ttlSecs);
       this.ttlSecs = n;
       this.scheduleTtl();
+    } else if (k === 'transactionLifetimeLimitSeconds') {
+      const v = cmd[k];
+      if (!V.isNumber(v)) fail(14, `Failed parsing value for parameter ${k}`);
+      const n = V.num(v);
+      if (n < 1) fail(2, `Invalid value for parameter transactionLifetimeLimitSeconds: ${n} is not greater than or equal to 1`);
+      r.was = new Int32(this.txnLifetimeSecs);
+      this.txnLifetimeSecs = n;
     } else {
       fail(2, `attempted to set unrecognized parameter [${k}], use help:true to see options `);
     }
@@ -865,6 +1051,7 @@ Engine.prototype.updateOne = function (coll, db, name, filter, u, opts, vars) {
   const ctx = { isInsert: false, vars, clusterTime: this.replset ? this.store.clock.now() : undefined };
   const opType = upd.kind === 'replacement' ? 'replace' : 'update';
   if (matched.length) {
+    if (matched.length > 1) this.store.guardAll(coll, matched);
     let nModified = 0;
     const results = [];
     for (const old of matched) {
@@ -960,6 +1147,7 @@ COMMANDS.delete = function (cmd) {
       if (this.txn && limit === 0) fail(72, 'Cannot use (or request) retryable writes with limit=0');
       this.beforeStmt();
       const docs = this.select(coll, s.q, vars, limit === 1 ? 1 : Infinity);
+      if (docs.length > 1) this.store.guardAll(coll, docs);
       let removed = 0;
       for (const d of docs) if (this.store.remove(coll, d)) removed += 1;
       n += removed;
@@ -1436,9 +1624,10 @@ COMMANDS.collStats = function (cmd) {
   return { ns: coll.ns, count: new Int32(coll.docs.size), nindexes: new Int32(coll.indexes.length), ok: 1 };
 };
 
+// (run by Engine.runInTxn)
 for (const name of ['abortTransaction', 'commitTransaction']) {
   COMMANDS[name] = function () {
-    fail(20, 'Transactions are not supported by this server');
+    fail(125, `${name} must be run within a transaction`);
   };
 }
 

@@ -143,6 +143,27 @@ class Store {
     this.log = []; // change events, in cluster-time order
     this.logLimit = 200000;
     this.listeners = new Set();
+    this.open = new Set();    // transactions in progress (txn.js)
+  }
+
+  // Before a plain write of the document idk of coll: a transaction in
+  // progress that wrote it blocks the write (Blocked: the engine waits for
+  // its end). After it: every transaction in progress keeps the version
+  // before (old; undefined: there was none) in its snapshot.
+  guard(coll, idk) {
+    if (!this.open.size) return;
+    const { Blocked } = require('./txn');
+    for (const t of this.open) if (t.wrote(coll.ns, idk)) throw new Blocked(t);
+  }
+  // before a statement that writes several documents: guard() of each, so
+  // that it waits before writing any (mongod's statement is not half
+  // applied when it retries its write conflict)
+  guardAll(coll, docs) {
+    if (!this.open.size || !coll) return;
+    for (const d of docs) this.guard(coll, valueKey(d._id));
+  }
+  captured(coll, idk, old) {
+    for (const t of this.open) t.capture(coll.ns, idk, old);
   }
   db(name, create) {
     let d = this.dbs.get(name);
@@ -185,8 +206,10 @@ class Store {
     }
     checkStorable(doc);
     const idk = valueKey(doc._id);
+    this.guard(coll, idk);
     if (coll.docs.has(idk)) throw dupKeyError(coll, coll.indexes[0], doc);
     coll.checkUnique(doc, null);
+    if (this.open.size) this.captured(coll, idk, undefined);
     coll.docs.set(idk, doc);
     coll.indexAdd(doc);
     this.emit({ op: 'insert', coll, db: coll.db.name, name: coll.name, key: { _id: doc._id }, doc });
@@ -202,7 +225,9 @@ class Store {
       fail(66, `Performing an update on the path '_id' would modify the immutable field '_id'`);
     }
     checkStorable(doc);
+    this.guard(coll, valueKey(doc._id));
     coll.checkUnique(doc, old);
+    if (this.open.size) this.captured(coll, valueKey(doc._id), old);
     coll.indexRemove(old);
     coll.docs.set(valueKey(doc._id), doc);
     coll.indexAdd(doc);
@@ -217,6 +242,8 @@ class Store {
   remove(coll, doc) {
     const idk = valueKey(doc._id);
     if (!coll.docs.has(idk)) return false;
+    this.guard(coll, idk);
+    if (this.open.size) this.captured(coll, idk, coll.docs.get(idk));
     coll.indexRemove(doc);
     coll.docs.delete(idk);
     this.emit({ op: 'delete', coll, db: coll.db.name, name: coll.name, key: { _id: doc._id } });
@@ -262,4 +289,4 @@ function checkStorable(doc) {
   }
 }
 
-module.exports = { Store, Collection, Index, valueKey, tsBig, dupKeyError };
+module.exports = { Store, Collection, Index, valueKey, tsBig, dupKeyError, differs, checkStorable, validateCollName };
