@@ -268,13 +268,6 @@ for _, r in ipairs(rows) do
     r.p99, r.per_acq, r.steady and format("%.2f", r.steady) or "-",
     r.steady_lock and format("%.2f", r.steady_lock) or "-"))
 end
-io.write("\nserver commands / acquisition: the whole run (connections, streams and\n"
-  .. "the last waiters' exits included); steady state: between the 20% and the\n"
-  .. "90% mark of the hand-offs; lock commands: the steady state less the\n"
-  .. "drivers' server monitoring (hello and isMaster in serverStatus\n"
-  .. "metrics.commands: each process's connection pool sends one every\n"
-  .. "heartbeat, 10 s, however many acquisitions it makes; \"-\" when the\n"
-  .. "server keeps no metrics.commands).\n")
 io.write(format("\nRaw samples (ms, one per line): %s/handoff-<wait>-<processes>.txt\n", opts.out))
 io.write(format("\nOne uncontended cycle (try + release) after %s ms idle, as a hand-off's "
   .. "release comes: median %.3f ms (its try alone %.3f ms); the same cycle back to back: %.3f ms "

@@ -87,8 +87,10 @@ describe("#unit doc/benchmarks.md", function()
     text = assert(helpers.read_file(root .. "/doc/benchmarks.md"))
   end)
 
-  it("is at most 20 KB", function()
-    assert.is_true(#text <= 20 * 1024, #text .. " bytes")
+  -- (one page to read: 24 KB holds every benchmark family's tables, the
+  -- schedulers', fenced writes' and transactions' among them)
+  it("is at most 24 KB", function()
+    assert.is_true(#text <= 24 * 1024, #text .. " bytes")
   end)
 
   it("has a block for every section bench/run writes", function()
