@@ -455,10 +455,7 @@ end
 
 --- Fenced writes under the lock held.
 -- syntax: f, err = obj:fenced(collection, opts)
--- The held handle's fenced writes (h:fenced, mongolock.fenced): writes to
--- collection (in opts.database, else the lock's database) that apply only
--- while no newer holder of the lock wrote the document. nil, "unlocked"
--- when the object holds no lock.
+-- The held handle's h:fenced(collection, opts) (doc/fenced.md); nil, "unlocked" when none.
 function _M.fenced(self, coll, opts)
   local h = self.handle
   if not h then return nil, "unlocked" end
