@@ -66,6 +66,28 @@ describe("#unit torture checker", function()
     assert.truthy(tap:find("frozen holder of token 1 (pid 1 frozen 10.200000..13.400000) acted", 1, true), tap)
   end)
 
+  it("judges fenced writes: the tokens that landed never go back, every ok write landed", function()
+    local log = {
+      "A 1 10.0 1", "S 1 10.0 10.2 1 1", "W 1 1 ok",
+      "A 2 10.3 2", "S 2 10.3 10.5 2 1", "W 2 2 ok",
+      "W 1 1 fenced",                              -- a stale holder's late write, refused
+      "H 1", "H 2",
+    }
+    local v, tap = run(log)
+    assert.equal(0, v, tap)
+    assert.truthy(tap:find("ok 5 - fenced writes never go back in token (2 landed; answers: ok 2, fenced 1, "
+      .. "lost 0, not held 0, error 0)", 1, true), tap)
+    log[#log + 1] = "H 1"                          -- the stale write landed after the newer one
+    v, tap = run(log)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("write 3 of the document has token 1 after 2", 1, true), tap)
+    table.remove(log)
+    table.remove(log, #log - 1)                    -- token 1's ok write never landed
+    v, tap = run(log)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("token 1: 1 writes answered ok, 0 landed", 1, true), tap)
+  end)
+
   it("catches two valid sections that overlap", function()
     local log = {
       "A 1 10.0 1", "S 1 10.0 10.5 1 1",

@@ -3,7 +3,7 @@
 -- lock kept its promises.  Prints TAP (one "ok"/"not ok" line per property,
 -- then the counts) and exits 1 on any violation.
 --
---   lua check.lua --ttl S [--retry S] [--kind K [--permits N]] [--acts] LOG
+--   lua check.lua --ttl S [--retry S] [--kind K [--permits N]] [--acts] [--fenced] LOG
 --     (--acts: a holder acts several times a token, as an election's
 --     leader does: the command's child of run.js --command)
 --   local check = dofile("tools/torture/check.lua"); check.run(lines, opts)
@@ -28,6 +28,10 @@
 --                                      SIGCONT at cont): the holder of token,
 --                                      or the proxy it reached the server by
 --   X begin|end time                   the run's bounds
+--   W token pid ok|fenced|lost|error   a fenced write of the section's end
+--                                      (run.js --fenced) and its answer
+--   H token                            the fenced document's list of the
+--                                      tokens whose writes landed, in order
 --
 -- Properties:
 --   1. no two valid critical sections overlap (mutual exclusion);
@@ -52,6 +56,9 @@
 --   5. a frozen holder's valid work (its sections that ended after the
 --      freeze began) never overlaps another token's valid section
 --      (judged when the log has Z lines; part of 1, reported apart);
+--   6. fenced writes (W and H lines): the tokens that landed never go
+--      back (no write with an older token landed after a newer one), and
+--      every write answered ok landed;
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet or the process renewed its leases, of the kill),
@@ -76,6 +83,8 @@ local SHAPES = {
   F = { list = "faults", "kind", "#time" },
   Z = { list = "freezes", "#pid", "#token", "#stop", "#cont" },
   X = { list = "bounds", "what", "#time" },
+  W = { list = "writes", "#token", "#pid", "result" },
+  H = { list = "landed", "#token" },
 }
 
 -- parses one line into (list name, record), or nil when malformed
@@ -107,7 +116,7 @@ end
 function M.parse(lines)
   local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, observed = {},
                 errors = {}, kills = {}, faults = {}, bounds = {}, bad = {}, freezes = {},
-                renewers = {} }
+                renewers = {}, writes = {}, landed = {} }
   local function one(line)
     if line:match("^%s*$") then return end
     local list, rec = parse_line(line)
@@ -148,6 +157,33 @@ function M.overlaps(log)
     if not far or s.stop > far.stop then far = s end
   end
   return out, #v
+end
+
+-- property 6: the fenced writes that landed (H, in order) never go back
+-- in token, and every write answered ok is among them; returns messages,
+-- the counts of answers by kind
+function M.fenced(log)
+  local out, answers = {}, { ok = 0, fenced = 0, lost = 0, ["not-held"] = 0, error = 0 }
+  local landed = {}
+  local last
+  for i, h in ipairs(log.landed) do
+    if last and h.token < last then
+      out[#out + 1] = format("write %d of the document has token %s after %s", i, tostring(h.token), tostring(last))
+    end
+    last = h.token
+    landed[h.token] = (landed[h.token] or 0) + 1
+  end
+  local ok = {}
+  for _, w in ipairs(log.writes) do
+    answers[w.result] = (answers[w.result] or 0) + 1
+    if w.result == "ok" then ok[w.token] = (ok[w.token] or 0) + 1 end
+  end
+  for t, n in pairs(ok) do
+    if (landed[t] or 0) < n then
+      out[#out + 1] = format("token %s: %d writes answered ok, %d landed", tostring(t), n, landed[t] or 0)
+    end
+  end
+  return out, answers
 end
 
 -- appends to out a message for every token granted to two acquisitions
@@ -454,6 +490,11 @@ function M.run(lines, opts)
     report(#fz == 0, format("a frozen holder's valid work never overlaps another holder's (%d freezes, %d caught "
       .. "a holder at work, %d of its sections claimed a valid lease)", #log.freezes, caught, claimed), fz)
   end
+  if opts.fenced or #log.writes > 0 then
+    local fw, a = M.fenced(log)
+    report(#fw == 0 and #log.writes > 0, format("fenced writes never go back in token (%d landed; answers: ok %d, "
+      .. "fenced %d, lost %d, not held %d, error %d)", #log.landed, a.ok, a.fenced, a.lost, a["not-held"], a.error), fw)
+  end
   local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
   report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "
     .. "(%d checked, slowest %.3f s, %d too near the end to judge)", ttl + retry, checked, worst, unjudged), rc)
@@ -489,10 +530,11 @@ local function main(argv)
     elseif a == "--kind" then opts.kind = argv[i + 1]; i = i + 2
     elseif a == "--permits" then opts.permits = tonumber(argv[i + 1]); i = i + 2
     elseif a == "--acts" then opts.acts = true; i = i + 1
+    elseif a == "--fenced" then opts.fenced = true; i = i + 1
     else path = a; i = i + 1 end
   end
   if not path or not opts.ttl then
-    io.stderr:write("usage: check.lua --ttl S [--retry S] [--kind K [--permits N]] [--acts] LOG\n")
+    io.stderr:write("usage: check.lua --ttl S [--retry S] [--kind K [--permits N]] [--acts] [--fenced] LOG\n")
     os.exit(2)
   end
   local f = assert(io.open(path, "r"))

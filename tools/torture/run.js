@@ -37,6 +37,12 @@
 //                     none): SIGSTOP for 1.2 to 2 ttl, then SIGCONT, logged
 //                     as a Z line; the checker judges the frozen holders'
 //                     work against the next holders'
+//   --fenced          every section ends with a fenced write (h:fenced) of
+//                     the lock's document in mongolock_torture.fenced: its
+//                     token pushed to the document's list (W lines); at the
+//                     end the list is logged (H lines), and the checker
+//                     judges that no write with an older token landed after
+//                     a newer one.  Not with --command
 //   --command         the workers run the command (bin/mongolock exec, or
 //                     elect with --kind election; cmd_worker.lua) with a
 //                     child (cmd_child.lua) that ignores SIGTERM and cannot
@@ -70,6 +76,7 @@ function parseArgs(argv) {
     const k = argv[i];
     if (k === '--lie') { o.lie = true; i -= 1; continue; }
     if (k === '--command') { o.command = true; i -= 1; continue; }
+    if (k === '--fenced') { o.fenced = true; i -= 1; continue; }
     const v = argv[i + 1];
     if (v === undefined) usage(`${k} needs a value`);
     if (num[k]) {
@@ -89,6 +96,7 @@ function parseArgs(argv) {
   if (o.workers < 2 || o.ttl <= 0 || o.seconds <= 0) usage('need --workers >= 2, --ttl > 0, --seconds > 0');
   if (o.command && !['exclusive', 'election'].includes(o.kind)) usage('--command takes --kind exclusive or election');
   if (o.command) o.skewed = 0;
+  if (o.command && o.fenced) usage('--fenced is the library\'s: not with --command');
   return o;
 }
 
@@ -170,6 +178,7 @@ async function main() {
     const args = [path.join(__dirname, 'worker.lua'), o.log, name, String(o.ttl), String(o.holdMs), stopfile,
       o.lie ? '200' : '10'];
     if (o.lie) env.TORTURE_LIE = '1';
+    if (o.fenced) env.TORTURE_FENCED = '1';
     env.TORTURE_KIND = o.kind;
     env.TORTURE_PERMITS = String(o.permits);
     let proc;
@@ -321,14 +330,19 @@ async function main() {
   for (const p of proxies.values()) {
     try { p.proc.kill('SIGKILL'); } catch (e) { /* gone */ }
   }
+  // --fenced: the list of tokens whose fenced writes landed, in order
+  if (o.fenced) {
+    const doc = await client.db('mongolock_torture').collection('fenced').findOne({ _id: name });
+    for (const t of (doc && doc.h) || []) emit(`H ${String(t)}`);
+  }
   await client.close();
   fs.rmSync(stopfile, { force: true });
 
   const r = spawnSync('lua5.4', [path.join(__dirname, 'check.lua'), '--ttl', String(o.ttl),
     '--retry', String(o.retry), '--kind', o.kind, '--permits', String(o.permits), ...(o.command ? ['--acts'] : []),
-    o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
+    ...(o.fenced ? ['--fenced'] : []), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
   process.stdout.write(`# kind ${o.kind}${o.kind === 'semaphore' ? ` (${o.permits} permits)` : ''}, workers ${o.workers} (${o.skewed} under faketime +/-1h, lua ${o.lua}), `
-    + `${o.command ? 'the command (mongolock exec/elect) through proxies, ' : ''}`
+    + `${o.command ? 'the command (mongolock exec/elect) through proxies, ' : ''}${o.fenced ? 'fenced writes, ' : ''}`
     + `processes started ${started}, killed ${stats.kills}, faults armed ${stats.faults}, frozen ${stats.freezes}, `
     + `${o.seconds} s, ttl ${o.ttl} s, log ${path.relative(root, o.log)}\n`);
   process.exit(r.status === null ? 1 : r.status);

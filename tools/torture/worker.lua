@@ -19,6 +19,11 @@
 -- one to four times (an S line each, after h:check() says it still
 -- leads), proclaiming a new value between two acts, then resigns.
 --   E pid message                         acquire failed (not a timeout)
+--   W token pid ok|fenced|lost|error      TORTURE_FENCED=1: the fenced write
+--                                         that ends each section (h:fenced:
+--                                         the token pushed to the list of
+--                                         mongolock_torture.fenced's document
+--                                         of the lock) and its answer
 -- CLOCK_MONOTONIC is system-wide, so times from every worker compare; run
 -- under faketime only with FAKETIME_DONT_FAKE_MONOTONIC=1.
 -- Now and then (LONG_PERMILLE per mille, default 10) a section holds past
@@ -37,6 +42,7 @@ local LIE = os.getenv("TORTURE_LIE") == "1"
 -- rw (one writer in four) or election
 local KIND = os.getenv("TORTURE_KIND") or "exclusive"
 local PERMITS = tonumber(os.getenv("TORTURE_PERMITS") or "3")
+local FENCED = os.getenv("TORTURE_FENCED") == "1"
 
 local monotonic, sleep, random = core.monotonic, core.sleep, math.random
 local pid = core.getpid()
@@ -103,6 +109,18 @@ while not exists(stopfile) do
       -- valid lease, so sections held past their ttl must show as overlaps
       local valid = LIE or (rem and rem > 0)
       emit("S %d %.6f %.6f %d %d\n", token, from, stop, pid, valid and 1 or 0)
+      -- the section's write, fenced: a frozen holder's lands only while no
+      -- newer token wrote the document
+      if FENCED then
+        local f = h:fenced("fenced", { database = "mongolock_torture" })
+        -- odd pids write blind (their fenced object skips the handle's own
+        -- check, as a write already on its way when the holder froze): the
+        -- server's fence alone must refuse what comes too late
+        if pid % 2 == 1 then f.check = function() return true end end
+        local n, ferr = f:update({ _id = name }, { ["$push"] = { h = token } }, { upsert = true })
+        emit("W %d %d %s\n", token, pid, n == 1 and "ok"
+          or ((ferr == "fenced" or ferr == "lost" or ferr == "not held") and ferr:gsub(" ", "-") or "error"))
+      end
     end
     if mode == "l" then
       -- a leader acts only while it knows it leads (LIE: whatever it knows)
