@@ -116,6 +116,8 @@ int ml_arg_attempt_owner(lua_State *L, const char *default_app, int app_i, int w
     return 0;
   }
   a->owner = t->owner;
+  /* holder.t: a write that ends the lease names this process in lost */
+  if (t->tag[0] || ml_process_tag(t->tag)) a->htag = t->tag;
   if (!a->app) a->app = default_app;   /* holder.app: the URI's */
   if (gethostname(t->host, sizeof t->host) != 0) t->host[0] = '\0';
   t->host[sizeof t->host - 1] = '\0';
