@@ -24,6 +24,15 @@
  * document the same way.  Acquisitions, renewals and waiters' attempts
  * (which write only the queue) pass no filter.
  *
+ * Holders: a write that ends a lease of this process without its holder (a
+ * takeover, a forced release) names it in lost (process tag and owner id),
+ * which the filter passes here alone; the machine keeps it (and a delete)
+ * as a notice, handed after each batch, outside watch_mu, to the client's
+ * held leases (renew.c, ml_held_notice), which marks the lease lost.  A
+ * stream reads on while holders is set: ml_watch_hold sets it for a named
+ * lease held ML_HOLD_AFTER, and it is counted again (ml_held_count) after
+ * each batch with events and once a second.
+ *
  * The stream is a state machine that never runs a command itself, as the
  * lease engine (engine.c): ml_stream_next (stream.c) says which command to send (the
  * aggregate that opens it, a getMore, the killCursors that ends it, each
@@ -44,7 +53,7 @@
  *   (it may have missed its event).
  * - At most one op of a stream is in flight (op_kind).  getMores are sent
  *   only while a waiter waits (or looked without blocking less than
- *   POLL_GRACE ago).  A getMore awaits up to await_ms: for the thread
+ *   POLL_GRACE ago), or a lease is held that wants its notices.  A getMore awaits up to await_ms: for the thread
  *   AWAIT_MS (at most half the socket timeout), longer than a waiter
  *   usually waits, so that a wait costs one getMore; for the external
  *   adapter AWAIT_EXTERNAL, so a job holds a worker thread briefly.
