@@ -37,7 +37,7 @@ describe("#integration change events of the lock writes", function()
 
   -- the handles the attempts won, by waiter (kept: a collected one would
   -- send a release of its own)
-  local won = {}
+  local won, kept = {}, {}
 
   -- a waiter's attempt, as acquire makes it (the waiter id is the owner
   -- id): client:acquire_attempt's op (a:op()), in which the played
@@ -47,7 +47,10 @@ describe("#integration change events of the lock writes", function()
     local a = cc:acquire_attempt(DB, coll, name, 60000, "events", false, w, 60000, false, w)
     local op = a:op():gsub(core.process_tag(), tag)
     local h, err = a:take(run(op))
-    if h then won[w] = h end
+    if h then
+      kept[#kept + 1] = won[w]
+      won[w] = h
+    end
     assert(h or err == "busy", err)
     return { won = h ~= nil }
   end
@@ -162,12 +165,14 @@ describe("#integration change events of the lock writes", function()
     local ev = event()
     assert.equal("update", ev.operationType)
     local u = ev.updateDescription.updatedFields
-    -- the holder document is B's entry's, equal to A's here: not reported;
+    -- the holder document is B's entry's, equal to A's here but for its
+    -- process tag: holder.t alone;
     -- [B, C] to [C]: element 0 takes C's differing fields and the array is
     -- cut (smaller than the whole array of these larger entries)
     -- ttl: B's lease length (A's was extended to 120 s)
-    assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue.0.t", "queue.0.until", "queue.0.w",
-      "token", "ttl" }, keys(u))
+    assert.same({ "acquiredAt", "expiresAt", "holder.t", "next", "owner", "queue.0.h.t", "queue.0.t",
+      "queue.0.until", "queue.0.w", "token", "ttl" }, keys(u))
+    assert.equal(TB, u["holder.t"])
     assert.same({ { field = "queue", newSize = 1 } }, ev.updateDescription.truncatedArrays)
     assert.equal(WB, u.owner)
     assert.equal(TB .. WB, u.next)
@@ -200,7 +205,7 @@ describe("#integration change events of the lock writes", function()
     local ev = event()
     local u = ev.updateDescription.updatedFields
     -- [C] to []: the whole (empty) array
-    assert.same({ "acquiredAt", "expiresAt", "next", "owner", "queue", "token" }, keys(u))
+    assert.same({ "acquiredAt", "expiresAt", "holder.t", "next", "owner", "queue", "token" }, keys(u))
     assert.equal(WC, u.owner)
     assert.equal(TA .. WC, u.next)
     assert.equal(0, #u.queue)
@@ -213,15 +218,25 @@ describe("#integration change events of the lock writes", function()
     woken({})
   end)
 
-  it("force release with nobody queued: owner null, expiresAt, next null; wakes every waiter", function()
+  it("force release with nobody queued: owner null, expiresAt, next null, lost; wakes every waiter", function()
     assert.equal(1, core.parse_update(run(core.op_force_release({ db = DB, coll = coll, name = name }))))
     -- the attempt before wrote nothing: this is the next event
     local ev = event()
     local u = ev.updateDescription.updatedFields
-    assert.same({ "expiresAt", "next", "owner" }, keys(u))
+    assert.same({ "expiresAt", "lost", "next", "owner" }, keys(u))
     assert.equal(null, u.owner)
     assert.equal(null, u.next)
-    woken({ [TA] = "", [TB] = "" })
+    -- the lease it ended: C's, of process TA
+    assert.equal(TA .. WC, u.lost)
+    local ea, eb = passed(sa, 5000), passed(sb, 5000)
+    assert.equal(1, #ea)
+    assert.equal(1, #eb)
+    assert.equal("", ea[1].next)
+    assert.equal("", eb[1].next)
+    assert.equal(WC, ea[1].lost)
+    assert.is_nil(eb[1].lost)
+    assert.is_true(ea[1].wakes)
+    assert.is_true(eb[1].wakes)
   end)
 
   it("a queue cut at its end is reported in truncatedArrays, and wakes nobody", function()
@@ -239,6 +254,62 @@ describe("#integration change events of the lock writes", function()
     assert.equal(1, #ev.updateDescription.truncatedArrays)
     assert.equal("queue", ev.updateDescription.truncatedArrays[1].field)
     assert.equal(1, ev.updateDescription.truncatedArrays[1].newSize)
+    woken({})
+  end)
+
+  it("takeover of an expired lease of another process: lost names it; passes there alone, waking nobody", function()
+    -- A holds, B is queued (the row above): A's lease made to end at once
+    assert.equal(1, step(WA, "extend", 0.2))
+    event()
+    core.sleep(0.4)
+    assert.is_true(attempt(WB, TB).won)
+    local ev = event()
+    local u = ev.updateDescription.updatedFields
+    assert.equal(WB, u.owner)
+    assert.equal(TA .. WA, u.lost)
+    assert.equal(TB, u["holder.t"])
+    local ea = passed(sa, 5000)
+    assert.equal(1, #ea)
+    assert.equal(name, ea[1].id)
+    assert.equal(WA, ea[1].lost)
+    assert.equal("", ea[1].next)
+    assert.is_false(ea[1].wakes)
+    assert.equal(0, #passed(sb, 300))
+  end)
+
+  it("force release granted on to a waiter: lost passes in the old holder's process, next in the grantee's", function()
+    -- B holds (process TB); C of process TA queues, then the force release
+    -- grants the lock to C
+    assert.is_false(attempt(WC, TA).won)
+    event()
+    woken({})
+    assert.equal(1, core.parse_update(run(core.op_force_release({ db = DB, coll = coll, name = name }))))
+    local ev = event()
+    local u = ev.updateDescription.updatedFields
+    assert.equal(WC, u.owner)
+    assert.equal(TA .. WC, u.next)
+    assert.equal(TB .. WB, u.lost)
+    local ea, eb = passed(sa, 5000), passed(sb, 5000)
+    assert.equal(1, #ea)
+    assert.equal(TA .. WC, ea[1].next)
+    assert.is_nil(ea[1].lost)
+    assert.is_true(ea[1].wakes)
+    assert.equal(1, #eb)
+    assert.equal("", eb[1].next)
+    assert.equal(WB, eb[1].lost)
+    assert.is_false(eb[1].wakes)
+  end)
+
+  it("a takeover of its own expired grant by the same waiter names no lease lost", function()
+    -- C's granted lease ends; C's next attempt takes the lock again as its
+    -- own (the same owner id): nothing of it passes anywhere
+    assert.is_true(attempt(WC, TA).won)     -- the grant, nothing written
+    assert.equal(1, step(WC, "extend", 0.2))
+    event()
+    core.sleep(0.4)
+    assert.is_true(attempt(WC, TA).won)
+    local ev = event()
+    assert.is_nil(ev.updateDescription.updatedFields.lost)
     woken({})
   end)
 

@@ -15,7 +15,9 @@ local DEAD = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200&connectTimeout
 local function decode(op) return assert(core.bson_decode(op)) end
 
 -- the holder an attempt of this process writes (a URI without appname)
-local function holder() return { host = core.hostname(), pid = core.getpid() } end
+-- the holder document an attempt writes: host, pid and the process's tag
+-- (t: a write that ends the lease names it in lost)
+local function holder() return { host = core.hostname(), pid = core.getpid(), t = core.process_tag() } end
 
 describe("#unit ops (builders, no server)", function()
   local c, h
@@ -137,15 +139,27 @@ describe("#unit ops (builders, no server)", function()
     assert.equal(1, keep["fullDocument.owner"])
     assert.equal(1, keep["updateDescription.removedFields"])
     assert.is_nil(keep["updateDescription.updatedFields.queue"])
+    -- and lost: a write that ended a lease of this process passes by it
+    assert.equal(1, keep["updateDescription.updatedFields.lost"])
+    assert.equal(1, keep["fullDocument.lost"])
+    local lost = 0
+    for _, clause in ipairs(w.cmd.pipeline[2]["$match"]["$or"]) do
+      local re = clause["updateDescription.updatedFields.lost"] or clause["fullDocument.lost"]
+      if re then
+        lost = lost + 1
+        assert.equal("^" .. TAG, re.pattern)
+      end
+    end
+    assert.equal(2, lost)
     local n = 0
     for _ in pairs(keep) do n = n + 1 end
-    assert.equal(14, n)
+    assert.equal(16, n)
     -- an owner field of a document lock is kept too, once
     keep = decode(core.op_watch{ db = "d", coll = "c", tag = TAG, field = "lockedBy" }).cmd.pipeline[3]["$project"]
     assert.equal(1, keep["updateDescription.updatedFields.lockedBy"])
     n = 0
     for _ in pairs(keep) do n = n + 1 end
-    assert.equal(16, n)
+    assert.equal(18, n)
     local g = decode(core.op_getmore{ db = "d", coll = "c", cursor_id = "9007199254740993" })
     assert.equal("c", g.cmd.collection)
     assert.equal("9007199254740993", tostring(g.cmd.getMore):match("%d+"))

@@ -47,7 +47,11 @@ describe("#integration renewal in batches", function()
     local hs = {}
     for i = 1, 20 do hs[i] = assert(locks:acquire("l" .. i, { renew = true })) end
     local ol = observer:locks({ database = locks.database, collection = locks.collection })
-    assert(ol:force_release("l7"))
+    -- taken by a write of another program, which names no lease in lost (a
+    -- forced release would: its holder is told through the change stream
+    -- before a renewal can find it): the batch's check finds it
+    assert(observer:command(locks.database, { update = locks.collection },
+      { updates = { { q = { _id = "l7" }, u = { ["$set"] = { owner = ("f"):rep(32), keeper = core.null } } } } }))
     core.sleep(1.5)
     for i = 1, 20 do
       if i == 7 then

@@ -137,14 +137,25 @@ describe("#integration client:stats()", function()
 
   it("counts the commands sent: a try and its release are two", function()
     local locks = helpers.locks(client)
+    -- the commands counted but for those of the change stream, which a
+    -- held lock keeps reading (its aggregate and getMores, counted when
+    -- answered: read again until none was answered meanwhile)
+    local function commands()
+      while true do
+        local w = testing.watch_stats(client._core)
+        local n = client:stats().commands
+        local w2 = testing.watch_stats(client._core)
+        if w.opens + w.getmores == w2.opens + w2.getmores then return n - w.opens - w.getmores end
+      end
+    end
     assert(locks:try("warm")):release()          -- the TTL index is made once
-    local before = client:stats().commands
+    local before = commands()
     local h = assert(locks:try("c"))
-    assert.equal(before + 1, client:stats().commands)
+    assert.equal(before + 1, commands())
     assert.is_true(h:release())
-    assert.equal(before + 2, client:stats().commands)
+    assert.equal(before + 2, commands())
     assert(locks:status("c"))
-    assert.equal(before + 3, client:stats().commands)
+    assert.equal(before + 3, commands())
   end)
 
   it("mongolock.metrics renders them in Prometheus' text format (promtool check metrics)", function()

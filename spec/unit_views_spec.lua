@@ -19,10 +19,10 @@ local helpers = require "helpers"
 -- also a cluster time's, which the observer compares.
 local API_WORDS = { "owner", "token", "holder", "ttl", "next", "holders", "t" }
 -- Fields whose name the library also answers as a value (the states
--- "held" and "permits", an observer's change "value") are matched only as
+-- "held", "permits" and "lost", an observer's change "value") are matched only as
 -- a field reference ("$value"), a path ("permits.n") and a path of an
 -- aggregation variable.
-local VALUE_WORDS = { "value", "permits", "held" }
+local VALUE_WORDS = { "value", "permits", "held", "lost" }
 -- Every other field is also matched as a dotted path (doc.expiresAt, e.h)
 -- and as a table constructor's key ({ h = ... }, { x = 1, p = ... }; not
 -- a list of names assigned: local ok, m = ..., snap, at = ...).

@@ -126,6 +126,8 @@ int ml_arg_attempt_owner(lua_State *L, const char *default_app, int app_i, int w
     return 0;
   }
   a->owner = t->owner;
+  /* holder.t: a write that ends the lease names this process in lost */
+  if (t->tag[0] || ml_process_tag(t->tag)) a->htag = t->tag;
   if (!a->app) a->app = default_app;   /* holder.app: the URI's */
   ml_hostname(t->host);
   if (!bson_utf8_validate(t->host, strlen(t->host), false)) t->host[0] = '\0';

@@ -167,6 +167,7 @@ static void attempt_move(ml_acquire_attempt *to, const ml_acquire_attempt *from)
   if (from->a.owner) to->a.owner = to->t.owner;
   if (from->a.host) to->a.host = to->t.host;
   if (from->a.tag) to->a.tag = to->t.tag;
+  if (from->a.htag) to->a.htag = to->t.tag;
   if (from->a.keeper) to->a.keeper = to->keeper;
 }
 

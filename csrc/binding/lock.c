@@ -29,6 +29,7 @@
 #include "client.h"
 #include "lock.h"
 #include "renew.h"
+#include "watch.h"
 #include "protocol_shared.h"
 #include "stats.h"
 
@@ -105,6 +106,14 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
   h->keep = h->lease;
   h->keep->refs++;              /* not yet visible to any other thread */
   ml_held_link((ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT), h->lease);
+  /* told at once when a takeover, a forced release or a delete ends it:
+   * through a stream the external adapter runs already (nginx); elsewhere
+   * the client's thread asks for it once the lease is ML_HOLD_AFTER old */
+  {
+    ml_client *c = (ml_client *)luaL_checkudata(L, client_idx, ML_CLIENT_MT);
+    if (spec->kind == ML_KIND_NAMED && c->external) ml_watch_hold(c, NULL, h->lease);
+    else if (spec->kind == ML_KIND_NAMED) ml_renew_hold(L, c, h->lease);
+  }
   /* a grant's lease shorter than two thirds of the ttl (what renewal
    * keeps), or one that the waiter's place may have cut short when nothing
    * renews it, is extended to the ttl once, in the background, shortly

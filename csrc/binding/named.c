@@ -116,6 +116,7 @@ static int take_named(lua_State *L, ml_client *c, ml_acquire_attempt *t, int ok,
     s.grant_bounded = a->waiter != NULL && a->queue_ms < a->ttl_ms;
   }
   s.renew = t->renew;
+  if (ok > 0) (void)ml_parse_operation_time(reply, &s.op_t, &s.op_i);
   pushed = ml_push_won(L, c, ok, r.won, &s, err);
   bson_destroy(&id);
   if (pushed) return pushed;

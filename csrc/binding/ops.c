@@ -638,10 +638,12 @@ static int l_parse_status(lua_State *L) {
 }
 
 /* core.parse_events(reply, tag) -> {cursor_id = "decimal", resume_token =
- * BSON string | nil, events = {{id =, next = "" | 48 hex, t =, i =}}}:
- * a change-stream batch (aggregate or getMore reply).  next names the
- * waiter of this process (tag) a release was handed to; "" wakes every
- * waiter of id (nil: of every document) */
+ * BSON string | nil, events = {{id =, next = "" | 48 hex, lost = nil | 32
+ * hex, wakes =, t =, i =}}}: a change-stream batch (aggregate or getMore
+ * reply).  next names the waiter of this process (tag) a release was
+ * handed to; "" wakes every waiter of id (nil: of every document); lost
+ * the owner id of a lease of this process the write ended; wakes false
+ * when it passed the filter for lost alone */
 static int l_parse_events(lua_State *L) {
   bson_t reply;
   bson_iter_t docs;
@@ -683,6 +685,13 @@ static int l_parse_events(lua_State *L) {
           lua_setfield(L, -2, "grant_ms");
         }
       }
+      if (ev.lost[0]) {
+        /* it ended a lease of this process: that lease's owner id */
+        lua_pushstring(L, ev.lost);
+        lua_setfield(L, -2, "lost");
+      }
+      lua_pushboolean(L, ev.wakes);
+      lua_setfield(L, -2, "wakes");
       lua_pushnumber(L, (lua_Number)ev.t);
       lua_setfield(L, -2, "t");
       lua_pushnumber(L, (lua_Number)ev.i);

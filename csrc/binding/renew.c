@@ -88,6 +88,9 @@ typedef struct ml_renew {
                                    the thread frees this state and drops
                                    the pool when it returns */
   ml_obs *obs;                  /* c's counters (one reference) */
+  double hold_at;               /* a renewed named lease is ML_HOLD_AFTER
+                                   old then: its stream is asked for
+                                   (hold_due); 0 when none waits for it */
   long shown[4];                /* the engine's renewals, failures,
                                    batches, checks already added to obs */
 } ml_renew;
@@ -157,6 +160,44 @@ static void do_scan(mongoc_client_t *mc) {
   if (sd) mongoc_server_description_destroy(sd);
 }
 
+/*
+ * renew_mu held, by the thread: the named leases of the client's handles
+ * that are ML_HOLD_AFTER old and not yet watched are handed to their
+ * collection's change stream (ml_watch_hold, with renew_mu released:
+ * watch.c never runs inside it), at most HOLD_BATCH a pass; hold_at is set
+ * to when the next one is due.
+ */
+#define HOLD_BATCH 32
+static void hold_due(ml_renew *st, double now) {
+  ml_lease *due[HOLD_BATCH], *l;
+  size_t i, n = 0;
+  double next = 0;
+  for (l = st->c->held; l; l = l->hnext) {
+    double at = l->started + ML_HOLD_AFTER;
+    if (l->kind != ML_KIND_NAMED || l->watched || l->pid != getpid()) continue;
+    pthread_mutex_lock(&l->mu);
+    if (l->held && !l->ending && now < l->deadline) {
+      if (now < at || n == HOLD_BATCH) {
+        if (n == HOLD_BATCH) at = now;
+        if (!next || at < next) next = at;
+      } else {
+        l->watched = 1;
+        l->refs++;
+        due[n++] = l;
+      }
+    }
+    pthread_mutex_unlock(&l->mu);
+  }
+  st->hold_at = next;
+  if (!n) return;
+  pthread_mutex_unlock(&renew_mu);
+  for (i = 0; i < n; i++) {
+    ml_watch_hold(st->c, st->pool, due[i]);
+    ml_lease_unref(due[i]);
+  }
+  pthread_mutex_lock(&renew_mu);
+}
+
 static void *renew_main(void *arg) {
   ml_renew *st = (ml_renew *)arg;
   mongoc_client_t *mc = NULL;
@@ -198,6 +239,10 @@ static void *renew_main(void *arg) {
       st->scanning = 0;
       continue;
     }
+    if (st->hold_at && now >= st->hold_at && !st->e.stop) {
+      hold_due(st, now);
+      continue;
+    }
     if (st->e.stop) {
       /* no connection for the releases left: those leases expire */
       ml_engine_clear(&st->e, 0);
@@ -206,6 +251,7 @@ static void *renew_main(void *arg) {
     }
     if (!mc && (st->e.n || st->e.nrel || st->scan)) wake = now + 0.1;   /* no connection yet */
     else if (!mc) wake = now + 3600;
+    if (st->hold_at && st->hold_at < wake) wake = st->hold_at;
     st->wake_at = wake;
     wait_until(&st->cv, wake);
     st->wake_at = 0;
@@ -322,6 +368,19 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
   return ok;
 }
 
+void ml_renew_hold(lua_State *L, ml_client *c, ml_lease *l) {
+  ml_renew *st;
+  double at = l->started + ML_HOLD_AFTER;
+  if (c->external || l->kind != ML_KIND_NAMED) return;
+  pthread_mutex_lock(&renew_mu);
+  st = state_of(L, c);
+  if (st && (!st->hold_at || at < st->hold_at)) {
+    st->hold_at = at;
+    if (at < st->wake_at) pthread_cond_signal(&st->cv);
+  }
+  pthread_mutex_unlock(&renew_mu);
+}
+
 int ml_renew_scan(lua_State *L, ml_client *c) {
   ml_renew *st;
   if (c->external) return 0;
@@ -391,6 +450,56 @@ void ml_held_forget(ml_client *c) {
   pthread_mutex_lock(&renew_mu);
   while (c->held) held_unlink_locked(c->held);
   pthread_mutex_unlock(&renew_mu);
+}
+
+/* is l's _id the k of key (BSON {"k": _id})? */
+static int held_key_is(const ml_lease *l, const uint8_t *key, size_t keylen) {
+  bson_t b, k;
+  int same;
+  if (!bson_init_static(&b, key, keylen)) return 0;
+  bson_init(&k);
+  bson_append_value(&k, "k", 1, &l->id);
+  same = k.len == b.len && memcmp(bson_get_data(&k), key, keylen) == 0;
+  bson_destroy(&k);
+  return same;
+}
+
+void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_t *key,
+                    size_t keylen, const char *owner, uint32_t t, uint32_t i) {
+  ml_lease *l;
+  pid_t pid = getpid();
+  pthread_mutex_lock(&renew_mu);
+  for (l = c->held; l; l = l->hnext) {
+    if (l->kind != ML_KIND_NAMED || l->pid != pid || strcmp(l->db, db) || strcmp(l->coll, coll))
+      continue;
+    if (owner[0] ? strcmp(l->owner, owner) != 0
+                 : !(l->op_t && (t > l->op_t || (t == l->op_t && i > l->op_i))))
+      continue;
+    if (!held_key_is(l, key, keylen)) continue;
+    pthread_mutex_lock(&l->mu);
+    if (l->held && !l->ending) ml_lease_set_lost(l);
+    pthread_mutex_unlock(&l->mu);
+  }
+  pthread_mutex_unlock(&renew_mu);
+}
+
+int ml_held_count(ml_client *c, const char *db, const char *coll, const char *field) {
+  ml_lease *l;
+  pid_t pid = getpid();
+  double now = ml_monotonic();
+  int n = 0;
+  pthread_mutex_lock(&renew_mu);
+  for (l = c->held; l; l = l->hnext) {
+    if (l->kind != ML_KIND_NAMED || l->pid != pid || strcmp(l->db, db) || strcmp(l->coll, coll) ||
+        strcmp(l->owner_field, field))
+      continue;
+    if (!l->watched && !c->external) continue;
+    pthread_mutex_lock(&l->mu);
+    n += l->held && !l->ending && now < l->deadline;
+    pthread_mutex_unlock(&l->mu);
+  }
+  pthread_mutex_unlock(&renew_mu);
+  return n;
 }
 
 /*

@@ -10,6 +10,13 @@
 #include "client.h"
 #include "lease.h"
 
+/* seconds a named lease is held before the client's thread asks
+ * for its collection's change stream (watch.c's ml_watch_hold), which then
+ * tells it at once of a write that ends it: a lock held and released
+ * sooner (an uncontended cycle) costs no stream, and a loss in those first
+ * seconds is told when they end (the stream starts at the acquire) */
+#define ML_HOLD_AFTER 0.25
+
 /* once per process: fork handlers, and the renewal thread as the releaser
  * of collected handles (ml_gc_handoff) */
 void ml_renew_init(void);
@@ -21,6 +28,12 @@ void ml_renew_init(void);
  * thread could be started (l->renew is then cleared).
  */
 int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l);
+
+/* l (a named lease of a handle just made, linked to c's list) is handed
+ * to its collection's change stream by c's thread once it is
+ * ML_HOLD_AFTER old and still held (started when needed; nothing for an
+ * external client).  Raises on a closed client. */
+void ml_renew_hold(lua_State *L, ml_client *c, ml_lease *l);
 
 /* c's keeper id in this process (16 hex digits and a NUL in out), which
  * the lease documents it renews carry (protocol.h); NULL when its engine
@@ -43,6 +56,22 @@ void ml_held_link(ml_client *c, ml_lease *l);
 void ml_held_unlink(ml_lease *l);
 /* every lease leaves c's list (a closing client's, in any process) */
 void ml_held_forget(ml_client *c);
+
+/*
+ * A change event ended a lease of c in this process (watch.c): the named
+ * lease on db.coll whose _id is key's k (BSON {"k": _id}) and whose owner
+ * id is owner is lost; owner "": a delete, every such lease acquired
+ * before (t, i) is.  Marked lost as a renewal that matched nothing marks
+ * it (counted, its event queued); one being released is left alone.
+ */
+void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_t *key,
+                    size_t keylen, const char *owner, uint32_t t, uint32_t i);
+/* how many named leases c holds in this process (live by their local
+ * deadline) on db.coll with the owner field field that its change stream
+ * reads for (those handed to ml_watch_hold: every one of an external
+ * client; else those c's thread handed, ML_HOLD_AFTER after their
+ * acquire): it reads on while there are any */
+int ml_held_count(ml_client *c, const char *db, const char *coll, const char *field);
 
 /* c->on_close of a client with a renewal thread or change streams: stops
  * them (pending releases are sent first) while the pool is still valid */

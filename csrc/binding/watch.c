@@ -24,6 +24,15 @@
  * document the same way.  Acquisitions, renewals and waiters' attempts
  * (which write only the queue) pass no filter.
  *
+ * Holders: a write that ends a lease of this process without its holder (a
+ * takeover, a forced release) names it in lost (process tag and owner id),
+ * which the filter passes here alone; the machine keeps it (and a delete)
+ * as a notice, handed after each batch, outside watch_mu, to the client's
+ * held leases (renew.c, ml_held_notice), which marks the lease lost.  A
+ * stream reads on while holders is set: ml_watch_hold sets it for a named
+ * lease held ML_HOLD_AFTER, and it is counted again (ml_held_count) after
+ * each batch with events and once a second.
+ *
  * The stream is a state machine that never runs a command itself, as the
  * lease engine (engine.c): ml_stream_next (stream.c) says which command to send (the
  * aggregate that opens it, a getMore, the killCursors that ends it, each
@@ -51,7 +60,7 @@
  *   (it may have missed its event).
  * - At most one op of a stream is in flight (op_kind).  getMores are sent
  *   only while a waiter waits (or looked without blocking less than
- *   POLL_GRACE ago).  A getMore awaits up to await_ms: for the thread
+ *   POLL_GRACE ago), or a lease is held that wants its notices.  A getMore awaits up to await_ms: for the thread
  *   AWAIT_MS (at most half the socket timeout), longer than a waiter
  *   usually waits, so that a wait costs one getMore; for the external
  *   adapter AWAIT_EXTERNAL, so a job holds a worker thread briefly.
@@ -131,6 +140,9 @@ typedef struct ml_watcher {
   ml_sigwait *sigs;             /* written when their waiter has something
                                    to look at, then forgotten */
   int nsigs, capsigs;
+  long holds;                   /* ml_watch_hold calls so far */
+  double counted_at;            /* when holders was last counted again */
+  long counted_events;          /* m.events then */
 } ml_watcher;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -229,6 +241,58 @@ static void sigs_add(ml_watcher *s, ml_signal *g, const bson_t *key, const char 
   s->sigs[s->nsigs++] = w;
 }
 
+/* ---- holders ---------------------------------------------------------- */
+
+/* the notices of a batch, copied out of a stream to be handed to the held
+ * leases with watch_mu released (renew.c's mutex is never taken inside it) */
+typedef struct notices {
+  int n;
+  ml_notice v[ML_NOTICES];
+  long holds;                   /* s->holds when they were taken */
+  int count;                    /* count holders again */
+} notices;
+
+/* watch_mu held: takes s's notices into out (the stream keeps none), and
+ * whether its holders are to be counted again: after a batch with events
+ * (a holder's own release, which marks its lease as ending before it is
+ * sent, then stops the getMores at once), else once a second */
+static void notices_take(ml_watcher *s, notices *out) {
+  double now = ml_monotonic();
+  out->n = s->m.nnotices;
+  memcpy(out->v, s->m.notices, sizeof out->v[0] * (size_t)out->n);
+  s->m.nnotices = 0;            /* the keys are out's now */
+  out->holds = s->holds;
+  out->count = s->m.holders > 0 && (s->m.events != s->counted_events || now - s->counted_at >= 1.0);
+  if (out->count) {
+    s->counted_at = now;
+    s->counted_events = s->m.events;
+  }
+}
+
+/*
+ * watch_mu not held, s's client alive (close joins the thread, or runs on
+ * the thread that calls this): each notice to the client's held leases;
+ * then, when asked, the leases still held counted, which keep the stream
+ * reading.  Takes watch_mu again to set holders (unless an ml_watch_hold
+ * came meanwhile).
+ */
+static void notices_hand(ml_watcher *s, notices *in) {
+  int k, n = 1;
+  for (k = 0; k < in->n; k++) {
+    ml_notice *x = &in->v[k];
+    ml_held_notice(s->c, s->m.db, s->m.coll, x->key, x->keylen, x->owner, x->t, x->i);
+    free(x->key);
+  }
+  in->n = 0;
+  if (in->count) n = ml_held_count(s->c, s->m.db, s->m.coll, s->m.field);
+  pthread_mutex_lock(&watch_mu);
+  if (in->count && n == 0 && s->holds == in->holds && s->m.holders) {
+    s->m.holders = 0;
+    s->m.idle_since = ml_monotonic();
+  }
+  pthread_mutex_unlock(&watch_mu);
+}
+
 /* ---- the thread adapter ------------------------------------------------ */
 
 static void stream_free(ml_watcher *s);
@@ -253,8 +317,10 @@ static void *watch_main(void *arg) {
   mongoc_client_session_t *cs = NULL;
   bson_error_t err;
   int tries;
+  notices got;
 
   memset(&err, 0, sizeof err);
+  got.n = 0;
   for (tries = 0; !mc && tries < 50; tries++) {
     mc = mongoc_client_pool_try_pop(s->pool);
     if (!mc) ml_sleep(0.02);
@@ -290,10 +356,15 @@ static void *watch_main(void *arg) {
       s->in_call = 0;
       stream_done(s, ok, &reply, &err);
       bson_destroy(&reply);
+      /* a detached stream's client is gone: its notices with it */
+      if (s->detached) ml_stream_notices_clear(&s->m);
+      else notices_take(s, &got);
       /* woken after the unlock: a waiter woken while watch_mu is held
        * would block on it at once and need a second wake-up */
       pthread_mutex_unlock(&watch_mu);
       pthread_cond_broadcast(&s->cv);
+      /* (in_call is 0: a close joins this thread, so the client lives) */
+      if (got.n || got.count) notices_hand(s, &got);
       pthread_mutex_lock(&watch_mu);
       continue;
     }
@@ -516,8 +587,11 @@ static int ml_m_watch_done(lua_State *L) {
   bson_t reply;
   bson_error_t err;
   int ok;
+  notices got;
   memset(&err, 0, sizeof err);
   ok = ml_arg_outcome(L, 3, &reply, &err);
+  got.n = 0;
+  got.count = 0;
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == getpid() && !s->pool && s->m.op_kind && s->op_id == id) {
@@ -525,10 +599,16 @@ static int ml_m_watch_done(lua_State *L) {
       if (s->m.stop && ml_stream_finished(&s->m)) {
         stream_unlink(s);
         stream_free(s);
+        s = NULL;
+      } else {
+        notices_take(s, &got);
       }
       break;
     }
   pthread_mutex_unlock(&watch_mu);
+  /* s is only freed by this client's calls on this thread (watch_next,
+   * watch_done, watch_stop), none of which can run meanwhile */
+  if (s && (got.n || got.count)) notices_hand(s, &got);
   bson_destroy(&reply);
   lua_pushboolean(L, 1);
   return 1;
@@ -684,6 +764,32 @@ static int l_watch_wait(lua_State *L) {
   if (res[0] != 'g') return 1;
   ml_pushint64(L, token);
   return 2;
+}
+
+void ml_watch_hold(ml_client *c, mongoc_client_pool_t *pool, const ml_lease *l) {
+  ml_watcher *s;
+  pid_t pid = getpid();
+  pthread_once(&atfork_once, install_atfork);
+  pthread_mutex_lock(&watch_mu);
+  for (s = streams; s; s = s->next)
+    if (s->c == c && s->pool == pool && s->pid == pid && !strcmp(s->m.db, l->db) &&
+        !strcmp(s->m.coll, l->coll) && !strcmp(s->m.field, l->owner_field) &&
+        (s->m.state == ML_STREAM_STARTING || s->m.state == ML_STREAM_RUNNING))
+      break;
+  /* none running: one from the acquire's operation time, when it is known
+   * (a standalone server gives none, and has no change streams); an
+   * external client's are opened for waiters alone */
+  if (!s && l->op_t && pool)
+    s = stream_get(c, pool, l->db, l->coll, l->owner_field, l->op_t, l->op_i);
+  if (s && (s->m.state == ML_STREAM_STARTING || s->m.state == ML_STREAM_RUNNING)) {
+    s->holds++;
+    if (!s->m.holders) {
+      s->m.holders = 1;
+      s->counted_at = ml_monotonic();
+      pthread_cond_broadcast(&s->cv);
+    }
+  }
+  pthread_mutex_unlock(&watch_mu);
 }
 
 void ml_watch_stats(ml_client *c, ml_watch_counts *out) {

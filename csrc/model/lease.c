@@ -122,6 +122,9 @@ ml_lease *ml_lease_new(const ml_lease_spec *s) {
   l->owner_form = s->ref.owner_form;
   bson_strncpy(l->owner, s->owner, sizeof l->owner);
   l->token = s->token;
+  l->op_t = s->op_t;
+  l->started = s->started;
+  l->op_i = s->op_i;
   l->pid = ml_pid();
   l->ttl_ms = s->ttl_ms;
   l->deadline = ml_lease_deadline(s->started, s->grant_ms > 0 && s->grant_ms < s->ttl_ms

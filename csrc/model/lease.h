@@ -60,6 +60,10 @@ typedef struct ml_lease_spec {
   int grant_bounded;            /* with grant_ms: the waiter's place was
                                    shorter than ttl_ms, so it may have cut
                                    the grant short */
+  uint32_t op_t, op_i;          /* the acquire's operationTime: a change
+                                   stream tells the holder of what ended
+                                   the lease after it; 0, 0 when unknown (a
+                                   standalone server, a grant) */
 } ml_lease_spec;
 
 /*
@@ -106,6 +110,11 @@ typedef struct ml_lease {
   int refs;                     /* (mu) 1 for the Lua handle, +1 for each
                                    thread holding it; freed at 0 */
   ml_kind kind;
+  uint32_t op_t, op_i;          /* the acquire's operationTime, 0, 0 when
+                                   unknown (ml_lease_spec) */
+  double started;               /* ml_monotonic() just before the acquire */
+  int watched;                  /* (renew.c's mutex) its process's change
+                                   stream reads on for it (watch.c) */
   struct ml_client *hc;         /* (renew.c's mutex) the client whose held
                                    list has this lease, or NULL */
   struct ml_lease *hprev, *hnext;

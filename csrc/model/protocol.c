@@ -75,6 +75,14 @@ int64_t ml_delay_left(int64_t delay_ms, int has_remaining, int64_t remaining_ms)
                               "{", "$ne", "[", "$$this.p", BCON_BOOL(true), "]", "}", "]", "}", \
       "}", "}", BCON_INT32(0), "]", "}", BCON_NULL, "]", "}"
 
+/* the lease of the document has an owner and a holder tag: a write that
+ * ends it without its holder (ENDED_BY_OTHER true) names it in lost,
+ * LOST_VALUE (holder.t and owner, 48 hex digits) */
+#define ENDED_BY_OTHER                                                             \
+  "{", "$eq", "[", "{", "$type", "$" ML_F_OWNER, "}", "string", "]", "}",          \
+  "{", "$eq", "[", "{", "$type", "$" ML_F_HOLDER ".t", "}", "string", "]", "}"
+#define LOST_VALUE "{", "$concat", "[", "$" ML_F_HOLDER ".t", "$" ML_F_OWNER, "]", "}"
+
 /* ---- operations -------------------------------------------------------- */
 
 void ml_op_init(ml_op *op, ml_run_kind kind, const char *db, const char *coll) {
@@ -275,6 +283,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   ml_delay_value(&ddoc, &dv, a->delay_ms);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
   if (a->app) BCON_APPEND(&holder, "app", BCON_UTF8(a->app));
+  if (a->htag) BCON_APPEND(&holder, "t", BCON_UTF8(a->htag));
   if (a->waiter) {
     const char *w = a->waiter;
     bson_init(&takes_w);
@@ -338,6 +347,11 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
         ML_F_KEEPER, ML_IF_TAKEN("$" ML_F_KEEPER, BCON_ITER(&kv)),
         ML_F_TTL, ML_IF_TAKEN("$" ML_F_TTL, BCON_INT64(a->ttl_ms)),
         ML_F_DELAY, ML_IF_TAKEN("$" ML_F_DELAY, BCON_ITER(&dv)),
+        /* an expired lease of another owner taken over: named in lost */
+        ML_F_LOST, "{", "$cond", "[", "{", "$and", "[", "$_mlt",
+                                       "{", "$ne", "[", "$" ML_F_OWNER, BCON_UTF8(a->owner), "]", "}",
+                                       ENDED_BY_OTHER, "]", "}",
+                        LOST_VALUE, "$" ML_F_LOST, "]", "}",
       "}", "}");
   /* a campaign's value, published only by the attempt that takes the lock,
    * with the term it was written in (the token the stage before set); an
@@ -643,29 +657,33 @@ void ml_build_doc_renew(ml_op *op, const ml_lockref *r, const bson_t *ids, const
 }
 
 /*
- * Frees the lock whoever holds it: a release filtered on any owner.  A
- * lease with a lock-delay (ML_F_DELAY) that has not run out ends without
- * its holder's consent: owner, keeper and next null, the lease's end now
- * (or when it ended), the delay kept, no grant (_mlr false: GRANT_STAGES
- * writes nothing), so that nobody takes the name before the delay after
- * that end; its event wakes the waiters, whose attempts are told when.
+ * Frees the lock whoever holds it: a release filtered on any owner.  Its
+ * first stage names the lease it ends in lost (its holder's stream then
+ * passes the event, csrc/binding/watch.c).  A lease with a lock-delay
+ * (ML_F_DELAY) that has not run out ends without its holder's consent:
+ * owner, keeper and next null, the lease's end now (or when it ended), the
+ * delay kept, no grant (_mlr false: GRANT_STAGES writes nothing), so that
+ * nobody takes the name before the delay after that end; its event wakes
+ * the waiters, whose attempts are told when.
  */
 void ml_build_force_release(ml_op *op, const char *db, const char *coll, const char *name) {
   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER;
   BCON_APPEND(&q, "_id", BCON_UTF8(name), ML_F_OWNER, "{", "$ne", BCON_NULL, "}");
   BCON_APPEND(&u,
-    "0", "{", "$set", "{", "_mlr", "{", "$not", "[", "{", "$and", "[",
+    "0", "{", "$set", "{", ML_F_LOST, "{", "$cond", "[", "{", "$and", "[", ENDED_BY_OTHER, "]", "}",
+                                          LOST_VALUE, "$" ML_F_LOST, "]", "}", "}", "}",
+    "1", "{", "$set", "{", "_mlr", "{", "$not", "[", "{", "$and", "[",
       "{", "$gt", "[", "{", "$ifNull", "[", "$" ML_F_DELAY, BCON_INT64(0), "]", "}", BCON_INT64(0), "]", "}",
       "{", "$gt", "[", "{", "$add", "[", "$" ML_F_EXPIRES, "$" ML_F_DELAY, "]", "}", "$$NOW", "]", "}",
       "]", "}", "]", "}", "}", "}",
-    GRANT_STAGES("1", "2", IF_MLR, "{", "$and", "[", "$_mlr", NO_LIVE_HOLDERS, "]", "}"),
-    "3", "{", "$set", "{",
+    GRANT_STAGES("2", "3", IF_MLR, "{", "$and", "[", "$_mlr", NO_LIVE_HOLDERS, "]", "}"),
+    "4", "{", "$set", "{",
       ML_F_OWNER, "{", "$cond", "[", "$_mlr", "$" ML_F_OWNER, BCON_NULL, "]", "}",
       ML_F_KEEPER, "{", "$cond", "[", "$_mlr", "$" ML_F_KEEPER, BCON_NULL, "]", "}",
       ML_F_NEXT, "{", "$cond", "[", "$_mlr", "$" ML_F_NEXT, BCON_NULL, "]", "}",
       ML_F_EXPIRES, "{", "$cond", "[", "$_mlr", "$" ML_F_EXPIRES,
                       "{", "$min", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}", "}", "}",
-    "4", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
+    "5", "{", "$unset", "[", "_mlr", "_mlh", "]", "}");
   ml_op_update(op, db, coll, &q, &u, 1);
   bson_destroy(&q);
   bson_destroy(&u);
@@ -879,7 +897,8 @@ static void release_clauses(bson_t *or_, int *n, const char *field, const char *
  */
 static void event_fields(bson_t *keep, const char *field) {
   static const char *const prefixes[] = {"updateDescription.updatedFields.", "fullDocument."};
-  const char *names[] = {field, ML_F_OWNER, ML_F_NEXT, ML_F_TOKEN, ML_F_ACQUIRED, ML_F_EXPIRES};
+  const char *names[] = {field, ML_F_OWNER, ML_F_NEXT, ML_F_TOKEN, ML_F_ACQUIRED, ML_F_EXPIRES,
+                         ML_F_LOST};
   char path[300];
   size_t p, i, j;
   BCON_APPEND(keep, "operationType", BCON_INT32(1), "clusterTime", BCON_INT32(1),
@@ -907,6 +926,16 @@ void ml_build_watch_pipeline(bson_t *out, const char *field, const char *tag) {
   /* owner removed: a release by $unset */
   BCON_APPEND(&or_, "5", "{", "operationType", "update",
               "updateDescription.removedFields", BCON_UTF8(field), "}");
+  /* a write that ended a lease held in this process (lost, a takeover or
+   * a forced release), by update or replace */
+  {
+    char re[24];
+    bson_snprintf(re, sizeof re, "^%s", tag);
+    BCON_APPEND(&or_,
+      "6", "{", "operationType", "update",
+                "updateDescription.updatedFields." ML_F_LOST, BCON_REGEX(re, ""), "}",
+      "7", "{", "operationType", "replace", "fullDocument." ML_F_LOST, BCON_REGEX(re, ""), "}");
+  }
   bson_init(&keep);
   event_fields(&keep, field);
   BCON_APPEND(out, "pipeline", "[", "{", "$match", "{", "$or", BCON_ARRAY(&or_), "}", "}",
@@ -1149,6 +1178,56 @@ static int event_field(const bson_t *doc, const char *field, bson_iter_t *k) {
   return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, k);
 }
 
+/* does the array of strings at path in doc hold s? */
+static int path_has_string(const bson_t *doc, const char *path, const char *s) {
+  bson_iter_t it, f, a;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &f) ||
+      !BSON_ITER_HOLDS_ARRAY(&f) || !bson_iter_recurse(&f, &a))
+    return 0;
+  while (bson_iter_next(&a))
+    if (BSON_ITER_HOLDS_UTF8(&a) && !strcmp(bson_iter_utf8(&a, NULL), s)) return 1;
+  return 0;
+}
+
+/*
+ * out->lost, out->deleted and out->wakes of an event whose next and key are
+ * read.  An event that names a lease of this process in lost (a takeover, a
+ * forced release) passed the filter for that alone unless it also is a
+ * release for this process's waiters: next names one of them, or the
+ * owner was set to null (an update) or is null or missing with next (a
+ * replace), or removed.  (Only a named lock's document, whose owner field
+ * is ML_F_OWNER, has lost.)
+ */
+static void event_lost(const bson_t *doc, const char *tag, ml_event *out) {
+  bson_iter_t it, k;
+  const char *op = "";
+  out->wakes = 1;
+  if (bson_iter_init_find(&it, doc, "operationType") && BSON_ITER_HOLDS_UTF8(&it))
+    op = bson_iter_utf8(&it, NULL);
+  out->deleted = !strcmp(op, "delete");
+  if (event_field(doc, ML_F_LOST, &k) && BSON_ITER_HOLDS_UTF8(&k)) {
+    uint32_t len;
+    const char *v = bson_iter_utf8(&k, &len);
+    if (len == 48 && memcmp(v, tag, 16) == 0 && ml_is_hex(v + 16, 32, 32)) {
+      memcpy(out->lost, v + 16, 32);
+      out->lost[32] = '\0';
+    }
+  }
+  if (!out->lost[0] || out->next[0]) return;
+  if (!strcmp(op, "update")) {
+    out->wakes = (bson_iter_init(&it, doc) &&
+                  bson_iter_find_descendant(&it, "updateDescription.updatedFields." ML_F_OWNER, &k) &&
+                  BSON_ITER_HOLDS_NULL(&k)) ||
+                 path_has_string(doc, "updateDescription.removedFields", ML_F_OWNER);
+  } else if (!strcmp(op, "replace")) {
+    int owned = bson_iter_init(&it, doc) &&
+                bson_iter_find_descendant(&it, "fullDocument." ML_F_OWNER, &k) && !BSON_ITER_HOLDS_NULL(&k);
+    int named = bson_iter_init(&it, doc) &&
+                bson_iter_find_descendant(&it, "fullDocument." ML_F_NEXT, &k) && !BSON_ITER_HOLDS_NULL(&k);
+    out->wakes = !owned && !named;
+  }
+}
+
 void ml_parse_event(const bson_t *doc, const char *tag, ml_event *out) {
   bson_iter_t it, k;
   memset(out, 0, sizeof *out);
@@ -1184,6 +1263,7 @@ void ml_parse_event(const bson_t *doc, const char *tag, ml_event *out) {
   }
   if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "documentKey._id", &out->key))
     out->has_key = 1;
+  event_lost(doc, tag, out);
 }
 
 /* ---- values ------------------------------------------------------------ */

@@ -47,6 +47,12 @@
                                          name stays taken for that long after
                                          a lease that ended unreleased
                                          (ML_EXCL_FREE) */
+#define ML_F_LOST "lost"              /* the lease a write ended that its
+                                         holder did not end (a takeover of an
+                                         expired lease, a forced release): its
+                                         holder's process tag (holder.t) and
+                                         owner id, 48 hex; routes the write's
+                                         change event to that process */
 #define ML_TTL_INDEX "expiresAt_ttl"  /* name of the TTL index */
 
 #define ML_NAME_MAX 1024              /* bytes of a lock name */
@@ -138,6 +144,9 @@ typedef struct ml_acquire_args {
   const char *keeper;               /* 16 hex digits: the keeper id that
                                        renews the lease (ml_build_renew),
                                        NULL when nothing renews it */
+  const char *htag;                 /* this process's tag, written as
+                                       holder.t (a write that ends the lease
+                                       names it in ML_F_LOST); NULL: none */
   const char *value;                /* an election's campaign: the value
                                        the attempt publishes when it takes
                                        the lock (ML_F_VALUE, with the new
@@ -338,6 +347,13 @@ typedef struct ml_event {
   int64_t token;                    /* with owner: the granted token */
   int64_t grant_ms;                 /* with owner: expiresAt - acquiredAt,
                                        -1 when the event lacks either */
+  char lost[33];                    /* the owner id of a lease of this
+                                       process (tag) the write ended (a
+                                       takeover, a forced release: its
+                                       ML_F_LOST), "" otherwise */
+  int deleted;                      /* a delete of the document */
+  int wakes;                        /* it may wake a waiter (an event that
+                                       passed only for lost does not) */
   uint32_t t, i;                    /* clusterTime (UINT32_MAX: none) */
 } ml_event;
 

@@ -57,6 +57,29 @@ static void record(ml_stream *s, const uint8_t *key, size_t keylen, const ml_eve
   s->events++;
 }
 
+/* an event that ended a lease of this process (lost names it, or the
+ * document was deleted), kept for the holders until watch.c takes it */
+static void notice(ml_stream *s, const uint8_t *key, size_t keylen, const ml_event *ev) {
+  ml_notice *n;
+  s->noticed++;
+  if (s->nnotices >= ML_NOTICES) return;      /* the renewal finds it */
+  n = &s->notices[s->nnotices];
+  n->key = (uint8_t *)malloc(keylen);
+  if (!n->key) return;
+  memcpy(n->key, key, keylen);
+  n->keylen = keylen;
+  memcpy(n->owner, ev->lost, 33);
+  n->t = ev->t;
+  n->i = ev->i;
+  s->nnotices++;
+}
+
+void ml_stream_notices_clear(ml_stream *s) {
+  int k;
+  for (k = 0; k < s->nnotices; k++) free(s->notices[k].key);
+  s->nnotices = 0;
+}
+
 static void event_from(ml_stream *s, const bson_t *doc) {
   ml_event ev;
   bson_t key;
@@ -64,7 +87,8 @@ static void event_from(ml_stream *s, const bson_t *doc) {
   if (ev.has_key) {
     bson_init(&key);
     bson_append_iter(&key, "k", 1, &ev.key);
-    record(s, bson_get_data(&key), key.len, &ev);
+    if (ev.lost[0] || ev.deleted) notice(s, bson_get_data(&key), key.len, &ev);
+    if (ev.wakes) record(s, bson_get_data(&key), key.len, &ev);
     bson_destroy(&key);
   } else {
     record(s, NULL, 0, &ev);
@@ -116,9 +140,10 @@ int ml_stream_next(ml_stream *s, double now, double *wake) {
   int ending = s->stop || s->state == ML_STREAM_FAILED || s->state == ML_STREAM_DONE;
   *wake = HUGE_VAL;
   if (s->op_kind) return 0;
-  if (!ending && s->open && !s->stale && s->waiters == 0 && now >= s->polled_until) {
-    /* nobody waits: no getMore (events queue in the server's cursor and
-     * are read when a waiter comes); ended when idle */
+  if (!ending && s->open && !s->stale && s->waiters == 0 && s->holders == 0 &&
+      now >= s->polled_until) {
+    /* nobody waits or holds: no getMore (events queue in the server's
+     * cursor and are read when a waiter comes); ended when idle */
     if (now - s->idle_since <= ML_STREAM_IDLE) {
       *wake = s->idle_since + ML_STREAM_IDLE + 0.01;
       return 0;
@@ -264,6 +289,7 @@ int ml_stream_seen(const ml_stream *s, const bson_t *key, const char *waiter, ui
 
 void ml_stream_clear(ml_stream *s) {
   int k;
+  ml_stream_notices_clear(s);
   for (k = 0; k < ML_RING; k++) free(s->ring[k].key);
   if (s->op_kind) ml_op_destroy(&s->op);
   if (s->resume) bson_destroy(s->resume);

@@ -32,6 +32,18 @@ typedef struct watch_event {
   uint32_t t, i;                /* clusterTime */
 } watch_event;
 
+/* an event that ended a lease of this process, for its holder (watch.c
+ * hands it to the process's held leases, renew.c) */
+#define ML_NOTICES 64
+typedef struct ml_notice {
+  uint8_t *key;                 /* BSON of {"k": documentKey._id} */
+  size_t keylen;
+  char owner[33];               /* the lease's owner id (the event's lost),
+                                   "" for a delete: every lease of key held
+                                   since before (t, i) */
+  uint32_t t, i;                /* clusterTime */
+} ml_notice;
+
 typedef struct ml_stream {
   char *db, *coll, *field;
   char tag[17];                 /* the process tag its $match routes on */
@@ -45,6 +57,13 @@ typedef struct ml_stream {
   unsigned long long seq;       /* events recorded so far */
   uint32_t drop_t, drop_i;      /* newest time pushed out of ring */
   int waiters;                  /* blocked in watch_wait now */
+  int holders;                  /* leases of the process on the collection
+                                   want its notices: it reads on without a
+                                   waiter (watch.c keeps it) */
+  ml_notice notices[ML_NOTICES];  /* not yet handed to the holders */
+  int nnotices;
+  long noticed;                 /* notices made (those past ML_NOTICES
+                                   not yet handed over are dropped) */
   int64_t await_ms;             /* a getMore's maxAwaitTimeMS */
   double polled_until;          /* a non-blocking waiter (timeout 0) looked
                                    recently: keep reading until then */
@@ -87,6 +106,9 @@ int ml_stream_finished(const ml_stream *s);
  * event) */
 int ml_stream_seen(const ml_stream *s, const bson_t *key, const char *waiter, uint32_t t,
                    uint32_t i, const watch_event **grant, int *mine);
+
+/* frees the notices taken (s->notices[0 .. nnotices)) and empties them */
+void ml_stream_notices_clear(ml_stream *s);
 
 /* is (t1, i1) after (t2, i2) */
 int ml_ts_after(uint32_t t1, uint32_t i1, uint32_t t2, uint32_t i2);

@@ -422,6 +422,124 @@ static void test_stream(void) {
   free(s);
 }
 
+/* a getMore reply holding the events of evs (n of them), cursor 42 */
+static void batch_reply(bson_t *reply, bson_t *const *evs, int n) {
+  bson_t cur, batch;
+  char k[12];
+  int j;
+  bson_init(reply);
+  BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cur);
+  BSON_APPEND_INT64(&cur, "id", 42);
+  BSON_APPEND_ARRAY_BEGIN(&cur, "nextBatch", &batch);
+  for (j = 0; j < n; j++) {
+    bson_snprintf(k, sizeof k, "%d", j);
+    BSON_APPEND_DOCUMENT(&batch, k, evs[j]);
+  }
+  bson_append_array_end(&cur, &batch);
+  bson_append_document_end(reply, &cur);
+  BSON_APPEND_INT32(reply, "ok", 1);
+}
+
+/* an update event of {_id: id} at (t, 1) with the string fields of kv
+ * (key, value pairs, NULL value: null) as its updatedFields */
+static bson_t *update_event(const char *id, uint32_t t, const char *const *kv, int n) {
+  bson_t *ev = bson_new(), key, ud, uf;
+  int j;
+  BSON_APPEND_UTF8(ev, "operationType", "update");
+  BSON_APPEND_TIMESTAMP(ev, "clusterTime", t, 1);
+  BSON_APPEND_DOCUMENT_BEGIN(ev, "documentKey", &key);
+  BSON_APPEND_UTF8(&key, "_id", id);
+  bson_append_document_end(ev, &key);
+  BSON_APPEND_DOCUMENT_BEGIN(ev, "updateDescription", &ud);
+  BSON_APPEND_DOCUMENT_BEGIN(&ud, "updatedFields", &uf);
+  for (j = 0; j < n; j++) {
+    if (kv[2 * j + 1]) BSON_APPEND_UTF8(&uf, kv[2 * j], kv[2 * j + 1]);
+    else BSON_APPEND_NULL(&uf, kv[2 * j]);
+  }
+  bson_append_document_end(&ud, &uf);
+  bson_append_document_end(ev, &ud);
+  return ev;
+}
+
+/* the holders' side of the machine: a write that ended a lease of this
+ * process (lost with its tag) becomes a notice and wakes no waiter; a
+ * forced release with nobody queued is both; another process's lost is
+ * no notice; a delete is a notice for every lease of its key; a holder
+ * keeps the getMores going without a waiter */
+static void test_stream_holders(void) {
+  ml_stream *s = (ml_stream *)calloc(1, sizeof *s);
+  bson_t reply, key, *evs[4], del, dk;
+  double wake;
+  int mine = 0;
+  const watch_event *grant = NULL;
+  static const char *const takeover[] = {ML_F_OWNER, OWNER_B, ML_F_LOST, KEEPER OWNER_A};
+  static const char *const forced[] = {ML_F_OWNER, NULL, ML_F_NEXT, NULL, ML_F_LOST, KEEPER OWNER_C};
+  static const char *const other[] = {ML_F_OWNER, OWNER_A, ML_F_LOST, "fedcba9876543210" OWNER_B};
+  s->db = copy_str("db");
+  s->coll = copy_str("locks");
+  s->field = copy_str(ML_F_OWNER);
+  memcpy(s->tag, KEEPER, 17);
+  s->start_t = s->drop_t = 100;
+  s->start_i = s->drop_i = 1;
+  s->await_ms = 1000;
+  s->state = ML_STREAM_RUNNING;
+  s->open = 1;
+  s->cursor_id = 42;
+  s->idle_since = 0;
+
+  ok(!ml_stream_next(s, 0.1, &wake), "holders: no getMore with neither a waiter nor a holder");
+  s->holders = 1;
+  ok(ml_stream_next(s, 0.1, &wake) && s->op_kind == ML_STREAM_OP_MORE,
+     "holders: a getMore while a lease is held, without a waiter");
+  ok(ml_stream_next(s, 20.0, &wake) == 0 && s->state == ML_STREAM_RUNNING,
+     "holders: a stream with a getMore in flight is not ended");
+  evs[0] = update_event("a", 101, takeover, 2);
+  evs[1] = update_event("b", 102, forced, 3);
+  evs[2] = update_event("c", 103, other, 2);
+  bson_init(&del);
+  BSON_APPEND_UTF8(&del, "operationType", "delete");
+  BSON_APPEND_TIMESTAMP(&del, "clusterTime", 104, 1);
+  BSON_APPEND_DOCUMENT_BEGIN(&del, "documentKey", &dk);
+  BSON_APPEND_UTF8(&dk, "_id", "d");
+  bson_append_document_end(&del, &dk);
+  evs[3] = &del;
+  batch_reply(&reply, evs, 4);
+  ml_stream_done(s, 0.2, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(s->nnotices == 3 && !strcmp(s->notices[0].owner, OWNER_A) && s->notices[0].t == 101 &&
+     !strcmp(s->notices[1].owner, OWNER_C) && s->notices[2].owner[0] == '\0' &&
+     s->notices[2].t == 104,
+     "holders: a takeover and a forced release of this process's leases and a delete are notices");
+  bson_init(&key);
+  BSON_APPEND_UTF8(&key, "k", "a");
+  ok(ml_stream_seen(s, &key, NULL, 100, 1, &grant, &mine) == 0,
+     "holders: the takeover wakes no waiter of its document");
+  bson_reinit(&key);
+  BSON_APPEND_UTF8(&key, "k", "b");
+  ok(ml_stream_seen(s, &key, NULL, 100, 1, &grant, &mine) == 1,
+     "holders: the forced release wakes its waiters too");
+  bson_reinit(&key);
+  BSON_APPEND_UTF8(&key, "k", "c");
+  ok(ml_stream_seen(s, &key, NULL, 100, 1, &grant, &mine) == 1,
+     "holders: another process's lost is no notice (an event passed otherwise wakes as before)");
+  bson_reinit(&key);
+  BSON_APPEND_UTF8(&key, "k", "d");
+  ok(ml_stream_seen(s, &key, NULL, 100, 1, &grant, &mine) == 1, "holders: a delete wakes as before");
+  bson_destroy(&key);
+  ml_stream_notices_clear(s);
+  ok(s->nnotices == 0 && s->noticed == 3, "holders: notices taken are cleared");
+  s->holders = 0;
+  ok(!ml_stream_next(s, 0.3, &wake) && ml_stream_next(s, 11.0, &wake) &&
+     s->op_kind == ML_STREAM_OP_KILL,
+     "holders: without a holder or a waiter it ends when idle");
+  bson_destroy(evs[0]);
+  bson_destroy(evs[1]);
+  bson_destroy(evs[2]);
+  bson_destroy(&del);
+  ml_stream_clear(s);
+  free(s);
+}
+
 int main(void) {
   test_engine_renewal();
   test_engine_check();
@@ -430,6 +548,7 @@ int main(void) {
   test_lease_kinds();
   test_check_parser();
   test_stream();
+  test_stream_holders();
   printf("1..%d\n", tests);
   return failures ? 1 : 0;
 }

@@ -377,10 +377,11 @@ end
 --- Runs fn(h, ...) holding the lock name, renewed meanwhile; always releases.
 -- locks:with(name, opts, fn, ...) -> fn's results | nil, "lost" | nil, err:
 -- runs fn(h, ...) holding the lock (renewed in the background unless
--- opts.renew = false); always releases; re-raises fn's error.  With
--- renewal, h:check() inside fn answers nil, "lost" within a renewal period
--- (ttl/3) and a round trip of a force release or a takeover: the renewal
--- that matches nothing marks the lease lost.
+-- opts.renew = false); always releases; re-raises fn's error.
+-- h:check() inside fn answers nil, "lost" within a round trip of a force
+-- release, a takeover or a delete where change streams run (once the lock
+-- was held 0.25 s), else with renewal within a renewal period (ttl/3) and
+-- a round trip: the renewal that matches nothing marks the lease lost.
 function _M.with(self, name, opts, fn, ...)
   check_name(name, "with")
   if type(opts) == "function" then
