@@ -34,8 +34,10 @@ local _M = { _VERSION = "0.1.0", core = core }
 local client_mt = {}
 
 -- the client connect made around each core client (a handle's writes
--- through h:fenced go through it, so that they yield where it can)
-local clients_of = setmetatable({}, { __mode = "k" })
+-- through h:fenced go through it, so that they yield where it can).  Weak
+-- both ways: the client holds its core (_core), and LuaJIT's weak-keyed
+-- tables are no ephemerons, so a value that holds its key would never go
+local clients_of = setmetatable({}, { __mode = "kv" })
 
 --- Fenced writes from a held handle (mongolock.fenced).
 -- f = h:fenced(collection [, {database = h.database, field = "fence"}]): writes

@@ -88,6 +88,21 @@ describe("#unit torture checker", function()
     assert.truthy(tap:find("token 1: 1 writes answered ok, 0 landed", 1, true), tap)
   end)
 
+  it("judges guarded transactions: the accounts' total is kept", function()
+    local log = {
+      "A 1 10.0 1", "S 1 10.0 10.2 1 1", "W 1 1 ok",
+      "A 2 10.3 2", "S 2 10.3 10.5 2 1", "W 2 2 lost",
+      "H 1", "Y 400 400",
+    }
+    local v, tap = run(log)
+    assert.equal(0, v, tap)
+    assert.truthy(tap:find("ok 6 - guarded transactions keep the accounts' total (400 of 400)", 1, true), tap)
+    log[#log] = "Y 399 400"
+    v, tap = run(log)
+    assert.is_true(v > 0)
+    assert.truthy(tap:find("not ok 6 - guarded transactions keep the accounts' total (399 of 400)", 1, true), tap)
+  end)
+
   it("catches two valid sections that overlap", function()
     local log = {
       "A 1 10.0 1", "S 1 10.0 10.5 1 1",

@@ -32,6 +32,9 @@
 --                                      (run.js --fenced) and its answer
 --   H token                            the fenced document's list of the
 --                                      tokens whose writes landed, in order
+--                                      (run.js --txn: the ledger's)
+--   Y sum expected                     run.js --txn: the accounts' total at
+--                                      the end, and what it must be
 --
 -- Properties:
 --   1. no two valid critical sections overlap (mutual exclusion);
@@ -59,6 +62,7 @@
 --   6. fenced writes (W and H lines): the tokens that landed never go
 --      back (no write with an older token landed after a newer one), and
 --      every write answered ok landed;
+--   7. guarded transactions (Y line): the accounts' total is kept;
 --   3. a lock held by a killed process is taken again within ttl + retry of
 --      the acquisition that process held (or, when that acquisition was
 --      not logged yet or the process renewed its leases, of the kill),
@@ -85,6 +89,7 @@ local SHAPES = {
   X = { list = "bounds", "what", "#time" },
   W = { list = "writes", "#token", "#pid", "result" },
   H = { list = "landed", "#token" },
+  Y = { list = "totals", "#sum", "#expected" },
 }
 
 -- parses one line into (list name, record), or nil when malformed
@@ -116,7 +121,7 @@ end
 function M.parse(lines)
   local log = { modes = {}, acquired = {}, sections = {}, releases = {}, proclaims = {}, observed = {},
                 errors = {}, kills = {}, faults = {}, bounds = {}, bad = {}, freezes = {},
-                renewers = {}, writes = {}, landed = {} }
+                renewers = {}, writes = {}, landed = {}, totals = {} }
   local function one(line)
     if line:match("^%s*$") then return end
     local list, rec = parse_line(line)
@@ -494,6 +499,10 @@ function M.run(lines, opts)
     local fw, a = M.fenced(log)
     report(#fw == 0 and #log.writes > 0, format("fenced writes never go back in token (%d landed; answers: ok %d, "
       .. "fenced %d, lost %d, not held %d, error %d)", #log.landed, a.ok, a.fenced, a.lost, a["not-held"], a.error), fw)
+  end
+  for _, y in ipairs(log.totals) do
+    report(y.sum == y.expected, format("guarded transactions keep the accounts' total (%s of %s)",
+      tostring(y.sum), tostring(y.expected)))
   end
   local rc, checked, worst, unjudged = M.recovery(log, ttl, retry)
   report(#rc == 0, format("locks of killed holders taken again within ttl + retry = %.1f s "

@@ -43,6 +43,15 @@
 //                     end the list is logged (H lines), and the checker
 //                     judges that no write with an older token landed after
 //                     a newer one.  Not with --command
+//   --txn             exclusive: each section is a guarded transaction
+//                     (h:transaction) moving one unit between two of four
+//                     accounts (100 units each at the start), the hold
+//                     between its two writes, its token pushed to a ledger
+//                     (W lines); at the end the ledger (H lines) and the
+//                     accounts' total (Y line) are logged: the checker
+//                     judges that the total is kept and no stale holder's
+//                     transaction committed after a newer one.  Not with
+//                     --command or --fenced
 //   --command         the workers run the command (bin/mongolock exec, or
 //                     elect with --kind election; cmd_worker.lua) with a
 //                     child (cmd_child.lua) that ignores SIGTERM and cannot
@@ -77,6 +86,7 @@ function parseArgs(argv) {
     if (k === '--lie') { o.lie = true; i -= 1; continue; }
     if (k === '--command') { o.command = true; i -= 1; continue; }
     if (k === '--fenced') { o.fenced = true; i -= 1; continue; }
+    if (k === '--txn') { o.txn = true; i -= 1; continue; }
     const v = argv[i + 1];
     if (v === undefined) usage(`${k} needs a value`);
     if (num[k]) {
@@ -97,6 +107,7 @@ function parseArgs(argv) {
   if (o.command && !['exclusive', 'election'].includes(o.kind)) usage('--command takes --kind exclusive or election');
   if (o.command) o.skewed = 0;
   if (o.command && o.fenced) usage('--fenced is the library\'s: not with --command');
+  if (o.txn && (o.command || o.fenced || o.kind !== 'exclusive')) usage('--txn: the library\'s exclusive locks alone');
   return o;
 }
 
@@ -144,6 +155,10 @@ async function main() {
   await client.connect();
   const admin = client.db('admin');
   const coll = client.db('mongolock_torture').collection('locks');
+  const accounts = client.db('mongolock_torture').collection('accounts');
+  if (o.txn) {
+    await accounts.insertMany([1, 2, 3, 4].map((i) => ({ _id: `${name}:${i}`, units: 100 })));
+  }
 
   const workers = new Map(); // child process pid -> { proc, lua, skew, pid (the Lua process's) }
   let started = 0;
@@ -179,6 +194,7 @@ async function main() {
       o.lie ? '200' : '10'];
     if (o.lie) env.TORTURE_LIE = '1';
     if (o.fenced) env.TORTURE_FENCED = '1';
+    if (o.txn) env.TORTURE_TXN = '1';
     env.TORTURE_KIND = o.kind;
     env.TORTURE_PERMITS = String(o.permits);
     let proc;
@@ -335,14 +351,24 @@ async function main() {
     const doc = await client.db('mongolock_torture').collection('fenced').findOne({ _id: name });
     for (const t of (doc && doc.h) || []) emit(`H ${String(t)}`);
   }
+  // --txn: the ledger of committed transfers, in order, and the total
+  if (o.txn) {
+    const docs = await accounts.find({ _id: { $in: [1, 2, 3, 4, 'ledger'].map((i) => `${name}:${i}`) } }).toArray();
+    let sum = 0;
+    for (const d of docs) {
+      if (d.h) for (const t of d.h) emit(`H ${String(t)}`);
+      else sum += Number(d.units);
+    }
+    emit(`Y ${sum} 400`);
+  }
   await client.close();
   fs.rmSync(stopfile, { force: true });
 
   const r = spawnSync('lua5.4', [path.join(__dirname, 'check.lua'), '--ttl', String(o.ttl),
     '--retry', String(o.retry), '--kind', o.kind, '--permits', String(o.permits), ...(o.command ? ['--acts'] : []),
-    ...(o.fenced ? ['--fenced'] : []), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
+    ...(o.fenced || o.txn ? ['--fenced'] : []), o.log], { stdio: ['ignore', 'inherit', 'inherit'] });
   process.stdout.write(`# kind ${o.kind}${o.kind === 'semaphore' ? ` (${o.permits} permits)` : ''}, workers ${o.workers} (${o.skewed} under faketime +/-1h, lua ${o.lua}), `
-    + `${o.command ? 'the command (mongolock exec/elect) through proxies, ' : ''}${o.fenced ? 'fenced writes, ' : ''}`
+    + `${o.command ? 'the command (mongolock exec/elect) through proxies, ' : ''}${o.fenced ? 'fenced writes, ' : ''}${o.txn ? 'guarded transactions, ' : ''}`
     + `processes started ${started}, killed ${stats.kills}, faults armed ${stats.faults}, frozen ${stats.freezes}, `
     + `${o.seconds} s, ttl ${o.ttl} s, log ${path.relative(root, o.log)}\n`);
   process.exit(r.status === null ? 1 : r.status);

@@ -19,7 +19,8 @@
 -- one to four times (an S line each, after h:check() says it still
 -- leads), proclaiming a new value between two acts, then resigns.
 --   E pid message                         acquire failed (not a timeout)
---   W token pid ok|fenced|lost|error      TORTURE_FENCED=1: the fenced write
+--   W token pid ok|fenced|lost|error      TORTURE_FENCED=1 (TORTURE_TXN=1: the
+--                                         guarded transaction): the fenced write
 --                                         that ends each section (h:fenced:
 --                                         the token pushed to the list of
 --                                         mongolock_torture.fenced's document
@@ -43,6 +44,11 @@ local LIE = os.getenv("TORTURE_LIE") == "1"
 local KIND = os.getenv("TORTURE_KIND") or "exclusive"
 local PERMITS = tonumber(os.getenv("TORTURE_PERMITS") or "3")
 local FENCED = os.getenv("TORTURE_FENCED") == "1"
+-- TORTURE_TXN=1 (exclusive): each section is a guarded transaction
+-- (h:transaction) moving one unit between two of the lock's four accounts
+-- in mongolock_torture.accounts, its work (the hold) between the two
+-- writes, its token pushed to the lock's ledger document
+local TXN = os.getenv("TORTURE_TXN") == "1"
 
 local monotonic, sleep, random = core.monotonic, core.sleep, math.random
 local pid = core.getpid()
@@ -99,16 +105,37 @@ while not exists(stopfile) do
     emit("M %d %s\n", token, mode)
     emit("A %d %.6f %d\n", token, start, pid)
     -- one critical section (a leader's act): logged with its validity
+    -- a guarded transaction that holds for `hold` between its two writes:
+    -- ok | lost | error
+    local function transfer(hold)
+      local a = random(4)
+      local b = a % 4 + random(3)
+      if b > 4 then b = b - 4 end
+      local ok, terr = h:transaction(function(tx)
+        local acc = tx:collection("accounts", { database = "mongolock_torture" })
+        local r, e, c = acc:update({ _id = name .. ":" .. a }, { ["$inc"] = { units = -1 } })
+        if not r then return nil, e, c end
+        sleep(hold)
+        r, e, c = acc:update({ _id = name .. ":" .. b }, { ["$inc"] = { units = 1 } })
+        if not r then return nil, e, c end
+        r, e, c = acc:update({ _id = name .. ":ledger" }, { ["$push"] = { h = token } }, { upsert = true })
+        if not r then return nil, e, c end
+        return true
+      end)
+      return ok and "ok" or ((terr == "lost" or terr == "not held") and "lost" or "error")
+    end
     local function section(from)
       local hold = random() * hold_ms / 1000
       if random(1000) <= long_pm then hold = ttl + 0.2 + random() * 0.3 end
-      sleep(hold)
+      local moved
+      if TXN then moved = transfer(hold) else sleep(hold) end
       local stop = monotonic()
       local rem = h:remaining()
       -- LIE: the harness's --lie, a negative control: every section claims a
       -- valid lease, so sections held past their ttl must show as overlaps
       local valid = LIE or (rem and rem > 0)
       emit("S %d %.6f %.6f %d %d\n", token, from, stop, pid, valid and 1 or 0)
+      if moved then emit("W %d %d %s\n", token, pid, moved) end
       -- the section's write, fenced: a frozen holder's lands only while no
       -- newer token wrote the document
       if FENCED then
