@@ -283,6 +283,11 @@ torture-freeze: deps-torture build
 	  tools/with-standin node tools/torture/run.js --kind $$k --freeze-every $(TORTURE_FREEZE_EVERY) \
 	    --hold-ms 300 --fenced --log build/torture/freeze-$$k.log --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) \
 	    || exit 1; \
+	  if [ $$k = exclusive ]; then \
+	    tools/with-standin node tools/torture/run.js --kind $$k --txn --workers 4 --hold-ms 100 \
+	      --freeze-every $(TORTURE_FREEZE_EVERY) --log build/torture/freeze-txn.log --seconds $(TORTURE_SECONDS) \
+	      $(TORTURE_ARGS) || exit 1; \
+	  fi; \
 	  tools/with-standin node tools/torture/run.js --kind $$k --command --workers 4 \
 	    --freeze-every $(TORTURE_FREEZE_EVERY) --log build/torture/freeze-command-$$k.log \
 	    --seconds $(TORTURE_SECONDS) $(TORTURE_ARGS) || exit 1; \

@@ -122,7 +122,10 @@ while not exists(stopfile) do
         if not r then return nil, e, c end
         return true
       end)
-      return ok and "ok" or ((terr == "lost" or terr == "not held") and "lost" or "error")
+      if ok then return "ok" end
+      if terr == "lost" or terr == "not held" then return "lost" end
+      emit("E %d transaction: %s\n", pid, tostring(terr):gsub("%s+", " "))
+      return "error"
     end
     local function section(from)
       local hold = random() * hold_ms / 1000
