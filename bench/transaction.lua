@@ -27,7 +27,7 @@ end
 local seconds = tonumber(arg[1]) or 5
 local rounds = tonumber(os.getenv("BENCH_ROUNDS")) or 3
 local impl = rawget(_G, "jit") and "luajit" or "lua5.4"
-local monotonic, format = core.monotonic, string.format
+local format = string.format
 
 local DB, COLL = "mongolock_bench", "txn-" .. core.getpid()
 local client = assert(mongolock.connect(uri, { appname = "bench-transaction" }))
@@ -35,22 +35,6 @@ local h = assert(client:locks({ database = DB, collection = "txn-locks", ttl = 6
 for id = 1, 2 do
   assert(client:command(DB, { update = COLL }, { updates = { { q = { _id = id }, u = { ["$set"] = { n = 0 } },
                                                                    upsert = true } } }))
-end
-
--- calls/s, CPU us per call, commands per call of `call` for `secs`
-local function measure(secs, call)
-  for _ = 1, 20 do call() end
-  local ops0, mon0 = util.opcount(client)
-  local n, t0, c0 = 0, monotonic(), os.clock()
-  local stop = t0 + secs
-  repeat
-    call()
-    n = n + 1
-  until n % 8 == 0 and monotonic() >= stop
-  local dt, dc = monotonic() - t0, os.clock() - c0
-  local ops1, mon1 = util.opcount(client)
-  local ops = ops1 - ops0 - 1 - ((mon1 or 0) - (mon0 or 0))
-  return { n / dt, dc / n * 1e6, ops / n }
 end
 
 local i = 0
@@ -71,29 +55,16 @@ local ways = {
     assert(client:command(DB, { update = COLL }, { updates = { { q = { _id = 2 }, u = { ["$inc"] = { n = -1 } } } } }))
   end },
 }
-local got = {}
-for _ = 1, rounds do
-  for k, w in ipairs(ways) do
-    got[k] = got[k] or {}
-    got[k][#got[k] + 1] = measure(seconds / 2, w[2])
-  end
-end
-
-local function stat(list, j)
-  local v = {}
-  for _, r in ipairs(list) do v[#v + 1] = r[j] end
-  table.sort(v)
-  return v[math.floor((#v + 1) / 2)], v[1], v[#v]
-end
+local got = util.interleaved(client, ways, rounds, seconds / 2)
 
 io.write(format("\n### Guarded sections of two writes (%s, h:transaction, no contention)\n\n", impl))
 io.write("| way | sections/s (min-max) | client CPU µs / section (min-max) | commands / section |\n")
 io.write("|---|---:|---:|---:|\n")
 local cpu = {}
 for k, w in ipairs(ways) do
-  local r, rl, rh = stat(got[k], 1)
-  local c, cl, ch = stat(got[k], 2)
-  local o = stat(got[k], 3)
+  local r, rl, rh = util.stat(got[k], 1)
+  local c, cl, ch = util.stat(got[k], 2)
+  local o = util.stat(got[k], 3)
   cpu[k] = c
   io.write(format("| %s | %.0f (%.0f-%.0f) | %.0f (%.0f-%.0f) | %.2f |\n", w[1], r, rl, rh, c, cl, ch, o))
 end

@@ -54,6 +54,47 @@ function _M.opcount(client)
   return t, m
 end
 
+-- one measured run of call() back to back for secs seconds, after 20
+-- calls not measured: {calls per second, client CPU us per call (os.clock:
+-- every thread of the process), server commands per call (opcount's
+-- delta, the closing serverStatus and the drivers' monitoring taken out)}
+function _M.measure(client, secs, call)
+  local monotonic = require("mongolock.core").monotonic
+  for _ = 1, 20 do call() end
+  local ops0, mon0 = _M.opcount(client)
+  local n, t0, c0 = 0, monotonic(), os.clock()
+  local stop = t0 + secs
+  repeat
+    call()
+    n = n + 1
+  until n % 8 == 0 and monotonic() >= stop
+  local dt, dc = monotonic() - t0, os.clock() - c0
+  local ops1, mon1 = _M.opcount(client)
+  local ops = ops1 - ops0 - 1 - ((mon1 or 0) - (mon0 or 0))
+  return { n / dt, dc / n * 1e6, ops / n }
+end
+
+-- ways ({{label, call}, ...}) measured in rounds interleaved across them,
+-- each secs long: one list of measure()'s results per way
+function _M.interleaved(client, ways, rounds, secs)
+  local got = {}
+  for _ = 1, rounds do
+    for k, w in ipairs(ways) do
+      got[k] = got[k] or {}
+      got[k][#got[k] + 1] = _M.measure(client, secs, w[2])
+    end
+  end
+  return got
+end
+
+-- the median, min and max of field j of a list of measure()'s results
+function _M.stat(list, j)
+  local v = {}
+  for _, r in ipairs(list) do v[#v + 1] = r[j] end
+  table.sort(v)
+  return v[math.floor((#v + 1) / 2)], v[1], v[#v]
+end
+
 -- the p-th percentile (0..1) of a sorted list; NaN when it is empty
 function _M.percentile(sorted, p)
   if #sorted == 0 then return 0 / 0 end

@@ -24,7 +24,7 @@ if not uri or uri == "" then
 end
 local seconds = tonumber(arg[1]) or 5
 local impl = rawget(_G, "jit") and "luajit" or "lua5.4"
-local monotonic, format = core.monotonic, string.format
+local format = string.format
 
 local client = assert(mongolock.connect(uri, { appname = "bench-versioned" }))
 local vc = client:versioned("mongolock_bench", "versioned-" .. core.getpid())
@@ -35,20 +35,9 @@ local function document(id, fields)
   return d
 end
 
--- calls/s, CPU us per call, commands per call of `calls` for `secs`
+-- calls/s, CPU us per call, commands per call of `call` for `secs`
 local function measure(secs, call)
-  for _ = 1, 20 do call() end
-  local ops0, mon0 = util.opcount(client)
-  local n, t0, c0 = 0, monotonic(), os.clock()
-  local stop = t0 + secs
-  repeat
-    call()
-    n = n + 1
-  until n % 8 == 0 and monotonic() >= stop
-  local dt, dc = monotonic() - t0, os.clock() - c0
-  local ops1, mon1 = util.opcount(client)
-  local ops = ops1 - ops0 - 1 - ((mon1 or 0) - (mon0 or 0))
-  return n / dt, dc / n * 1e6, ops / n
+  return (table.unpack or rawget(_G, "unpack"))(util.measure(client, secs, call))
 end
 
 io.write(format("\n### Optimistic writes of one document (%s, mongolock.versioned, no contention)\n\n",
