@@ -107,6 +107,53 @@ describe("#integration transactions on the lock", function()
     assert.is_true(h:release())
   end)
 
+  it("keeps retrying write conflicts while the lock stays held, past the lease's time left at the start", function()
+    local core = require "mongolock.core"
+    local short = helpers.locks(client, { ttl = 1.5, renew = true })
+    local h = assert(short:acquire(helpers.unique("k")))
+    assert(client:command(DB, { insert = coll }, { documents = mongolock.array({ { _id = "blocked", v = 0 } }) }))
+    -- another session's open transaction has written the document: until it
+    -- ends, every other transaction's write of it is a write conflict
+    local key = assert(core.random_owner())
+    local number = 1
+    local function blocker(cmd, fields)
+      if cmd.update then number = number + 1 end
+      fields.txnNumber = core.Int64(number)
+      fields.autocommit = false
+      return other:command(cmd.update and DB or "admin", cmd, fields, key)
+    end
+    assert(blocker({ update = coll }, { startTransaction = true,
+      updates = mongolock.array({ { q = { _id = "blocked" }, u = { ["$inc"] = { v = 10 } } } }) }))
+    local started, runs, ended = core.monotonic(), 0, nil
+    local r, err = h:transaction(function(tx)
+      runs = runs + 1
+      -- the other transaction ends after three seconds: twice the lease's
+      -- time left when this one started (renewals keep the lease)
+      if not ended and core.monotonic() - started > 3 then
+        assert(blocker({ abortTransaction = 1 }, {}))
+        ended = core.monotonic()
+      end
+      return tx:collection(coll):update({ _id = "blocked" }, { ["$inc"] = { v = 1 } })
+    end)
+    assert.equal(1, r, err)
+    assert.truthy(ended)
+    assert.truthy(runs > 1)
+    assert.equal(1, doc("blocked").v)
+    assert.is_true(h:check())
+    -- with a timeout, the retries stop there and the conflict is answered
+    assert(blocker({ update = coll }, { startTransaction = true,
+      updates = mongolock.array({ { q = { _id = "blocked" }, u = { ["$inc"] = { v = 10 } } } }) }))
+    local t0 = core.monotonic()
+    local n, err2, code = h:transaction(function(tx)
+      return tx:collection(coll):update({ _id = "blocked" }, { ["$inc"] = { v = 1 } })
+    end, { timeout = 0.5 })
+    assert.same({ nil, 112 }, { n, code }, err2)
+    assert.truthy(core.monotonic() - t0 < 3)
+    assert(blocker({ abortTransaction = 1 }, {}))
+    assert.equal(1, doc("blocked").v)
+    assert.is_true(h:release())
+  end)
+
   it("retries a commit whose outcome is unknown and commits once", function()
     local h = assert(locks:acquire(helpers.unique("k")))
     finally(function() fp("off", {}) end)

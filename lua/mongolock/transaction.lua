@@ -36,9 +36,11 @@
 -- function again on an error labelled TransientTransactionError (a write
 -- conflict, a network error inside the transaction, NoSuchTransaction), the
 -- commit alone on UnknownTransactionCommitResult (or a network error on the
--- commit: then with w = "majority", wtimeout 10 s), until the deadline:
--- opts.timeout seconds, at most the lease's remaining time when the
--- transaction starts (the spec's 120 s is no bound for a lock).
+-- commit: then with w = "majority", wtimeout 10 s), each retry of the whole
+-- after a backoff with jitter (up to 5 ms * 1.5^attempt, at most 500 ms), for
+-- as long as the lock stays held (every attempt first asks the handle: a
+-- lease its renewals keep goes on; one that ended answers "lost") and
+-- until the deadline: opts.timeout seconds, 120 s by default (the spec's).
 
 --- Writes that commit only while the lock is held: what `h:transaction(fn, opts)` runs.
 -- @classmod transaction
@@ -56,6 +58,13 @@ local tostring = tostring
 local setmetatable = setmetatable
 local string_format = string.format
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
+local math_min = math.min
+local math_random = math.random
+
+-- the convenient API's bounds (transactions-convenient-api.md): the
+-- retries' deadline when opts.timeout is not given, and the backoff
+local TIMEOUT = 120
+local BACKOFF_INITIAL, BACKOFF_MAX = 0.005, 0.5
 
 local argerror = args.argerror
 local check_type = args.check_type
@@ -327,7 +336,11 @@ local function attempts(state, fn, deadline)
       retry = f.transient
     end
     last = f
-    if not retry or core.monotonic() >= deadline then break end
+    if not retry then break end
+    -- the specification's backoff before the whole runs again
+    local backoff = math_random() * math_min(BACKOFF_INITIAL * 1.5 ^ number, BACKOFF_MAX)
+    if core.monotonic() + backoff >= deadline then break end
+    runners.sleep(backoff)
   end
   if last.code == 20 then
     return nil, "transactions need a replica set (" .. tostring(last.err) .. ")", 20
@@ -349,8 +362,7 @@ function _M.run(h, fn, opts, c)
   local left, why = h:remaining()
   if not left then return nil, why end
   if left <= 0 then return nil, "lost" end
-  if opts.timeout and opts.timeout < left then left = opts.timeout end
-  local deadline = core.monotonic() + left
+  local deadline = core.monotonic() + (opts.timeout or TIMEOUT)
   local key = core.random_owner()
   if not key then return nil, "no random session key" end
   local cl = type(c) == "table" and c._core or nil

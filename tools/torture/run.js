@@ -156,7 +156,14 @@ async function main() {
   const admin = client.db('admin');
   const coll = client.db('mongolock_torture').collection('locks');
   const accounts = client.db('mongolock_torture').collection('accounts');
+  // --txn: a killed or frozen holder's open transaction keeps the accounts
+  // it wrote from everyone else's transactions until the server aborts it;
+  // the server's limit is lowered to the ttl for the run (doc/transactions.md)
+  let lifetime = null;
   if (o.txn) {
+    lifetime = (await admin.command({ getParameter: 1, transactionLifetimeLimitSeconds: 1 }))
+      .transactionLifetimeLimitSeconds;
+    await admin.command({ setParameter: 1, transactionLifetimeLimitSeconds: Math.max(1, Math.ceil(o.ttl)) });
     await accounts.insertMany([1, 2, 3, 4].map((i) => ({ _id: `${name}:${i}`, units: 100 })));
   }
 
@@ -360,6 +367,7 @@ async function main() {
       else sum += Number(d.units);
     }
     emit(`Y ${sum} 400`);
+    await admin.command({ setParameter: 1, transactionLifetimeLimitSeconds: lifetime });
   }
   await client.close();
   fs.rmSync(stopfile, { force: true });
