@@ -877,7 +877,25 @@ COMMANDS.endSessions = function (cmd) {
   }
   return { ok: 1 };
 };
-COMMANDS.killSessions = () => ({ ok: 1 });
+// killSessions: [{id}...] / killAllSessions: [] (every session; a list of
+// users is taken as every session too, the stand-in has one user at most):
+// as mongod, a killed session's transaction in progress is aborted (its
+// next command gets NoSuchTransaction); the session itself stays known
+COMMANDS.killSessions = function (cmd) {
+  if (Array.isArray(cmd.killSessions)) {
+    for (const s of cmd.killSessions) {
+      if (!(s && s.id instanceof Binary)) continue;
+      const st = this.sessions.get(Buffer.from(s.id.buffer).toString('hex'));
+      if (st && st.txn) st.txn.abort();
+    }
+  }
+  return { ok: 1 };
+};
+COMMANDS.killAllSessions = function (cmd) {
+  if (!Array.isArray(cmd.killAllSessions)) fail(14, "BSON field 'killAllSessions.killAllSessions' is the wrong type");
+  for (const st of this.sessions.values()) if (st.txn) st.txn.abort();
+  return { ok: 1 };
+};
 COMMANDS.refreshSessions = () => ({ ok: 1 });
 COMMANDS.startSession = function () {
   if (!this.replset) fail(20, 'Sessions are not supported by the mongod standalone this server emulates');
