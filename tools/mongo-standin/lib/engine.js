@@ -473,15 +473,26 @@ class Engine {
     }
     const t = s.txn;
     if (name === 'commitTransaction' || name === 'abortTransaction') {
-      this.writeConcernCheck(cmd);
+      // a w greater than the members: mongod commits (or aborts), then
+      // answers the write concern error 100 (no UnknownTransactionCommitResult)
+      const unsatisfiable = this.writeConcernCheck(cmd, true);
+      const done = () => {
+        const body = { ok: 1 };
+        if (unsatisfiable) {
+          body.writeConcernError = { code: new Int32(100), codeName: codeName(100), errmsg: 'Not enough data-bearing nodes' };
+          const l = txnLabels(name, undefined, 100);
+          if (l.length) body.errorLabels = l;
+        }
+        return this.reply(body);
+      };
       if (t.state === 'aborted') return err(251, `Transaction ${n} has been aborted.`);
       if (name === 'commitTransaction') {
         if (t.state === 'inProgress') t.commit();
-        return this.reply({ ok: 1 }); // a commit sent again answers as the first
+        return done(); // a commit sent again answers as the first
       }
       if (t.state === 'committed') return err(256, 'Transaction has been committed');
       t.abort();
-      return this.reply({ ok: 1 });
+      return done();
     }
     if (t.state === 'aborted') return err(251, `Transaction ${n} has been aborted.`);
     if (t.state === 'committed') return err(256, `Transaction ${n} has been committed.`);
@@ -746,7 +757,10 @@ class Engine {
     return out;
   }
 
-  writeConcernCheck(cmd) {
+  // throws for a write concern mongod refuses; with `after`, a w greater
+  // than the members is not thrown but answered true (the caller writes,
+  // then reports it as a writeConcernError, as mongod does)
+  writeConcernCheck(cmd, after = false) {
     const wc = cmd.writeConcern;
     if (wc === undefined) return;
     if (!V.isPlainDoc(wc)) fail(14, "BSON field 'writeConcern' is the wrong type, expected type 'object'");
@@ -759,7 +773,11 @@ class Engine {
       fail(14, "w has to be a number, string or object");
     }
     if (typeof wc.w === 'string' && wc.w !== 'majority') fail(79, `Write Concern mode '${wc.w}' is not known`);
-    if (V.isNumber(wc.w) && V.num(wc.w) > 1) fail(100, `Not enough data-bearing nodes`);
+    if (V.isNumber(wc.w) && V.num(wc.w) > 1) {
+      if (after) return true;
+      fail(100, `Not enough data-bearing nodes`);
+    }
+    return false;
   }
 }
 

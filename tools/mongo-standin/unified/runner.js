@@ -268,6 +268,9 @@ async function createEntities(list, ctx) {
       const client = new MongoClient(withUriOptions(ctx.uri, uriOpts),
         { monitorCommands: observe.size > 0, serverSelectionTimeoutMS: 5000 });
       const events = [];
+      // a copy of the command as sent: the driver may change objects it
+      // shares with it later (a client's readConcern gets afterClusterTime)
+      const copy = (cmd) => BSON.deserialize(BSON.serialize(cmd, { ignoreUndefined: true }), { promoteLongs: false });
       client.on('commandStarted', (ev) => {
         if (!ctx.listening) return;
         if (ev.commandName === 'configureFailPoint') return; // the fail point operations' own
@@ -275,7 +278,7 @@ async function createEntities(list, ctx) {
         if (!spec.observeSensitiveCommands && SENSITIVE.has(ev.commandName)) return;
         if (!spec.observeSensitiveCommands && ['hello', 'isMaster', 'ismaster'].includes(ev.commandName)
           && Object.keys(ev.command).length === 0) return;
-        events.push({ commandStartedEvent: { command: ev.command, commandName: ev.commandName,
+        events.push({ commandStartedEvent: { command: copy(ev.command), commandName: ev.commandName,
           databaseName: ev.databaseName } });
       });
       await client.connect();
@@ -626,9 +629,8 @@ async function execute(op, ctx) {
 function codeName(err) {
   if (err.codeName) return err.codeName;
   if (err.code !== undefined) {
-    const c = CODES[String(err.code)];
+    const c = CODES.names[String(err.code)];
     if (typeof c === 'string') return c;
-    if (c && c.name) return c.name;
   }
   return undefined;
 }
