@@ -327,3 +327,17 @@ test('a stand-alone server has no transactions', async (t) => {
     assert.equal(r.code, 20);
   } finally { await c.close(); await sa.stop(); }
 });
+
+test('killSessions and killAllSessions abort the sessions\' transactions in progress (the next command: NoSuchTransaction)', async () => {
+  for (const kill of [(s) => ({ killSessions: [s.id] }), () => ({ killAllSessions: [] })]) {
+    const session = client.startSession();
+    try {
+      session.startTransaction();
+      await coll('killed').insertOne({ _id: 1 }, { session });
+      await admin.command(kill(session));
+      await assert.rejects(session.commitTransaction(), (e) => e.code === 251
+        && e.hasErrorLabel('TransientTransactionError'));
+      assert.equal(await outside('killed').countDocuments({}), 0);
+    } finally { await session.endSession(); }
+  }
+});

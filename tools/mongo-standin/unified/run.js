@@ -3,7 +3,8 @@
 // Runs unified-format test files (a directory, or files) against the
 // stand-in, or against MONGODB_URI when it is set, and prints each test's
 // result and the counts by file:
-//   node unified/run.js DIR|FILE... [--filter TEXT] [--verbose]
+//   node unified/run.js DIR|FILE... [--filter TEXT] [--verbose] [--no-skips]
+// (--no-skips runs the tests unified/skips.js skips for the stand-in)
 // DIR defaults to $SPEC_TESTS (e.g. source/transactions/tests/unified of a
 // mongodb/specifications checkout). Without one it says so and exits 0.
 // Exit status 1 when a test failed.
@@ -11,16 +12,19 @@
 const fs = require('fs');
 const path = require('path');
 const { runFile } = require('./runner');
+const SKIPS = require('./skips');
 const { startStandin } = require('../test/helpers');
 
 async function main() {
   const argv = process.argv.slice(2);
   let filter = null;
   let verbose = false;
+  let noSkips = false;
   const targets = [];
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--filter') filter = argv[++i];
     else if (argv[i] === '--verbose') verbose = true;
+    else if (argv[i] === '--no-skips') noSkips = true;
     else targets.push(argv[i]);
   }
   if (targets.length === 0 && process.env.SPEC_TESTS) targets.push(process.env.SPEC_TESTS);
@@ -43,7 +47,8 @@ async function main() {
   const rows = [];
   try {
     for (const f of files) {
-      const results = await runFile(f, { uri, filter: filter ? (d) => d.includes(filter) : null });
+      const results = await runFile(f, { uri, filter: filter ? (d) => d.includes(filter) : null,
+        skips: noSkips ? {} : SKIPS[path.basename(f)] });
       const c = { pass: 0, fail: 0, skip: 0 };
       for (const r of results) {
         c[r.status]++;
