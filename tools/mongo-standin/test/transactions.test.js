@@ -3,8 +3,9 @@
 // conflicts, a plain write waiting for a transaction, the lifetime limit,
 // the errors of misuse, change events at commit, and the fail points of
 // the transactions tests of MongoDB's driver specifications
-// (source/transactions/tests/unified: the cases ported here are named in
-// the README). Against a real server this needs a replica set started with
+// (source/transactions/tests/unified, some cases ported here; the files
+// themselves run with `make standin-spec-tests`, see the README), and
+// killSessions/killAllSessions. Against a real server this needs a replica set started with
 // --setParameter enableTestCommands=1.
 
 const { test, before, after, afterEach } = require('node:test');

@@ -211,7 +211,7 @@ function requirementsUnmet(reqs, server) {
   return `runOnRequirements not met: ${whys.join(' | ')}`;
 }
 
-async function describeServer(client) {
+async function describeServer(client, uri) {
   const admin = client.db('admin');
   const hello = await admin.command({ hello: 1 });
   const info = await admin.command({ buildInfo: 1 });
@@ -220,7 +220,8 @@ async function describeServer(client) {
   else if (hello.setName) topology = 'replicaset';
   if (hello.serviceId) topology = 'load-balanced';
   const parameters = await admin.command({ getParameter: '*' }).catch(() => ({}));
-  return { version: info.version, topology, auth: !!process.env.UNIFIED_AUTH, parameters };
+  const auth = /^mongodb(\+srv)?:\/\/[^/@]+@/.test(uri); // credentials in the URI: a server with auth on
+  return { version: info.version, topology, auth, parameters };
 }
 
 // ---- entities ---------------------------------------------------------------
@@ -837,7 +838,7 @@ async function runFile(filePath, { uri, filter, skips = {} } = {}) {
   await internal.connect();
   const results = [];
   try {
-    const server = await describeServer(internal);
+    const server = await describeServer(internal, uri);
     const env = { uri, internal, server };
     const major = Number(String(file.schemaVersion || '0').split('.')[0]);
     for (const test of file.tests) {
