@@ -479,7 +479,8 @@ class Engine {
       const done = () => {
         const body = { ok: 1 };
         if (unsatisfiable) {
-          body.writeConcernError = { code: new Int32(100), codeName: codeName(100), errmsg: 'Not enough data-bearing nodes' };
+          body.writeConcernError = { code: new Int32(100), codeName: codeName(100),
+            errmsg: 'Not enough data-bearing nodes' };
           const l = txnLabels(name, undefined, 100);
           if (l.length) body.errorLabels = l;
         }

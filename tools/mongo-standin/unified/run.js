@@ -64,7 +64,8 @@ async function main() {
   }
   console.log('\nfile                                         pass fail skip');
   for (const [f, c] of rows) {
-    console.log(`${f.padEnd(44)} ${String(c.pass).padStart(4)} ${String(c.fail).padStart(4)} ${String(c.skip).padStart(4)}`);
+    const n = (x) => String(x).padStart(4);
+    console.log(`${f.padEnd(44)} ${n(c.pass)} ${n(c.fail)} ${n(c.skip)}`);
   }
   console.log(`${'total'.padEnd(44)} ${String(total.pass).padStart(4)} ${String(total.fail).padStart(4)} `
     + `${String(total.skip).padStart(4)}`);

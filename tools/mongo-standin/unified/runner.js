@@ -75,7 +75,9 @@ function match(expected, actual, ctx, where = '', root = true) {
       if (isOp(v)) {
         const op = Object.keys(v)[0];
         if (op === '$$exists') {
-          if (v[op] !== (actual[k] !== undefined)) fail(w, `expected ${v[op] ? 'present' : 'absent'}, got ${show(actual[k])}`);
+          if (v[op] !== (actual[k] !== undefined)) {
+            fail(w, `expected ${v[op] ? 'present' : 'absent'}, got ${show(actual[k])}`);
+          }
           continue;
         }
         if (op === '$$unsetOrMatches') {
@@ -642,7 +644,8 @@ function checkError(expect, err, ctx) {
   const labels = (n) => (typeof err.hasErrorLabel === 'function' ? err.hasErrorLabel(n)
     : (err.errorLabels || []).includes(n));
   if (expect.isClientError !== undefined && expect.isClientError === serverErr) {
-    throw new Error(`expected ${expect.isClientError ? 'a client' : 'a server'} error, got ${err.name}: ${err.message}`);
+    const want = expect.isClientError ? 'a client' : 'a server';
+    throw new Error(`expected ${want} error, got ${err.name}: ${err.message}`);
   }
   if (expect.errorContains !== undefined
     && !String(err.message).toLowerCase().includes(expect.errorContains.toLowerCase())) {
