@@ -11,8 +11,8 @@ const WRITE_AFTER_CLUSTER_TIME = 'client side: the Node.js driver 6.20 sends no 
   + 'write outside a transaction (DRIVERS-3274, newer than the driver)';
 const DDL_IN_TXN = 'stand-in: create/createIndexes inside a transaction are not built (263); the library '
   + 'creates no collection or index in a transaction';
-const SECONDARY = 'topology: needs a secondary (readPreference secondary outside the transaction); the stand-in '
-  + 'is a replica set of one member, as a one-member mongod set would time out too';
+const SECONDARY = 'topology: needs a secondary (the Node.js driver connects selecting a server by the client\'s '
+  + 'readPreference, secondary); the stand-in is a replica set of one member, a one-member mongod set times out too';
 
 module.exports = {
   'backpressure-retryable-abort.json': { '*': CLIENT_BACKPRESSURE },
