@@ -230,6 +230,14 @@ check-rock: deps-test
 standin: deps-npm
 	node $(STANDIN)/server.js --port $${PORT:-27017} $(ARGS)
 
+# MongoDB's unified transactions tests against the stand-in (SPEC_TESTS: the
+# directory source/transactions/tests/unified of a mongodb/specifications
+# checkout; without it the runner says so and skips); the skipped ones and
+# why: tools/mongo-standin/unified/skips.js and the stand-in's README
+.PHONY: standin-spec-tests
+standin-spec-tests: deps-npm
+	node $(STANDIN)/unified/run.js $(SPEC_TESTS)
+
 # ping vs lock-style findAndModify through libmongoc, 1 and 8 clients
 .PHONY: bench-standin
 bench-standin: deps-npm

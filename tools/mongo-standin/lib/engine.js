@@ -473,15 +473,27 @@ class Engine {
     }
     const t = s.txn;
     if (name === 'commitTransaction' || name === 'abortTransaction') {
-      this.writeConcernCheck(cmd);
+      // a w greater than the members: mongod commits (or aborts), then
+      // answers the write concern error 100 (no UnknownTransactionCommitResult)
+      const unsatisfiable = this.writeConcernCheck(cmd, true);
+      const done = () => {
+        const body = { ok: 1 };
+        if (unsatisfiable) {
+          body.writeConcernError = { code: new Int32(100), codeName: codeName(100),
+            errmsg: 'Not enough data-bearing nodes' };
+          const l = txnLabels(name, undefined, 100);
+          if (l.length) body.errorLabels = l;
+        }
+        return this.reply(body);
+      };
       if (t.state === 'aborted') return err(251, `Transaction ${n} has been aborted.`);
       if (name === 'commitTransaction') {
         if (t.state === 'inProgress') t.commit();
-        return this.reply({ ok: 1 }); // a commit sent again answers as the first
+        return done(); // a commit sent again answers as the first
       }
       if (t.state === 'committed') return err(256, 'Transaction has been committed');
       t.abort();
-      return this.reply({ ok: 1 });
+      return done();
     }
     if (t.state === 'aborted') return err(251, `Transaction ${n} has been aborted.`);
     if (t.state === 'committed') return err(256, `Transaction ${n} has been committed.`);
@@ -746,7 +758,10 @@ class Engine {
     return out;
   }
 
-  writeConcernCheck(cmd) {
+  // throws for a write concern mongod refuses; with `after`, a w greater
+  // than the members is not thrown but answered true (the caller writes,
+  // then reports it as a writeConcernError, as mongod does)
+  writeConcernCheck(cmd, after = false) {
     const wc = cmd.writeConcern;
     if (wc === undefined) return;
     if (!V.isPlainDoc(wc)) fail(14, "BSON field 'writeConcern' is the wrong type, expected type 'object'");
@@ -759,7 +774,11 @@ class Engine {
       fail(14, "w has to be a number, string or object");
     }
     if (typeof wc.w === 'string' && wc.w !== 'majority') fail(79, `Write Concern mode '${wc.w}' is not known`);
-    if (V.isNumber(wc.w) && V.num(wc.w) > 1) fail(100, `Not enough data-bearing nodes`);
+    if (V.isNumber(wc.w) && V.num(wc.w) > 1) {
+      if (after) return true;
+      fail(100, `Not enough data-bearing nodes`);
+    }
+    return false;
   }
 }
 
@@ -877,7 +896,25 @@ COMMANDS.endSessions = function (cmd) {
   }
   return { ok: 1 };
 };
-COMMANDS.killSessions = () => ({ ok: 1 });
+// killSessions: [{id}...] / killAllSessions: [] (every session; a list of
+// users is taken as every session too, the stand-in has one user at most):
+// as mongod, a killed session's transaction in progress is aborted (its
+// next command gets NoSuchTransaction); the session itself stays known
+COMMANDS.killSessions = function (cmd) {
+  if (Array.isArray(cmd.killSessions)) {
+    for (const s of cmd.killSessions) {
+      if (!(s && s.id instanceof Binary)) continue;
+      const st = this.sessions.get(Buffer.from(s.id.buffer).toString('hex'));
+      if (st && st.txn) st.txn.abort();
+    }
+  }
+  return { ok: 1 };
+};
+COMMANDS.killAllSessions = function (cmd) {
+  if (!Array.isArray(cmd.killAllSessions)) fail(14, "BSON field 'killAllSessions.killAllSessions' is the wrong type");
+  for (const st of this.sessions.values()) if (st.txn) st.txn.abort();
+  return { ok: 1 };
+};
 COMMANDS.refreshSessions = () => ({ ok: 1 });
 COMMANDS.startSession = function () {
   if (!this.replset) fail(20, 'Sessions are not supported by the mongod standalone this server emulates');

@@ -3,8 +3,9 @@
 // conflicts, a plain write waiting for a transaction, the lifetime limit,
 // the errors of misuse, change events at commit, and the fail points of
 // the transactions tests of MongoDB's driver specifications
-// (source/transactions/tests/unified: the cases ported here are named in
-// the README). Against a real server this needs a replica set started with
+// (source/transactions/tests/unified, some cases ported here; the files
+// themselves run with `make standin-spec-tests`, see the README), and
+// killSessions/killAllSessions. Against a real server this needs a replica set started with
 // --setParameter enableTestCommands=1.
 
 const { test, before, after, afterEach } = require('node:test');
@@ -326,4 +327,18 @@ test('a stand-alone server has no transactions', async (t) => {
       startTransaction: true }).catch((e) => e);
     assert.equal(r.code, 20);
   } finally { await c.close(); await sa.stop(); }
+});
+
+test('killSessions and killAllSessions abort the sessions\' transactions in progress (the next command: NoSuchTransaction)', async () => {
+  for (const kill of [(s) => ({ killSessions: [s.id] }), () => ({ killAllSessions: [] })]) {
+    const session = client.startSession();
+    try {
+      session.startTransaction();
+      await coll('killed').insertOne({ _id: 1 }, { session });
+      await admin.command(kill(session));
+      await assert.rejects(session.commitTransaction(), (e) => e.code === 251
+        && e.hasErrorLabel('TransientTransactionError'));
+      assert.equal(await outside('killed').countDocuments({}), 0);
+    } finally { await session.endSession(); }
+  }
 });
