@@ -248,9 +248,16 @@ class TxnStore {
 // Codes mongod counts as retryable (ErrorCodes::isRetriableError)
 const RETRIABLE = new Set([6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436]);
 
+// Transient in every command of a transaction (isTransientTransactionError):
+// WriteConflict, LockTimeout, PreparedTransactionInProgress, the
+// SnapshotError category (SnapshotTooOld, SnapshotUnavailable,
+// StaleChunkHistory, MigrationConflict), the NeedRetargettingError one
+// (StaleEpoch, StaleConfig) and StaleDbVersion
+const TRANSIENT = new Set([112, 24, 267, 239, 246, 250, 272, 150, 13388, 249]);
+
 // The error labels mongod gives an error of a command in a transaction
-// (src/mongo/db/error_labels.cpp): TransientTransactionError for a write
-// conflict, a retryable error or NoSuchTransaction (on commit and abort only
+// (src/mongo/db/error_labels.cpp): TransientTransactionError for the codes
+// of TRANSIENT, a retryable error or NoSuchTransaction (on commit and abort only
 // NoSuchTransaction without a write concern error); on commitTransaction,
 // UnknownTransactionCommitResult for a retryable error, MaxTimeMSExpired or
 // a write concern error; RetryableWriteError for a retryable error of commit
@@ -259,7 +266,7 @@ function txnLabels(name, code, wcCode) {
   const labels = [];
   const commitOrAbort = name === 'commitTransaction' || name === 'abortTransaction';
   if (code !== undefined) {
-    let transient = code === 112 || code === 24;
+    let transient = TRANSIENT.has(code);
     if (commitOrAbort) transient = transient || (code === 251 && wcCode === undefined);
     else transient = transient || RETRIABLE.has(code) || code === 251;
     if (transient) labels.push('TransientTransactionError');

@@ -312,6 +312,15 @@ test('commit errors carry mongod\'s labels (spec error-labels.json)', async () =
     e = await rejects(d.command({ insert: 'labels', documents: [{}], ...T(n) }, { session }), 10107, 'TransientTransactionError');
     assert.ok(!e.hasErrorLabel('RetryableWriteError'));
     await ending(d, session, 'abortTransaction', n);
+    // a snapshot error or PreparedTransactionInProgress on commit: transient,
+    // not unknown (spec transactions-convenient-api commit-transienttransactionerror.json)
+    for (const code of [246, 267]) {
+      await begin();
+      await fp({ times: 1 }, { failCommands: ['commitTransaction'], errorCode: code });
+      e = await rejects(ending(d, session, 'commitTransaction', n), code, 'TransientTransactionError');
+      assert.deepEqual(e.errorLabels, ['TransientTransactionError']);
+      await ending(d, session, 'abortTransaction', n);
+    }
   });
   assert.deepEqual((await outside('labels').find().sort({ _id: 1 }).toArray()).map((x) => x._id), [11, 12]);
 });

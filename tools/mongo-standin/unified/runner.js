@@ -519,7 +519,7 @@ const SESSION_OPS = {
   async withTransaction(s, op, ctx) {
     const a = args(op, ['callback', 'readConcern', 'writeConcern', 'readPreference', 'maxCommitTimeMS']);
     await s.withTransaction(async () => {
-      for (const inner of a.callback) await runOperation(inner, ctx);
+      for (const inner of a.callback) await runOperation(inner, ctx, true);
     }, txnOptions({ readConcern: a.readConcern, writeConcern: a.writeConcern, readPreference: a.readPreference,
       maxCommitTimeMS: a.maxCommitTimeMS }));
     return undefined;
@@ -671,7 +671,10 @@ function checkError(expect, err, ctx) {
   }
 }
 
-async function runOperation(op, ctx) {
+// inCallback: an operation of withTransaction's callback, whose error goes
+// on to withTransaction whatever ignoreResultAndError or expectError say
+// (unified-test-format.md, withTransaction)
+async function runOperation(op, ctx, inCallback = false) {
   let result;
   let err = null;
   try {
@@ -680,9 +683,13 @@ async function runOperation(op, ctx) {
     if (e instanceof Unsupported) throw e;
     err = e;
   }
-  if (op.ignoreResultAndError) return;
+  if (op.ignoreResultAndError) {
+    if (inCallback && err) throw err;
+    return;
+  }
   if (op.expectError) {
     checkError(op.expectError, err, ctx);
+    if (inCallback && err) throw err;
     return;
   }
   if (err) throw err;

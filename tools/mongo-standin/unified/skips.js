@@ -34,4 +34,11 @@ module.exports = {
       SECONDARY,
   },
   'transaction-options.json': { 'readPreference inherited from client': SECONDARY },
+  // source/transactions-convenient-api/tests/unified
+  'callback-aborts.json': {
+    'withTransaction still succeeds if callback aborts and runs extra op': WRITE_AFTER_CLUSTER_TIME,
+  },
+  'callback-commits.json': {
+    'withTransaction still succeeds if callback commits and runs extra op': WRITE_AFTER_CLUSTER_TIME,
+  },
 };
