@@ -232,6 +232,47 @@ static const char *field_ref(char *buf, size_t n, const char *field) {
   "}", "}"
 
 /*
+ * A waiter's parts of an acquire that differ from one waiter to the next
+ * only by its id (32 hex digits): built once with W_PLACE for the id, then
+ * copied and the id written over W_PLACE where it stands (at most
+ * WTPL_MAX places; the bytes are those a fresh build gives).
+ */
+#define W_PLACE "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~"
+#define WTPL_MAX 8
+typedef struct {
+  bson_t *doc;
+  uint32_t at[WTPL_MAX];
+  int n;
+} wtpl;
+
+static void wtpl_init(wtpl *t, bson_t *doc) {
+  const uint8_t *d = bson_get_data(doc);
+  uint32_t len = doc->len, i;
+  t->doc = doc;
+  t->n = 0;
+  for (i = 0; i + 32 <= len; i++)
+    if (!memcmp(d + i, W_PLACE, 32)) {
+      if (t->n == WTPL_MAX) abort();      /* a bug in k_init */
+      t->at[t->n++] = i;
+      i += 31;
+    }
+  if (t->n == 0) abort();
+}
+
+static void wtpl_copy(const wtpl *t, bson_t *dst, const char *w) {
+  uint8_t *d;
+  int i;
+  bson_copy_to(t->doc, dst);
+  d = (uint8_t *)bson_get_data(dst);
+  for (i = 0; i < t->n; i++) memcpy(d + t->at[i], w, 32);
+}
+
+#define OWNED_STAGE(W)                                                             \
+  "$set", "{", "_mlo", "{", "$and", "[",                                          \
+    "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(W), "]", "}",                       \
+    "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}", "}"
+
+/*
  * The parts of an acquire that no attempt changes, built once (a try's
  * decision and projection have W = ""): the hot path then appends them as
  * they are.  Never freed: a thread may still build a command at exit.
@@ -249,6 +290,7 @@ static struct {
   bson_t *release_named;        /* a named lock's release pipeline: it
                                    grants the lock to the queue's first live
                                    watching waiter (GRANT_STAGES) */
+  wtpl takes_w, fields_w, owned_w;  /* a waiter's parts, built for W_PLACE */
 } K;
 static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
@@ -266,12 +308,17 @@ static void k_init(void) {
   K.fields_try = BCON_NEW(FIELDS(""));
   K.release_named = BCON_NEW(GRANT_STAGES("0", "1", IF_ALWAYS, NO_LIVE_HOLDERS),
                              "2", "{", "$unset", "[", "_mlh", "]", "}");
+  wtpl_init(&K.takes_w, BCON_NEW(STAGE_TAKES(W_PLACE)));
+  wtpl_init(&K.fields_w, BCON_NEW(FIELDS(W_PLACE)));
+  wtpl_init(&K.owned_w, BCON_NEW(OWNED_STAGE(W_PLACE)));
 }
 
 /* the field key of a constant part */
 static void k_field(const bson_t *part, const char *key, bson_iter_t *it) {
   if (!bson_iter_init_find(it, part, key)) abort();    /* a bug in k_init */
 }
+
+int ml_acquire_fresh = 0;
 
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc, ddoc;
@@ -286,20 +333,23 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   if (a->htag) BCON_APPEND(&holder, "t", BCON_UTF8(a->htag));
   if (a->waiter) {
     const char *w = a->waiter;
-    bson_init(&takes_w);
-    bson_init(&fields_w);
     bson_init(&queue_w);
-    bson_init(&owned_w);
-    BCON_APPEND(&takes_w, STAGE_TAKES(w));
-    BCON_APPEND(&fields_w, FIELDS(w));
     /* _mlo: a release already granted the lock to w (its lease still
      * runs): nothing changes but w's place, which the grant took.
      * Taken or granted: the live queue without w; else w's place kept
      * (until refreshed) or taken at the end */
-    BCON_APPEND(&owned_w,
-      "$set", "{", "_mlo", "{", "$and", "[",
-        "{", "$eq", "[", "$" ML_F_OWNER, BCON_UTF8(w), "]", "}",
-        "{", "$gt", "[", "$" ML_F_EXPIRES, "$$NOW", "]", "}", "]", "}", "}");
+    if (strlen(w) == 32 && !ml_acquire_fresh) {   /* a waiter id */
+      wtpl_copy(&K.takes_w, &takes_w, w);
+      wtpl_copy(&K.fields_w, &fields_w, w);
+      wtpl_copy(&K.owned_w, &owned_w, w);
+    } else {
+      bson_init(&takes_w);
+      bson_init(&fields_w);
+      bson_init(&owned_w);
+      BCON_APPEND(&takes_w, STAGE_TAKES(w));
+      BCON_APPEND(&fields_w, FIELDS(w));
+      BCON_APPEND(&owned_w, OWNED_STAGE(w));
+    }
     BCON_APPEND(&queue_w,
       ML_F_QUEUE, "{", "$cond", "[", "{", "$or", "[", "$_mlt", "$_mlo", "]", "}",
         "{", "$filter", "{", "input", "$_mlq",

@@ -157,6 +157,9 @@ typedef struct ml_acquire_args {
 
 /* the builders; each initialises op->cmd (ml_op_destroy frees it) */
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a);
+/* 1: a waiter's parts built afresh, not copied from their templates (the
+ * model's test compares the two; not for the hot path) */
+extern int ml_acquire_fresh;
 void ml_build_doc_acquire(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms,
                           const bson_t *insert);
 /* extra: NULL, or a caller's update of operators (checked by the caller not

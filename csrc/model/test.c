@@ -540,6 +540,45 @@ static void test_stream_holders(void) {
   free(s);
 }
 
+/* a waiter's acquire built from the templates is the command a fresh
+ * build gives, byte for byte, for every kind of attempt */
+static void test_acquire_templates(void) {
+  static const char *const waiters[] = {"0123456789abcdef0123456789abcdef",
+                                        "ffffffffffffffffffffffffffffffff"};
+  int i, v;
+  for (i = 0; i < 2; i++)
+    for (v = 0; v < 4; v++) {
+      ml_acquire_args a;
+      ml_op t, f;
+      memset(&a, 0, sizeof a);
+      a.db = "db";
+      a.coll = "locks";
+      a.name = "n";
+      a.owner = waiters[i];
+      a.waiter = waiters[i];
+      a.ttl_ms = 30000 + v;
+      a.host = "h";
+      a.pid = 42;
+      a.tag = "0011223344556677";
+      a.queue_ms = 5000;
+      a.polling = v & 1;
+      a.app = v & 2 ? "app" : NULL;
+      a.keeper = v & 2 ? "0011223344556677" : NULL;
+      a.htag = v & 1 ? "0011223344556677" : NULL;
+      a.value = v == 3 ? "v" : NULL;
+      a.delay_ms = v == 2 ? 100 : 0;
+      ml_acquire_fresh = 0;
+      ml_build_acquire(&t, &a);
+      ml_acquire_fresh = 1;
+      ml_build_acquire(&f, &a);
+      ml_acquire_fresh = 0;
+      ok(t.cmd.len == f.cmd.len && !memcmp(bson_get_data(&t.cmd), bson_get_data(&f.cmd), f.cmd.len),
+         "acquire: waiter %d, variant %d: the templates' command is the fresh build's", i, v);
+      ml_op_destroy(&t);
+      ml_op_destroy(&f);
+    }
+}
+
 int main(void) {
   test_engine_renewal();
   test_engine_check();
@@ -549,6 +588,7 @@ int main(void) {
   test_check_parser();
   test_stream();
   test_stream_holders();
+  test_acquire_templates();
   printf("1..%d\n", tests);
   return failures ? 1 : 0;
 }
