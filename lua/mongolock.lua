@@ -180,10 +180,9 @@ function _M.connect(uri, opts)
   -- client makes an object whose calls answer "closed")
   local client = setmetatable({ _core = c, appname = appname, connect_opts = connect_opts,
                                 _database = c:default_database(),
-                                server_bound = selection, attempt_bound = attempt,
-                                -- given: a try's round trips are bounded by it
-                                -- too, each on a thread of its own (loop.single)
-                                attempt_given = opts.attempt_timeout ~= nil, _scheduler = scheduler,
+                                -- a try's wait for a server and each of its
+                                -- round trips (loop.single) are bounded by it
+                                server_bound = selection, attempt_bound = attempt, _scheduler = scheduler,
                                 _threads = threads, _series = { by = {} } }, client_mt)
   uris[client] = uri
   clients_of[c] = client

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bounded.h"
 #include "compat.h"
 #include "lease.h"
 #include "args.h"
@@ -158,6 +159,7 @@ mongoc_client_t *ml_client_get(lua_State *L, ml_client *c) {
   if (!c->client) {
     c->client = mongoc_client_pool_pop(c->pool);
     if (!c->client) luaL_error(L, "mongolock: cannot take a connection from the pool");
+    ml_bounded_use(c->client);   /* its single attempts' deadline (one_attempt) */
   }
   return c->client;
 }
@@ -176,155 +178,30 @@ void ml_client_append_wc(const ml_client *c, bson_t *opts) {
  * A try (timeout = 0) must end in about a second even when the server
  * stopped answering after the client last saw it writable, where the
  * connection's socket timeout (the server bound) and the driver's retry of
- * a write would make it wait twice the server bound.  libmongoc has no
- * socket timeout per operation, so while client:one_attempt is on, each
- * ml_run of this thread on the client's connection is handed to a thread
- * of its own, and waited for up to attempt_ms.  When that passes, the
- * attempt is abandoned: the thread keeps the connection until the driver
- * gives up (then pushes it back into the pool, which the client's orphan
- * keeps alive past a close), and the client takes a new one for its next
- * call.  The answer then is a network error (as a lost reply's), code 4.
+ * a write would make it wait twice the server bound.  While
+ * client:one_attempt is on, each ml_run of this thread on the client's own
+ * connection runs with a deadline attempt_ms away (bounded.h: the
+ * connection's reads, writes and new connections wait no longer).  A round
+ * trip cut so answers a network error, code 4, that says why.
  */
-typedef struct single_run {
-  int refs;                     /* (single_mu) the waiter's and the thread's */
-  int done, ok, abandoned;      /* (single_mu) */
-  mongoc_client_t *mc;          /* the connection it runs on */
-  mongoc_client_pool_t *pool;   /* mc's, for the push after abandonment */
-  ml_orphan *orphan;            /* set when abandoned: keeps pool alive */
-  mongoc_write_concern_t *wc;   /* copies: the waiter may be gone */
-  ml_op op;
-  char *db, *coll, *session;
-  bson_t reply;                 /* initialised once done */
-  bson_error_t err;
-} single_run;
-
-static pthread_mutex_t single_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t single_cv;
-static pthread_once_t single_once = PTHREAD_ONCE_INIT;
 static __thread ml_client *single_client;        /* one_attempt is on */
-static __thread mongoc_client_t *single_lost;    /* the connection last
-                                                    abandoned by this thread */
-
-static void single_init(void) {
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  pthread_cond_init(&single_cv, &a);
-  pthread_condattr_destroy(&a);
-}
-
-static void single_free(single_run *r) {
-  if (r->done) bson_destroy(&r->reply);
-  bson_destroy(&r->op.cmd);
-  mongoc_write_concern_destroy(r->wc);
-  bson_free(r->db);
-  bson_free(r->coll);
-  bson_free(r->session);
-  free(r);
-}
-
-static void *single_main(void *arg) {
-  single_run *r = (single_run *)arg;
-  bson_t reply;
-  bson_error_t err;
-  int ok, abandoned, last;
-  memset(&err, 0, sizeof err);
-  ok = ml_run_direct(r->mc, r->wc, &r->op, &reply, &err);
-  pthread_mutex_lock(&single_mu);
-  r->ok = ok;
-  bson_steal(&r->reply, &reply);
-  r->err = err;
-  r->done = 1;
-  abandoned = r->abandoned;
-  last = --r->refs == 0;
-  pthread_cond_broadcast(&single_cv);
-  pthread_mutex_unlock(&single_mu);
-  if (abandoned) {
-    mongoc_client_pool_push(r->pool, r->mc);
-    if (r->orphan) ml_orphan_drop(r->orphan);
-  }
-  if (last) single_free(r);
-  return NULL;
-}
-
-static int single_lost_error(bson_t *reply, bson_error_t *error, int32_t ms) {
-  bson_init(reply);
-  bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
-                 "no reply within %d ms (attempt_timeout): socket timeout, the server is not answering",
-                 (int)ms);
-  return 0;
-}
 
 /* ml_run's runner while one_attempt is on (ml_run_override) */
 static int single_runner(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
                          bson_error_t *error) {
   ml_client *c = single_client;
-  single_run *r;
-  pthread_t t;
-  sigset_t all, old;
-  struct timespec until;
-  int ok, done, last, started;
-  if (!c || c->closed || c->attempt_ms <= 0 || mc != c->client || op->session) {
-    /* the connection this thread gave up on is the driver's until it ends */
-    if (c && mc == single_lost && mc != c->client) return single_lost_error(reply, error, c->attempt_ms);
+  int64_t before;
+  int ok, passed;
+  if (!c || c->closed || c->attempt_ms <= 0 || mc != c->client || op->session)
     return ml_run_direct(mc, wc, op, reply, error);
-  }
-  r = (single_run *)calloc(1, sizeof *r);
-  if (!r) return ml_run_direct(mc, wc, op, reply, error);
-  r->mc = mc;
-  r->pool = c->pool;
-  r->wc = mongoc_write_concern_copy(wc);
-  r->op.kind = op->kind;
-  r->op.retry = op->retry;
-  r->op.db = r->db = op->db ? bson_strdup(op->db) : NULL;
-  r->op.coll = r->coll = op->coll ? bson_strdup(op->coll) : NULL;
-  bson_copy_to(&op->cmd, &r->op.cmd);
-  r->refs = 2;
-  pthread_once(&single_once, single_init);
-  ml_pin_library();
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);   /* the thread takes no signal */
-  started = pthread_create(&t, NULL, single_main, r) == 0;
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (!started) {
-    single_free(r);
-    return ml_run_direct(mc, wc, op, reply, error);
-  }
-  pthread_detach(t);
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += c->attempt_ms / 1000;
-  until.tv_nsec += (long)(c->attempt_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&single_mu);
-  while (!r->done && pthread_cond_timedwait(&single_cv, &single_mu, &until) != ETIMEDOUT) {
-  }
-  done = r->done;
-  if (!done) {
-    /* abandoned: the thread keeps the connection (and the pool alive) */
-    r->orphan = ml_orphan_take(c);
-    if (r->orphan) {
-      r->abandoned = 1;
-    } else {
-      while (!r->done) pthread_cond_wait(&single_cv, &single_mu);   /* out of memory: wait */
-      done = 1;
-    }
-  }
-  if (done) {
-    ok = r->ok;
-    bson_steal(reply, &r->reply);
-    r->done = 0;                  /* the reply is the caller's now */
-    if (!ok) *error = r->err;
-  }
-  last = --r->refs == 0;
-  pthread_mutex_unlock(&single_mu);
-  if (last) single_free(r);
-  if (done) return ok;
-  c->client = NULL;               /* the next call pops another */
-  single_lost = mc;
-  return single_lost_error(reply, error, c->attempt_ms);
+  before = ml_bounded_begin(c->attempt_ms);
+  ok = ml_run_direct(mc, wc, op, reply, error);
+  passed = ml_bounded_end(before);
+  if (!ok && passed && error->domain == MONGOC_ERROR_STREAM)
+    bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
+                   "no reply within %d ms (attempt_timeout): socket timeout, the server is not answering",
+                   (int)c->attempt_ms);
+  return ok;
 }
 
 /* client:one_attempt(on) -> the previous setting: while on, this thread's

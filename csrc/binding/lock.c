@@ -171,7 +171,8 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
        * write was not applied); the caller does not wait for a server that
        * may be gone. */
       ml_lease *l = ml_lease_new(s);
-      if (!ml_gc_handoff(c, l)) ml_lease_unref(l);
+      if (l) l->redo = ML_RELEASE_REDO;   /* the write may land after it */
+      if (l && !ml_gc_handoff(c, l)) ml_lease_unref(l);
     }
     return ml_pusherror(L, err);
   }
@@ -659,8 +660,9 @@ static int l_release_later(lua_State *L) {
   s.started = ml_monotonic();
   l = ml_lease_new(&s);
   bson_destroy(&id);
-  if (!ml_gc_handoff || !ml_gc_handoff(c, l)) {
-    ml_lease_unref(l);
+  if (l) l->redo = ML_RELEASE_REDO;   /* the lost write may land after it */
+  if (!l || !ml_gc_handoff || !ml_gc_handoff(c, l)) {
+    if (l) ml_lease_unref(l);
     return ml_pushfail(L, "no background release in this process", 0);
   }
   lua_pushboolean(L, 1);

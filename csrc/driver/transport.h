@@ -49,8 +49,8 @@ int ml_run_direct(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *
                   bson_error_t *error);
 
 /* Sets the calling thread's runner of ml_run (NULL: none, ml_run_direct),
- * returning the one before: a single attempt hands its op to a thread of
- * its own and waits for it a bounded time (client.c, client:one_attempt).
+ * returning the one before: a single attempt runs its op with a deadline
+ * (client.c, client:one_attempt; bounded.h).
  * Other threads (pools, renewals, streams) are not affected. */
 typedef int (*ml_runner)(mongoc_client_t *mc, mongoc_write_concern_t *wc, const ml_op *op, bson_t *reply,
                          bson_error_t *error);

@@ -162,20 +162,28 @@ static void build_release(ml_work *w) {
  * in *wake when one may be due.  Drops items whose lease no longer wants
  * renewal and marks leases past their deadline lost.
  */
+static int engine_next_renewal(ml_engine *e, double now, ml_work *w, double *wake);
+
 static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
-  size_t i, due = (size_t)-1;
-  double due_time = now + 3600;
+  double rel_wake = now + 3600;
+  int r;
   *wake = now + 3600;
   if (e->work.kind != ML_WORK_NONE) return 0;
   memset(w, 0, sizeof *w);
   w->id = ++e->seq;
   if (e->nrel > 0) {
-    /* releases nobody waits for, oldest first: those of the first one's
-     * collection and kind in one command */
-    ml_lease *l0 = e->rel[0];
+    /* releases nobody waits for, oldest first, those due (release_at): the
+     * first one's collection and kind in one command */
+    ml_lease *l0 = NULL;
     size_t j, k = 0;
     for (j = 0; j < e->nrel; j++) {
       ml_lease *l = e->rel[j];
+      if (l->release_at > now) {
+        if (l->release_at < rel_wake) rel_wake = l->release_at;
+        e->rel[k++] = l;
+        continue;
+      }
+      if (!l0) l0 = l;
       if (w->n < RELEASE_BATCH && ml_lease_same_release(l, l0)) {
         if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) break;
         w->set[w->n++] = l;     /* the queue's reference */
@@ -188,11 +196,22 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
     }
     for (; j < e->nrel; j++) e->rel[k++] = e->rel[j];
     e->nrel = k;
-    if (w->n == 0) return 0;
-    w->kind = ML_WORK_RELEASE;
-    build_release(w);
-    return 1;
+    if (w->n > 0) {
+      w->kind = ML_WORK_RELEASE;
+      build_release(w);
+      return 1;
+    }
+    if (l0) return 0;   /* out of memory: the next look */
   }
+  r = engine_next_renewal(e, now, w, wake);
+  if (!r && rel_wake < *wake) *wake = rel_wake;
+  return r;
+}
+
+/* engine_next's renewals, once no release is due */
+static int engine_next_renewal(ml_engine *e, double now, ml_work *w, double *wake) {
+  size_t i, due = (size_t)-1;
+  double due_time = now + 3600;
   if (now < e->due_at) {
     *wake = e->due_at;
     return 0;
@@ -306,10 +325,23 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
   case ML_WORK_RELEASE:
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
+      int again = 0;
       pthread_mutex_lock(&l->mu);
       if (n == 0) ml_lease_set_lost(l);
       l->held = 0;              /* nobody waits for it: not sent is ended too */
+      if (l->redo > 0) {
+        /* a lost reply's: again, until enough replies (or one matched) */
+        l->tries++;
+        if (n > 0 && w->n == 1) l->redo = 0;
+        else if (n >= 0) l->redo--;
+        if (l->redo > 0 && l->tries < ML_RELEASE_REDO_TRIES) {
+          l->release_at = now + ML_RELEASE_REDO_STEP;
+          l->refs++;            /* the queue's, again (work_clear drops the work's) */
+          again = 1;
+        }
+      }
       pthread_mutex_unlock(&l->mu);
+      if (again && !ml_engine_queue_release(e, l)) ml_lease_unref(l);
     }
     if (n > 0) {
       e->released += (long)n;

@@ -123,7 +123,19 @@ typedef struct ml_lease {
                                    time, once; 0 when not needed */
   struct ml_obs *obs;           /* its client's counters and events (one
                                    reference), or NULL */
+  /* a release nobody waits for that is sent again (engine.c): an acquire
+   * whose reply was lost may reach the server after the first release */
+  int redo;                     /* releases with a reply still to send */
+  int tries;                    /* releases sent so far */
+  double release_at;            /* monotonic: not sent before */
 } ml_lease;
+
+/* a lost reply's release (lease.redo): sent until this many got a reply
+ * (or one matched), RELEASE_REDO_STEP seconds apart, at most
+ * RELEASE_REDO_TRIES times in all */
+#define ML_RELEASE_REDO 2
+#define ML_RELEASE_REDO_STEP 1.0
+#define ML_RELEASE_REDO_TRIES 30
 
 /*
  * A client's counters and its queue of lease events (obs.c; stats.c

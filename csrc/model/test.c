@@ -230,6 +230,40 @@ static void test_engine_release(void) {
   for (i = 0; i < 3; i++) ml_lease_unref(l[i]);
 }
 
+/* a lost reply's release (lease.redo) is sent again a second later, until
+ * enough of them got a reply or one matched; a failed one does not count */
+static void test_engine_release_redo(void) {
+  ml_engine e;
+  ml_lease *l;
+  double wake;
+  bson_t reply;
+  bson_error_t err;
+  engine_init(&e);
+  memset(&err, 0, sizeof err);
+  l = lease(ML_KIND_NAMED, "locks", "a", OWNER_A, 3000, 0, 0);
+  l->redo = ML_RELEASE_REDO;
+  l->refs++;
+  ml_engine_queue_release(&e, l);
+  ok(ml_engine_next(&e, 0, &wake) && e.work.kind == ML_WORK_RELEASE, "engine: a lost reply's release is sent");
+  bson_init(&reply);
+  (void)ml_engine_done(&e, 0.1, 0, 0, &reply, &err);   /* no reply */
+  bson_destroy(&reply);
+  ok(e.nrel == 1 && l->redo == ML_RELEASE_REDO && !ml_engine_next(&e, 0.5, &wake) && near(wake, 1.1),
+     "engine: a failed one is sent again a second later");
+  ok(ml_engine_next(&e, 1.2, &wake) && e.work.kind == ML_WORK_RELEASE, "engine: then sent again");
+  reply_n(&reply, 0);
+  (void)ml_engine_done(&e, 1.3, 1.2, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(e.nrel == 1 && l->redo == ML_RELEASE_REDO - 1, "engine: one that matched nothing is sent once more");
+  ok(ml_engine_next(&e, 2.4, &wake) && e.work.kind == ML_WORK_RELEASE, "engine: a second later");
+  reply_n(&reply, 1);
+  (void)ml_engine_done(&e, 2.5, 2.4, 1, &reply, NULL);
+  bson_destroy(&reply);
+  ok(e.nrel == 0 && l->redo == 0 && !ml_engine_next(&e, 5, &wake), "engine: one that matched ends it");
+  ml_engine_clear(&e, 1);
+  ml_lease_unref(l);
+}
+
 static void test_engine_documents(void) {
   ml_engine e;
   ml_lease *a, *b;
@@ -583,6 +617,7 @@ int main(void) {
   test_engine_renewal();
   test_engine_check();
   test_engine_release();
+  test_engine_release_redo();
   test_engine_documents();
   test_lease_kinds();
   test_check_parser();

@@ -80,17 +80,16 @@ function _M.one_attempt_ready(core_client, bound, attempt)
   return nil, no_server(core_client, wait)
 end
 
--- f(...) as a single attempt of owner (.core, .client): when the client
--- was given an attempt_timeout, each round trip of f runs on a thread of
--- its own (client:one_attempt) and is abandoned after that time, so that a
--- server that froze after it was last seen writable costs about that, not
--- the server bound (twice, with the driver's retry).  Without the option
--- the round trips run in place: a thread per attempt costs the uncontended
--- cycle about 40% of its rate (bench/cycles.lua).  A runner's core (a
--- scheduler's threads, nginx) is left as it is.
+-- f(...) as a single attempt of owner (.core): each round trip of f on
+-- the client's own connection gets no more than the client's
+-- attempt_timeout (client:one_attempt: a deadline its connection's reads,
+-- writes and new connections keep), so that a server that froze after it
+-- was last seen writable costs about that, not the server bound (twice,
+-- with the driver's retry).  A runner's core (a scheduler's threads,
+-- nginx) is left as it is.
 function _M.single(owner, f, ...)
   local cc = core_of(owner)
-  if cc ~= owner.core or cc:closed() or not (owner.client and owner.client.attempt_given) then
+  if cc ~= owner.core or cc:closed() then
     return f(...)
   end
   local prev = cc:one_attempt(true)
