@@ -1,0 +1,83 @@
+-- #integration: a try (one attempt) on a client connected WITHOUT
+-- attempt_timeout is bounded by about a second when the server stops
+-- answering after the client last saw it writable (issue 42 item 1): a TCP
+-- proxy frozen with SIGSTOP (spec/proxy.js) after one successful try.
+-- Today only a client given attempt_timeout is so bounded (a thread per
+-- attempt, client.c's single_runner); the default client's cases are pending
+-- until a bound of its own is built (they fail on the current code: ~10 s,
+-- "Failed to read 4 bytes").
+local helpers = require "helpers"
+
+local clock = require("mongolock.core").monotonic
+
+local function timed(f)
+  local t0 = clock()
+  local r = table.pack(f())
+  return clock() - t0, r
+end
+
+describe("#integration a try on a frozen server", function()
+  local proxy, client, direct
+
+  local function setup(opts)
+    proxy = helpers.proxy()
+    client = helpers.connect(opts, proxy.uri)
+    direct = helpers.connect()
+  end
+
+  after_each(function()
+    if not proxy then return end
+    proxy:thaw()
+    client:close()
+    direct:close()
+    proxy:stop()
+    proxy = nil
+  end)
+
+  local function check(opts, make, try)
+    setup(opts)
+    local obj, direct_obj = make(client), make(direct)
+    local name = helpers.unique("frozen")
+    local h = assert(try(obj, name))
+    assert(h:release())
+    proxy:freeze()
+    local dt, r = timed(function() return try(obj, name .. "2") end)
+    assert.is_nil(r[1])
+    assert.equal(4, r[3])
+    assert.matches("not answering", r[2], 1, true)
+    assert.is_true(dt < 3, "the try took " .. dt .. " s")
+    proxy:thaw()
+    local h2
+    helpers.eventually(function()
+      h2 = try(obj, name .. "3")
+      return h2 ~= nil
+    end, 20)
+    assert(h2:release())
+    -- nothing left held: the timed-out attempt's name is free
+    local h3 = assert(try(direct_obj, name .. "2"))
+    assert(h3:release())
+  end
+
+  local function locks(c) return c:locks({ database = helpers.database, collection = "frozen_locks" }) end
+  local function sems(c)
+    return c:semaphores({ database = helpers.database, collection = "frozen_sems", permits = 2 })
+  end
+  local function try(o, n) return o:try(n) end
+
+  it("locks:try, attempt_timeout given", function()
+    check({ server_timeout = 10, attempt_timeout = 1 }, locks, try)
+  end)
+
+  it("a semaphore's try, attempt_timeout given", function()
+    check({ server_timeout = 10, attempt_timeout = 1 }, sems, try)
+  end)
+
+  -- issue 42 item 1, not built: fails today after ~10 s ("Failed to read 4 bytes")
+  pending("locks:try, by default (no attempt_timeout)", function()
+    check({ server_timeout = 10 }, locks, try)
+  end)
+
+  pending("a semaphore's try, by default (no attempt_timeout)", function()
+    check({ server_timeout = 10 }, sems, try)
+  end)
+end)
