@@ -176,7 +176,8 @@ describe("#integration waits through outages and elections", function()
     local fired = fp("off").count
     assert.truthy(fired > 0, "the stall fired")
     assert.truthy(h:release())
-    local done = helpers.eventually(function() return helpers.read_file(rc) end, 40)
+    -- (the shell creates rc, then writes the status: wait for the digits)
+    local done = helpers.eventually(function() return (helpers.read_file(rc) or ""):match("%d+") end, 40)
     local text = helpers.read_file(out) or ""
     os.remove(out); os.remove(rc)
     assert.equal("0", (done or ""):match("%d+"), text)
