@@ -168,8 +168,9 @@ int ml_push_won(lua_State *L, ml_client *c, int ok, int won, const ml_lease_spec
        * try's or a document lock attempt's own, or a waiter's, whose
        * acquire ends with this error).  Its release goes to the background
        * thread, as a collected handle's does (it matches nothing when the
-       * write was not applied); the caller does not wait for a server that
-       * may be gone. */
+       * write was not applied), and is sent again until answered twice
+       * (lease.redo: the write may land after the first); the caller does
+       * not wait for a server that may be gone. */
       ml_lease *l = ml_lease_new(s);
       if (l) l->redo = ML_RELEASE_REDO;   /* the write may land after it */
       if (l && !ml_gc_handoff(c, l)) ml_lease_unref(l);

@@ -201,7 +201,10 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
       build_release(w);
       return 1;
     }
-    if (l0) return 0;   /* out of memory: the next look */
+    if (l0) {
+      *wake = now + 0.1;  /* out of memory: look again soon */
+      return 0;
+    }
   }
   r = engine_next_renewal(e, now, w, wake);
   if (!r && rel_wake < *wake) *wake = rel_wake;

@@ -382,13 +382,10 @@ static char *copy_str(const char *s) {
   return p;
 }
 
-static void test_stream(void) {
+/* a stream machine of db.locks on the owner field, tagged KEEPER, that
+ * starts at operation time (100, 1) and waits 1 s per getMore */
+static ml_stream *stream_new(void) {
   ml_stream *s = (ml_stream *)calloc(1, sizeof *s);
-  bson_t reply, cur, batch, ev, key, tok;
-  bson_error_t err;
-  double wake;
-  int i, mine = 0;
-  const watch_event *grant = NULL;
   s->db = copy_str("db");
   s->coll = copy_str("locks");
   s->field = copy_str(ML_F_OWNER);
@@ -396,6 +393,16 @@ static void test_stream(void) {
   s->start_t = s->drop_t = 100;
   s->start_i = s->drop_i = 1;
   s->await_ms = 1000;
+  return s;
+}
+
+static void test_stream(void) {
+  ml_stream *s = stream_new();
+  bson_t reply, cur, batch, ev, key, tok;
+  bson_error_t err;
+  double wake;
+  int i, mine = 0;
+  const watch_event *grant = NULL;
   s->state = ML_STREAM_STARTING;
 
   ok(ml_stream_next(s, 0, &wake) && s->op_kind == ML_STREAM_OP_OPEN && cmd_is(&s->op, "aggregate") &&
@@ -501,7 +508,7 @@ static bson_t *update_event(const char *id, uint32_t t, const char *const *kv, i
  * no notice; a delete is a notice for every lease of its key; a holder
  * keeps the getMores going without a waiter */
 static void test_stream_holders(void) {
-  ml_stream *s = (ml_stream *)calloc(1, sizeof *s);
+  ml_stream *s = stream_new();
   bson_t reply, key, *evs[4], del, dk;
   double wake;
   int mine = 0;
@@ -509,13 +516,6 @@ static void test_stream_holders(void) {
   static const char *const takeover[] = {ML_F_OWNER, OWNER_B, ML_F_LOST, KEEPER OWNER_A};
   static const char *const forced[] = {ML_F_OWNER, NULL, ML_F_NEXT, NULL, ML_F_LOST, KEEPER OWNER_C};
   static const char *const other[] = {ML_F_OWNER, OWNER_A, ML_F_LOST, "fedcba9876543210" OWNER_B};
-  s->db = copy_str("db");
-  s->coll = copy_str("locks");
-  s->field = copy_str(ML_F_OWNER);
-  memcpy(s->tag, KEEPER, 17);
-  s->start_t = s->drop_t = 100;
-  s->start_i = s->drop_i = 1;
-  s->await_ms = 1000;
   s->state = ML_STREAM_RUNNING;
   s->open = 1;
   s->cursor_id = 42;
