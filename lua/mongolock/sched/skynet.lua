@@ -28,6 +28,12 @@
 -- A descriptor skynet cannot bind (epoll has it already: another
 -- coroutine waits on it) is looked at again after a 10 ms sleep.
 --
+-- skynet.wakeup(co) ends whatever wait co is in, a library call's wait
+-- among them (as it ends skynet.sleep): the call then looks again and goes
+-- on waiting, and the wakeup is spent.  A coroutine that waits for a wakeup
+-- after a library call checks a flag first (`while not done do
+-- skynet.wait(co) end`).
+--
 -- skynet embeds Lua 5.4 and links with -Wl,-E, so the core built for Lua
 -- 5.4 (build/lua5.4, or luarocks --lua-version=5.4) loads in its services.
 -- @module mongolock.sched.skynet
