@@ -81,7 +81,7 @@ build = {
         "csrc/binding/watch.c", "csrc/binding/pool.c", "csrc/binding/bson.c", "csrc/binding/args.c",
         "csrc/binding/sys.c",
         -- the driver: a built command run on libmongoc
-        "csrc/driver/transport.c", "csrc/driver/bounded.c",
+        "csrc/driver/transport.c", "csrc/driver/bounded.c", "csrc/driver/fiber.c", "csrc/driver/fiber_stream.c",
         -- the model: plain C on libbson
         "csrc/model/protocol.c", "csrc/model/protocol_shared.c", "csrc/model/protocol_views.c",
         "csrc/model/lease.c", "csrc/model/obs.c", "csrc/model/engine.c", "csrc/model/stream.c",

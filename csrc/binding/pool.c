@@ -62,11 +62,19 @@
 #include "transport.h"
 #include "args.h"
 #include "client.h"
+#include "fiber.h"
+#include "fiber_stream.h"
 #include "pool.h"
 
 #define ML_POOL_MT "mongolock.Pool"
 #define ML_JOB_MT "mongolock.Job"
+#define ML_HERE_MT "mongolock.Here"
 #define THREADS_MAX 256
+#define HERE_KEPT 16
+/* the fibers' server selection: a selection that would wait (no server
+ * known to take writes: an election) gives up this soon, in the loop's
+ * thread, and the op goes to a worker thread */
+#define HERE_SELECT_MS 5
 
 typedef struct ml_job {
   struct ml_job *next;          /* the queue (the pool's mu) */
@@ -97,6 +105,13 @@ typedef struct pool_state {
   mongoc_client_pool_t *mpool;
   mongoc_write_concern_t *wc;
   pid_t pid;
+  int plain;                    /* no TLS: ops may run in fibers (here) */
+  mongoc_uri_t *here_uri;       /* the fibers' pool's URI */
+  mongoc_client_pool_t *hpool;  /* (mu) the fibers' pool, made at their first op */
+  mongoc_client_t *here[HERE_KEPT];   /* (mu) connections of ended fibers */
+  int nhere;
+  int64_t writable_until;       /* (mu) the monitor knew a server that takes
+                                 * writes; looked again after this */
 } pool_state;
 
 typedef struct { pool_state *ps; int threads; } ml_pool;
@@ -229,6 +244,9 @@ static void state_unref(pool_state *ps) {
   last = --ps->refs == 0;
   pthread_mutex_unlock(&refs_mu);
   if (!last) return;
+  while (ps->nhere > 0) mongoc_client_pool_push(ps->hpool, ps->here[--ps->nhere]);
+  if (ps->hpool) ml_pool_destroy(ps->hpool);
+  if (ps->here_uri) mongoc_uri_destroy(ps->here_uri);
   if (ps->mpool) ml_pool_destroy(ps->mpool);
   mongoc_write_concern_destroy(ps->wc);
   pthread_mutex_destroy(&ps->mu);
@@ -290,6 +308,239 @@ static void wake_idle(pool_state *ps, int all) {
     w->woken = 1;
     pthread_cond_signal(&w->cv);
   } while (all);
+}
+
+/* ---- ops in fibers: pool:here ------------------------------------------- */
+
+static ml_pool *check_pool(lua_State *L, int i);
+
+/* An op run in the calling thread on a fiber (fiber.h): its round trips
+ * give the event loop back while they wait for the server, and no worker
+ * thread is woken.  Its connection is one of the pool's, kept for fibers
+ * (ps->here) and read through fiber_stream.c's stream, which waits through
+ * the fiber.  The Here userdata holds everything; it does not move. */
+typedef struct {
+  ml_fiber *f;
+  pool_state *ps;               /* one reference until let go of */
+  mongoc_client_t *mc;
+  uint8_t *op;
+  uint32_t oplen;
+  int ended;                    /* the op returned: ok, reply, err are set */
+  int ok;
+  int elsewhere;                /* it failed unsent or unapplied: a worker thread runs it */
+  bson_t reply;
+  bson_error_t err;
+} ml_here;
+
+/* the op failed before it was sent (no server selected in time) or the
+ * server refused it as no primary (a step-down): it did not apply, and a
+ * worker thread, whose selection waits through an election, may send it
+ * again.  A network error is not such a failure (the op may have applied):
+ * its error is the answer. */
+static int not_applied(const bson_error_t *e) {
+  if (e->domain == MONGOC_ERROR_SERVER_SELECTION) return 1;
+  if (e->domain != MONGOC_ERROR_SERVER && e->domain != MONGOC_ERROR_QUERY) return 0;
+  switch (e->code) {
+  case 10107:                   /* NotWritablePrimary */
+  case 13435:                   /* NotPrimaryNoSecondaryOk */
+  case 13436:                   /* NotPrimaryOrSecondary */
+  case 11602:                   /* InterruptedDueToReplStateChange */
+  case 189:                     /* PrimarySteppedDown */
+    return 1;
+  }
+  return 0;
+}
+
+static void here_main(void *arg) {
+  ml_here *h = (ml_here *)arg;
+  bson_t env;
+  ml_op op;
+  memset(&h->err, 0, sizeof h->err);
+  if (!bson_init_static(&env, h->op, h->oplen) || !ml_op_view(&env, &op)) {
+    bson_init(&h->reply);
+    bson_set_error(&h->err, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_NOT_READY, "not an op");
+    h->ok = 0;
+  } else {
+    h->ok = ml_run_direct(h->mc, h->ps->wc, &op, &h->reply, &h->err);
+    h->elsewhere = !h->ok && not_applied(&h->err);
+  }
+  h->ended = 1;
+}
+
+/* a connection for a fiber: one an ended fiber left, or a new one of the
+ * pool's (NULL when the pool has none left) */
+static mongoc_client_t *here_client_get(pool_state *ps) {
+  mongoc_client_t *mc = NULL;
+  pthread_mutex_lock(&ps->mu);
+  if (ps->nhere > 0) mc = ps->here[--ps->nhere];
+  pthread_mutex_unlock(&ps->mu);
+  if (!mc) {
+    pthread_mutex_lock(&ps->mu);
+    if (!ps->hpool && ps->here_uri && (ps->hpool = ml_pool_new(ps->here_uri)))
+      mongoc_client_pool_set_error_api(ps->hpool, MONGOC_ERROR_API_VERSION_2);
+    pthread_mutex_unlock(&ps->mu);
+    if (ps->hpool && (mc = mongoc_client_pool_try_pop(ps->hpool))) ml_fiber_stream_use(mc);
+  }
+  return mc;
+}
+
+static void here_client_put(pool_state *ps, mongoc_client_t *mc) {
+  pthread_mutex_lock(&ps->mu);
+  if (ps->nhere < HERE_KEPT) {
+    ps->here[ps->nhere++] = mc;
+    mc = NULL;
+  }
+  pthread_mutex_unlock(&ps->mu);
+  if (mc) mongoc_client_pool_push(ps->hpool, mc);
+}
+
+/* the pool's monitors know a server that takes writes: the op's server
+ * selection returns at once (it would otherwise wait in the loop's thread) */
+static int writable_known(mongoc_client_t *mc) {
+  size_t n = 0, k;
+  int yes = 0;
+  mongoc_server_description_t **sds = mongoc_client_get_server_descriptions(mc, &n);
+  for (k = 0; k < n && !yes; k++) {
+    const char *t = mongoc_server_description_type(sds[k]);
+    yes = !strcmp(t, "Standalone") || !strcmp(t, "RSPrimary") || !strcmp(t, "Mongos") || !strcmp(t, "LoadBalancer");
+  }
+  mongoc_server_descriptions_destroy_all(sds, n);
+  return yes;
+}
+
+/* writable_known, asked at most every WRITABLE_LOOK us while it answers
+ * yes (an op that finds no such server after all waits HERE_SELECT_MS at
+ * most, and makes the next op ask again) */
+#define WRITABLE_LOOK 100000
+static int writable_seen(pool_state *ps, mongoc_client_t *mc) {
+  int64_t now = bson_get_monotonic_time();
+  int yes;
+  pthread_mutex_lock(&ps->mu);
+  yes = now < ps->writable_until;
+  pthread_mutex_unlock(&ps->mu);
+  if (yes) return 1;
+  yes = writable_known(mc);
+  pthread_mutex_lock(&ps->mu);
+  ps->writable_until = yes ? now + WRITABLE_LOOK : 0;
+  pthread_mutex_unlock(&ps->mu);
+  return yes;
+}
+
+/* lets go of everything: a fiber still waiting is resumed with its wait
+ * cancelled until its op returns (its outcome dropped) */
+static void here_release(ml_here *h) {
+  if (h->f) {
+    while (!h->ended) ml_fiber_resume(h->f, 1);
+    ml_fiber_free(h->f);
+    h->f = NULL;
+  }
+  if (h->ended) {
+    bson_destroy(&h->reply);
+    h->ended = 0;
+  }
+  if (h->mc) here_client_put(h->ps, h->mc);
+  h->mc = NULL;
+  free(h->op);
+  h->op = NULL;
+  if (h->ps) state_unref(h->ps);
+  h->ps = NULL;
+}
+
+/* pool:here(op) -> here | false: op started on a fiber in the calling
+ * thread (it runs until its first wait); false when it cannot be (a TLS
+ * pool or one on a unix socket, an op of a session, no connection or stack
+ * left, no server known to take writes yet, a closed pool or one of
+ * another process): submit it then */
+static int l_here(lua_State *L) {
+  ml_pool *p = check_pool(L, 1);
+  pool_state *ps = p->ps;
+  ml_op op;
+  size_t len;
+  const char *bytes;
+  ml_here *h;
+  mongoc_client_t *mc;
+  ml_arg_op(L, 2, &op);
+  bytes = lua_tolstring(L, 2, &len);
+  lua_pushboolean(L, 0);
+  /* an op of a session runs on the session's own connection
+   * (transport.c), which no fiber reads */
+  if (!ps || ps->pid != my_pid || !ps->plain || op.session || ml_fiber_current()) return 1;
+  if (!(mc = here_client_get(ps))) return 1;
+  if (!writable_seen(ps, mc)) {
+    here_client_put(ps, mc);
+    return 1;
+  }
+  h = (ml_here *)ml_newuserdata(L, sizeof *h);
+  memset(h, 0, sizeof *h);
+  luaL_getmetatable(L, ML_HERE_MT);
+  lua_setmetatable(L, -2);
+  h->mc = mc;
+  h->ps = ps;
+  pthread_mutex_lock(&refs_mu);
+  ps->refs++;
+  pthread_mutex_unlock(&refs_mu);
+  if (!(h->op = (uint8_t *)malloc(len)) || !(h->f = ml_fiber_new(here_main, h))) {
+    here_release(h);
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  memcpy(h->op, bytes, len);
+  h->oplen = (uint32_t)len;
+  ml_fiber_resume(h->f, 0);
+  return 1;
+}
+
+static ml_here *check_here(lua_State *L, int i) {
+  return (ml_here *)luaL_checkudata(L, i, ML_HERE_MT);
+}
+
+/* here:step() -> false, fd, seconds while the op waits for fd (readable)
+ * for at most seconds (nil: no limit); false alone when it did not apply
+ * (not sent, or refused by a server that is no primary: submit it to a
+ * worker thread); else what client:run(op) answers, as job:take.  The op
+ * is let go of once it answered (a second step answers nil, "taken").
+ * Each step first lets the op look again. */
+static int l_here_step(lua_State *L) {
+  ml_here *h = check_here(L, 1);
+  if (!h->f) return ml_pushfail(L, "taken", 0);
+  if (!h->ended) ml_fiber_resume(h->f, 0);
+  if (!h->ended) {
+    int64_t dl = ml_fiber_deadline(h->f);
+    lua_pushboolean(L, 0);
+    lua_pushinteger(L, ml_fiber_fd(h->f));
+    if (dl) {
+      int64_t left = dl - bson_get_monotonic_time();
+      lua_pushnumber(L, left > 0 ? (lua_Number)left / 1e6 : 0);
+    } else {
+      lua_pushnil(L);
+    }
+    return 3;
+  }
+  if (h->ok) {
+    lua_pushlstring(L, (const char *)bson_get_data(&h->reply), h->reply.len);
+    here_release(h);
+    return 1;
+  }
+  if (h->elsewhere) {
+    pthread_mutex_lock(&h->ps->mu);
+    h->ps->writable_until = 0;
+    pthread_mutex_unlock(&h->ps->mu);
+    here_release(h);
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  ml_pusherror(L, &h->err);
+  if (!bson_empty(&h->reply)) lua_pushlstring(L, (const char *)bson_get_data(&h->reply), h->reply.len);
+  else lua_pushnil(L);
+  lua_pushinteger(L, (lua_Integer)h->err.domain);
+  here_release(h);
+  return 5;
+}
+
+static int l_here_close(lua_State *L) {
+  here_release(check_here(L, 1));
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* ---- Lua ---------------------------------------------------------------- */
@@ -396,6 +647,14 @@ static int l_pool(lua_State *L) {
   if (!ps) return ml_pushfail(L, "out of memory", 0);
   uri = mongoc_uri_copy(c->uri);
   ps->mpool = uri ? ml_pool_new(uri) : NULL;
+  ps->plain = uri && ml_fiber_stream_fits(uri);
+  if (ps->plain && (ps->here_uri = mongoc_uri_copy(uri))) {
+    mongoc_uri_set_option_as_int32(ps->here_uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, HERE_SELECT_MS);
+    /* no fiber selects a server the monitor does not know to take writes,
+     * so nothing asks it to look sooner: it looks every half second (the
+     * least), and fibers run again that soon after an error or an election */
+    mongoc_uri_set_option_as_int32(ps->here_uri, MONGOC_URI_HEARTBEATFREQUENCYMS, 500);
+  }
   if (uri) mongoc_uri_destroy(uri);
   if (!ps->mpool) {
     free(ps);
@@ -575,8 +834,15 @@ static int l_pid(lua_State *L) {
 
 static const luaL_Reg pool_methods[] = {
   {"submit", l_submit},
+  {"here", l_here},
   {"close", l_pool_close},
   {"threads", l_pool_threads},
+  {NULL, NULL}
+};
+
+static const luaL_Reg here_methods[] = {
+  {"step", l_here_step},
+  {"close", l_here_close},
   {NULL, NULL}
 };
 
@@ -610,6 +876,7 @@ void ml_pool_open(lua_State *L) {
   pthread_once(&atfork_once, install_atfork);
   new_mt(L, ML_POOL_MT, pool_methods, l_pool_close);
   new_mt(L, ML_JOB_MT, job_methods, l_job_close);
+  new_mt(L, ML_HERE_MT, here_methods, l_here_close);
   new_mt(L, ML_SIGNAL_MT, signal_methods, l_signal_close);
   lua_pushcfunction(L, l_pool);
   lua_setfield(L, -2, "pool");

@@ -30,6 +30,14 @@
 --                      seconds have passed, whichever comes first (waking
 --                      early is harmless: the library looks again)
 --
+-- and may say (the built-in cqueues, luv and Copas adapters do)
+--
+--   S.sockets = true   wait_fd only watches the descriptor, never reads
+--                      it: the library may then give it a connection's
+--                      socket, and runs a round trip in the loop's own
+--                      thread (pool:here, csrc/driver/fiber.h) rather than
+--                      in a worker thread
+--
 -- "cqueues" is built in (below), "luv", "skynet" and "copas" are
 -- mongolock.sched.luv, .skynet and .copas.  What stays
 -- off the loop: the lease engine (renewal in batches, grant top-ups,
@@ -83,7 +91,7 @@ function builtin.cqueues()
   if not ok then
     return nil, 'scheduler "cqueues" needs the cqueues module (Debian: lua-cqueues): ' .. tostring(cqueues)
   end
-  local S = { name = "cqueues" }
+  local S = { name = "cqueues", sockets = true }
   function S.current()
     local _, inside = cqueues.running()
     return inside == true
@@ -173,7 +181,19 @@ local function runner_of(S, pool)
   local signals = setmetatable({}, { __mode = "k" })
   -- the job's end is written to the coroutine's signal; a write left from
   -- before (a stream's) only wakes it early, and it looks again
+  local here = S.sockets == true
   local function run(op)
+    -- in the loop's thread when it can be (no TLS, a server known to take
+    -- writes, a connection and a stack to spare), else in a worker thread
+    local h = here and pool:here(op)
+    if h then
+      while true do
+        local a, b, c, d, e = h:step()
+        if a ~= false then return a, b, c, d, e end
+        if not b then break end       -- it did not apply: a worker thread runs it
+        wait_fd(b, c and math_min(c, _M.LOOK_AGAIN) or _M.LOOK_AGAIN)
+      end
+    end
     local sig = signal_of(signals)
     local job, err = pool:submit(op, sig)
     if not job then return nil, err end

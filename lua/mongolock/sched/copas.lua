@@ -32,7 +32,7 @@ end
 local coroutine, setmetatable = coroutine, setmetatable
 local math_min = math.min
 
-local _M = { _VERSION = "0.1.0", name = "copas" }
+local _M = { _VERSION = "0.1.0", name = "copas", sockets = true }
 
 --- descriptors from this one up are polled (LuaSocket's select: FD_SETSIZE)
 _M.FD_SETSIZE = 1024

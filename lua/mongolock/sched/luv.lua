@@ -30,7 +30,7 @@ local coroutine, setmetatable, tostring, error = coroutine, setmetatable, tostri
 local traceback = debug.traceback
 local math_floor, math_max = math.floor, math.max
 
-local _M = { _VERSION = "0.1.0", name = "luv" }
+local _M = { _VERSION = "0.1.0", name = "luv", sockets = true }
 
 -- the coroutines spawn started (weak: a finished one is collected)
 local mine = setmetatable({}, { __mode = "k" })

@@ -1,0 +1,215 @@
+/*
+ * Connections whose reads wait through a fiber (fiber_stream.h).
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "fiber.h"
+#include "fiber_stream.h"
+
+/* any value libmongoc's own streams do not use (bounded.c has 0x4d4c) */
+#define FIBER_STREAM_TYPE 0x4d4d
+/* a reply's header and body come in one read as a rule */
+#define BUF_SIZE 16384
+
+typedef struct fiber_stream {
+  mongoc_stream_t vtable;       /* first: libmongoc sees a mongoc_stream_t */
+  mongoc_stream_t *base;        /* the driver's socket stream (writes) */
+  int fd;                       /* its descriptor */
+  int out;                      /* a read timed out or was cancelled */
+  size_t off, len;              /* buf[off, off + len) is read, not yet taken */
+  char buf[BUF_SIZE];
+} fiber_stream;
+
+static fiber_stream *fs_of(mongoc_stream_t *s) { return (fiber_stream *)s; }
+
+/* reads what the socket has into the buffer, waiting (through the running
+ * fiber, else in poll) until it has something or deadline (monotonic us,
+ * 0: none) passes: > 0 read, -1 (errno) */
+static ssize_t fill(fiber_stream *s, int64_t deadline) {
+  for (;;) {
+    ssize_t n;
+    if (s->len == 0) s->off = 0;
+    else if (s->off + s->len == sizeof s->buf) {
+      memmove(s->buf, s->buf + s->off, s->len);
+      s->off = 0;
+    }
+    n = recv(s->fd, s->buf + s->off + s->len, sizeof s->buf - s->off - s->len, MSG_DONTWAIT);
+    if (n > 0) {
+      s->len += (size_t)n;
+      return n;
+    }
+    if (n == 0) {                   /* the peer closed it */
+      errno = ECONNRESET;
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    if (deadline && bson_get_monotonic_time() >= deadline) {
+      s->out = 1;
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (ml_fiber_current()) {
+      if (ml_fiber_wait(s->fd, deadline) != 0) {
+        s->out = 1;
+        errno = ECANCELED;
+        return -1;
+      }
+    } else {
+      struct pollfd p;
+      int ms = -1;
+      p.fd = s->fd;
+      p.events = POLLIN;
+      p.revents = 0;
+      if (deadline) {
+        int64_t left = (deadline - bson_get_monotonic_time() + 999) / 1000;
+        ms = left < 0 ? 0 : left > INT32_MAX ? INT32_MAX : (int)left;
+      }
+      if (poll(&p, 1, ms) < 0 && errno != EINTR) return -1;
+    }
+  }
+}
+
+/* as the driver's readv: at least min_bytes (at most the buffers' room)
+ * into iov, or -1 */
+static ssize_t f_readv(mongoc_stream_t *st, mongoc_iovec_t *iov, size_t iovcnt, size_t min_bytes,
+                       int32_t timeout_msec) {
+  fiber_stream *s = fs_of(st);
+  int64_t deadline = timeout_msec < 0 ? 0 : bson_get_monotonic_time() + (int64_t)timeout_msec * 1000;
+  size_t room = 0, total = 0, i = 0, at = 0;
+  for (i = 0; i < iovcnt; i++) room += iov[i].iov_len;
+  if (min_bytes > room) min_bytes = room;
+  i = 0;
+  for (;;) {
+    /* what the buffer has, into the iovecs */
+    while (s->len > 0 && i < iovcnt) {
+      size_t want = iov[i].iov_len - at, n = s->len < want ? s->len : want;
+      memcpy((char *)iov[i].iov_base + at, s->buf + s->off, n);
+      s->off += n, s->len -= n, total += n, at += n;
+      if (at == iov[i].iov_len) i++, at = 0;
+    }
+    if (total >= min_bytes && (total > 0 || room == 0)) return (ssize_t)total;
+    if (fill(s, deadline) < 0) return -1;
+  }
+}
+
+static ssize_t f_writev(mongoc_stream_t *s, mongoc_iovec_t *iov, size_t iovcnt, int32_t timeout_msec) {
+  return mongoc_stream_writev(fs_of(s)->base, iov, iovcnt, timeout_msec);
+}
+
+static void f_destroy(mongoc_stream_t *s) {
+  mongoc_stream_destroy(fs_of(s)->base);
+  bson_free(s);
+}
+
+static void f_failed(mongoc_stream_t *s) {
+  mongoc_stream_failed(fs_of(s)->base);
+  bson_free(s);
+}
+
+static int f_close(mongoc_stream_t *s) { return mongoc_stream_close(fs_of(s)->base); }
+static int f_flush(mongoc_stream_t *s) { return mongoc_stream_flush(fs_of(s)->base); }
+static int f_setsockopt(mongoc_stream_t *s, int level, int optname, void *optval, mongoc_socklen_t optlen) {
+  return mongoc_stream_setsockopt(fs_of(s)->base, level, optname, optval, optlen);
+}
+static mongoc_stream_t *f_base(mongoc_stream_t *s) { return fs_of(s)->base; }
+/* bytes left unread in the buffer belong to no request: the connection is
+ * as good as closed */
+static bool f_check_closed(mongoc_stream_t *s) {
+  return fs_of(s)->len > 0 || mongoc_stream_check_closed(fs_of(s)->base);
+}
+static bool f_timed_out(mongoc_stream_t *s) { return fs_of(s)->out || mongoc_stream_timed_out(fs_of(s)->base); }
+static bool f_should_retry(mongoc_stream_t *s) { return mongoc_stream_should_retry(fs_of(s)->base); }
+
+/* the descriptor of sock: libmongoc keeps it first in its mongoc_socket_t
+ * and does not hand it out; taken from there only when the socket it names
+ * has the local address mongoc_socket_getsockname gives (-1 otherwise) */
+static int socket_fd(mongoc_socket_t *sock) {
+  struct sockaddr_storage a, b;
+  mongoc_socklen_t alen = sizeof a;
+  socklen_t blen = sizeof b;
+  int fd = *(const int *)sock;
+  if (fd < 0 || mongoc_socket_getsockname(sock, (struct sockaddr *)&a, &alen) != 0 ||
+      getsockname(fd, (struct sockaddr *)&b, &blen) != 0 || (socklen_t)alen != blen || memcmp(&a, &b, blen) != 0)
+    return -1;
+  return fd;
+}
+
+/* a connected TCP socket to host within the URI's connectTimeoutMS, as a
+ * libmongoc socket stream; *fd its descriptor */
+static mongoc_stream_t *connect_tcp(const mongoc_uri_t *uri, const mongoc_host_list_t *host, int *fd,
+                                    bson_error_t *error) {
+  struct addrinfo hints, *res = NULL, *ai;
+  char port[8];
+  int32_t ms = mongoc_uri_get_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, 10000);
+  int e;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = host->family;
+  hints.ai_socktype = SOCK_STREAM;
+  snprintf(port, sizeof port, "%u", (unsigned)host->port);
+  if ((e = getaddrinfo(host->host, port, &hints, &res)) != 0) {
+    bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_NAME_RESOLUTION, "Failed to resolve '%s': %s",
+                   host->host, gai_strerror(e));
+    return NULL;
+  }
+  for (ai = res; ai; ai = ai->ai_next) {
+    int one = 1;
+    mongoc_socket_t *sock = mongoc_socket_new(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (!sock) continue;
+    mongoc_socket_setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    mongoc_socket_setsockopt(sock, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    if (mongoc_socket_connect(sock, ai->ai_addr, (mongoc_socklen_t)ai->ai_addrlen,
+                              bson_get_monotonic_time() + (int64_t)ms * 1000) == 0 &&
+        (*fd = socket_fd(sock)) >= 0) {
+      freeaddrinfo(res);
+      return mongoc_stream_socket_new(sock);
+    }
+    mongoc_socket_destroy(sock);
+  }
+  freeaddrinfo(res);
+  bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_CONNECT, "Failed to connect to target host: %s",
+                 host->host_and_port);
+  return NULL;
+}
+
+static mongoc_stream_t *initiator(const mongoc_uri_t *uri, const mongoc_host_list_t *host, void *user_data,
+                                  bson_error_t *error) {
+  fiber_stream *s;
+  mongoc_stream_t *base;
+  int fd = -1;
+  (void)user_data;
+  if (!(base = connect_tcp(uri, host, &fd, error))) return NULL;
+  s = (fiber_stream *)bson_malloc0(sizeof *s);
+  s->base = base;
+  s->fd = fd;
+  s->vtable.type = FIBER_STREAM_TYPE;
+  s->vtable.destroy = f_destroy;
+  s->vtable.failed = f_failed;
+  s->vtable.close = f_close;
+  s->vtable.flush = f_flush;
+  s->vtable.writev = f_writev;
+  s->vtable.readv = f_readv;
+  s->vtable.setsockopt = f_setsockopt;
+  s->vtable.get_base_stream = f_base;
+  s->vtable.check_closed = f_check_closed;
+  s->vtable.timed_out = f_timed_out;
+  s->vtable.should_retry = f_should_retry;
+  return (mongoc_stream_t *)s;
+}
+
+int ml_fiber_stream_fits(const mongoc_uri_t *uri) {
+  const mongoc_host_list_t *h;
+  if (mongoc_uri_get_tls(uri)) return 0;
+  for (h = mongoc_uri_get_hosts(uri); h; h = h->next)
+    if (h->family == AF_UNIX) return 0;
+  return mongoc_uri_get_hosts(uri) != NULL;
+}
+
+void ml_fiber_stream_use(mongoc_client_t *mc) { mongoc_client_set_stream_initiator(mc, initiator, NULL); }

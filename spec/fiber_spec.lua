@@ -1,0 +1,174 @@
+-- #integration: round trips in the event loop's own thread (pool:here,
+-- csrc/driver/fiber.h).  A scheduler's coroutine runs its op on a fiber in
+-- the loop's thread: while the server has not answered, the loop waits on
+-- the connection's own socket, and no worker thread is woken.  What cannot
+-- run so (an op of a session, a closed pool) answers false and goes to a
+-- worker thread; an op that did not apply (a step-down) goes there too,
+-- whose server selection waits through the election off the loop.
+local helpers = require "helpers"
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+
+-- the descriptor's kind in this process: "socket", "anon_inode:[eventfd]"...
+local function fd_kind(fd)
+  local p = io.popen(string.format("readlink /proc/%d/fd/%d", core.getpid(), fd))
+  local link = p:read("l") or ""
+  p:close()
+  return link
+end
+
+-- pool:here(op) once the fibers' monitor knows a server that takes writes
+-- again (it looks every half second after a connection failed)
+local function here_soon(pool, op)
+  local deadline = core.monotonic() + 10
+  while true do
+    local h = pool:here(op)
+    if h then return h end
+    assert(core.monotonic() < deadline, "pool:here never ran an op")
+    core.sleep(0.01)
+  end
+end
+
+local function fail_point(client, mode, data)
+  return assert(client:command("admin", { configureFailPoint = "failCommand" }, { mode = mode, data = data }))
+end
+
+describe("#integration round trips in the loop's own thread", function()
+  local client, app, pool, coll, op
+
+  setup(function()
+    app = helpers.unique("fiber")
+    client = helpers.connect({ appname = app })
+    coll = helpers.unique("locks")
+    pool = assert(core.pool(client._core, 1))
+    op = core.op_status{ db = helpers.database, coll = coll, name = "x" }
+    -- the fibers' connections come from a pool of their own, whose monitor
+    -- finds the server in a moment: until then here answers false
+    local h = here_soon(pool, op)
+    while h:step() == false do core.sleep(0.001) end
+  end)
+
+  teardown(function()
+    fail_point(client, "off")
+    pool:close()
+    client:close()
+  end)
+
+  local function pack(...) return { n = select("#", ...), ... } end
+
+  -- steps h until it answers; the descriptors it waited on
+  local function finish(h)
+    local fds = {}
+    while true do
+      local r = pack(h:step())
+      if r[1] ~= false then return r, fds end
+      assert.is_number(r[2], "an op that did not apply, in this test")
+      fds[#fds + 1] = r[2]
+      core.sleep(0.005)
+    end
+  end
+
+  it("runs an op while the loop waits on the connection's own socket, and answers what a worker thread's "
+     .. "job answers", function()
+    fail_point(client, "alwaysOn", { failCommands = { "find", "aggregate" }, blockConnection = true,
+      blockTimeMS = 200, appName = app })
+    local h = pool:here(op)
+    assert.is_userdata(h)
+    local r, fds = finish(h)
+    fail_point(client, "off")
+    assert.is_string(r[1], tostring(r[2]))
+    assert.truthy(#fds > 0, "it never waited for the delayed reply")
+    assert.truthy(fd_kind(fds[1]):find("^socket:"), fd_kind(fds[1]))
+    local job = assert(pool:submit(op))
+    local jr
+    repeat jr = pack(job:take()); core.sleep(0.005) until jr[1] ~= false
+    assert.same(core.bson_decode(jr[1]).cursor.firstBatch, core.bson_decode(r[1]).cursor.firstBatch)
+    assert.same({ nil, "taken" }, { h:step() })
+  end)
+
+  it("an op let go of while it waits (closed, or collected) ends at once, and its connection serves "
+     .. "the next op", function()
+    fail_point(client, "alwaysOn", { failCommands = { "find", "aggregate" }, blockConnection = true,
+      blockTimeMS = 1000, appName = app })
+    local h = assert(pool:here(op))
+    assert.is_false((h:step()))
+    local t0 = core.monotonic()
+    assert.is_true(h:close())
+    assert.truthy(core.monotonic() - t0 < 0.5, "close waited for the server")
+    assert.same({ nil, "taken" }, { h:step() })
+    -- the cancelled read closed its connection: the next op waits for the
+    -- monitor's next look (half a second), then has a new one
+    local h2 = here_soon(pool, op)
+    assert.is_false((h2:step()))
+    h2 = nil                        -- luacheck: ignore 311
+    collectgarbage()
+    collectgarbage()
+    fail_point(client, "off")
+    local r = finish(here_soon(pool, op))
+    assert.is_string(r[1], tostring(r[2]))
+  end)
+
+  it("answers false where it cannot run: an op of a session, a closed pool; a wrong op raises", function()
+    local watch = core.op_watch{ db = helpers.database, coll = coll, field = "owner", t = 1, i = 1,
+      tag = string.rep("a", 16), session = string.rep("ab", 16) }
+    assert.is_false(pool:here(watch))
+    assert.has_error(function() pool:here("x") end)
+    assert.has_error(function() pool:here(42) end)
+    local p2 = assert(core.pool(client._core, 1))
+    p2:close()
+    assert.is_false(p2:here(op))
+  end)
+
+  for _, name in ipairs({ "cqueues", "luv" }) do
+    it(name .. ": a coroutine's round trips go on through an election (a step-down of 2 s) without holding "
+       .. "up the loop", function()
+      local S = name == "luv" and require "mongolock.sched.luv"
+      local cqueues = name == "cqueues" and require "cqueues"
+      local c = helpers.connect({ scheduler = name })
+      local locks = c:locks({ database = helpers.database, collection = coll })
+      local worst, ok_n, errs, stepped = 0, 0, {}, nil
+      local stop = false
+      local function ticker()
+        local last = core.monotonic()
+        while not stop do
+          mongolock.sleep(0.01)
+          local now = core.monotonic()
+          if now - last > worst then worst = now - last end
+          last = now
+        end
+      end
+      local function cycles()
+        local t_end = core.monotonic() + 4
+        while core.monotonic() < t_end do
+          local h, err = locks:try(helpers.unique("e"))
+          if h then
+            h:release()
+            ok_n = ok_n + 1
+          else
+            errs[#errs + 1] = tostring(err)
+          end
+        end
+        stop = true
+      end
+      local function step_down()
+        mongolock.sleep(1)
+        assert(c:command("admin", { replSetStepDown = 2 }, { force = true }))
+        local hello = assert(c:command("admin", { hello = 1 }))
+        stepped = hello.isWritablePrimary
+      end
+      if S then
+        S.spawn(ticker); S.spawn(cycles); S.spawn(step_down)
+        S.run()
+      else
+        local cq = cqueues.new()
+        cq:wrap(ticker); cq:wrap(cycles); cq:wrap(step_down)
+        assert(cq:loop())
+      end
+      c:close()
+      assert.is_false(stepped, "the server stayed writable: no election happened")
+      assert.same({}, errs)
+      assert.truthy(ok_n > 0)
+      assert.truthy(worst < 0.1, string.format("the ticker was held up %.3f s", worst))
+    end)
+  end
+end)
