@@ -108,6 +108,29 @@ describe("#integration round trips in the loop's own thread", function()
     assert.is_string(r[1], tostring(r[2]))
   end)
 
+  it("in a forked child, an op the parent left waiting is abandoned, and the pool answers false", function()
+    local testing = require "mongolock.testing"
+    fail_point(client, "alwaysOn", { failCommands = { "find", "aggregate" }, blockConnection = true,
+      blockTimeMS = 500, appName = app })
+    local h = here_soon(pool, op)
+    assert.is_false((h:step()))
+    local child = assert(testing.fork())
+    if child == 0 then
+      local ok = pcall(function()
+        assert(pool:here(op) == false)
+        assert(h:close())
+        h = nil                       -- luacheck: ignore 311
+        collectgarbage()
+      end)
+      testing.exit(ok and 0 or 1)
+    end
+    assert.equal(0, testing.waitpid(child, 10))
+    -- the parent's op goes on as if nothing happened
+    local r = finish(h)
+    fail_point(client, "off")
+    assert.is_string(r[1], tostring(r[2]))
+  end)
+
   it("answers false where it cannot run: an op of a session, a closed pool; a wrong op raises", function()
     local watch = core.op_watch{ db = helpers.database, coll = coll, field = "owner", t = 1, i = 1,
       tag = string.rep("a", 16), session = string.rep("ab", 16) }

@@ -318,7 +318,8 @@ static ml_pool *check_pool(lua_State *L, int i);
  * give the event loop back while they wait for the server, and no worker
  * thread is woken.  Its connection is one of the pool's, kept for fibers
  * (ps->here) and read through fiber_stream.c's stream, which waits through
- * the fiber.  The Here userdata holds everything; it does not move. */
+ * the fiber.  The state is on the heap, aligned for its bson_t (a userdata
+ * is not), and the Here userdata points to it. */
 typedef struct {
   ml_fiber *f;
   pool_state *ps;               /* one reference until let go of */
@@ -331,6 +332,8 @@ typedef struct {
   bson_t reply;
   bson_error_t err;
 } ml_here;
+
+typedef struct { ml_here *h; } ml_hereref;
 
 /* the op failed before it was sent (no server selected in time) or the
  * server refused it as no primary (a step-down): it did not apply, and a
@@ -429,6 +432,20 @@ static int writable_seen(pool_state *ps, mongoc_client_t *mc) {
 /* lets go of everything: a fiber still waiting is resumed with its wait
  * cancelled until its op returns (its outcome dropped) */
 static void here_release(ml_here *h) {
+  if (h->ps && h->ps->pid != my_pid) {
+    /* a child of fork(): the op, its connection and pool are the parent's,
+     * abandoned here as pool_close abandons a pool (the fiber's stack is
+     * never resumed; what its frames hold stays) */
+    if (h->f) ml_fiber_free(h->f);
+    h->f = NULL;
+    h->mc = NULL;
+    h->ps = NULL;
+    if (h->ended) bson_destroy(&h->reply);
+    h->ended = 0;
+    free(h->op);
+    h->op = NULL;
+    return;
+  }
   if (h->f) {
     while (!h->ended) ml_fiber_resume(h->f, 1);
     ml_fiber_free(h->f);
@@ -446,6 +463,13 @@ static void here_release(ml_here *h) {
   h->ps = NULL;
 }
 
+static void here_free(ml_hereref *ref) {
+  if (!ref->h) return;
+  here_release(ref->h);
+  free(ref->h);
+  ref->h = NULL;
+}
+
 /* pool:here(op) -> here | false: op started on a fiber in the calling
  * thread (it runs until its first wait); false when it cannot be (a TLS
  * pool or one on a unix socket, an op of a session, no connection or stack
@@ -458,6 +482,7 @@ static int l_here(lua_State *L) {
   size_t len;
   const char *bytes;
   ml_here *h;
+  ml_hereref *ref;
   mongoc_client_t *mc;
   ml_arg_op(L, 2, &op);
   bytes = lua_tolstring(L, 2, &len);
@@ -470,17 +495,25 @@ static int l_here(lua_State *L) {
     here_client_put(ps, mc);
     return 1;
   }
-  h = (ml_here *)ml_newuserdata(L, sizeof *h);
-  memset(h, 0, sizeof *h);
+  ref = (ml_hereref *)ml_newuserdata(L, sizeof *ref);
+  ref->h = NULL;
   luaL_getmetatable(L, ML_HERE_MT);
   lua_setmetatable(L, -2);
+  if (posix_memalign((void **)&h, BSON_ALIGNOF(ml_here) > sizeof(void *) ? BSON_ALIGNOF(ml_here) : sizeof(void *),
+                     sizeof *h) != 0) {
+    here_client_put(ps, mc);
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  memset(h, 0, sizeof *h);
+  ref->h = h;
   h->mc = mc;
   h->ps = ps;
   pthread_mutex_lock(&refs_mu);
   ps->refs++;
   pthread_mutex_unlock(&refs_mu);
   if (!(h->op = (uint8_t *)malloc(len)) || !(h->f = ml_fiber_new(here_main, h))) {
-    here_release(h);
+    here_free(ref);
     lua_pushboolean(L, 0);
     return 1;
   }
@@ -490,8 +523,8 @@ static int l_here(lua_State *L) {
   return 1;
 }
 
-static ml_here *check_here(lua_State *L, int i) {
-  return (ml_here *)luaL_checkudata(L, i, ML_HERE_MT);
+static ml_hereref *check_here(lua_State *L, int i) {
+  return (ml_hereref *)luaL_checkudata(L, i, ML_HERE_MT);
 }
 
 /* here:step() -> false, fd, seconds while the op waits for fd (readable)
@@ -501,8 +534,9 @@ static ml_here *check_here(lua_State *L, int i) {
  * is let go of once it answered (a second step answers nil, "taken").
  * Each step first lets the op look again. */
 static int l_here_step(lua_State *L) {
-  ml_here *h = check_here(L, 1);
-  if (!h->f) return ml_pushfail(L, "taken", 0);
+  ml_hereref *ref = check_here(L, 1);
+  ml_here *h = ref->h;
+  if (!h) return ml_pushfail(L, "taken", 0);
   if (!h->ended) ml_fiber_resume(h->f, 0);
   if (!h->ended) {
     int64_t dl = ml_fiber_deadline(h->f);
@@ -518,14 +552,14 @@ static int l_here_step(lua_State *L) {
   }
   if (h->ok) {
     lua_pushlstring(L, (const char *)bson_get_data(&h->reply), h->reply.len);
-    here_release(h);
+    here_free(ref);
     return 1;
   }
   if (h->elsewhere) {
     pthread_mutex_lock(&h->ps->mu);
     h->ps->writable_until = 0;
     pthread_mutex_unlock(&h->ps->mu);
-    here_release(h);
+    here_free(ref);
     lua_pushboolean(L, 0);
     return 1;
   }
@@ -533,12 +567,12 @@ static int l_here_step(lua_State *L) {
   if (!bson_empty(&h->reply)) lua_pushlstring(L, (const char *)bson_get_data(&h->reply), h->reply.len);
   else lua_pushnil(L);
   lua_pushinteger(L, (lua_Integer)h->err.domain);
-  here_release(h);
+  here_free(ref);
   return 5;
 }
 
 static int l_here_close(lua_State *L) {
-  here_release(check_here(L, 1));
+  here_free(check_here(L, 1));
   lua_pushboolean(L, 1);
   return 1;
 }
