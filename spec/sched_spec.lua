@@ -361,6 +361,48 @@ for _, a in ipairs(adapters) do
       assert.is_true(core.monotonic() - t0 < 5)
       assert(h:release())
     end)
+
+    it("round trips go on through an election (a step-down of 2 s) without holding up the loop", function()
+      -- on fibers in the loop's thread (fiber_spec.lua), an op refused by a
+      -- server that is no primary goes to a worker thread, whose server
+      -- selection waits for the next primary off the loop
+      local locks = helpers.locks(client)
+      local worst, ok_n, errs, stepped = 0, 0, {}, nil
+      local stop = false
+      loop.spawn(function()
+        local last = core.monotonic()
+        while not stop do
+          mongolock.sleep(0.01)
+          local now = core.monotonic()
+          if now - last > worst then worst = now - last end
+          last = now
+        end
+      end)
+      loop.spawn(function()
+        local t_end = core.monotonic() + 4
+        while core.monotonic() < t_end do
+          local h, err = locks:try(helpers.unique("e"))
+          if h then
+            h:release()
+            ok_n = ok_n + 1
+          else
+            errs[#errs + 1] = tostring(err)
+          end
+        end
+        stop = true
+      end)
+      loop.spawn(function()
+        mongolock.sleep(1)
+        assert(client:command("admin", { replSetStepDown = 2 }, { force = true }))
+        stepped = assert(client:command("admin", { hello = 1 })).isWritablePrimary
+      end)
+      loop.run()
+      assert.same({}, loop.errors)
+      assert.is_false(stepped, "the server stayed writable: no election happened")
+      assert.same({}, errs)
+      assert.truthy(ok_n > 0)
+      assert.truthy(worst < 0.1, string.format("the ticker was held up %.3f s", worst))
+    end)
   end)
 end
 
