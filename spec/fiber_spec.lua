@@ -20,7 +20,7 @@ local function fd_kind(fd)
 end
 
 -- pool:here(op) once the fibers' monitor knows a server that takes writes
--- again (it looks every half second after a connection failed)
+-- again (asked to look at most every half second after a connection failed)
 local function here_soon(pool, op)
   local deadline = core.monotonic() + 10
   while true do
@@ -99,7 +99,7 @@ describe("#integration round trips in the loop's own thread", function()
     assert.truthy(core.monotonic() - t0 < 0.5, "close waited for the server")
     assert.same({ nil, "taken" }, { h:step() })
     -- the cancelled read closed its connection: the next op waits for the
-    -- monitor's next look (half a second), then has a new one
+    -- monitor's next look, then has a new one
     local h2 = here_soon(pool, op)
     assert.is_false((h2:step()))
     h2 = nil                        -- luacheck: ignore 311

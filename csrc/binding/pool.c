@@ -112,6 +112,8 @@ typedef struct pool_state {
   int nhere;
   int64_t writable_until;       /* (mu) the monitor knew a server that takes
                                  * writes; looked again after this */
+  int64_t kick_after;           /* (mu) the next selection that asks the
+                                 * monitor to look now */
 } pool_state;
 
 typedef struct { pool_state *ps; int threads; } ml_pool;
@@ -413,8 +415,12 @@ static int writable_known(mongoc_client_t *mc) {
 
 /* writable_known, asked at most every WRITABLE_LOOK us while it answers
  * yes (an op that finds no such server after all waits HERE_SELECT_MS at
- * most, and makes the next op ask again) */
+ * most, and makes the next op ask again).  While it answers no, a server
+ * selection (HERE_SELECT_MS at most, every KICK_EVERY us at most) asks the
+ * fibers' monitor to look now: nothing else would before its next
+ * heartbeat, the ops going to the worker threads meanwhile. */
 #define WRITABLE_LOOK 100000
+#define KICK_EVERY 500000
 static int writable_seen(pool_state *ps, mongoc_client_t *mc) {
   int64_t now = bson_get_monotonic_time();
   int yes;
@@ -423,6 +429,19 @@ static int writable_seen(pool_state *ps, mongoc_client_t *mc) {
   pthread_mutex_unlock(&ps->mu);
   if (yes) return 1;
   yes = writable_known(mc);
+  if (!yes) {
+    int kick;
+    pthread_mutex_lock(&ps->mu);
+    kick = now >= ps->kick_after;
+    if (kick) ps->kick_after = now + KICK_EVERY;
+    pthread_mutex_unlock(&ps->mu);
+    if (kick) {
+      bson_error_t ignored;
+      mongoc_server_description_t *sd = mongoc_client_select_server(mc, true, NULL, &ignored);
+      yes = sd != NULL;
+      mongoc_server_description_destroy(sd);
+    }
+  }
   pthread_mutex_lock(&ps->mu);
   ps->writable_until = yes ? now + WRITABLE_LOOK : 0;
   pthread_mutex_unlock(&ps->mu);
@@ -682,13 +701,8 @@ static int l_pool(lua_State *L) {
   uri = mongoc_uri_copy(c->uri);
   ps->mpool = uri ? ml_pool_new(uri) : NULL;
   ps->plain = uri && ml_fiber_stream_fits(uri);
-  if (ps->plain && (ps->here_uri = mongoc_uri_copy(uri))) {
+  if (ps->plain && (ps->here_uri = mongoc_uri_copy(uri)))
     mongoc_uri_set_option_as_int32(ps->here_uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, HERE_SELECT_MS);
-    /* no fiber selects a server the monitor does not know to take writes,
-     * so nothing asks it to look sooner: it looks every half second (the
-     * least), and fibers run again that soon after an error or an election */
-    mongoc_uri_set_option_as_int32(ps->here_uri, MONGOC_URI_HEARTBEATFREQUENCYMS, 500);
-  }
   if (uri) mongoc_uri_destroy(uri);
   if (!ps->mpool) {
     free(ps);
