@@ -337,13 +337,17 @@ typedef struct {
 
 typedef struct { ml_here *h; } ml_hereref;
 
-/* the op failed before it was sent (no server selected in time) or the
- * server refused it as no primary (a step-down): it did not apply, and a
- * worker thread, whose selection waits through an election, may send it
- * again.  A network error is not such a failure (the op may have applied):
+/* the op failed before it was sent (no server selected in time, no
+ * connection made) or the server refused it as no primary (a step-down):
+ * it did not apply, and a worker thread, whose selection waits through an
+ * election, may send it again.  A network error is not such a failure (the op may have applied):
  * its error is the answer. */
 static int not_applied(const bson_error_t *e) {
   if (e->domain == MONGOC_ERROR_SERVER_SELECTION) return 1;
+  /* no connection was made (fiber_stream.c's connect): nothing was sent */
+  if (e->domain == MONGOC_ERROR_STREAM &&
+      (e->code == MONGOC_ERROR_STREAM_CONNECT || e->code == MONGOC_ERROR_STREAM_NAME_RESOLUTION))
+    return 1;
   if (e->domain != MONGOC_ERROR_SERVER && e->domain != MONGOC_ERROR_QUERY) return 0;
   switch (e->code) {
   case 10107:                   /* NotWritablePrimary */
