@@ -312,6 +312,22 @@ static void wake_idle(pool_state *ps, int all) {
   } while (all);
 }
 
+/* ---- outcomes ----------------------------------------------------------- */
+
+/* pushes what client:run(op) answers for an op's outcome: reply | nil,
+ * message, code, ereply, domain (BSON strings); the count pushed */
+static int push_outcome(lua_State *L, int ok, const bson_t *reply, const bson_error_t *err) {
+  if (ok) {
+    lua_pushlstring(L, (const char *)bson_get_data(reply), reply->len);
+    return 1;
+  }
+  ml_pusherror(L, err);
+  if (!bson_empty(reply)) lua_pushlstring(L, (const char *)bson_get_data(reply), reply->len);
+  else lua_pushnil(L);
+  lua_pushinteger(L, (lua_Integer)err->domain);
+  return 5;
+}
+
 /* ---- ops in fibers: pool:here ------------------------------------------- */
 
 static ml_pool *check_pool(lua_State *L, int i);
@@ -559,6 +575,7 @@ static ml_hereref *check_here(lua_State *L, int i) {
 static int l_here_step(lua_State *L) {
   ml_hereref *ref = check_here(L, 1);
   ml_here *h = ref->h;
+  int n;
   if (!h) return ml_pushfail(L, "taken", 0);
   if (!h->ended) ml_fiber_resume(h->f, 0);
   if (!h->ended) {
@@ -573,11 +590,6 @@ static int l_here_step(lua_State *L) {
     }
     return 3;
   }
-  if (h->ok) {
-    lua_pushlstring(L, (const char *)bson_get_data(&h->reply), h->reply.len);
-    here_free(ref);
-    return 1;
-  }
   if (h->elsewhere) {
     pthread_mutex_lock(&h->ps->mu);
     h->ps->writable_until = 0;
@@ -586,12 +598,9 @@ static int l_here_step(lua_State *L) {
     lua_pushboolean(L, 0);
     return 1;
   }
-  ml_pusherror(L, &h->err);
-  if (!bson_empty(&h->reply)) lua_pushlstring(L, (const char *)bson_get_data(&h->reply), h->reply.len);
-  else lua_pushnil(L);
-  lua_pushinteger(L, (lua_Integer)h->err.domain);
+  n = push_outcome(L, h->ok, &h->reply, &h->err);
   here_free(ref);
-  return 5;
+  return n;
 }
 
 static int l_here_close(lua_State *L) {
@@ -848,7 +857,7 @@ static int l_job_fd(lua_State *L) {
 static int l_job_take(lua_State *L) {
   ml_jobref *ref = check_job(L, 1);
   ml_job *j = ref->job;
-  int done;
+  int done, n;
   if (!j) return ml_pushfail(L, "taken", 0);
   pthread_mutex_lock(&jobs_mu);
   done = j->done;
@@ -858,17 +867,9 @@ static int l_job_take(lua_State *L) {
     return 1;
   }
   /* done: the thread no longer touches the outcome */
-  if (j->ok) {
-    lua_pushlstring(L, (const char *)bson_get_data(&j->reply), j->reply.len);
-    job_release(ref);
-    return 1;
-  }
-  ml_pusherror(L, &j->err);
-  if (!bson_empty(&j->reply)) lua_pushlstring(L, (const char *)bson_get_data(&j->reply), j->reply.len);
-  else lua_pushnil(L);
-  lua_pushinteger(L, (lua_Integer)j->err.domain);
+  n = push_outcome(L, j->ok, &j->reply, &j->err);
   job_release(ref);
-  return 5;
+  return n;
 }
 
 static int l_job_close(lua_State *L) {
