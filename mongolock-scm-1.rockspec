@@ -68,6 +68,7 @@ build = {
     ["mongolock.ngx.thread"] = "lua/mongolock/ngx/thread.lua",
     ["mongolock.ngx.runner"] = "lua/mongolock/ngx/runner.lua",
     ["mongolock.yielding"] = "lua/mongolock/yielding.lua",
+    ["mongolock.bridge"] = "lua/mongolock/bridge.lua",
     ["mongolock.sched"] = "lua/mongolock/sched.lua",
     ["mongolock.sched.luv"] = "lua/mongolock/sched/luv.lua",
     ["mongolock.sched.skynet"] = "lua/mongolock/sched/skynet.lua",

@@ -24,6 +24,8 @@ local seconds = tonumber(arg[1]) or 5
 local CYCLES = tonumber(os.getenv("BENCH_NGINX_CYCLES")) or 2000
 local HANDOFFS = tonumber(os.getenv("BENCH_NGINX_HANDOFFS")) or 300
 local HOLD = 0.001
+-- BENCH_NGINX_ONLY=cycles: the cycles' table alone (quick looks)
+local ONLY = os.getenv("BENCH_NGINX_ONLY")
 -- inside and outside alternate in rounds, so that both sides see the same
 -- load of a shared machine
 local ROUNDS = 5
@@ -223,9 +225,11 @@ local nginx = nx.start({ locations = LOCATIONS, files = { ["bench_cycles.lua"] =
 local ok, err = pcall(function()
   local rows = {}
   assert(nx.get(nginx.port, "/reset") == 200)
-  rows[#rows + 1] = row(nginx, "server normal", nil)
-  rows[#rows + 1] = row(nginx, "every command delayed 20 ms", 20)
-  rows[#rows + 1] = row(nginx, "every command delayed 200 ms", 200)
+  if ONLY ~= "cycles" then
+    rows[#rows + 1] = row(nginx, "server normal", nil)
+    rows[#rows + 1] = row(nginx, "every command delayed 20 ms", 20)
+    rows[#rows + 1] = row(nginx, "every command delayed 200 ms", 200)
+  end
 
   say("nginx: %d uncontended lock cycles inside nginx and outside (LuaJIT), in %d rounds", CYCLES, ROUNDS)
   local per = math.ceil(CYCLES / ROUNDS)
@@ -247,6 +251,11 @@ local ok, err = pcall(function()
   os.remove(script)
   table.sort(cycle_ratios)
 
+  if ONLY == "cycles" then
+    print(format("| inside nginx / outside, %d cycles | %.2f (%.2f–%.2f) |", per * ROUNDS, inside / outside,
+      cycle_ratios[1], cycle_ratios[#cycle_ratios]))
+    return
+  end
   local hper = math.ceil(HANDOFFS / ROUNDS)
   say("nginx: the hand-off between two holders, %d holds of %g ms, inside nginx and outside, in %d rounds",
     hper * ROUNDS, HOLD * 1000, ROUNDS)

@@ -144,3 +144,183 @@ describe("#integration round trips in the loop's own thread", function()
     assert.is_false(p2:here(op))
   end)
 end)
+
+-- A bridged pool (core.pool(client, 0, "bridged")): the op's fiber asks the
+-- loop to connect, send and receive (nginx's cosockets, mongolock.ngx);
+-- here the loop is this spec, with LuaSocket.
+describe("#integration round trips whose bytes the loop moves (a bridged pool)", function()
+  local socket = require "socket"
+  local client, pool, op
+  local socks = {}                -- the loop's sockets, by connection id
+
+  setup(function()
+    client = helpers.connect()
+    pool = assert(core.pool(client._core, 0, "bridged"))
+    op = core.op_status{ db = helpers.database, coll = helpers.unique("locks"), name = "x" }
+  end)
+
+  teardown(function()
+    for _, s in pairs(socks) do s:close() end
+    pool:close()
+    client:close()
+  end)
+
+  local function pack(...) return { n = select("#", ...), ... } end
+
+  -- runs h, doing what it asks with the sockets of socks;
+  -- answer(kind, id) may answer a request instead (false, why); the
+  -- outcome and the requests seen ({kind, id, used})
+  local function drive(h, answer)
+    local seen = {}
+    local r = pack(h:step())
+    while r[1] == false and r[2] do
+      local kind, id, host, port, arg, secs, used = r[2], r[3], r[4], r[5], r[6], r[7], r[8]
+      seen[#seen + 1] = { kind, id, used }
+      assert.is_number(secs)
+      local res, why
+      if answer then res, why = answer(kind, id) end
+      if res == nil then
+        if kind == "connect" then
+          local s = assert(socket.tcp())
+          res, why = s:connect(host, port)
+          if res then socks[id] = s end
+        elseif kind == "send" then
+          res, why = socks[id]:send(arg)
+        else
+          local s = socks[id]
+          s:settimeout(5)
+          local data, err, partial = s:receive(1)        -- at least one byte
+          if data then
+            s:settimeout(0)
+            local more, _, part = s:receive(arg - 1)
+            res = data .. (more or part or "")
+          else
+            res, why = (partial ~= "" and partial or false), err
+          end
+        end
+      end
+      r = pack(h:step(res or false, why))
+    end
+    return r, seen
+  end
+
+  local function bridged_soon(o)
+    local deadline = core.monotonic() + 10
+    while true do
+      local h = pool:here(o or op)
+      if h then return h end
+      assert(core.monotonic() < deadline, "pool:here never ran an op")
+      core.sleep(0.01)
+    end
+  end
+
+  it("connects, sends and receives through the loop, answers as a job, and keeps the connection", function()
+    local r, seen = drive(bridged_soon())
+    assert.is_string(r[1], tostring(r[2]))
+    assert.equal("connect", seen[1][1])
+    assert.is_false(seen[1][3])
+    local kinds = {}
+    for _, s in ipairs(seen) do kinds[s[1]] = true end
+    assert.is_true(kinds.send and kinds.recv)
+    local threads = assert(core.pool(client._core, 1))
+    local job = assert(threads:submit(op))
+    local jr
+    repeat jr = pack(job:take()); core.sleep(0.005) until jr[1] ~= false
+    threads:close()
+    assert.same(core.bson_decode(jr[1]).cursor.firstBatch, core.bson_decode(r[1]).cursor.firstBatch)
+    -- the next op goes over the same connection: no connect, used
+    local r2, seen2 = drive(bridged_soon())
+    assert.is_string(r2[1], tostring(r2[2]))
+    assert.equal("send", seen2[1][1])
+    assert.equal(seen[1][2], seen2[1][2])
+    assert.is_true(seen2[1][3])
+    assert.same(core.bson_decode(r[1]).cursor.firstBatch, core.bson_decode(r2[1]).cursor.firstBatch)
+  end)
+
+  it("an op whose connection the loop cannot make did not apply: false alone", function()
+    -- a pool whose first op must connect
+    local p2 = assert(core.pool(client._core, 0, "bridged"))
+    local h
+    local deadline = core.monotonic() + 10
+    repeat
+      h = p2:here(op)
+      if not h then core.sleep(0.01) end
+    until h or core.monotonic() > deadline
+    assert.is_userdata(h)
+    local r, seen = drive(h, function(kind) if kind == "connect" then return false, "connection refused" end end)
+    assert.same({ false }, { table.unpack(r, 1, r.n) })
+    assert.equal("connect", seen[1][1])
+    p2:close()
+  end)
+
+  it("a reply the loop could not receive is lost (a network error, not false); the connection is dead", function()
+    local r0 = drive(bridged_soon())           -- a connection to break
+    assert.is_string(r0[1], tostring(r0[2]))
+    pool:dead()
+    local r, seen = drive(bridged_soon(), function(kind) if kind == "recv" then return false, "timeout" end end)
+    assert.is_nil(r[1])
+    assert.matches("socket", tostring(r[2]))
+    local dead = pool:dead()
+    assert.truthy(#dead >= 1, "no connection reported dead")
+    local found = false
+    for _, id in ipairs(dead) do if id == seen[1][2] then found = true end end
+    assert.is_true(found, "the broken connection is not among the dead")
+  end)
+
+  it("a pool of no thread is a bridged one only; it runs no job", function()
+    assert.has_error(function() core.pool(client._core, 0) end)
+    assert.has_error(function() core.pool(client._core, 1, "other") end)
+    local job, err = pool:submit(op)
+    assert.is_nil(job)
+    assert.matches("no worker thread", err)
+  end)
+end)
+
+describe("#integration mongolock.bridge over a loop's own sockets (LuaSocket)", function()
+  local socket = require "socket"
+  local bridge = require "mongolock.bridge"
+
+  it("runs an op, keeps its connection for the next, and answers false when nothing could be sent", function()
+    local client = helpers.connect()
+    local pool = assert(core.pool(client._core, 0, "bridged"))
+    local op = core.op_status{ db = helpers.database, coll = helpers.unique("locks"), name = "x" }
+    local kept, opened = {}, 0
+    local io = {
+      open = function(id, host, port, used)
+        if used then return kept[id] or nil, "not kept" end
+        opened = opened + 1
+        local s = socket.tcp()
+        local ok, err = s:connect(host, port)
+        if not ok then return nil, err end
+        return s
+      end,
+      send = function(s, bytes, secs) s:settimeout(secs); return s:send(bytes) end,
+      recv = function(s, max, secs)
+        s:settimeout(secs)
+        local first, err = s:receive(1)
+        if not first then return nil, err end
+        s:settimeout(0)
+        local _, _, more = s:receive(max - 1)
+        return first .. (more or "")
+      end,
+      keep = function(id, s) kept[id] = s end,
+      drop = function(s) s:close() end,
+    }
+    local deadline, r = core.monotonic() + 10
+    repeat
+      r = { bridge.run(pool, op, io) }
+      if r[1] == false then core.sleep(0.01) end
+    until r[1] ~= false or core.monotonic() > deadline
+    assert.is_true(r[1])
+    assert.is_string(r[2], tostring(r[3]))
+    local r2 = { bridge.run(pool, op, io) }
+    assert.is_true(r2[1])
+    assert.equal(1, opened)
+    -- every kept socket gone: the next op's sends cannot start, so it did
+    -- not apply
+    for id, s in pairs(kept) do s:close(); kept[id] = nil end
+    assert.is_false((bridge.run(pool, op, io)))
+    pool:close()
+    client:close()
+  end)
+end)

@@ -8,7 +8,9 @@
 -- libbson and without Lua or libmongoc, into their test program.
 local helpers = require "helpers"
 
-local LIMIT = 1200
+-- (1,200 until round trips ran on cosockets: mongolock.ngx's adapter of
+-- nginx's sockets to mongolock.bridge is nginx's alone)
+local LIMIT = 1250
 
 local function lines(path)
   local n = 0

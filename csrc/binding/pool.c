@@ -106,6 +106,8 @@ typedef struct pool_state {
   mongoc_write_concern_t *wc;
   pid_t pid;
   int plain;                    /* no TLS: ops may run in fibers (here) */
+  int bridged;                  /* the fibers' connections are the loop's
+                                 * sockets (fiber_stream.h); no threads */
   mongoc_uri_t *here_uri;       /* the fibers' pool's URI */
   mongoc_client_pool_t *hpool;  /* (mu) the fibers' pool, made at their first op */
   mongoc_client_t *here[HERE_KEPT];   /* (mu) connections of ended fibers */
@@ -347,6 +349,7 @@ typedef struct {
   int ended;                    /* the op returned: ok, reply, err are set */
   int ok;
   int elsewhere;                /* it failed unsent or unapplied: a worker thread runs it */
+  int asked;                    /* the fiber waits on a request (bridged) */
   bson_t reply;
   bson_error_t err;
 } ml_here;
@@ -386,8 +389,10 @@ static void here_main(void *arg) {
     bson_set_error(&h->err, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_NOT_READY, "not an op");
     h->ok = 0;
   } else {
+    uint64_t sent = ml_bridge_sent();
     h->ok = ml_run_direct(h->mc, h->ps->wc, &op, &h->reply, &h->err);
-    h->elsewhere = !h->ok && not_applied(&h->err);
+    /* (a bridged op that sent no byte cannot have applied) */
+    h->elsewhere = !h->ok && (not_applied(&h->err) || (h->ps->bridged && ml_bridge_sent() == sent));
   }
   h->ended = 1;
 }
@@ -404,7 +409,7 @@ static mongoc_client_t *here_client_get(pool_state *ps) {
     if (!ps->hpool && ps->here_uri && (ps->hpool = ml_pool_new(ps->here_uri)))
       mongoc_client_pool_set_error_api(ps->hpool, MONGOC_ERROR_API_VERSION_2);
     pthread_mutex_unlock(&ps->mu);
-    if (ps->hpool && (mc = mongoc_client_pool_try_pop(ps->hpool))) ml_fiber_stream_use(mc);
+    if (ps->hpool && (mc = mongoc_client_pool_try_pop(ps->hpool))) ml_fiber_stream_use(mc, ps->bridged);
   }
   return mc;
 }
@@ -566,28 +571,86 @@ static ml_hereref *check_here(lua_State *L, int i) {
   return (ml_hereref *)luaL_checkudata(L, i, ML_HERE_MT);
 }
 
+/* the loop's answer (step's arguments from 2) to the request io: true
+ * (connected, sent), the bytes received, or false|nil, why ("timeout":
+ * timed out) */
+static void bridge_answer(lua_State *L, ml_bridge_io *io) {
+  if (lua_toboolean(L, 2)) {
+    if (io->kind == ML_BRIDGE_RECV) {
+      size_t len;
+      const char *b = lua_tolstring(L, 2, &len);
+      if (!b || len == 0 || len > io->max) {
+        io->failed = ECONNRESET;
+        bson_strncpy(io->why, "a receive answered no bytes, or more than asked", sizeof io->why);
+      } else {
+        memcpy(io->room, b, len);
+        io->got = len;
+      }
+    }
+    return;
+  }
+  {
+    const char *why = lua_tostring(L, 3);
+    bson_strncpy(io->why, why ? why : "failed", sizeof io->why);
+    io->failed = why && !strcmp(why, "timeout") ? ETIMEDOUT
+                 : io->kind == ML_BRIDGE_CONNECT ? ECONNREFUSED : ECONNRESET;
+  }
+}
+
+/* pushes the seconds left to the fiber's deadline (nil: none) */
+static void push_left(lua_State *L, ml_fiber *f) {
+  int64_t dl = ml_fiber_deadline(f);
+  if (dl) {
+    int64_t left = dl - bson_get_monotonic_time();
+    lua_pushnumber(L, left > 0 ? (lua_Number)left / 1e6 : 0);
+  } else {
+    lua_pushnil(L);
+  }
+}
+
 /* here:step() -> false, fd, seconds while the op waits for fd (readable)
  * for at most seconds (nil: no limit); false alone when it did not apply
  * (not sent, or refused by a server that is no primary: submit it to a
  * worker thread); else what client:run(op) answers, as job:take.  The op
  * is let go of once it answered (a second step answers nil, "taken").
- * Each step first lets the op look again. */
+ * Each step first lets the op look again.
+ *
+ * A bridged pool's op asks the loop instead (fiber_stream.h):
+ *   false, "connect", id, host, port, nil, seconds
+ *   false, "send", id, host, port, bytes, seconds
+ *   false, "recv", id, host, port, max, seconds
+ * and here:step(answer [, why]) gives the answer (true, the bytes received,
+ * or false, why) and goes on; a step with no answer asks again. */
 static int l_here_step(lua_State *L) {
+  static const char *const kinds[] = {"", "connect", "send", "recv"};
   ml_hereref *ref = check_here(L, 1);
   ml_here *h = ref->h;
+  ml_bridge_io *io;
   int n;
   if (!h) return ml_pushfail(L, "taken", 0);
-  if (!h->ended) ml_fiber_resume(h->f, 0);
+  io = h->ended ? NULL : (ml_bridge_io *)ml_fiber_request(h->f);
+  if (!h->ended && (!io || lua_gettop(L) >= 2)) {
+    if (io) bridge_answer(L, io);
+    ml_fiber_resume(h->f, 0);
+    io = h->ended ? NULL : (ml_bridge_io *)ml_fiber_request(h->f);
+  }
+  if (io) {
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, kinds[io->kind]);
+    lua_pushinteger(L, (lua_Integer)io->id);
+    lua_pushstring(L, io->host);
+    lua_pushinteger(L, io->port);
+    if (io->kind == ML_BRIDGE_SEND) lua_pushlstring(L, io->data, io->len);
+    else if (io->kind == ML_BRIDGE_RECV) lua_pushinteger(L, (lua_Integer)io->max);
+    else lua_pushnil(L);
+    push_left(L, h->f);
+    lua_pushboolean(L, io->used);
+    return 8;
+  }
   if (!h->ended) {
-    int64_t dl = ml_fiber_deadline(h->f);
     lua_pushboolean(L, 0);
     lua_pushinteger(L, ml_fiber_fd(h->f));
-    if (dl) {
-      int64_t left = dl - bson_get_monotonic_time();
-      lua_pushnumber(L, left > 0 ? (lua_Number)left / 1e6 : 0);
-    } else {
-      lua_pushnil(L);
-    }
+    push_left(L, h->f);
     return 3;
   }
   if (h->elsewhere) {
@@ -601,6 +664,21 @@ static int l_here_step(lua_State *L) {
   n = push_outcome(L, h->ok, &h->reply, &h->err);
   here_free(ref);
   return n;
+}
+
+/* pool:dead() -> {id...}: the bridged connections destroyed since the
+ * last call (any pool's of the process), whose sockets the loop keeps */
+static int l_dead(lua_State *L) {
+  uint64_t ids[64];
+  size_t n, k;
+  (void)check_pool(L, 1);
+  n = ml_bridge_dead(ids, sizeof ids / sizeof ids[0]);
+  lua_createtable(L, (int)n, 0);
+  for (k = 0; k < n; k++) {
+    lua_pushinteger(L, (lua_Integer)ids[k]);
+    lua_rawseti(L, -2, (int)k + 1);
+  }
+  return 1;
 }
 
 static int l_here_close(lua_State *L) {
@@ -691,18 +769,24 @@ static void pool_close(ml_pool *p) {
   state_unref(ps);
 }
 
-/* core.pool(client, threads) -> pool | nil, message: threads (1..256)
- * worker threads on a libmongoc pool of their own, made from the client's
- * URI (its options as connect set them) and write concern */
+/* core.pool(client, threads [, "bridged"]) -> pool | nil, message:
+ * threads (1..256) worker threads on a libmongoc pool of their own, made
+ * from the client's URI (its options as connect set them) and write
+ * concern.  "bridged": the ops of pool:here move their bytes through the
+ * caller's event loop (nginx's cosockets: fiber_stream.h), and threads may
+ * be 0 (pool:submit then fails) */
 static int l_pool(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);
   lua_Integer n = luaL_checkinteger(L, 2);
+  int bridged = !lua_isnoneornil(L, 3) && !strcmp(luaL_checkstring(L, 3), "bridged");
   ml_pool *p;
   pool_state *ps;
   mongoc_uri_t *uri;
   sigset_t all, old;
   int k;
-  luaL_argcheck(L, n >= 1 && n <= THREADS_MAX, 2, "threads must be 1..256");
+  luaL_argcheck(L, lua_isnoneornil(L, 3) || bridged, 3, "\"bridged\" or nothing expected");
+  luaL_argcheck(L, n >= (bridged ? 0 : 1) && n <= THREADS_MAX, 2,
+                bridged ? "threads must be 0..256" : "threads must be 1..256");
   if (c->closed) return ml_pushfail(L, "closed", 0);
   p = (ml_pool *)ml_newuserdata(L, sizeof *p);
   p->ps = NULL;
@@ -714,6 +798,7 @@ static int l_pool(lua_State *L) {
   uri = mongoc_uri_copy(c->uri);
   ps->mpool = uri ? ml_pool_new(uri) : NULL;
   ps->plain = uri && ml_fiber_stream_fits(uri);
+  ps->bridged = bridged;
   if (ps->plain && (ps->here_uri = mongoc_uri_copy(uri)))
     mongoc_uri_set_option_as_int32(ps->here_uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, HERE_SELECT_MS);
   if (uri) mongoc_uri_destroy(uri);
@@ -747,7 +832,7 @@ static int l_pool(lua_State *L) {
     p->threads++;
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (p->threads == 0) {
+  if (p->threads == 0 && n > 0) {
     pool_close(p);
     return ml_pushfail(L, "cannot start a worker thread", 0);
   }
@@ -773,6 +858,7 @@ static int l_submit(lua_State *L) {
   else if (!(lua_isboolean(L, 3) && !lua_toboolean(L, 3))) sig = check_signal(L, 3);
   if (!ps) return ml_pushfail(L, "closed", 0);
   if (ps->pid != my_pid) return ml_pushfail(L, "the pool was made in another process", 0);
+  if (p->threads == 0) return ml_pushfail(L, "the pool has no worker thread", 0);
   ref = (ml_jobref *)ml_newuserdata(L, sizeof *ref);
   ref->job = NULL;
   luaL_getmetatable(L, ML_JOB_MT);
@@ -888,6 +974,7 @@ static int l_pid(lua_State *L) {
 static const luaL_Reg pool_methods[] = {
   {"submit", l_submit},
   {"here", l_here},
+  {"dead", l_dead},
   {"close", l_pool_close},
   {"threads", l_pool_threads},
   {NULL, NULL}

@@ -46,6 +46,7 @@ struct ml_fiber {
   int done;
   int cancel;                   /* the wait it resumes from fails */
   int fd;                       /* waiting: the descriptor */
+  void *req;                    /* waiting: the request (fd -1) */
   int64_t deadline;             /* waiting: until (monotonic us), 0: none */
 };
 
@@ -137,6 +138,7 @@ int ml_fiber_resume(ml_fiber *f, int cancel) {
 }
 
 int ml_fiber_fd(const ml_fiber *f) { return f->fd; }
+void *ml_fiber_request(const ml_fiber *f) { return f->req; }
 int64_t ml_fiber_deadline(const ml_fiber *f) { return f->deadline; }
 
 void ml_fiber_free(ml_fiber *f) {
@@ -150,12 +152,17 @@ void ml_fiber_free(ml_fiber *f) {
 
 ml_fiber *ml_fiber_current(void) { return running; }
 
-int ml_fiber_wait(int fd, int64_t deadline_us) {
+static int wait_for(int fd, void *req, int64_t deadline_us) {
   ml_fiber *f = running;
   if (!f || f->cancel) return -1;
   f->fd = fd;
+  f->req = req;
   f->deadline = deadline_us;
   swapcontext(&f->ctx, &f->back);
   f->fd = -1;
+  f->req = NULL;
   return f->cancel ? -1 : 0;
 }
+
+int ml_fiber_wait(int fd, int64_t deadline_us) { return wait_for(fd, NULL, deadline_us); }
+int ml_fiber_ask(void *req, int64_t deadline_us) { return wait_for(-1, req, deadline_us); }

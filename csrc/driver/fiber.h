@@ -25,6 +25,9 @@
  *
  * Inside fn: ml_fiber_wait(fd, deadline) switches back to the loop; it
  * returns 0 to look at fd again, -1 when cancelled or past the deadline.
+ * ml_fiber_ask(req, deadline) switches back with a request instead of a
+ * descriptor (ml_fiber_request(f) while it waits; ml_fiber_fd is -1): the
+ * loop does what req asks (bridge.h) and resumes it; -1 when cancelled.
  * ml_fiber_current() is the running fiber (NULL on a thread's own stack).
  */
 #ifndef MONGOLOCK_FIBER_H
@@ -37,10 +40,12 @@ typedef struct ml_fiber ml_fiber;
 ml_fiber *ml_fiber_new(void (*fn)(void *), void *arg);
 int ml_fiber_resume(ml_fiber *f, int cancel);
 int ml_fiber_fd(const ml_fiber *f);
+void *ml_fiber_request(const ml_fiber *f);
 int64_t ml_fiber_deadline(const ml_fiber *f);
 void ml_fiber_free(ml_fiber *f);
 
 ml_fiber *ml_fiber_current(void);
 int ml_fiber_wait(int fd, int64_t deadline_us);
+int ml_fiber_ask(void *req, int64_t deadline_us);
 
 #endif

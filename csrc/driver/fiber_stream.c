@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -20,14 +21,114 @@
 
 typedef struct fiber_stream {
   mongoc_stream_t vtable;       /* first: libmongoc sees a mongoc_stream_t */
-  mongoc_stream_t *base;        /* the driver's socket stream (writes) */
+  mongoc_stream_t *base;        /* the driver's socket stream (writes); NULL: bridged */
   int fd;                       /* its descriptor */
   int out;                      /* a read timed out or was cancelled */
   size_t off, len;              /* buf[off, off + len) is read, not yet taken */
+  /* bridged: */
+  uint64_t id;
+  char host[BSON_HOST_NAME_MAX + 1];
+  uint16_t port;
+  int used;                     /* it carried bytes */
+  int broken;                   /* an exchange failed: never used again */
+  char *wbuf;                   /* a message's iovecs, joined */
+  size_t wcap;
   char buf[BUF_SIZE];
 } fiber_stream;
 
 static fiber_stream *fs_of(mongoc_stream_t *s) { return (fiber_stream *)s; }
+
+/* ---- bridged connections: the loop moves the bytes ---------------------- */
+
+static pthread_mutex_t bridge_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t bridge_next_id;
+#define DEAD_KEPT 256
+static uint64_t dead[DEAD_KEPT];
+static size_t ndead;
+static __thread uint64_t bridge_sent;
+
+size_t ml_bridge_dead(uint64_t *ids, size_t max) {
+  size_t n;
+  pthread_mutex_lock(&bridge_mu);
+  n = ndead < max ? ndead : max;
+  memcpy(ids, dead + (ndead - n), n * sizeof *ids);
+  ndead -= n;
+  pthread_mutex_unlock(&bridge_mu);
+  return n;
+}
+
+uint64_t ml_bridge_sent(void) { return bridge_sent; }
+
+/* asks the loop to do io (through the running fiber) until deadline
+ * (monotonic us, 0: none): 0 done, -1 (errno) failed or cancelled; a
+ * failure breaks the connection */
+static int bridge_ask(fiber_stream *s, ml_bridge_io *io, int64_t deadline) {
+  io->id = s->id;
+  io->host = s->host;
+  io->port = s->port;
+  io->used = s->used;
+  io->got = 0;
+  io->failed = 0;
+  io->why[0] = '\0';
+  if (s->broken || !ml_fiber_current()) {
+    s->broken = 1;
+    errno = ENOTCONN;
+    return -1;
+  }
+  if (ml_fiber_ask(io, deadline) != 0 || io->failed) {
+    s->broken = 1;
+    if (!io->failed || io->failed == ETIMEDOUT) s->out = 1;
+    errno = io->failed ? io->failed : ECANCELED;
+    return -1;
+  }
+  return 0;
+}
+
+static ssize_t bridge_fill(fiber_stream *s, int64_t deadline) {
+  ml_bridge_io io;
+  memset(&io, 0, sizeof io);
+  io.kind = ML_BRIDGE_RECV;
+  io.room = s->buf + s->off + s->len;
+  io.max = sizeof s->buf - s->off - s->len;
+  if (bridge_ask(s, &io, deadline) != 0) return -1;
+  if (io.got == 0 || io.got > io.max) {
+    s->broken = 1;
+    errno = ECONNRESET;
+    return -1;
+  }
+  s->used = 1;
+  s->len += io.got;
+  return (ssize_t)io.got;
+}
+
+static ssize_t bridge_writev(fiber_stream *s, mongoc_iovec_t *iov, size_t iovcnt, int32_t timeout_msec) {
+  ml_bridge_io io;
+  size_t total = 0, i;
+  memset(&io, 0, sizeof io);
+  for (i = 0; i < iovcnt; i++) total += iov[i].iov_len;
+  if (iovcnt == 1) {
+    io.data = (const char *)iov[0].iov_base;
+  } else {
+    size_t at = 0;
+    if (total > s->wcap) {
+      char *w = (char *)bson_realloc(s->wbuf, total);
+      s->wbuf = w;
+      s->wcap = total;
+    }
+    for (i = 0; i < iovcnt; i++) {
+      memcpy(s->wbuf + at, iov[i].iov_base, iov[i].iov_len);
+      at += iov[i].iov_len;
+    }
+    io.data = s->wbuf;
+  }
+  io.kind = ML_BRIDGE_SEND;
+  io.len = total;
+  if (bridge_ask(s, &io, timeout_msec < 0 ? 0 : bson_get_monotonic_time() + (int64_t)timeout_msec * 1000) != 0)
+    return -1;
+  s->used = 1;
+  bridge_sent += total;
+  return (ssize_t)total;
+}
 
 /* reads what the socket has into the buffer, waiting (through the running
  * fiber, else in poll) until it has something or deadline (monotonic us,
@@ -40,6 +141,7 @@ static ssize_t fill(fiber_stream *s, int64_t deadline) {
       memmove(s->buf, s->buf + s->off, s->len);
       s->off = 0;
     }
+    if (!s->base) return bridge_fill(s, deadline);
     n = recv(s->fd, s->buf + s->off + s->len, sizeof s->buf - s->off - s->len, MSG_DONTWAIT);
     if (n > 0) {
       s->len += (size_t)n;
@@ -101,32 +203,57 @@ static ssize_t f_readv(mongoc_stream_t *st, mongoc_iovec_t *iov, size_t iovcnt, 
 }
 
 static ssize_t f_writev(mongoc_stream_t *s, mongoc_iovec_t *iov, size_t iovcnt, int32_t timeout_msec) {
+  if (!fs_of(s)->base) return bridge_writev(fs_of(s), iov, iovcnt, timeout_msec);
   return mongoc_stream_writev(fs_of(s)->base, iov, iovcnt, timeout_msec);
 }
 
+/* a bridged connection's socket, which the loop keeps, is to be closed */
+static void bridge_gone(fiber_stream *s) {
+  pthread_mutex_lock(&bridge_mu);
+  if (ndead == DEAD_KEPT) memmove(dead, dead + 1, --ndead * sizeof *dead);
+  dead[ndead++] = s->id;
+  pthread_mutex_unlock(&bridge_mu);
+  bson_free(s->wbuf);
+}
+
 static void f_destroy(mongoc_stream_t *s) {
-  mongoc_stream_destroy(fs_of(s)->base);
+  if (fs_of(s)->base) mongoc_stream_destroy(fs_of(s)->base);
+  else bridge_gone(fs_of(s));
   bson_free(s);
 }
 
 static void f_failed(mongoc_stream_t *s) {
-  mongoc_stream_failed(fs_of(s)->base);
+  if (fs_of(s)->base) mongoc_stream_failed(fs_of(s)->base);
+  else bridge_gone(fs_of(s));
   bson_free(s);
 }
 
-static int f_close(mongoc_stream_t *s) { return mongoc_stream_close(fs_of(s)->base); }
-static int f_flush(mongoc_stream_t *s) { return mongoc_stream_flush(fs_of(s)->base); }
+static int f_close(mongoc_stream_t *s) {
+  if (!fs_of(s)->base) {
+    fs_of(s)->broken = 1;
+    return 0;
+  }
+  return mongoc_stream_close(fs_of(s)->base);
+}
+static int f_flush(mongoc_stream_t *s) { return fs_of(s)->base ? mongoc_stream_flush(fs_of(s)->base) : 0; }
 static int f_setsockopt(mongoc_stream_t *s, int level, int optname, void *optval, mongoc_socklen_t optlen) {
+  if (!fs_of(s)->base) return 0;     /* the loop's socket has its own */
   return mongoc_stream_setsockopt(fs_of(s)->base, level, optname, optval, optlen);
 }
 static mongoc_stream_t *f_base(mongoc_stream_t *s) { return fs_of(s)->base; }
 /* bytes left unread in the buffer belong to no request: the connection is
  * as good as closed */
 static bool f_check_closed(mongoc_stream_t *s) {
-  return fs_of(s)->len > 0 || mongoc_stream_check_closed(fs_of(s)->base);
+  fiber_stream *f = fs_of(s);
+  if (!f->base) return f->len > 0 || f->broken;
+  return f->len > 0 || mongoc_stream_check_closed(f->base);
 }
-static bool f_timed_out(mongoc_stream_t *s) { return fs_of(s)->out || mongoc_stream_timed_out(fs_of(s)->base); }
-static bool f_should_retry(mongoc_stream_t *s) { return mongoc_stream_should_retry(fs_of(s)->base); }
+static bool f_timed_out(mongoc_stream_t *s) {
+  return fs_of(s)->out || (fs_of(s)->base && mongoc_stream_timed_out(fs_of(s)->base));
+}
+static bool f_should_retry(mongoc_stream_t *s) {
+  return fs_of(s)->base && mongoc_stream_should_retry(fs_of(s)->base);
+}
 
 /* the descriptor of sock: libmongoc keeps it first in its mongoc_socket_t
  * and does not hand it out; taken from there only when the socket it names
@@ -179,16 +306,42 @@ static mongoc_stream_t *connect_tcp(const mongoc_uri_t *uri, const mongoc_host_l
   return NULL;
 }
 
+/* a bridged connection to host, connected by the loop within the URI's
+ * connectTimeoutMS */
+static fiber_stream *connect_bridged(const mongoc_uri_t *uri, const mongoc_host_list_t *host, bson_error_t *error) {
+  int32_t ms = mongoc_uri_get_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, 10000);
+  ml_bridge_io io;
+  fiber_stream *s = (fiber_stream *)bson_malloc0(sizeof *s);
+  s->fd = -1;
+  bson_strncpy(s->host, host->host, sizeof s->host);
+  s->port = host->port;
+  pthread_mutex_lock(&bridge_mu);
+  s->id = ++bridge_next_id;
+  pthread_mutex_unlock(&bridge_mu);
+  memset(&io, 0, sizeof io);
+  io.kind = ML_BRIDGE_CONNECT;
+  if (bridge_ask(s, &io, bson_get_monotonic_time() + (int64_t)ms * 1000) != 0) {
+    bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_CONNECT, "Failed to connect to target host: %s%s%s%s",
+                   host->host_and_port, io.why[0] ? " (" : "", io.why, io.why[0] ? ")" : "");
+    bson_free(s);
+    return NULL;
+  }
+  return s;
+}
+
 static mongoc_stream_t *initiator(const mongoc_uri_t *uri, const mongoc_host_list_t *host, void *user_data,
                                   bson_error_t *error) {
   fiber_stream *s;
   mongoc_stream_t *base;
   int fd = -1;
-  (void)user_data;
-  if (!(base = connect_tcp(uri, host, &fd, error))) return NULL;
-  s = (fiber_stream *)bson_malloc0(sizeof *s);
-  s->base = base;
-  s->fd = fd;
+  if (user_data) {
+    if (!(s = connect_bridged(uri, host, error))) return NULL;
+  } else {
+    if (!(base = connect_tcp(uri, host, &fd, error))) return NULL;
+    s = (fiber_stream *)bson_malloc0(sizeof *s);
+    s->base = base;
+    s->fd = fd;
+  }
   s->vtable.type = FIBER_STREAM_TYPE;
   s->vtable.destroy = f_destroy;
   s->vtable.failed = f_failed;
@@ -197,7 +350,7 @@ static mongoc_stream_t *initiator(const mongoc_uri_t *uri, const mongoc_host_lis
   s->vtable.writev = f_writev;
   s->vtable.readv = f_readv;
   s->vtable.setsockopt = f_setsockopt;
-  s->vtable.get_base_stream = f_base;
+  s->vtable.get_base_stream = s->base ? f_base : NULL;
   s->vtable.check_closed = f_check_closed;
   s->vtable.timed_out = f_timed_out;
   s->vtable.should_retry = f_should_retry;
@@ -212,4 +365,8 @@ int ml_fiber_stream_fits(const mongoc_uri_t *uri) {
   return mongoc_uri_get_hosts(uri) != NULL;
 }
 
-void ml_fiber_stream_use(mongoc_client_t *mc) { mongoc_client_set_stream_initiator(mc, initiator, NULL); }
+static int bridged_tag;
+
+void ml_fiber_stream_use(mongoc_client_t *mc, int bridged) {
+  mongoc_client_set_stream_initiator(mc, initiator, bridged ? &bridged_tag : NULL);
+}

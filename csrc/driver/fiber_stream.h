@@ -6,6 +6,13 @@
  * too little there and on the socket gives the event loop back from the
  * running fiber until the socket is readable (outside a fiber it waits in
  * poll(), as the driver's own stream).  Writes are the driver's own.
+ *
+ * A bridged connection (ml_fiber_stream_use(mc, 1)) has no socket of its
+ * own: the event loop moves its bytes (nginx's cosockets).  It connects,
+ * sends and receives by asking the loop through the running fiber
+ * (ml_fiber_ask with an ml_bridge_io), and the loop answers in the same
+ * struct before it resumes the fiber.  The loop names its socket by the
+ * connection's id, and keeps it between ops (nginx's keepalive pool).
  */
 #ifndef MONGOLOCK_FIBER_STREAM_H
 #define MONGOLOCK_FIBER_STREAM_H
@@ -15,7 +22,35 @@
 /* 1 when uri's connections can be such streams: no TLS, TCP hosts only */
 int ml_fiber_stream_fits(const mongoc_uri_t *uri);
 
-/* mc's connections made from now on are such streams */
-void ml_fiber_stream_use(mongoc_client_t *mc);
+/* mc's connections made from now on are such streams (bridged: 1) */
+void ml_fiber_stream_use(mongoc_client_t *mc, int bridged);
+
+/* what a bridged connection asks the loop to do */
+enum { ML_BRIDGE_CONNECT = 1, ML_BRIDGE_SEND, ML_BRIDGE_RECV };
+
+typedef struct {
+  int kind;                     /* ML_BRIDGE_* */
+  uint64_t id;                  /* the connection's (its socket's name) */
+  const char *host;
+  uint16_t port;
+  int used;                     /* it carried bytes before: a socket the loop
+                                 * finds anew under its name is not it */
+  const char *data;             /* SEND: len bytes */
+  size_t len;
+  char *room;                   /* RECV: at most max bytes go there */
+  size_t max;
+  /* the loop's answer */
+  size_t got;                   /* RECV: the bytes put in room (> 0) */
+  int failed;                   /* 0, or an errno (ETIMEDOUT: timed out) */
+  char why[128];                /* the loop's words for a failure */
+} ml_bridge_io;
+
+/* ids of bridged connections destroyed since the last call (at most max
+ * into ids): their sockets, kept by the loop, are to be closed */
+size_t ml_bridge_dead(uint64_t *ids, size_t max);
+
+/* bytes bridged connections sent from this thread so far: an op during
+ * which it did not grow sent nothing, so it did not apply */
+uint64_t ml_bridge_sent(void);
 
 #endif

@@ -1,58 +1,44 @@
 -- Internal to mongolock, except configure{}, which init_by_lua may call (README,
 -- OpenResty); the rest may change without notice.
 --
--- mongolock.ngx: MongoDB round trips off the nginx event loop.
+-- mongolock.ngx: MongoDB round trips that never block the nginx event loop.
 --
--- Inside an nginx worker, a libmongoc call made by a handler stops every
--- request that worker serves until the server answers.  This module sends
--- each round trip to a thread of an nginx thread pool instead
--- (ngx.run_worker_thread), while the request waits on the event loop:
+-- A libmongoc call made by a handler would stop every request its worker
+-- serves until the server answers.  Each round trip is a job instead:
 --
---   local jobs = require "mongolock.ngx"
---   if jobs.active() then
---     local reply, err, code = jobs.run(spec, op, deadline, on_orphan)
---   end
+--   local reply, err, code = jobs.run(spec, op, deadline, on_orphan, arg, pool)
 --
--- op is one operation built by the core's pure builders (core.op_*; a BSON
--- string), spec the plain description of a client (jobs.spec), and
--- the reply comes back as a BSON string for the core's parsers.  Only
--- strings, numbers and tables cross to the thread.
---
--- nginx.conf needs a thread pool (the name is configurable):
---
---   thread_pool mongolock threads=8;
+-- (where jobs.active()).  op is a BSON string built in C (core.op_*), spec
+-- the plain description of a client (jobs.spec), the reply a BSON string.
+-- A runner runs the job on the event loop itself where it can (pool, a
+-- bridged core.pool: mongolock.bridge, its bytes moved by cosockets), else
+-- in a thread of nginx's thread pool (ngx.run_worker_thread), which
+-- nginx.conf must have: `thread_pool mongolock threads=8;`
 --
 -- Invariants:
--- - A job is one bounded operation (an attempt, a release, an extend, a
---   getMore).  Waiting never happens in a thread: it stays on the event loop
---   (ngx.sleep, ngx.semaphore).
--- - Jobs are run by at most max_running runners per worker (light threads
---   of timers); the rest queue here, in order.  max_running stays below
---   lua_worker_thread_vm_pool_size, so ngx.run_worker_thread never answers
---   "no available Lua vm" to us (unless other code uses the same VMs), and
---   nginx's own queue of the pool never overflows (its failure paths are
---   unsafe in lua-nginx-module before 0.10.32).
+-- - A job is one bounded operation; waiting happens on the event loop.
+-- - At most max_running runners (timers) per worker; the rest queue here,
+--   in order.  max_running stays below lua_worker_thread_vm_pool_size, so
+--   ngx.run_worker_thread never answers "no available Lua vm" to us, and
+--   nginx's own queue never overflows (its failure paths are unsafe in
+--   lua-nginx-module before 0.10.32).
 -- - The runners are timers, not the requests: a request that stops waiting
---   (its deadline passed, it was aborted, its light thread was killed)
---   never loses a job's result.  A job whose caller stopped waiting is
---   "abandoned": if it had not started it never runs; if it had, its
---   on_orphan(arg, reply, err, code, ereply) runs in a timer when it ends (an
---   acquisition releases the lock it won at once).  A caller that is gone
---   without saying so (its coroutine killed) is found by the janitor: a
---   result not taken within `grace` seconds is abandoned the same way.
--- - Clients live in the thread VMs (mongolock.ngx.thread): one per VM and
---   spec, made there on first use, so always after nginx forked the worker.
--- - Per process: state made in one process (the master, init_by_lua) is
---   never used by another (a worker).
--- - A worker that is shutting down keeps running jobs (its waits and
---   sleeps keep their length, ngx.timer.at(0) still starts runners) and
---   its janitor while a job or a result is pending.
+--   (its deadline passed, it was aborted) never loses a job's result.  Its
+--   job is "abandoned": never run if not started, else on_orphan(arg,
+--   <outcome>) runs when it ends.  A caller gone without saying so is
+--   found by the janitor: a result not taken within `grace` seconds.
+-- - Clients live in the thread VMs (mongolock.ngx.thread), one per VM and
+--   spec, made after nginx forked; state of one process is never used by
+--   another.
+-- - A worker that is shutting down keeps its runners and janitor while a
+--   job or a result is pending.
 
 --- Inside nginx: where the round trips run. Only `configure` is public.
 -- @module mongolock.ngx
 
 local core = require "mongolock.core"
 local runners = require "mongolock.runners"
+local bridge = require "mongolock.bridge"
 
 local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
 local rawget = rawget
@@ -73,6 +59,7 @@ local config = {
   idle = 10,                 -- seconds an idle runner waits for work before it ends
   grace = 1,                 -- seconds a result waits for its caller before it is abandoned
   enabled = true,            -- false: round trips stay on the event loop (blocking)
+  cosockets = true,          -- false: every round trip is a worker thread's job
 }
 
 -- phases of ngx_lua in which a request can yield (ngx.sleep,
@@ -106,9 +93,9 @@ function _M.configure(opts)
       if type(v) ~= "string" or v == "" then
         error("bad argument #1 to 'configure' (thread_pool: a thread pool's name expected)", 2)
       end
-    elseif k == "enabled" then
+    elseif k == "enabled" or k == "cosockets" then
       if type(v) ~= "boolean" then
-        error("bad argument #1 to 'configure' (enabled: boolean expected)", 2)
+        error("bad argument #1 to 'configure' (" .. k .. ": boolean expected)", 2)
       end
     elseif type(v) ~= "number" or v ~= v or v <= 0 or v == math.huge
         or (k == "max_running" and v % 1 ~= 0) then
@@ -167,7 +154,8 @@ local function get_state()
     semas = {},                       -- semaphores of jobs taken, for the next ones
     janitor = false,
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
-              vm_refusals = 0 },
+              vm_refusals = 0, here = 0 },
+    kept = {},                        -- bridged connections' sockets in nginx's keepalive pools: id -> true
     cap = nil,                        -- below max_running after "no available Lua vm"
   }
   return state
@@ -202,40 +190,98 @@ local function orphan(st, job)
   if not ok then ngx.log(ngx.ERR, "mongolock: cannot release what an abandoned job acquired: ", err) end
 end
 
--- one job, in a runner
+-- ---- round trips on the event loop (cosockets) ------------------------------
+
+-- A connection's socket waits between ops in nginx's keepalive pool, in a
+-- pool of its own (its id; size 1, no idle timeout).
+local POOL = "mongolock.bridged:"
+
+local function ms(secs) return math_max(1, math.ceil(secs * 1000)) end
+
+local cosockets = {
+  open = function(id, host, port, used, secs)
+    local s = rawget(_G, "ngx").socket.tcp()
+    s:settimeout(ms(secs))
+    local ok, err = s:connect(host, port, { pool = POOL .. id })
+    if not ok then return nil, err end
+    get_state().kept[id] = nil
+    if used and s:getreusedtimes() == 0 then
+      s:close()
+      return nil, "the connection was closed while it was idle"
+    end
+    return s
+  end,
+  send = function(s, bytes, secs) s:settimeout(ms(secs)); return s:send(bytes) end,
+  recv = function(s, max, secs) s:settimeout(ms(secs)); return s:receiveany(max) end,
+  keep = function(id, s) if s:setkeepalive(0, 1) then get_state().kept[id] = true end end,
+  drop = function(s) s:close() end,
+  dead = function(ids)
+    local kept = get_state().kept
+    for i = 1, #ids do
+      if kept[ids[i]] then
+        kept[ids[i]] = nil
+        -- (a port nothing listens on: only the kept socket can answer)
+        local s = rawget(_G, "ngx").socket.tcp()
+        if s:connect("127.0.0.1", 0, { pool = POOL .. ids[i] }) then s:close() end
+      end
+    end
+  end,
+}
+
+-- true, <the op's outcome> | false: op run on the event loop, or not
+local function here(ngx, st, pool, op)
+  if not config.cosockets or not pool then return false end
+  if st.threads == nil then
+    -- the thread pool is still needed (change streams, ops that cannot
+    -- run here): without it, every round trip fails as the jobs say
+    local ok, why = ngx.run_worker_thread(config.thread_pool, "string", "len", "")
+    st.threads = ok or not tostring(why):find("not found", 1, true)
+  end
+  if not st.threads then return false end
+  st.stats.here = st.stats.here + 1
+  local done, a, b, c, d, e = bridge.run(pool, op, cosockets)
+  if not done then st.stats.here = st.stats.here - 1 end
+  return done, a, b, c, d, e
+end
+
+-- one job, in a runner: on the event loop (here) when it can be, else in
+-- a worker thread
 local function execute(st, job)
   local ngx = rawget(_G, "ngx")
   job.state = "running"
-  st.stats.jobs = st.stats.jobs + 1
   local running = st.runners - #st.idle
   if running > st.stats.max_running then st.stats.max_running = running end
   local spec = job.spec
-  local ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
-    spec.key, job.op)
-  if ok and reply == nil and err == NEED_SPEC then
-    -- this thread VM has no client for the spec yet: nothing was sent
+  local ok, reply, err, code, ereply, domain = here(ngx, st, job.pool, job.op)
+  if not ok then   -- a worker thread runs it
+    st.stats.jobs = st.stats.jobs + 1
     ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
-      spec.key, job.op, spec)
-  end
-  if not ok and reply == "no available Lua vm" then
-    -- other code holds VMs too, or lua_worker_thread_vm_pool_size is below
-    -- max_running: nothing was sent; the job goes back to the head of the
-    -- queue and this worker runs one job fewer at once from now on
-    st.stats.vm_refusals = st.stats.vm_refusals + 1
-    st.stats.jobs = st.stats.jobs - 1
-    job.state = "queued"
-    st.first = st.first - 1
-    st.queue[st.first] = job
-    st.cap = math_max(1, math_min(st.cap or config.max_running, running - 1))
-    return "refused"
-  end
-  if not ok then
-    st.stats.errors = st.stats.errors + 1
-    local why = tostring(reply)
-    if why:find("not found", 1, true) then
-      why = why .. " (nginx.conf needs 'thread_pool " .. config.thread_pool .. " threads=N;')"
+      spec.key, job.op)
+    if ok and reply == nil and err == NEED_SPEC then
+      -- this thread VM has no client for the spec yet: nothing was sent
+      ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
+        spec.key, job.op, spec)
     end
-    reply, err, code, ereply, domain = nil, "worker thread: " .. why, nil, nil, nil
+    if not ok and reply == "no available Lua vm" then
+      -- other code holds VMs too, or lua_worker_thread_vm_pool_size is below
+      -- max_running: nothing was sent; the job goes back to the head of the
+      -- queue and this worker runs one job fewer at once from now on
+      st.stats.vm_refusals = st.stats.vm_refusals + 1
+      st.stats.jobs = st.stats.jobs - 1
+      job.state = "queued"
+      st.first = st.first - 1
+      st.queue[st.first] = job
+      st.cap = math_max(1, math_min(st.cap or config.max_running, running - 1))
+      return "refused"
+    end
+    if not ok then
+      st.stats.errors = st.stats.errors + 1
+      local why = tostring(reply)
+      if why:find("not found", 1, true) then
+        why = why .. " (nginx.conf needs 'thread_pool " .. config.thread_pool .. " threads=N;')"
+      end
+      reply, err, code, ereply, domain = nil, "worker thread: " .. why, nil, nil, nil
+    end
   end
   job.result = { reply, err, code, ereply, domain }
   if job.state == "abandoned" then
@@ -381,7 +427,7 @@ local FOREVER = 3600
 -- lua-nginx-module kills a request's coroutine it reuses its stack, and the
 -- upvalues of functions still running there read nil afterwards.  Must be
 -- called where jobs.active() is true.
-function _M.run(spec, op, deadline, on_orphan, arg)
+function _M.run(spec, op, deadline, on_orphan, arg, pool)
   local ngx = ngx_api()
   if not ngx then error("mongolock.ngx: not inside an nginx worker with ngx.run_worker_thread", 2) end
   local st = get_state()
@@ -390,7 +436,8 @@ function _M.run(spec, op, deadline, on_orphan, arg)
   local free = st.semas
   local sema = free[#free]
   if sema then free[#free] = nil else sema = semaphore.new(0) end
-  local job = { spec = spec, op = op, sema = sema, state = "queued", on_orphan = on_orphan, orphan_arg = arg }
+  local job = { spec = spec, op = op, sema = sema, state = "queued", on_orphan = on_orphan, orphan_arg = arg,
+                pool = pool }
   push(st, job)
   local ok, err = dispatch(st)
   if not ok then
@@ -430,7 +477,8 @@ function _M.run(spec, op, deadline, on_orphan, arg)
 end
 
 -- counters of this worker: jobs, abandoned, orphans, errors, max_queued,
--- max_running, vm_refusals; and now: runners, idle, queued, cap
+-- max_running, vm_refusals, here (ops run through cosockets); and now:
+-- runners, idle, queued, cap
 function _M.stats()
   local st = get_state()
   local t = {}

@@ -129,14 +129,18 @@ local function orphaned(o, reply, err, code, ereply, domain)
   local p, a = o.p, o.attempt
   if p.cc:closed() then return end
   local ok, h = pcall(a.take, a, reply, err, code, ereply, domain)
+  local what = WHAT[o.make]:format(tostring(o.name))
   if ok and h ~= nil and type(h) ~= "string" then
-    local what = WHAT[o.make]:format(tostring(o.name))
     local cok, cerr = pcall(h.close, h)
     if cok then log(p.runner, "WARN", what, " was won after its caller gave up: released")
     else log(p.runner, "ERR", what, " was won after its caller gave up; release failed: ", tostring(cerr)) end
-  elseif o.leave then
-    pcall(p[o.leave], p, o.db, o.coll, o.name, o.waiter)
+    return
   end
+  if reply == nil and err ~= nil then
+    -- (the C tail gives back what a lost reply's attempt may have won)
+    log(p.runner, "WARN", what, " got no reply after its caller gave up (", tostring(err), "): given back")
+  end
+  if o.leave then pcall(p[o.leave], p, o.db, o.coll, o.name, o.waiter) end
 end
 
 -- the C tail's answers, after the handle (their first value) is made

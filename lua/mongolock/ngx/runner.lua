@@ -3,31 +3,20 @@
 --
 -- mongolock.ngx.runner: nginx's runner of the core client, where a
 -- request can yield: mongolock.yielding's stand-in (the C client's methods,
--- each round trip a job) with a runner whose jobs run in a worker thread
--- (mongolock.ngx), what nobody waits for runs from a timer, and the
--- client's lease engine is driven from one timer per worker and client
--- (the adapter below).  mongolock.connect gives a client made inside nginx
--- this runner (attach); mongolock.runners asks it for the stand-in where
--- the caller can yield (active):
---
---   a = client:X_attempt(<X's arguments>)   (an acquire attempt of any kind)
---   op = a:op()                             (or core.op_*: the op, built in C)
---   reply, ... = jobs.run(spec, op)         (mongolock.ngx)
---   <answer> = a:take(reply, ...)           (or core.parse_*: the C tail)
---
--- so an attempt that won becomes a mongolock.Lock of the event loop's
--- client, the same handle as everywhere else.
+-- each round trip a job of mongolock.ngx: on the event loop through
+-- cosockets, or in a worker thread); what nobody waits for runs from a
+-- timer, and the client's lease engine from one timer per worker and
+-- client (the adapter below).  mongolock.connect gives a client made
+-- inside nginx this runner (attach).
 --
 -- Invariants (besides mongolock.yielding's):
 -- - An attempt whose caller stopped waiting (its deadline passed while it
 --   was in flight, its request went away) has its outcome taken from a
 --   timer (jobs.run's on_orphan).
--- - The lease engine's commands (renewals, top-ups, queued releases) run
---   from one timer per worker and client, never from a request.
--- - So do the client's change streams (csrc/binding/watch.c): a second timer hands
---   each of their commands to a job of its own (a getMore waits up to a
---   second for events), and after each reply wakes the worker's waiters,
---   which look at the streams without blocking (core.watch_wait).
+-- - The lease engine's commands run from one timer per worker and client,
+--   never from a request.  So do the change streams' (watch.c): a second
+--   timer hands each command to a job of its own, and after each reply
+--   wakes the worker's waiters, which look without blocking (watch_wait).
 
 local core = require "mongolock.core"
 local jobs = require "mongolock.ngx"
@@ -44,6 +33,12 @@ local math_min, math_max, math_huge = math.min, math.max, math.huge
 local _M = { _VERSION = "0.1.0", CAP = 0.25 }
 
 local function pack(...) return { n = select("#", ...), ... } end
+
+-- op's outcome: a job (jobs.run), which runs on the event loop through
+-- cosockets where it can (p.pool), else in a worker thread
+local function run(p, op, deadline, on_orphan, arg)
+  return jobs.run(p.spec, op, deadline, on_orphan, arg, p.pool)
+end
 
 local function log(level, ...)
   local ngx = rawget(_G, "ngx")
@@ -87,7 +82,7 @@ local function adapter(premature, p)
     elseif id ~= nil then
       local started = monotonic()
       p.count.n = p.count.n + 1
-      local reply, err, code, ereply, domain = jobs.run(p.spec, op)
+      local reply, err, code, ereply, domain = run(p, op)
       local dok, derr = pcall(cc.engine_done, cc, id, started, reply, err, code, ereply, domain)
       if not dok then log("ERR", "lease engine: ", tostring(derr)) end
     else
@@ -181,12 +176,13 @@ end
 -- process)
 _M.stats = yielding.stats
 
--- nginx's runner for spec (mongolock.yielding documents runners); p: the
--- stand-in's nginx state (handles made here, the engine's semaphore)
-local function runner_of(spec, state)
+-- nginx's runner (mongolock.yielding documents runners) over state: the
+-- stand-in's nginx state (its spec and pool, handles made here, the
+-- engine's semaphore)
+local function runner_of(state)
   return {
     active = jobs.active,
-    run = function(op, deadline, on_orphan, arg) return jobs.run(spec, op, deadline, on_orphan, arg) end,
+    run = function(op, deadline, on_orphan, arg) return run(state, op, deadline, on_orphan, arg) end,
     later = later,
     log = log,
     made = function(_, h) return made(state, h) end,
@@ -215,16 +211,20 @@ function _M.of(client)
   -- commands sent as jobs (client:stats().commands), the adapter's too
   local count = { n = 0 }
   local semaphore = require "ngx.semaphore"
+  -- round trips on the event loop (jobs.here): a pool of no thread whose
+  -- ops' bytes go through cosockets
+  local pok, pool = pcall(core.pool, cc, 0, "bridged")
   local state = { cc = cc, spec = spec, handles = setmetatable({}, { __mode = "k" }),
-                  wake = semaphore.new(0), count = count, events = semaphore.new(0), swake = semaphore.new(0) }
-  local runner = runner_of(spec, state)
+                  wake = semaphore.new(0), count = count, events = semaphore.new(0), swake = semaphore.new(0),
+                  pool = pok and pool or nil }
+  local runner = runner_of(state)
   p = yielding.new(cc, runner, { spec = spec, state = state, count = count,
     await_event = function(seconds) return await_event(state, seconds) end })
   rawset(client, "_ngx_core", p)
   if cc.set_methods and core.lease_step then
     -- (plain data only: the core's table of them is weak on the client)
     cc:set_methods(yielding.lease_methods({ active = jobs.active,
-      run = function(op) return jobs.run(spec, op) end, count = count }))
+      run = function(op) return run(state, op) end, count = count }))
     cc:set_external(true)
     start_adapter(state)
   end
