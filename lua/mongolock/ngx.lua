@@ -38,6 +38,7 @@
 
 local core = require "mongolock.core"
 local runners = require "mongolock.runners"
+local args = require "mongolock.args"
 local bridge = require "mongolock.bridge"
 
 local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
@@ -78,38 +79,25 @@ local function ngx_api()
   return ngx
 end
 
+local CONFIG_KEYS = {}
+for k in pairs(config) do CONFIG_KEYS[k] = true end
+
 --- Sets the thread pool, the jobs a worker runs at once, and idle and grace times.
--- jobs.configure{thread_pool =, max_running =, idle =, grace =, enabled =}
+-- jobs.configure{thread_pool =, max_running =, idle =, grace =, enabled =, cosockets =}
 -- (init_by_lua, or before the first round trip): raises on a bad option
 function _M.configure(opts)
-  if type(opts) ~= "table" then
-    error("bad argument #1 to 'configure' (table expected, got " .. type(opts) .. ")", 2)
-  end
+  args.check_type(opts, "table", 1, "configure")
+  args.check_keys(opts, CONFIG_KEYS, 1, "configure")
   for k, v in pairs(opts) do
-    if config[k] == nil then
-      error("bad argument #1 to 'configure' (unknown option '" .. tostring(k) .. "')", 2)
-    end
-    if k == "thread_pool" then
-      if type(v) ~= "string" or v == "" then
-        error("bad argument #1 to 'configure' (thread_pool: a thread pool's name expected)", 2)
-      end
-    elseif k == "enabled" or k == "cosockets" then
-      if type(v) ~= "boolean" then
-        error("bad argument #1 to 'configure' (" .. k .. ": boolean expected)", 2)
-      end
-    elseif type(v) ~= "number" or v ~= v or v <= 0 or v == math.huge
-        or (k == "max_running" and v % 1 ~= 0) then
-      error("bad argument #1 to 'configure' (" .. k .. ": a positive "
-        .. (k == "max_running" and "integer" or "number of seconds") .. " expected)", 2)
+    local want = type(config[k])
+    if type(v) ~= want or v == "" or (want == "number" and (v ~= v or v <= 0 or v == math.huge
+        or (k == "max_running" and v % 1 ~= 0))) then
+      args.argerror(1, "configure", k .. ": " .. (k == "thread_pool" and "a thread pool's name"
+        or want == "boolean" and "boolean" or k == "max_running" and "a positive integer"
+        or "a positive number of seconds") .. " expected")
     end
   end
   for k, v in pairs(opts) do config[k] = v end
-end
-
-function _M.config()
-  local t = {}
-  for k, v in pairs(config) do t[k] = v end
-  return t
 end
 
 -- true when round trips made from here go to a worker thread: inside an
@@ -243,6 +231,9 @@ local function here(ngx, st, pool, op)
   if not done then st.stats.here = st.stats.here - 1 end
   return done, a, b, c, d, e
 end
+
+-- true, <outcome> | false: op on the caller's cosockets (a timer's: nothing aborts it)
+function _M.direct(pool, op) return here(rawget(_G, "ngx"), get_state(), pool, op) end
 
 -- one job, in a runner: on the event loop (here) when it can be, else in
 -- a worker thread

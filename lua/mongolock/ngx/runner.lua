@@ -82,7 +82,8 @@ local function adapter(premature, p)
     elseif id ~= nil then
       local started = monotonic()
       p.count.n = p.count.n + 1
-      local reply, err, code, ereply, domain = run(p, op)
+      local done, reply, err, code, ereply, domain = jobs.direct(p.pool, op)
+      if not done then reply, err, code, ereply, domain = run(p, op) end
       local dok, derr = pcall(cc.engine_done, cc, id, started, reply, err, code, ereply, domain)
       if not dok then log("ERR", "lease engine: ", tostring(derr)) end
     else
