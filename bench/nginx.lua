@@ -96,7 +96,11 @@ local LOCATIONS = [[
         }
 ]]
 local HANDLER = CYCLES_SRC .. [==[
-local t, err = cycles(tonumber(ngx.var.arg_n), "nginx")
+-- ?threads=1: every round trip a worker thread's job (no cosockets)
+local jobs = require "mongolock.ngx"
+if ngx.var.arg_threads then jobs.configure({ cosockets = false }) end
+local t, err = cycles(tonumber(ngx.var.arg_n), ngx.var.arg_threads and "threads" or "nginx")
+jobs.configure({ cosockets = true })
 if not t then ngx.status = 500; ngx.say(err); return end
 ngx.say(t)
 ]==]
@@ -234,26 +238,34 @@ local ok, err = pcall(function()
   say("nginx: %d uncontended lock cycles inside nginx and outside (LuaJIT), in %d rounds", CYCLES, ROUNDS)
   local per = math.ceil(CYCLES / ROUNDS)
   local inside, outside, cycle_ratios = 0, 0, {}
+  local threads, thread_ratios = 0, {}
   local script = helpers.script(OUTSIDE)
   for _ = 1, ROUNDS do
     local code, body = nx.get(nginx.port, "/bench-cycles?n=" .. per)
     assert(code == 200, body)
     local tin = assert(tonumber(body:match("[%d%.e%-]+")), body)
+    local tcode, tbody = nx.get(nginx.port, "/bench-cycles?threads=1&n=" .. per)
+    assert(tcode == 200, tbody)
+    local tth = assert(tonumber(tbody:match("[%d%.e%-]+")), tbody)
     local p = assert(io.popen(format("LUA_CPATH=%s luajit %s %d 2>&1",
       helpers.shell_quote(nx.root .. "/build/luajit/?.so;;"), helpers.shell_quote(script), per)))
     local outside_out = p:read("*a")
     p:close()
     local tout = assert(tonumber(outside_out:match("^%s*([%d%.e%-]+)%s*$")), outside_out)
-    inside, outside = inside + tin, outside + tout
+    inside, outside, threads = inside + tin, outside + tout, threads + tth
     cycle_ratios[#cycle_ratios + 1] = tin / tout
-    say("  inside %.0f us, outside %.0f us per cycle", tin / per * 1e6, tout / per * 1e6)
+    thread_ratios[#thread_ratios + 1] = tth / tout
+    say("  inside %.0f us (worker threads %.0f us), outside %.0f us per cycle", tin / per * 1e6, tth / per * 1e6,
+      tout / per * 1e6)
   end
   os.remove(script)
   table.sort(cycle_ratios)
+  table.sort(thread_ratios)
 
   if ONLY == "cycles" then
-    print(format("| inside nginx / outside, %d cycles | %.2f (%.2f–%.2f) |", per * ROUNDS, inside / outside,
-      cycle_ratios[1], cycle_ratios[#cycle_ratios]))
+    print(format("| inside nginx / outside, %d cycles | %.2f (%.2f–%.2f); worker threads %.2f (%.2f–%.2f) |",
+      per * ROUNDS, inside / outside, cycle_ratios[1], cycle_ratios[#cycle_ratios], threads / outside,
+      thread_ratios[1], thread_ratios[#thread_ratios]))
     return
   end
   local hper = math.ceil(HANDOFFS / ROUNDS)
@@ -283,8 +295,12 @@ local ok, err = pcall(function()
   print(format("| one uncontended resty.mongolock lock + unlock (%d cycles) | us per cycle |", per * ROUNDS))
   print("|---|---:|")
   print(format("| inside nginx (a content handler) | %.0f |", inside / (per * ROUNDS) * 1e6))
+  print(format("| inside nginx, every round trip a worker thread's job (configure{cosockets = false}) | %.0f |",
+    threads / (per * ROUNDS) * 1e6))
   print(format("| outside nginx (LuaJIT, the same module) | %.0f |", outside / (per * ROUNDS) * 1e6))
-  print(format("| ratio (rounds' range) | %.2f (%.2f–%.2f) |", inside / outside, cycle_ratios[1],
+  print(format("| ratio, worker threads / outside (rounds' range) | %.2f (%.2f–%.2f) |", threads / outside,
+    thread_ratios[1], thread_ratios[#thread_ratios]))
+  print(format("| ratio, cosockets / outside (rounds' range) | %.2f (%.2f–%.2f) |", inside / outside, cycle_ratios[1],
     cycle_ratios[#cycle_ratios]))
 
   print()
