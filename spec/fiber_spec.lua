@@ -267,6 +267,14 @@ describe("#integration round trips whose bytes the loop moves (a bridged pool)",
     assert.is_true(found, "the broken connection is not among the dead")
   end)
 
+  it("leaves a change stream's getMore and killCursors to the threads", function()
+    local getmore = core.op_getmore{ db = helpers.database, coll = "c", cursor_id = "12345" }
+    local kill = core.op_killcursors{ db = helpers.database, coll = "c", cursor_id = "12345" }
+    assert.is_false(pool:here(getmore))
+    assert.is_false(pool:here(kill))
+    assert.is_userdata(bridged_soon())             -- other ops run here
+  end)
+
   it("a pool of no thread is a bridged one only; it runs no job", function()
     assert.has_error(function() core.pool(client._core, 0) end)
     assert.has_error(function() core.pool(client._core, 1, "other") end)

@@ -9,8 +9,9 @@
 local helpers = require "helpers"
 
 -- (1,200 until round trips ran on cosockets: mongolock.ngx's adapter of
--- nginx's sockets to mongolock.bridge is nginx's alone)
-local LIMIT = 1240
+-- nginx's sockets to mongolock.bridge, and its name lookup, are nginx's
+-- alone; they re-express nothing of the core)
+local LIMIT = 1260
 
 local function lines(path)
   local n = 0

@@ -19,6 +19,10 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "lease.h"
 #include "sys.h"
@@ -126,6 +130,32 @@ static int l_hostname(lua_State *L) {
   return 1;
 }
 
+/* core.resolve(host) -> host's first address as text | nil, message:
+ * getaddrinfo, which blocks (inside nginx a worker thread runs it, and
+ * the cosockets connect to the address: mongolock.ngx) */
+static int l_resolve(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  struct addrinfo hints, *res = NULL, *ai;
+  char buf[INET6_ADDRSTRLEN];
+  const void *a;
+  int e;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_socktype = SOCK_STREAM;
+  if ((e = getaddrinfo(host, NULL, &hints, &res)) != 0 || !res) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot resolve '%s': %s", host, e ? gai_strerror(e) : "no address");
+    return 2;
+  }
+  for (ai = res; ai && ai->ai_family != AF_INET; ai = ai->ai_next) {}
+  if (!ai) ai = res;            /* an IPv4 address first, as servers mostly listen there */
+  if (ai->ai_family == AF_INET6) a = &((const struct sockaddr_in6 *)(const void *)ai->ai_addr)->sin6_addr;
+  else a = &((const struct sockaddr_in *)(const void *)ai->ai_addr)->sin_addr;
+  if (!inet_ntop(ai->ai_family, a, buf, sizeof buf)) buf[0] = '\0';
+  freeaddrinfo(res);
+  lua_pushstring(L, buf);
+  return 1;
+}
+
 static const luaL_Reg core_funcs[] = {
   {"monotonic", l_monotonic},
   {"sleep", l_sleep},
@@ -136,6 +166,7 @@ static const luaL_Reg core_funcs[] = {
   {"utf8_valid", l_utf8_valid},
   {"getpid", l_getpid},
   {"hostname", l_hostname},
+  {"resolve", l_resolve},
   {NULL, NULL}
 };
 

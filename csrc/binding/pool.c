@@ -514,6 +514,19 @@ static void here_free(ml_hereref *ref) {
   ref->h = NULL;
 }
 
+/* cmd opens a change stream ($changeStream first in its pipeline), or is
+ * a getMore or killCursors */
+static int stream_cmd(const bson_t *cmd) {
+  bson_iter_t it, st;
+  const char *k;
+  if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it)) return 0;
+  k = bson_iter_key(&it);
+  if (!strcmp(k, "getMore") || !strcmp(k, "killCursors")) return 1;
+  return !strcmp(k, "aggregate") && bson_iter_init_find(&it, cmd, "pipeline") &&
+         bson_iter_recurse(&it, &st) && bson_iter_next(&st) && BSON_ITER_HOLDS_DOCUMENT(&st) &&
+         bson_iter_recurse(&st, &it) && bson_iter_find(&it, "$changeStream");
+}
+
 /* pool:here(op) -> here | false: op started on a fiber in the calling
  * thread (it runs until its first wait); false when it cannot be (a TLS
  * pool or one on a unix socket, an op of a session, no connection or stack
@@ -534,6 +547,9 @@ static int l_here(lua_State *L) {
   /* an op of a session runs on the session's own connection
    * (transport.c), which no fiber reads */
   if (!ps || ps->pid != my_pid || !ps->plain || op.session || ml_fiber_current()) return 1;
+  /* a bridged pool leaves a change stream's commands to the threads: a
+   * getMore waits at the server, and a cosocket's timeout is logged */
+  if (ps->bridged && stream_cmd(&op.cmd)) return 1;
   if (!(mc = here_client_get(ps))) return 1;
   if (!writable_seen(ps, mc)) {
     here_client_put(ps, mc);

@@ -144,6 +144,7 @@ local function get_state()
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
               vm_refusals = 0, here = 0 },
     kept = {},                        -- bridged connections' sockets in nginx's keepalive pools: id -> true
+    addrs = {},                       -- host -> {address, until} (cosockets)
     cap = nil,                        -- below max_running after "no available Lua vm"
   }
   return state
@@ -180,23 +181,39 @@ end
 
 -- ---- round trips on the event loop (cosockets) ------------------------------
 
--- A connection's socket waits between ops in nginx's keepalive pool, in a
--- pool of its own (its id; size 1, no idle timeout).
-local POOL = "mongolock.bridged:"
+local POOL = "mongolock.bridged:"  -- + a connection's id: its socket's keepalive pool (size 1)
 
 local function ms(secs) return math_max(1, math.ceil(secs * 1000)) end
 
+-- host's address for a cosocket (nginx resolves no name without its own
+-- resolver, and never from /etc/hosts): a worker thread's getaddrinfo,
+-- kept a minute
+local function address(st, host)
+  if host:find(":", 1, true) then return "[" .. host .. "]" end
+  if host:find("^[%d.]+$") then return host end
+  local a = st.addrs[host]
+  if a and a[2] > monotonic() then return a[1] end
+  local ok, addr, err = rawget(_G, "ngx").run_worker_thread(config.thread_pool, "mongolock.core", "resolve", host)
+  if not ok or not addr then return nil, tostring(ok and err or addr) end
+  st.addrs[host] = { addr:find(":", 1, true) and "[" .. addr .. "]" or addr, monotonic() + 60 }
+  return st.addrs[host][1]
+end
+
 local cosockets = {
+  -- (a connection that carried bytes never connects anew: its kept socket
+  -- is found by its pool's name, at an address nothing listens on)
   open = function(id, host, port, used, secs)
-    local s = rawget(_G, "ngx").socket.tcp()
+    local st, s = get_state(), rawget(_G, "ngx").socket.tcp()
     s:settimeout(ms(secs))
-    local ok, err = s:connect(host, port, { pool = POOL .. id })
-    if not ok then return nil, err end
-    get_state().kept[id] = nil
-    if used and s:getreusedtimes() == 0 then
-      s:close()
-      return nil, "the connection was closed while it was idle"
+    local addr, err = "127.0.0.1", nil
+    if not used then addr, err = address(st, host) end
+    local ok
+    if addr then ok, err = s:connect(addr, used and 0 or port, { pool = POOL .. id }) end
+    if not ok then
+      if not used then st.addrs[host] = nil end
+      return nil, used and "the connection was closed while it was idle" or err
     end
+    st.kept[id] = nil
     return s
   end,
   send = function(s, bytes, secs) s:settimeout(ms(secs)); return s:send(bytes) end,
