@@ -349,7 +349,6 @@ typedef struct {
   int ended;                    /* the op returned: ok, reply, err are set */
   int ok;
   int elsewhere;                /* it failed unsent or unapplied: a worker thread runs it */
-  int asked;                    /* the fiber waits on a request (bridged) */
   bson_t reply;
   bson_error_t err;
 } ml_here;
@@ -682,13 +681,18 @@ static int l_here_step(lua_State *L) {
   return n;
 }
 
-/* pool:dead() -> {id...}: the bridged connections destroyed since the
- * last call (any pool's of the process), whose sockets the loop keeps */
+/* pool:dead() -> {id...} | nil: the bridged connections destroyed since
+ * the last call (any pool's of the process), whose sockets the loop keeps;
+ * nil when there is none (an op's end asks: no table then) */
 static int l_dead(lua_State *L) {
   uint64_t ids[64];
   size_t n, k;
   (void)check_pool(L, 1);
   n = ml_bridge_dead(ids, sizeof ids / sizeof ids[0]);
+  if (n == 0) {
+    lua_pushnil(L);
+    return 1;
+  }
   lua_createtable(L, (int)n, 0);
   for (k = 0; k < n; k++) {
     lua_pushinteger(L, (lua_Integer)ids[k]);

@@ -20,7 +20,8 @@
 --   io.keep(id, sock)     the op ended: sock waits for the next op on id
 --   io.drop(sock)         its exchange failed: closed
 --   io.dead(ids)          (optional) connections the driver destroyed: the
---                         sockets kept for them are to be closed
+--                         sockets kept for them are to be closed (pool:dead()
+--                         answers nil while there are none: nothing made per op)
 --
 -- Invariants:
 -- - false: the op did not run (pool:here could not run it) or did not
@@ -59,10 +60,8 @@ function _M.run(pool, op, io)
     a, kind, id, host, port, arg, secs, used = h:step(res or false, err)
   end
   for sid, s in pairs(socks) do io.keep(sid, s) end
-  if io.dead then
-    local ids = pool:dead()
-    if #ids > 0 then io.dead(ids) end
-  end
+  local ids = io.dead and pool:dead()
+  if ids then io.dead(ids) end
   if a == false then return false end
   return true, a, kind, id, host, port
 end

@@ -199,22 +199,28 @@ local function address(st, host)
   return st.addrs[host][1]
 end
 
+-- the socket nginx keeps for connection id, or nil: found by its pool's
+-- name alone, at an address nothing listens on (never a new connection)
+local function kept_socket(id, msecs)
+  local s = rawget(_G, "ngx").socket.tcp()
+  s:settimeout(msecs)
+  if s:connect("127.0.0.1", 0, { pool = POOL .. id }) then return s end
+end
+
 local cosockets = {
-  -- (a connection that carried bytes never connects anew: its kept socket
-  -- is found by its pool's name, at an address nothing listens on)
   open = function(id, host, port, used, secs)
-    local st, s = get_state(), rawget(_G, "ngx").socket.tcp()
-    s:settimeout(ms(secs))
-    local addr, err = "127.0.0.1", nil
-    if not used then addr, err = address(st, host) end
-    local ok
-    if addr then ok, err = s:connect(addr, used and 0 or port, { pool = POOL .. id }) end
-    if not ok then
-      if not used then st.addrs[host] = nil end
-      return nil, used and "the connection was closed while it was idle" or err
-    end
+    local st = get_state()
     st.kept[id] = nil
-    return s
+    local s = used and kept_socket(id, ms(secs))
+    if used then return s, not s and "the connection was closed while it was idle" or nil end
+    local addr, err = address(st, host)
+    s = rawget(_G, "ngx").socket.tcp()
+    s:settimeout(ms(secs))
+    local ok
+    if addr then ok, err = s:connect(addr, port, { pool = POOL .. id }) end
+    if ok then return s end
+    st.addrs[host] = nil
+    return nil, err
   end,
   send = function(s, bytes, secs) s:settimeout(ms(secs)); return s:send(bytes) end,
   recv = function(s, max, secs) s:settimeout(ms(secs)); return s:receiveany(max) end,
@@ -223,12 +229,9 @@ local cosockets = {
   dead = function(ids)
     local kept = get_state().kept
     for i = 1, #ids do
-      if kept[ids[i]] then
-        kept[ids[i]] = nil
-        -- (a port nothing listens on: only the kept socket can answer)
-        local s = rawget(_G, "ngx").socket.tcp()
-        if s:connect("127.0.0.1", 0, { pool = POOL .. ids[i] }) then s:close() end
-      end
+      local s = kept[ids[i]] and kept_socket(ids[i], 100)
+      kept[ids[i]] = nil
+      if s then s:close() end
     end
   end,
 }
@@ -243,9 +246,8 @@ local function here(ngx, st, pool, op)
     st.threads = ok or not tostring(why):find("not found", 1, true)
   end
   if not st.threads then return false end
-  st.stats.here = st.stats.here + 1
   local done, a, b, c, d, e = bridge.run(pool, op, cosockets)
-  if not done then st.stats.here = st.stats.here - 1 end
+  if done then st.stats.here = st.stats.here + 1 end
   return done, a, b, c, d, e
 end
 

@@ -49,6 +49,7 @@
 --   wait for it.
 
 local core = require "mongolock.core"
+local errors = require "mongolock.errors"
 
 local type, pcall, setmetatable, tostring = type, pcall, setmetatable, tostring
 -- this process's id without a system call (core.pid: taken again at fork)
@@ -136,9 +137,8 @@ local function orphaned(o, reply, err, code, ereply, domain)
     else log(p.runner, "ERR", what, " was won after its caller gave up; release failed: ", tostring(cerr)) end
     return
   end
-  if reply == nil and err ~= nil then
-    -- (the C tail gives back what a lost reply's attempt may have won)
-    log(p.runner, "WARN", what, " got no reply after its caller gave up (", tostring(err), "): given back")
+  if reply == nil and errors.network_error(code, err) then
+    log(p.runner, "WARN", what, " got no reply after its caller gave up (", tostring(err), ")")
   end
   if o.leave then pcall(p[o.leave], p, o.db, o.coll, o.name, o.waiter) end
 end

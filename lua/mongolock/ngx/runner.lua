@@ -212,8 +212,8 @@ function _M.of(client)
   -- commands sent as jobs (client:stats().commands), the adapter's too
   local count = { n = 0 }
   local semaphore = require "ngx.semaphore"
-  -- round trips on the event loop (jobs.here): a pool of no thread whose
-  -- ops' bytes go through cosockets
+  -- round trips on the event loop: a pool of no thread whose ops' bytes
+  -- go through cosockets (mongolock.ngx's runners, jobs.direct)
   local pok, pool = pcall(core.pool, cc, 0, "bridged")
   local state = { cc = cc, spec = spec, handles = setmetatable({}, { __mode = "k" }),
                   wake = semaphore.new(0), count = count, events = semaphore.new(0), swake = semaphore.new(0),
