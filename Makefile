@@ -103,7 +103,8 @@ MONGOC_CFLAGS = $(shell pkg-config --cflags libmongoc-1.0)
 MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
 # csrc/proc/proc.c is the command's own module (mongolock.proc), not the core's;
 # csrc/testing/testing.c is the specs' module (mongolock.testing), never shipped;
-# csrc/model/test.c is the plain C parts' test program (build/test/model)
+# csrc/model/test.c is the plain C parts' test program (build/test/model),
+# csrc/driver/test_fiber.c the fibers' (build/test/fiber, fiber-ucontext)
 # The core's layers, each a folder whose files include only their own and
 # those below (spec/unit_layout_spec.lua checks it):
 #   csrc/binding/  mongolock.core's Lua types, the adapters (threads, nginx)
@@ -111,7 +112,7 @@ MONGOC_LIBS = $(shell pkg-config --libs libmongoc-1.0)
 #   csrc/model/    the protocol, the lease, its engine, the change stream's
 #                  machine: plain C on libbson (no Lua, no libmongoc)
 CORE_DIRS := csrc/binding csrc/driver csrc/model
-CSRC := $(filter-out csrc/model/test.c,$(wildcard $(addsuffix /*.c,$(CORE_DIRS))))
+CSRC := $(filter-out csrc/model/test.c csrc/driver/test_fiber.c,$(wildcard $(addsuffix /*.c,$(CORE_DIRS))))
 CHDR := $(wildcard $(addsuffix /*.h,$(CORE_DIRS)))
 CORE_INC := $(addprefix -I,$(CORE_DIRS))
 
@@ -166,7 +167,7 @@ LUA_CPATH_luajit := $(CURDIR)/build/luajit/?.so;;
 run: deps build
 	@LUA_CPATH='$(LUA_CPATH_lua5.4)' tools/with-standin lua5.4 examples/counter.lua
 
-test: deps-test build build-luas build/test/model frameworks
+test: deps-test build build-luas build/test/model $(FIBER_TESTS) frameworks
 	@tools/run-tests
 
 # ---- the game-server frameworks the scheduler specs run in ---------------
@@ -220,6 +221,18 @@ BSON_LIBS = $(shell pkg-config --libs libbson-1.0)
 build/test/model: $(MODEL_SRC) $(MODEL_HDR) | deps-apt
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -Icsrc/model $(BSON_CFLAGS) -o $@ $(MODEL_SRC) $(BSON_LIBS) -lpthread -lm
+
+# the fibers linked alone (fiber.c and its test program): with the x86-64
+# switch where there is one, and on glibc's ucontext, the other platforms'
+# (tools/run-tests runs both as "fiber-c")
+FIBER_TESTS := build/test/fiber build/test/fiber-ucontext
+build/test/fiber: csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -Icsrc/driver -o $@ csrc/driver/fiber.c csrc/driver/test_fiber.c -lpthread -lm
+build/test/fiber-ucontext: csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c | deps-apt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -DML_FIBER_UCONTEXT -Icsrc/driver -o $@ csrc/driver/fiber.c \
+	  csrc/driver/test_fiber.c -lpthread -lm
 
 # the rock built with luarocks into a temporary tree and loaded from there
 .PHONY: check-rock

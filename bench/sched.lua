@@ -11,7 +11,7 @@
 --    blocking waiter took it.  Both processes read CLOCK_MONOTONIC.
 -- 2. One coroutine's cycles: docs:lock + h:release back to back, through the
 --    scheduler's client against the same calls made blocking from the same
---    loop (the plain path).
+--    loop (the plain path), in alternating slices of 100 cycles.
 --
 --   lua5.4|luajit bench/sched.lua [SECONDS [ROUNDS [SCHEDULERS]]]   (MONGODB_URI set)
 --   SCHEDULERS: cqueues,luv (those whose module loads)
@@ -167,29 +167,39 @@ end
 
 -- ---- 2. one coroutine's cycles ----------------------------------------------------
 
-local function cycles_round(sched, blocking)
-  local opts = { appname = "bench-sched" }
-  if not blocking then opts.scheduler = sched end
-  local client = assert(mongolock.connect(uri, opts))
-  local docs = client:documents("mongolock_bench", ("cycles_%d_%s"):format(core.getpid(),
-    blocking and "b" or "s"))
+-- One coroutine alternates slices of SLICE cycles through the scheduler's
+-- client and through a plain client (the same calls blocking), both
+-- connected for the whole round, each mode `seconds` in all: the machine's
+-- noise falls on both alike.  Answers the two rates (cycles/s).
+local SLICE = 100
+local function cycles_round(sched)
+  local sc = assert(mongolock.connect(uri, { appname = "bench-sched", scheduler = sched }))
+  local bc = assert(mongolock.connect(uri, { appname = "bench-sched" }))
+  local coll = ("cycles_%d_%s"):format(core.getpid(), sched)
+  local docs = { [false] = sc:documents("mongolock_bench", coll .. "_s"),
+                 [true] = bc:documents("mongolock_bench", coll .. "_b") }
   local loop = loops[sched]()
-  local n, elapsed
+  local n, t = { [false] = 0, [true] = 0 }, { [false] = 0, [true] = 0 }
   loop.spawn(function()
-    local _, h = docs:lock(1, { insert = { score = 0 } })
-    if h then h:release() end
-    local t0 = monotonic()
-    local stop = t0 + seconds
-    n = 0
-    while monotonic() < stop do
-      local doc, hh = docs:lock(1)
-      if doc and hh:release() then n = n + 1 end
+    for _, d in pairs(docs) do
+      local _, h = d:lock(1, { insert = { score = 0 } })
+      if h then h:release() end
     end
-    elapsed = monotonic() - t0
+    local stop, blocking = monotonic() + 2 * seconds, false
+    while monotonic() < stop do
+      local d, t0 = docs[blocking], monotonic()
+      for _ = 1, SLICE do
+        local doc, hh = d:lock(1)
+        if doc and hh:release() then n[blocking] = n[blocking] + 1 end
+      end
+      t[blocking] = t[blocking] + (monotonic() - t0)
+      blocking = not blocking
+    end
   end)
   loop.run()
-  client:close()
-  return n / elapsed
+  sc:close()
+  bc:close()
+  return n[false] / t[false], n[true] / t[true]
 end
 
 -- ---- report ------------------------------------------------------------------------
@@ -210,14 +220,9 @@ for r = 1, rounds do
     H[s][r] = h
     say(impl, s, ("round %d hand-off in-process p50 %.2f p99 %.2f ms (%d), to plain p50 %.2f ms (%d), "
       .. "ticker worst %.1f ms, failed %d"):format(r, h.p50, h.p99, h.n, h.plain50, h.nplain, h.worst, h.failed))
-    -- alternate which goes first
-    local order = r % 2 == 1 and { false, true } or { true, false }
-    for _, blocking in ipairs(order) do
-      local c = cycles_round(s, blocking)
-      local t = C[s][blocking and "blocking" or "sched"]
-      t[#t + 1] = c
-      say(impl, s, ("round %d one coroutine, %s: %.0f cycles/s"):format(r, blocking and "blocking" or "scheduler", c))
-    end
+    local cs, cb = cycles_round(s)
+    C[s].sched[r], C[s].blocking[r] = cs, cb
+    say(impl, s, ("round %d one coroutine: %.0f cycles/s, blocking %.0f (%.2fx)"):format(r, cs, cb, cs / cb))
   end
 end
 

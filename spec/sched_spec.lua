@@ -415,6 +415,56 @@ for _, a in ipairs(adapters) do
       assert.truthy(ok_n > 0)
       assert.truthy(worst < 0.1, string.format("the ticker was held up %.3f s", worst))
     end)
+
+    it("a connection closed between round trips: the next ones wait on their new sockets, woken by "
+       .. "them, also where a socket's number comes back", function()
+      -- an adapter that kept something of a closed descriptor (cqueues'
+      -- registration, luv's handle) and missed the new socket under the
+      -- same number would sleep out each wait: LOOK_AGAIN, 30 s here
+      local sched = require "mongolock.sched"
+      local S = sched.check(a.scheduler(loop), 1, "spec")
+      local wait_fd, look = S.wait_fd, sched.LOOK_AGAIN
+      local fds = {}
+      S.wait_fd = function(fd, s)
+        fds[#fds + 1] = fd
+        return wait_fd(fd, s)
+      end
+      local app = helpers.unique("closed")
+      local c2 = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
+      local observer = helpers.connect()
+      local fp = { configureFailPoint = "failCommand" }
+      local answers, n, before, elapsed = {}, 0, nil, nil
+      sched.LOOK_AGAIN = 30
+      loop.spawn(function()
+        for _ = 1, 3 do assert(c2:command(helpers.database, { ping = 1 })) end
+        before = #fds
+        -- the server closes the connection of the next ping
+        assert(observer._core:command("admin", fp, { mode = { times = 1 },
+          data = { failCommands = { "ping" }, closeConnection = true, appName = app } }))
+        local t0 = core.monotonic()
+        answers[1] = { c2:command(helpers.database, { ping = 1 }) }
+        -- back on fibers once the pool's monitor finds the server again
+        -- (at most half a second; until then in worker threads)
+        while core.monotonic() - t0 < 1.5 do
+          local r, err = c2:command(helpers.database, { ping = 1 })
+          assert(r, err)
+          n = n + 1
+        end
+        elapsed = core.monotonic() - t0
+      end)
+      local ok, err = pcall(loop.run)
+      sched.LOOK_AGAIN, S.wait_fd = look, wait_fd
+      assert(observer._core:command("admin", fp, { mode = "off" }))
+      observer:close()
+      c2:close()
+      assert(ok, err)
+      assert.same({}, loop.errors)
+      assert.is_nil(answers[1][1], "the closed connection's ping failed")
+      assert.truthy(before >= 3, "the pings before waited on their socket")
+      assert.truthy(#fds > before + 10, "round trips after the close ran on fibers again: "
+        .. (#fds - before) .. " waits")
+      assert.truthy(elapsed < 10, ("a wait slept out (%.1f s for %d pings)"):format(elapsed, n))
+    end)
   end)
 end
 

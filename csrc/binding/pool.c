@@ -347,6 +347,8 @@ typedef struct {
   uint8_t *op;
   uint32_t oplen;
   int ended;                    /* the op returned: ok, reply, err are set */
+  int looked;                   /* it just looked (here's first run): the
+                                   first step need not look again */
   int ok;
   int elsewhere;                /* it failed unsent or unapplied: a worker thread runs it */
   bson_t reply;
@@ -579,6 +581,7 @@ static int l_here(lua_State *L) {
   memcpy(h->op, bytes, len);
   h->oplen = (uint32_t)len;
   ml_fiber_resume(h->f, 0);
+  h->looked = 1;
   return 1;
 }
 
@@ -628,7 +631,8 @@ static void push_left(lua_State *L, ml_fiber *f) {
  * (not sent, or refused by a server that is no primary: submit it to a
  * worker thread); else what client:run(op) answers, as job:take.  The op
  * is let go of once it answered (a second step answers nil, "taken").
- * Each step first lets the op look again.
+ * Each step but the first first lets the op look again (pool:here's own
+ * run has just looked).
  *
  * A bridged pool's op asks the loop instead (fiber_stream.h):
  *   false, "connect", id, host, port, nil, seconds
@@ -641,10 +645,12 @@ static int l_here_step(lua_State *L) {
   ml_hereref *ref = check_here(L, 1);
   ml_here *h = ref->h;
   ml_bridge_io *io;
-  int n;
+  int n, looked;
   if (!h) return ml_pushfail(L, "taken", 0);
   io = h->ended ? NULL : (ml_bridge_io *)ml_fiber_request(h->f);
-  if (!h->ended && (!io || lua_gettop(L) >= 2)) {
+  looked = h->looked;
+  h->looked = 0;
+  if (!h->ended && (io ? lua_gettop(L) >= 2 : !looked)) {
     if (io) bridge_answer(L, io);
     ml_fiber_resume(h->f, 0);
     io = h->ended ? NULL : (ml_bridge_io *)ml_fiber_request(h->f);

@@ -1,5 +1,11 @@
 /*
- * Fibers on ucontext (fiber.h).
+ * Fibers (fiber.h): on x86-64 a switch of our own, elsewhere ucontext.
+ *
+ * glibc's swapcontext, getcontext and setcontext each make a system call
+ * (rt_sigprocmask), three to five per round trip; the switch below saves
+ * and loads only what the calling convention keeps (the callee-saved
+ * registers, the SSE and x87 control words) and makes none.  Nothing on a
+ * fiber changes the signal mask, so no mask needs switching.
  *
  * A fiber's stack is an anonymous mapping with a guard page below it; the
  * stacks of ended fibers are kept (up to STACKS_KEPT) for the next ones.
@@ -10,8 +16,8 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include "fiber.h"
@@ -31,14 +37,25 @@
 #endif
 #endif
 
+#if defined(__x86_64__) && !defined(ML_FIBER_UCONTEXT)
+#define ML_OWN_SWITCH 1
+#else
+#include <ucontext.h>
+#endif
+
 /* libmongoc's deepest calls (a reply's parsing under a retried write) take
  * a few tens of KiB; pages never touched are never committed */
 #define STACK_SIZE (512 * 1024)
 #define STACKS_KEPT 16
 
 struct ml_fiber {
+#ifdef ML_OWN_SWITCH
+  void *sp;                     /* the fiber's saved stack pointer */
+  void *back;                   /* the resumer's */
+#else
   ucontext_t ctx;               /* the fiber's */
   ucontext_t back;              /* the resumer's */
+#endif
   void (*fn)(void *);
   void *arg;
   char *map;                    /* guard page + stack */
@@ -87,9 +104,76 @@ static void stack_put(char *m) {
   if (m) munmap(m, STACK_SIZE + page());
 }
 
+#ifdef ML_OWN_SWITCH
+/* ml_switch(&save, to): pushes the callee-saved registers and the control
+ * words on the current stack, stores the stack pointer in save, takes `to`
+ * as the stack pointer and pops what the switch away from it pushed (or
+ * what ml_fiber_new laid out), returning where that switch was called */
+void ml_switch(void **save, void *to);
+__asm__(".text\n"
+        ".globl ml_switch\n"
+        ".hidden ml_switch\n"
+        ".type ml_switch, @function\n"
+        "ml_switch:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  subq $8, %rsp\n"
+        "  stmxcsr (%rsp)\n"
+        "  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n"
+        "  fldcw 4(%rsp)\n"
+        "  addq $8, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size ml_switch, .-ml_switch\n");
+
+/* the first switch to a fiber returns here, on its stack; the fiber to
+ * start is the thread's running one, set by ml_fiber_resume */
+static void trampoline(void) {
+  ml_fiber *f = running;
+  f->fn(f->arg);
+  f->done = 1;
+  ml_switch(&f->sp, f->back);
+  abort();                      /* a finished fiber is never resumed */
+}
+
+/* the stack's top as ml_switch leaves it: the control words, six
+ * registers, the return address (trampoline) and a zero above it where a
+ * call would have put trampoline's own; a function starts with its stack
+ * pointer 8 past a multiple of 16 */
+static int context_init(ml_fiber *f) {
+  uint64_t *top = (uint64_t *)(f->map + page() + STACK_SIZE);
+  uint64_t *sp = top - 10;      /* 16-byte aligned: 80 bytes below the top */
+  uint32_t csr;
+  uint16_t cw;
+  __asm__ volatile("stmxcsr %0" : "=m"(csr));
+  __asm__ volatile("fnstcw %0" : "=m"(cw));
+  sp -= 1;                      /* now 8 past a multiple of 16 */
+  memset(sp, 0, 9 * sizeof *sp);
+  memcpy(sp, &csr, sizeof csr);
+  memcpy((char *)sp + 4, &cw, sizeof cw);
+  sp[7] = (uint64_t)(uintptr_t)trampoline;
+  f->sp = sp;
+  return 0;
+}
+
+static void switch_in(ml_fiber *f) { ml_switch(&f->back, f->sp); }
+static void switch_out(ml_fiber *f) { ml_switch(&f->sp, f->back); }
+#else
 /* getcontext returns twice (setjmp's kind): kept out of the callers'
  * frames */
-__attribute__((noinline)) static int context_init(ucontext_t *c) { return getcontext(c); }
+__attribute__((noinline)) static int context_get(ucontext_t *c) { return getcontext(c); }
 
 /* makecontext passes int arguments only: the fiber to start is the
  * thread's running one, set by ml_fiber_resume */
@@ -100,6 +184,19 @@ static void trampoline(void) {
   /* uc_link is f->back: returning resumes the resumer */
 }
 
+static int context_init(ml_fiber *f) {
+  if (context_get(&f->ctx) != 0) return -1;
+  f->ctx.uc_stack.ss_sp = f->map + page();
+  f->ctx.uc_stack.ss_size = STACK_SIZE;
+  f->ctx.uc_link = &f->back;
+  makecontext(&f->ctx, trampoline, 0);
+  return 0;
+}
+
+static void switch_in(ml_fiber *f) { swapcontext(&f->back, &f->ctx); }
+static void switch_out(ml_fiber *f) { swapcontext(&f->ctx, &f->back); }
+#endif
+
 ml_fiber *ml_fiber_new(void (*fn)(void *), void *arg) {
 #ifdef ML_NO_FIBERS
   (void)fn;
@@ -108,7 +205,7 @@ ml_fiber *ml_fiber_new(void (*fn)(void *), void *arg) {
 #else
   ml_fiber *f = (ml_fiber *)calloc(1, sizeof *f);
   if (!f) return NULL;
-  if (!(f->map = stack_get()) || context_init(&f->ctx) != 0) {
+  if (!(f->map = stack_get()) || context_init(f) != 0) {
     if (f->map) stack_put(f->map);
     free(f);
     return NULL;
@@ -116,13 +213,9 @@ ml_fiber *ml_fiber_new(void (*fn)(void *), void *arg) {
   f->fn = fn;
   f->arg = arg;
   f->fd = -1;
-  f->ctx.uc_stack.ss_sp = f->map + page();
-  f->ctx.uc_stack.ss_size = STACK_SIZE;
-  f->ctx.uc_link = &f->back;
 #ifdef ML_VALGRIND
   f->vg_id = VALGRIND_STACK_REGISTER(f->map + page(), f->map + page() + STACK_SIZE);
 #endif
-  makecontext(&f->ctx, trampoline, 0);
   return f;
 #endif
 }
@@ -132,7 +225,7 @@ int ml_fiber_resume(ml_fiber *f, int cancel) {
   if (f->done) return 1;
   f->cancel = cancel;
   running = f;
-  swapcontext(&f->back, &f->ctx);
+  switch_in(f);
   running = outer;
   return f->done;
 }
@@ -158,7 +251,7 @@ static int wait_for(int fd, void *req, int64_t deadline_us) {
   f->fd = fd;
   f->req = req;
   f->deadline = deadline_us;
-  swapcontext(&f->ctx, &f->back);
+  switch_out(f);
   f->fd = -1;
   f->req = NULL;
   return f->cancel ? -1 : 0;

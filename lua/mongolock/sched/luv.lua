@@ -84,16 +84,29 @@ function _M.sleep(s)
   coroutine.yield()
 end
 
+-- a poll handle per descriptor, stopped between waits and kept: a new
+-- one costs libuv two system calls to check the descriptor and one to drop
+-- it, at every round trip.  libuv lets a descriptor close under a stopped
+-- handle, and its number polled again is a new descriptor to the kernel
+local polls = {}
+
 --- Yields until descriptor fd is readable or `s` seconds have passed.
 function _M.wait_fd(fd, s)
   local co = coroutine.running()
-  local p, t = uv.new_poll(fd), uv.new_timer()
+  local p, kept = polls[fd], true
+  if not p then
+    p = uv.new_poll(fd)
+    polls[fd] = p
+  elseif p:is_active() then         -- another coroutine waits on it: a handle of its own
+    p, kept = uv.new_poll(fd), false
+  end
+  local t = uv.new_timer()
   local woken = false
   local function wake()
     if woken then return end
     woken = true
     p:stop()
-    p:close()
+    if not kept then p:close() end
     t:stop()
     t:close()
     resume(co)
