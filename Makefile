@@ -228,10 +228,10 @@ build/test/model: $(MODEL_SRC) $(MODEL_HDR) | deps-apt
 FIBER_TESTS := build/test/fiber build/test/fiber-ucontext
 build/test/fiber: csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -Icsrc/driver -o $@ csrc/driver/fiber.c csrc/driver/test_fiber.c -lpthread -lm
+	$(CC) $(CFLAGS) $(WARN) -Icsrc/driver -o $@ csrc/driver/fiber.c csrc/driver/test_fiber.c -lpthread -lm
 build/test/fiber-ucontext: csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) $(SANFLAGS) -DML_FIBER_UCONTEXT -Icsrc/driver -o $@ csrc/driver/fiber.c \
+	$(CC) $(CFLAGS) $(WARN) -DML_FIBER_UCONTEXT -Icsrc/driver -o $@ csrc/driver/fiber.c \
 	  csrc/driver/test_fiber.c -lpthread -lm
 
 # the rock built with luarocks into a temporary tree and loaded from there
