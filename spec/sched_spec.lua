@@ -460,7 +460,6 @@ for _, a in ipairs(adapters) do
       assert(ok, err)
       assert.same({}, loop.errors)
       assert.is_nil(answers[1][1], "the closed connection's ping failed")
-      assert.truthy(before >= 3, "the pings before waited on their socket")
       assert.truthy(#fds > before + 10, "round trips after the close ran on fibers again: "
         .. (#fds - before) .. " waits")
       assert.truthy(elapsed < 10, ("a wait slept out (%.1f s for %d pings)"):format(elapsed, n))
