@@ -226,12 +226,13 @@ build/test/model: $(MODEL_SRC) $(MODEL_HDR) | deps-apt
 # switch where there is one, and on glibc's ucontext, the other platforms'
 # (tools/run-tests runs both as "fiber-c")
 FIBER_TESTS := build/test/fiber build/test/fiber-ucontext
-build/test/fiber: csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c | deps-apt
+FIBER_TEST_DEPS := csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c csrc/model/tap.h
+build/test/fiber: $(FIBER_TEST_DEPS) | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) -Icsrc/driver -o $@ csrc/driver/fiber.c csrc/driver/test_fiber.c -lpthread -lm
-build/test/fiber-ucontext: csrc/driver/fiber.c csrc/driver/fiber.h csrc/driver/test_fiber.c | deps-apt
+	$(CC) $(CFLAGS) $(WARN) -Icsrc/driver -Icsrc/model -o $@ csrc/driver/fiber.c csrc/driver/test_fiber.c -lpthread -lm
+build/test/fiber-ucontext: $(FIBER_TEST_DEPS) | deps-apt
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) -DML_FIBER_UCONTEXT -Icsrc/driver -o $@ csrc/driver/fiber.c \
+	$(CC) $(CFLAGS) $(WARN) -DML_FIBER_UCONTEXT -Icsrc/driver -Icsrc/model -o $@ csrc/driver/fiber.c \
 	  csrc/driver/test_fiber.c -lpthread -lm
 
 # the rock built with luarocks into a temporary tree and loaded from there

@@ -149,17 +149,16 @@ static void trampoline(void) {
 }
 
 /* the stack's top as ml_switch leaves it: the control words, six
- * registers, the return address (trampoline) and a zero above it where a
- * call would have put trampoline's own; a function starts with its stack
- * pointer 8 past a multiple of 16 */
+ * registers, the return address (trampoline), and a zero above it where a
+ * call would have put trampoline's own.  A function starts with its stack
+ * pointer 8 past a multiple of 16: sp + 64 is, as the top is page-aligned
+ * and sp is 88 bytes below it. */
 static int context_init(ml_fiber *f) {
-  uint64_t *top = (uint64_t *)(f->map + page() + STACK_SIZE);
-  uint64_t *sp = top - 10;      /* 16-byte aligned: 80 bytes below the top */
+  uint64_t *sp = (uint64_t *)(f->map + page() + STACK_SIZE) - 11;
   uint32_t csr;
   uint16_t cw;
   __asm__ volatile("stmxcsr %0" : "=m"(csr));
   __asm__ volatile("fnstcw %0" : "=m"(cw));
-  sp -= 1;                      /* now 8 past a multiple of 16 */
   memset(sp, 0, 9 * sizeof *sp);
   memcpy(sp, &csr, sizeof csr);
   memcpy((char *)sp + 4, &cw, sizeof cw);

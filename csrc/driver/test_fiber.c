@@ -11,26 +11,13 @@
  *   make build/test/fiber && build/test/fiber
  */
 #include <fenv.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fiber.h"
-
-static int tests, failures;
-
-static void ok(int cond, const char *fmt, ...) {
-  va_list ap;
-  tests++;
-  if (!cond) failures++;
-  printf("%sok %d - ", cond ? "" : "not ", tests);
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-}
+#include "tap.h"
 
 /* ---- a fiber that waits n times on descriptor 7, summing as it goes ---- */
 
@@ -251,6 +238,5 @@ int main(void) {
   test_rounding();
   test_ask_cancel();
   test_many();
-  printf("1..%d\n", tests);
-  return failures ? 1 : 0;
+  return tap_end();
 }

@@ -10,7 +10,6 @@
  *
  *   make build/test/model && build/test/model
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,19 +19,7 @@
 #include "protocol.h"
 #include "protocol_shared.h"
 #include "stream.h"
-
-static int tests, failures;
-
-static void ok(int cond, const char *fmt, ...) {
-  va_list ap;
-  tests++;
-  if (!cond) failures++;
-  printf("%sok %d - ", cond ? "" : "not ", tests);
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  putchar('\n');
-}
+#include "tap.h"
 
 static int near(double a, double b) {
   return a - b < 1e-9 && b - a < 1e-9;
@@ -624,6 +611,5 @@ int main(void) {
   test_stream();
   test_stream_holders();
   test_acquire_templates();
-  printf("1..%d\n", tests);
-  return failures ? 1 : 0;
+  return tap_end();
 }
