@@ -19,6 +19,8 @@
  *                                       -- wanted: the op still runs
  *   pool:close()                        -- (also __gc) queued jobs end
  *                                       -- with "closed"
+ *   pool:keep(keeper), pool:bury()      -- a loop that keeps sockets
+ *                                       -- watched (l_pool_keep)
  *   sig = core.signal()                 -- mongolock.Signal: an eventfd
  *   sig:fd(), sig:clear(), sig:close()  -- (clear reads it: true when it
  *                                       -- had been written)
@@ -116,6 +118,10 @@ typedef struct pool_state {
                                  * writes; looked again after this */
   int64_t kick_after;           /* (mu) the next selection that asks the
                                  * monitor to look now */
+  int keep;                     /* the loop keeps sockets watched after a
+                                 * wait: the fibers' dead ones go to graves
+                                 * (pool:keep) */
+  ml_graves graves;             /* fiber_stream.h */
 } pool_state;
 
 typedef struct { pool_state *ps; int threads; } ml_pool;
@@ -250,6 +256,7 @@ static void state_unref(pool_state *ps) {
   if (!last) return;
   while (ps->nhere > 0) mongoc_client_pool_push(ps->hpool, ps->here[--ps->nhere]);
   if (ps->hpool) ml_pool_destroy(ps->hpool);
+  ml_graves_destroy(&ps->graves);
   if (ps->here_uri) mongoc_uri_destroy(ps->here_uri);
   if (ps->mpool) ml_pool_destroy(ps->mpool);
   mongoc_write_concern_destroy(ps->wc);
@@ -410,7 +417,7 @@ static mongoc_client_t *here_client_get(pool_state *ps) {
     if (!ps->hpool && ps->here_uri && (ps->hpool = ml_pool_new(ps->here_uri)))
       mongoc_client_pool_set_error_api(ps->hpool, MONGOC_ERROR_API_VERSION_2);
     pthread_mutex_unlock(&ps->mu);
-    if (ps->hpool && (mc = mongoc_client_pool_try_pop(ps->hpool))) ml_fiber_stream_use(mc, ps->bridged);
+    if (ps->hpool && (mc = mongoc_client_pool_try_pop(ps->hpool))) ml_fiber_stream_use(mc, ps->bridged, ps->keep ? &ps->graves : NULL);
   }
   return mc;
 }
@@ -835,6 +842,7 @@ static int l_pool(lua_State *L) {
   mongoc_client_pool_set_error_api(ps->mpool, MONGOC_ERROR_API_VERSION_2);
   ps->wc = mongoc_write_concern_copy(c->wc);
   pthread_mutex_init(&ps->mu, NULL);
+  ml_graves_init(&ps->graves);
   ps->pid = my_pid;
   ps->refs = 1;
   p->ps = ps;
@@ -920,8 +928,60 @@ static int l_submit(lua_State *L) {
   return 1;
 }
 
+/* calls the keeper's (pool:keep) field k with fd (none when fd < 0),
+ * errors dropped: a loop's forget raising must not leave a socket open */
+static void keeper_call(lua_State *L, int i, const char *k, int fd) {
+  ml_getuservalue(L, i);
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, k);
+    if (lua_isfunction(L, -1)) {
+      if (fd >= 0) lua_pushinteger(L, fd);
+      if (lua_pcall(L, fd >= 0 ? 1 : 0, 0, 0) != LUA_OK) lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+}
+
+/* pool:keep(keeper): the loop keeps a fiber's socket watched after a wait
+ * until keeper.forget(fd); the pool's dead sockets then wait unclosed
+ * (graves) for pool:bury, and pool:close (also __gc) calls keeper.close()
+ * first, which forgets every socket the loop may still watch.  Before the
+ * pool's first op */
+static int l_pool_keep(lua_State *L) {
+  ml_pool *p = check_pool(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  if (p->ps && !p->ps->bridged) {
+    lua_pushvalue(L, 2);
+    ml_setuservalue(L, 1);
+    p->ps->keep = 1;
+  }
+  lua_pushboolean(L, p->ps && p->ps->keep);
+  return 1;
+}
+
+/* pool:bury(): the sockets of connections destroyed since (graves), each
+ * forgotten by the loop (keeper.forget(fd)), then closed */
+static int l_pool_bury(lua_State *L) {
+  ml_pool *p = check_pool(L, 1);
+  mongoc_stream_t *s;
+  int fd;
+  if (!p->ps || !p->ps->keep || p->ps->pid != my_pid) return 0;
+  while ((s = ml_graves_pop(&p->ps->graves, &fd))) {
+    keeper_call(L, 1, "forget", fd);
+    mongoc_stream_destroy(s);
+  }
+  return 0;
+}
+
 static int l_pool_close(lua_State *L) {
-  pool_close(check_pool(L, 1));
+  ml_pool *p = check_pool(L, 1);
+  if (p->ps && p->ps->keep && p->ps->pid == my_pid) {
+    keeper_call(L, 1, "close", -1);
+    l_pool_bury(L);
+  }
+  pool_close(p);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -1001,6 +1061,8 @@ static const luaL_Reg pool_methods[] = {
   {"submit", l_submit},
   {"here", l_here},
   {"dead", l_dead},
+  {"keep", l_pool_keep},
+  {"bury", l_pool_bury},
   {"close", l_pool_close},
   {"threads", l_pool_threads},
   {NULL, NULL}

@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -24,6 +25,8 @@ typedef struct fiber_stream {
   mongoc_stream_t *base;        /* the driver's socket stream (writes); NULL: bridged */
   int fd;                       /* its descriptor */
   int out;                      /* a read timed out or was cancelled */
+  int waited;                   /* a fiber waited on its descriptor */
+  ml_graves *graves;            /* where it goes when destroyed, once waited */
   size_t off, len;              /* buf[off, off + len) is read, not yet taken */
   /* bridged: */
   uint64_t id;
@@ -159,6 +162,7 @@ static ssize_t fill(fiber_stream *s, int64_t deadline) {
       return -1;
     }
     if (ml_fiber_current()) {
+      s->waited = 1;
       if (ml_fiber_wait(s->fd, deadline) != 0) {
         s->out = 1;
         errno = ECANCELED;
@@ -216,15 +220,67 @@ static void bridge_gone(fiber_stream *s) {
   bson_free(s->wbuf);
 }
 
+/* ---- graves (fiber_stream.h) --------------------------------------------- */
+
+void ml_graves_init(ml_graves *g) {
+  memset(g, 0, sizeof *g);
+  pthread_mutex_init(&g->mu, NULL);
+}
+
+/* base, a socket stream the loop may watch, into the graves (closed at
+ * once when there is no room for it) */
+static void bury(ml_graves *g, mongoc_stream_t *base, int fd) {
+  pthread_mutex_lock(&g->mu);
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 8;
+    mongoc_stream_t **s = (mongoc_stream_t **)realloc(g->s, cap * sizeof *s);
+    int *f = s ? (int *)realloc(g->fd, cap * sizeof *f) : NULL;
+    if (s) g->s = s;
+    if (f) g->fd = f, g->cap = cap;
+  }
+  if (g->n < g->cap) {
+    g->s[g->n] = base;
+    g->fd[g->n++] = fd;
+    base = NULL;
+  }
+  pthread_mutex_unlock(&g->mu);
+  if (base) mongoc_stream_destroy(base);
+}
+
+mongoc_stream_t *ml_graves_pop(ml_graves *g, int *fd) {
+  mongoc_stream_t *s = NULL;
+  pthread_mutex_lock(&g->mu);
+  if (g->n > 0) {
+    s = g->s[--g->n];
+    *fd = g->fd[g->n];
+  }
+  pthread_mutex_unlock(&g->mu);
+  return s;
+}
+
+void ml_graves_destroy(ml_graves *g) {
+  mongoc_stream_t *s;
+  int fd;
+  while ((s = ml_graves_pop(g, &fd))) mongoc_stream_destroy(s);
+  free(g->s);
+  free(g->fd);
+  pthread_mutex_destroy(&g->mu);
+  memset(g, 0, sizeof *g);
+}
+
 static void f_destroy(mongoc_stream_t *s) {
-  if (fs_of(s)->base) mongoc_stream_destroy(fs_of(s)->base);
-  else bridge_gone(fs_of(s));
+  fiber_stream *f = fs_of(s);
+  if (f->base && f->graves && f->waited) bury(f->graves, f->base, f->fd);
+  else if (f->base) mongoc_stream_destroy(f->base);
+  else bridge_gone(f);
   bson_free(s);
 }
 
 static void f_failed(mongoc_stream_t *s) {
-  if (fs_of(s)->base) mongoc_stream_failed(fs_of(s)->base);
-  else bridge_gone(fs_of(s));
+  fiber_stream *f = fs_of(s);
+  if (f->base && f->graves && f->waited) bury(f->graves, f->base, f->fd);
+  else if (f->base) mongoc_stream_failed(f->base);
+  else bridge_gone(f);
   bson_free(s);
 }
 
@@ -329,18 +385,22 @@ static fiber_stream *connect_bridged(const mongoc_uri_t *uri, const mongoc_host_
   return s;
 }
 
+/* the initiator's user data for bridged connections (else: their graves) */
+static int bridged_tag;
+
 static mongoc_stream_t *initiator(const mongoc_uri_t *uri, const mongoc_host_list_t *host, void *user_data,
                                   bson_error_t *error) {
   fiber_stream *s;
   mongoc_stream_t *base;
   int fd = -1;
-  if (user_data) {
+  if (user_data == &bridged_tag) {
     if (!(s = connect_bridged(uri, host, error))) return NULL;
   } else {
     if (!(base = connect_tcp(uri, host, &fd, error))) return NULL;
     s = (fiber_stream *)bson_malloc0(sizeof *s);
     s->base = base;
     s->fd = fd;
+    s->graves = (ml_graves *)user_data;
   }
   s->vtable.type = FIBER_STREAM_TYPE;
   s->vtable.destroy = f_destroy;
@@ -365,8 +425,6 @@ int ml_fiber_stream_fits(const mongoc_uri_t *uri) {
   return mongoc_uri_get_hosts(uri) != NULL;
 }
 
-static int bridged_tag;
-
-void ml_fiber_stream_use(mongoc_client_t *mc, int bridged) {
-  mongoc_client_set_stream_initiator(mc, initiator, bridged ? &bridged_tag : NULL);
+void ml_fiber_stream_use(mongoc_client_t *mc, int bridged, ml_graves *graves) {
+  mongoc_client_set_stream_initiator(mc, initiator, bridged ? (void *)&bridged_tag : (void *)graves);
 }

@@ -17,13 +17,36 @@
 #ifndef MONGOLOCK_FIBER_STREAM_H
 #define MONGOLOCK_FIBER_STREAM_H
 
+#include <pthread.h>
+
 #include <mongoc/mongoc.h>
 
 /* 1 when uri's connections can be such streams: no TLS, TCP hosts only */
 int ml_fiber_stream_fits(const mongoc_uri_t *uri);
 
-/* mc's connections made from now on are such streams (bridged: 1) */
-void ml_fiber_stream_use(mongoc_client_t *mc, int bridged);
+/* Connections whose descriptors the loop may still watch after a wait (a
+ * scheduler that keeps a descriptor watched until told to forget it): one
+ * of them destroyed is not closed at once but waits in its pool's graves
+ * until the loop has forgotten its descriptor (a descriptor closed while
+ * watched, or its number taken by a new socket, confuses such a loop) */
+typedef struct ml_graves {
+  pthread_mutex_t mu;
+  mongoc_stream_t **s;          /* the connections' sockets, unclosed */
+  int *fd;                      /* their descriptors */
+  size_t n, cap;
+} ml_graves;
+
+void ml_graves_init(ml_graves *g);
+/* the latest grave's socket (its descriptor in *fd), out of the graves,
+ * for the caller to destroy; NULL when there is none */
+mongoc_stream_t *ml_graves_pop(ml_graves *g, int *fd);
+/* closes every socket left in the graves and frees them */
+void ml_graves_destroy(ml_graves *g);
+
+/* mc's connections made from now on are such streams (bridged: 1); a
+ * plain one, once waited on through a fiber, goes to graves when
+ * destroyed (NULL: closed at once) */
+void ml_fiber_stream_use(mongoc_client_t *mc, int bridged, ml_graves *graves);
 
 /* what a bridged connection asks the loop to do */
 enum { ML_BRIDGE_CONNECT = 1, ML_BRIDGE_SEND, ML_BRIDGE_RECV };

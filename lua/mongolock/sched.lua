@@ -38,6 +38,19 @@
 --                      thread (pool:here, csrc/driver/fiber.h) rather than
 --                      in a worker thread
 --
+-- and, with sockets, may keep a socket watched from one wait to the next
+-- (the built-in cqueues adapter does: a round trip then costs the loop no
+-- system call to watch and unwatch it):
+--
+--   S.wait_socket(fd, seconds)
+--                      as wait_fd, for a connection's socket, which it may
+--                      leave watched when it returns
+--   S.forget(fd)       stops watching fd.  The library calls it before it
+--                      closes a socket it gave to wait_socket (a dead
+--                      connection's socket stays open until then: the
+--                      pool's graves, pool:bury), and for every such socket
+--                      when the client closes or is collected
+--
 -- "cqueues" is built in (below), "luv", "skynet" and "copas" are
 -- mongolock.sched.luv, .skynet and .copas.  What stays
 -- off the loop: the lease engine (renewal in batches, grant top-ups,
@@ -103,6 +116,19 @@ function builtin.cqueues()
     -- a job's descriptor once taken, and a new one may get its number
     cqueues.cancel(fd)
   end
+  -- a socket stays registered until the coroutine yields without polling
+  -- it again (cqueues drops it then) or forget: round trips back to back
+  -- make no epoll_ctl.  One poll table per descriptor
+  local polls = {}
+  function S.wait_socket(fd, s)
+    local p = polls[fd]
+    if not p then
+      p = { pollfd = fd, events = "r" }
+      polls[fd] = p
+    end
+    cqueues.poll(p, s)
+  end
+  function S.forget(fd) cqueues.cancel(fd) end
   return S
 end
 
@@ -182,6 +208,24 @@ local function runner_of(S, pool)
   -- the job's end is written to the coroutine's signal; a write left from
   -- before (a stream's) only wakes it early, and it looks again
   local here = S.sockets == true
+  -- a loop that keeps sockets watched (S.wait_socket, S.forget): the
+  -- sockets it may watch (armed), each forgotten before it is closed
+  local keep = here and S.wait_socket and S.forget and true or false
+  local wait_socket = keep and S.wait_socket or wait_fd
+  local armed = {}
+  if keep then
+    local forget = S.forget
+    pool:keep({
+      forget = function(fd)
+        armed[fd] = nil
+        forget(fd)
+      end,
+      close = function()
+        for fd in pairs(armed) do forget(fd) end
+        armed = {}
+      end,
+    })
+  end
   local function run(op)
     -- in the loop's thread when it can be (no TLS, a server known to take
     -- writes, a connection and a stack to spare), else in a worker thread
@@ -189,10 +233,15 @@ local function runner_of(S, pool)
     if h then
       while true do
         local a, b, c, d, e = h:step()
-        if a ~= false then return a, b, c, d, e end
+        if a ~= false then
+          if keep then pool:bury() end
+          return a, b, c, d, e
+        end
         if not b then break end       -- it did not apply: a worker thread runs it
-        wait_fd(b, c and math_min(c, _M.LOOK_AGAIN) or _M.LOOK_AGAIN)
+        if keep then armed[b] = true end
+        wait_socket(b, c and math_min(c, _M.LOOK_AGAIN) or _M.LOOK_AGAIN)
       end
+      if keep then pool:bury() end
     end
     local sig = signal_of(signals)
     local job, err = pool:submit(op, sig)
