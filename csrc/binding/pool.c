@@ -936,7 +936,7 @@ static void keeper_call(lua_State *L, int i, const char *k, int fd) {
     lua_getfield(L, -1, k);
     if (lua_isfunction(L, -1)) {
       if (fd >= 0) lua_pushinteger(L, fd);
-      if (lua_pcall(L, fd >= 0 ? 1 : 0, 0, 0) != LUA_OK) lua_pop(L, 1);
+      if (lua_pcall(L, fd >= 0 ? 1 : 0, 0, 0) != 0) lua_pop(L, 1);
     } else {
       lua_pop(L, 1);
     }
