@@ -285,11 +285,15 @@ static void f_failed(mongoc_stream_t *s) {
 }
 
 static int f_close(mongoc_stream_t *s) {
-  if (!fs_of(s)->base) {
-    fs_of(s)->broken = 1;
+  fiber_stream *f = fs_of(s);
+  if (!f->base) {
+    f->broken = 1;
     return 0;
   }
-  return mongoc_stream_close(fs_of(s)->base);
+  /* one the loop may watch keeps its descriptor until it goes to the
+   * graves (f_destroy): shut down, not closed */
+  if (f->graves && f->waited) return shutdown(f->fd, SHUT_RDWR) == 0 || errno == ENOTCONN ? 0 : -1;
+  return mongoc_stream_close(f->base);
 }
 static int f_flush(mongoc_stream_t *s) { return fs_of(s)->base ? mongoc_stream_flush(fs_of(s)->base) : 0; }
 static int f_setsockopt(mongoc_stream_t *s, int level, int optname, void *optval, mongoc_socklen_t optlen) {
