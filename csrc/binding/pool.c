@@ -46,6 +46,10 @@
  *   detached: close never waits for a call in flight (bounded by the URI's
  *   socket and server-selection timeouts), and the library stays loaded
  *   while one may still run (ml_pin_library).
+ * - A loop that keeps sockets watched (pool:keep) never has one closed
+ *   under it: a fibers' connection destroyed after a fiber waited on it
+ *   keeps its descriptor open in the graves until pool:bury has the loop
+ *   forget it (and pool:close has it forget all first).
  * - fork: a pool belongs to the process that made it; in another process
  *   submit answers nil, message, and close abandons it (its threads do not
  *   exist there, its libmongoc pool is the parent's); jobs_mu and refs_mu
