@@ -471,78 +471,76 @@ for _, a in ipairs(adapters) do
       assert.truthy(elapsed < 10, ("a wait slept out (%.1f s for %d pings)"):format(elapsed, n))
     end)
 
-    if a.name == "cqueues" then
-      -- cqueues keeps a polled descriptor registered until the coroutine
-      -- yields without polling it again: round trips back to back then
-      -- cost no epoll_ctl.  A descriptor closed while registered breaks
-      -- the coroutine's next yield ("unable to update event disposition"),
-      -- and a new socket under its number is never watched
-      it("round trips back to back keep their socket watched; a dead connection's socket is forgotten "
-         .. "before it closes, the others at the client's close (also after an op in the same resume)",
-         function()
-        local sched = require "mongolock.sched"
-        local cqueues = require "cqueues"
-        local S = sched.check(a.scheduler(loop), 1, "spec")
-        assert.is_function(S.wait_socket)
-        assert.is_function(S.forget)
-        local wait_socket, forget, look = S.wait_socket, S.forget, sched.LOOK_AGAIN
-        local waits, forgot = {}, {}
-        -- a descriptor still open: /proc names a socket (opening it fails
-        -- with ENXIO), a closed one is not there (ENOENT)
-        local function open_fd(fd)
-          local _, err = io.open("/proc/self/fd/" .. fd)
-          return not tostring(err):find("No such file", 1, true)
-        end
-        S.wait_socket = function(fd, s)
-          waits[#waits + 1] = fd
-          return wait_socket(fd, s)
-        end
-        S.forget = function(fd)
-          forgot[#forgot + 1] = { fd = fd, open = open_fd(fd) }
-          return forget(fd)
-        end
-        local app = helpers.unique("kept")
-        local c2 = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
-        local c3 = helpers.connect({ scheduler = a.scheduler(loop) })
-        local observer = helpers.connect()
-        local fp = { configureFailPoint = "failCommand" }
-        local steady, at_close, after_close, gc_ok, gc_err
-        sched.LOOK_AGAIN = 30
-        loop.spawn(function()
-          for _ = 1, 20 do assert(c2:command(helpers.database, { ping = 1 })) end
-          steady = #forgot
-          assert(observer._core:command("admin", fp, { mode = { times = 1 },
-            data = { failCommands = { "ping" }, closeConnection = true, appName = app } }))
-          assert.is_nil(c2:command(helpers.database, { ping = 1 }))
-          local t0 = core.monotonic()
-          while core.monotonic() - t0 < 1 do assert(c2:command(helpers.database, { ping = 1 })) end
-          -- the client closed right after a round trip, in the same resume;
-          -- then a yield: cqueues updates its registrations there
-          at_close = #forgot
-          c2:close()
-          after_close = #forgot
-          cqueues.sleep(0.01)
-          -- the same with a client collected instead of closed
-          assert(c3:command(helpers.database, { ping = 1 }))
-          c3 = nil
-          collectgarbage()
-          collectgarbage()
-          gc_ok, gc_err = pcall(cqueues.sleep, 0.01)
-        end)
-        local ok, err = pcall(loop.run)
-        sched.LOOK_AGAIN, S.wait_socket, S.forget = look, wait_socket, forget
-        assert(observer._core:command("admin", fp, { mode = "off" }))
-        observer:close()
-        assert(ok, err)
-        assert.same({}, loop.errors)
-        assert.truthy(#waits >= 20, #waits .. " waits on sockets")
-        assert.equal(0, steady, "no socket forgotten while its connection lives")
-        assert.truthy(at_close >= 1, "the dead connection's socket was forgotten")
-        for _, f in ipairs(forgot) do assert.truthy(f.open, "fd " .. f.fd .. " forgotten after its close") end
-        assert.truthy(after_close > at_close, "the client's close forgot its sockets")
-        assert(gc_ok, gc_err)
+    -- both adapters keep a socket watched between round trips (cqueues
+    -- registered until the coroutine yields without polling it again,
+    -- luv's handle started): round trips back to back then cost no
+    -- epoll_ctl.  A descriptor closed while cqueues has it registered
+    -- breaks the coroutine's next yield ("unable to update event
+    -- disposition"), and a new socket under its number is never watched
+    it("round trips back to back keep their socket watched; a dead connection's socket is forgotten "
+       .. "before it closes, the others at the client's close (also after an op in the same resume)",
+       function()
+      local sched = require "mongolock.sched"
+      local S = sched.check(a.scheduler(loop), 1, "spec")
+      assert.is_function(S.wait_socket)
+      assert.is_function(S.forget)
+      local wait_socket, forget, look = S.wait_socket, S.forget, sched.LOOK_AGAIN
+      local waits, forgot = {}, {}
+      -- a descriptor still open: /proc names a socket (opening it fails
+      -- with ENXIO), a closed one is not there (ENOENT)
+      local function open_fd(fd)
+        local _, err = io.open("/proc/self/fd/" .. fd)
+        return not tostring(err):find("No such file", 1, true)
+      end
+      S.wait_socket = function(fd, s)
+        waits[#waits + 1] = fd
+        return wait_socket(fd, s)
+      end
+      S.forget = function(fd)
+        forgot[#forgot + 1] = { fd = fd, open = open_fd(fd) }
+        return forget(fd)
+      end
+      local app = helpers.unique("kept")
+      local c2 = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
+      local c3 = helpers.connect({ scheduler = a.scheduler(loop) })
+      local observer = helpers.connect()
+      local fp = { configureFailPoint = "failCommand" }
+      local steady, at_close, after_close, gc_ok, gc_err
+      sched.LOOK_AGAIN = 30
+      loop.spawn(function()
+        for _ = 1, 20 do assert(c2:command(helpers.database, { ping = 1 })) end
+        steady = #forgot
+        assert(observer._core:command("admin", fp, { mode = { times = 1 },
+          data = { failCommands = { "ping" }, closeConnection = true, appName = app } }))
+        assert.is_nil(c2:command(helpers.database, { ping = 1 }))
+        local t0 = core.monotonic()
+        while core.monotonic() - t0 < 1 do assert(c2:command(helpers.database, { ping = 1 })) end
+        -- the client closed right after a round trip, in the same resume;
+        -- then a yield: cqueues updates its registrations there
+        at_close = #forgot
+        c2:close()
+        after_close = #forgot
+        S.sleep(0.01)
+        -- the same with a client collected instead of closed
+        assert(c3:command(helpers.database, { ping = 1 }))
+        c3 = nil
+        collectgarbage()
+        collectgarbage()
+        gc_ok, gc_err = pcall(S.sleep, 0.01)
       end)
-    end
+      local ok, err = pcall(loop.run)
+      sched.LOOK_AGAIN, S.wait_socket, S.forget = look, wait_socket, forget
+      assert(observer._core:command("admin", fp, { mode = "off" }))
+      observer:close()
+      assert(ok, err)
+      assert.same({}, loop.errors)
+      assert.truthy(#waits >= 20, #waits .. " waits on sockets")
+      assert.equal(0, steady, "no socket forgotten while its connection lives")
+      assert.truthy(at_close >= 1, "the dead connection's socket was forgotten")
+      for _, f in ipairs(forgot) do assert.truthy(f.open, "fd " .. f.fd .. " forgotten after its close") end
+      assert.truthy(after_close > at_close, "the client's close forgot its sockets")
+      assert(gc_ok, gc_err)
+    end)
   end)
 end
 

@@ -39,8 +39,8 @@
 --                      in a worker thread
 --
 -- and, with sockets, may keep a socket watched from one wait to the next
--- (the built-in cqueues adapter does: a round trip then costs the loop no
--- system call to watch and unwatch it):
+-- (the built-in cqueues and luv adapters do: a round trip then costs the
+-- loop no system call to watch and unwatch it):
 --
 --   S.wait_socket(fd, seconds)
 --                      as wait_fd, for a connection's socket, which it may

@@ -13,8 +13,8 @@
 -- luv has no coroutines of its own: the loop's coroutines are the ones
 -- started by spawn (and only they: a coroutine one of them creates blocks
 -- as outside the loop).  Their waits are luv timers and polls on the
--- library's job descriptors, so the loop's other handles keep running.
--- One loop per process (luv's default loop).
+-- library's job descriptors and connections' sockets, so the loop's other
+-- handles keep running.  One loop per process (luv's default loop).
 --
 -- A coroutine that raises goes to sched.on_error(message, co), whose
 -- default raises the message (with the coroutine's traceback) again: from
@@ -114,6 +114,60 @@ function _M.wait_fd(fd, s)
   p:start("r", wake)
   t:start(ms(s, 1), 0, wake)
   coroutine.yield()
+end
+
+-- a connection's socket (wait_socket): its poll handle and timer, kept
+-- from one wait to the next, the handle started, so that round trips back
+-- to back cost libuv no system call to watch and unwatch it.  Between
+-- waits the handle holds no reference on the loop (uv.run returns when
+-- nothing else is left), and readable while nobody waits it stops until
+-- the next wait.  forget stops it and keeps it for the descriptor's
+-- number, as wait_fd keeps its handles
+local sockets = {}
+
+--- As wait_fd, for a connection's socket, which stays watched after it
+-- returns, until forget(fd): the library calls forget before it closes
+-- the socket (mongolock.sched).
+function _M.wait_socket(fd, s)
+  local w = sockets[fd]
+  if not w then
+    w = { poll = uv.new_poll(fd), timer = uv.new_timer(), started = false }
+    function w.wake()
+      local co = w.co
+      if not co then
+        w.poll:stop()
+        w.started = false
+        return
+      end
+      w.co = nil
+      w.timer:stop()
+      w.poll:unref()
+      resume(co)
+    end
+    sockets[fd] = w
+  elseif w.co then                  -- another coroutine waits on it
+    return _M.wait_fd(fd, s)
+  end
+  w.co = coroutine.running()
+  w.poll:ref()
+  if not w.started then
+    w.poll:start("r", w.wake)
+    w.started = true
+  end
+  w.timer:start(ms(s, 1), 0, w.wake)
+  coroutine.yield()
+end
+
+--- Stops watching a socket wait_socket watched (before it is closed).
+function _M.forget(fd)
+  local w = sockets[fd]
+  if not w then return end
+  -- a coroutine still waiting on it (its op is being let go of) wakes at
+  -- its timer
+  if w.started then
+    w.poll:stop()
+    w.started = false
+  end
 end
 
 return _M
