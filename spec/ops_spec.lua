@@ -327,6 +327,29 @@ describe("#integration ops (client:run)", function()
     assert.has_error(function() c:run(core.bson_encode({ kind = "write" })) end)
   end)
 
+  -- ops are read at their top level and their command's (where this library
+  -- and libmongoc read them); what is nested in the command only the server
+  -- reads, and refuses when malformed
+  it("raises on an op malformed at its top level; one malformed deeper is the server's error", function()
+    local op = core.op_command(DB, { find = "x" }, { filter = { a = { s = "ZZZZ" } } })
+    local at = assert(op:find("s\0\5\0\0\0ZZZZ\0", 1, true))
+    -- the string's length past its document's end
+    local nested = op:sub(1, at + 1) .. "\200\0\0\0" .. op:sub(at + 6)
+    assert.equal(#op, #nested)
+    local reply, err, code = c:run(nested)
+    assert.is_nil(reply)
+    assert.is_string(err)
+    assert.is_number(code)
+    assert.is_string(run(core.op_command("admin", { ping = 1 })))   -- the client goes on
+    -- the envelope's db string, and the command's find string, past their ends
+    local db = assert(op:find("db\0", 1, true))
+    assert.error_matches(function() c:run(op:sub(1, db + 2) .. "\200\0\0\0" .. op:sub(db + 7)) end,
+      "malformed BSON")
+    local find = assert(op:find("find\0", 1, true))
+    assert.error_matches(function() c:run(op:sub(1, find + 4) .. "\200\0\0\0" .. op:sub(find + 9)) end,
+      "not an op")
+  end)
+
   it("reads a release from the change stream it built", function()
     local name = helpers.unique("ops-w")
     local tag = core.process_tag()

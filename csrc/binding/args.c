@@ -283,11 +283,12 @@ static const char *const kinds[] = {"write", "update", "cursor", "command", NULL
 
 void ml_push_op(lua_State *L, const ml_op *op) {
   bson_t env = BSON_INITIALIZER;
-  BCON_APPEND(&env, "kind", BCON_UTF8(kinds[op->kind]), "retry", BCON_BOOL(op->retry != 0),
-              "db", BCON_UTF8(op->db));
-  if (op->coll) BCON_APPEND(&env, "coll", BCON_UTF8(op->coll));
-  if (op->session) BCON_APPEND(&env, "session", BCON_UTF8(op->session));
-  BCON_APPEND(&env, "cmd", BCON_DOCUMENT(&op->cmd));
+  BSON_APPEND_UTF8(&env, "kind", kinds[op->kind]);
+  BSON_APPEND_BOOL(&env, "retry", op->retry != 0);
+  BSON_APPEND_UTF8(&env, "db", op->db);
+  if (op->coll) BSON_APPEND_UTF8(&env, "coll", op->coll);
+  if (op->session) BSON_APPEND_UTF8(&env, "session", op->session);
+  BSON_APPEND_DOCUMENT(&env, "cmd", &op->cmd);
   lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
   bson_destroy(&env);
 }
@@ -325,11 +326,30 @@ int ml_op_view(const bson_t *env, ml_op *op) {
   return bson_init_static(&op->cmd, data, len);
 }
 
-/* the op of an envelope at i: views into the Lua string (never destroyed) */
+/* do b's top-level elements read to its end (lengths within bounds,
+ * strings terminated)?  Nested documents are not walked */
+static int top_level_whole(const bson_t *b) {
+  bson_iter_t it;
+  if (!bson_iter_init(&it, b)) return 0;
+  while (bson_iter_next(&it)) {
+  }
+  return it.err_off == 0;
+}
+
+/* the op of an envelope at i: views into the Lua string (never destroyed).
+ * The envelope and its command are checked at their top level only, where
+ * this library and libmongoc read them (with bounds-checked iterators); what
+ * is nested in the command (a filter, a pipeline) only the server reads, and
+ * it refuses what is malformed.  A full walk (ml_arg_bson) cost more than
+ * the rest of an op's preparation: ops are an event loop's hot path. */
 void ml_arg_op(lua_State *L, int i, ml_op *op) {
   bson_t env;
-  ml_arg_bson(L, i, &env);
-  if (!ml_op_view(&env, op)) luaL_argerror(L, i, "not an op (core.op_*)");
+  size_t len;
+  const char *s = luaL_checklstring(L, i, &len);
+  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(&env, (const uint8_t *)s, len) ||
+      !top_level_whole(&env))
+    luaL_argerror(L, i, "malformed BSON");
+  if (!ml_op_view(&env, op) || !top_level_whole(&op->cmd)) luaL_argerror(L, i, "not an op (core.op_*)");
 }
 
 /* a BSON string at i, or nil (0); raises when malformed */
