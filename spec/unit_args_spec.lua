@@ -50,6 +50,26 @@ describe("#unit mongolock.core", function()
     end
     assert.is_true(lo < 0.01 and hi > 0.99)
   end)
+
+  it("gives a forked child jitter of its own, not its parent's next draws", function()
+    local testing = require "mongolock.testing"
+    core.random()                                   -- the parent's generator is seeded
+    local path = os.tmpname()
+    local child = assert(testing.fork())
+    if child == 0 then
+      local f = io.open(path, "w")
+      f:write(("%.17g %.17g %.17g"):format(core.random(), core.random(), core.random()))
+      f:close()
+      testing.exit(0)
+    end
+    assert.equal(0, testing.waitpid(child, 10))
+    local f = assert(io.open(path))
+    local theirs = f:read("*a")
+    f:close()
+    os.remove(path)
+    local mine = ("%.17g %.17g %.17g"):format(core.random(), core.random(), core.random())
+    assert.not_equal(mine, theirs)
+  end)
 end)
 
 describe("#unit mongolock.core's argument checks", function()

@@ -93,11 +93,12 @@ static __thread pid_t rng_pid;
 
 static int l_random(lua_State *L) {
   uint64_t x;
-  if (rng_state == 0 || rng_pid != getpid()) {
+  /* ml_pid: this process's id, kept (taken again at fork), no system call */
+  if (rng_state == 0 || rng_pid != ml_pid()) {
     if (getrandom(&rng_state, sizeof rng_state, 0) != (ssize_t)sizeof rng_state)
-      rng_state = (uint64_t)ml_monotonic() * 2654435761u ^ (uint64_t)getpid();
+      rng_state = (uint64_t)ml_monotonic() * 2654435761u ^ (uint64_t)ml_pid();
     if (rng_state == 0) rng_state = 88172645463325252ull;
-    rng_pid = getpid();
+    rng_pid = ml_pid();
   }
   x = rng_state;
   x ^= x >> 12;

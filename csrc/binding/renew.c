@@ -174,7 +174,7 @@ static void hold_due(ml_renew *st, double now) {
   double next = 0;
   for (l = st->c->held; l; l = l->hnext) {
     double at = l->started + ML_HOLD_AFTER;
-    if (l->kind != ML_KIND_NAMED || l->watched || l->pid != getpid()) continue;
+    if (l->kind != ML_KIND_NAMED || l->watched || l->pid != ml_pid()) continue;
     pthread_mutex_lock(&l->mu);
     if (l->held && !l->ending && now < l->deadline) {
       if (now < at || n == HOLD_BATCH) {
@@ -467,7 +467,7 @@ static int held_key_is(const ml_lease *l, const uint8_t *key, size_t keylen) {
 void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_t *key,
                     size_t keylen, const char *owner, uint32_t t, uint32_t i) {
   ml_lease *l;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   pthread_mutex_lock(&renew_mu);
   for (l = c->held; l; l = l->hnext) {
     if (l->kind != ML_KIND_NAMED || l->pid != pid || strcmp(l->db, db) || strcmp(l->coll, coll))
@@ -485,7 +485,7 @@ void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_
 
 int ml_held_count(ml_client *c, const char *db, const char *coll, const char *field) {
   ml_lease *l;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   double now = ml_monotonic();
   int n = 0;
   pthread_mutex_lock(&renew_mu);

@@ -433,7 +433,7 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
   ml_watcher *s, *nx;
   pthread_condattr_t ca;
   sigset_t all, old;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   int rc;
 
   for (s = streams; s; s = nx) {
@@ -500,7 +500,7 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
 
 void ml_watch_stop(ml_client *c) {
   ml_watcher *s;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
     if (s->c == c && s->pid == pid) {
@@ -548,7 +548,7 @@ static int ml_m_watch_next(lua_State *L) {
   ml_client *c = (ml_client *)luaL_checkudata(L, 1, ML_CLIENT_MT);   /* closed too */
   ml_watcher *s, *nx;
   double now = ml_monotonic(), wake = HUGE_VAL, w;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = nx) {
     nx = s->next;
@@ -594,7 +594,7 @@ static int ml_m_watch_done(lua_State *L) {
   got.count = 0;
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
-    if (s->c == c && s->pid == getpid() && !s->pool && s->m.op_kind && s->op_id == id) {
+    if (s->c == c && s->pid == ml_pid() && !s->pool && s->m.op_kind && s->op_id == id) {
       stream_done(s, ok, &reply, &err);
       if (s->m.stop && ml_stream_finished(&s->m)) {
         stream_unlink(s);
@@ -768,7 +768,7 @@ static int l_watch_wait(lua_State *L) {
 
 void ml_watch_hold(ml_client *c, mongoc_client_pool_t *pool, const ml_lease *l) {
   ml_watcher *s;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   pthread_once(&atfork_once, install_atfork);
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next)
@@ -794,7 +794,7 @@ void ml_watch_hold(ml_client *c, mongoc_client_pool_t *pool, const ml_lease *l) 
 
 void ml_watch_stats(ml_client *c, ml_watch_counts *out) {
   ml_watcher *s;
-  pid_t pid = getpid();
+  pid_t pid = ml_pid();
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&watch_mu);
   for (s = streams; s; s = s->next) {
