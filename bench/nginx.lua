@@ -21,7 +21,7 @@ local nx = require "nginx_helpers"
 
 local format = string.format
 local seconds = tonumber(arg[1]) or 5
-local CYCLES = tonumber(os.getenv("BENCH_NGINX_CYCLES")) or 2000
+local CYCLES = tonumber(os.getenv("BENCH_NGINX_CYCLES")) or 5000
 local HANDOFFS = tonumber(os.getenv("BENCH_NGINX_HANDOFFS")) or 300
 local HOLD = 0.001
 -- BENCH_NGINX_ONLY=cycles: the cycles' table alone (quick looks)
@@ -33,6 +33,14 @@ local CLIENTS = 16
 local SLOW_COMMANDS = { "findAndModify", "update", "find" }
 
 local function say(...) io.stderr:write("bench: ", format(...), "\n") end
+
+-- the median of a sorted list (of rounds' ratios: one noisy round moves it
+-- less than it moves a ratio of sums)
+local function median(sorted)
+  local n = #sorted
+  if n % 2 == 1 then return sorted[(n + 1) / 2] end
+  return (sorted[n / 2] + sorted[n / 2 + 1]) / 2
+end
 
 -- N uncontended lock/unlock cycles of resty.mongolock: seconds | nil, err
 local CYCLES_SRC = [==[
@@ -263,9 +271,9 @@ local ok, err = pcall(function()
   table.sort(thread_ratios)
 
   if ONLY == "cycles" then
-    print(format("| inside nginx / outside, %d cycles | %.2f (%.2f–%.2f); worker threads %.2f (%.2f–%.2f) |",
-      per * ROUNDS, inside / outside, cycle_ratios[1], cycle_ratios[#cycle_ratios], threads / outside,
-      thread_ratios[1], thread_ratios[#thread_ratios]))
+    print(format("| inside nginx / outside, %d cycles, median of the rounds | %.2f (%.2f–%.2f); worker threads "
+      .. "%.2f (%.2f–%.2f) |", per * ROUNDS, median(cycle_ratios), cycle_ratios[1], cycle_ratios[#cycle_ratios],
+      median(thread_ratios), thread_ratios[1], thread_ratios[#thread_ratios]))
     return
   end
   local hper = math.ceil(HANDOFFS / ROUNDS)
@@ -298,10 +306,10 @@ local ok, err = pcall(function()
   print(format("| inside nginx, every round trip a worker thread's job (configure{cosockets = false}) | %.0f |",
     threads / (per * ROUNDS) * 1e6))
   print(format("| outside nginx (LuaJIT, the same module) | %.0f |", outside / (per * ROUNDS) * 1e6))
-  print(format("| ratio, worker threads / outside (rounds' range) | %.2f (%.2f–%.2f) |", threads / outside,
-    thread_ratios[1], thread_ratios[#thread_ratios]))
-  print(format("| ratio, cosockets / outside (rounds' range) | %.2f (%.2f–%.2f) |", inside / outside, cycle_ratios[1],
-    cycle_ratios[#cycle_ratios]))
+  print(format("| ratio, worker threads / outside (median of the rounds; range) | %.2f (%.2f–%.2f) |",
+    median(thread_ratios), thread_ratios[1], thread_ratios[#thread_ratios]))
+  print(format("| ratio, cosockets / outside (median of the rounds; range) | %.2f (%.2f–%.2f) |",
+    median(cycle_ratios), cycle_ratios[1], cycle_ratios[#cycle_ratios]))
 
   print()
   local pct = nx.percentile
@@ -313,10 +321,11 @@ local ok, err = pcall(function()
     local l = r[2]
     print(format("| %s | %.2f | %.2f | %.2f |", r[1], pct(l, 0.5) * 1000, pct(l, 0.9) * 1000, pct(l, 0.99) * 1000))
   end
-  print(format("| ratio (p50; rounds' range) | %.2f (%.2f–%.2f) | | |", pct(hin, 0.5) / pct(hout, 0.5),
+  print(format("| ratio (p50; median of the rounds; range) | %.2f (%.2f–%.2f) | | |", median(handoff_ratios),
     handoff_ratios[1], handoff_ratios[#handoff_ratios]))
   print()
-  print(format("Inside and outside alternate in %d rounds (the ratio's range: each round's). A hand-off: from just "
+  print(format("Inside and outside alternate in %d rounds; a ratio is the median of the rounds' own (the range: "
+    .. "theirs). A hand-off: from just "
     .. "before the holder's unlock() to the other's lock() returning; the first %d holds of a round dropped.",
     ROUNDS, WARM))
 end)
