@@ -26,7 +26,9 @@
 --   (its deadline passed, it was aborted) never loses a job's result.  Its
 --   job is "abandoned": never run if not started, else on_orphan(arg,
 --   <outcome>) runs when it ends.  A caller gone without saying so is
---   found by the janitor: a result not taken within `grace` seconds.
+--   found by the janitor: a result not taken within `grace` seconds.  A
+--   job whose caller took its result holds nothing more (the janitor's
+--   list may keep it until its next sweep).
 -- - Clients live in the thread VMs (mongolock.ngx.thread), one per VM and
 --   spec, made after nginx forked; state of one process is never used by
 --   another.
