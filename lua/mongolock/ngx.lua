@@ -22,13 +22,11 @@
 --   ngx.run_worker_thread never answers "no available Lua vm" to us, and
 --   nginx's own queue never overflows (its failure paths are unsafe in
 --   lua-nginx-module before 0.10.32).
--- - The runners are timers, not the requests: a request that stops waiting
---   (its deadline passed, it was aborted) never loses a job's result.  Its
---   job is "abandoned": never run if not started, else on_orphan(arg,
---   <outcome>) runs when it ends.  A caller gone without saying so is
---   found by the janitor: a result not taken within `grace` seconds.  A
---   job whose caller took its result holds nothing more (the janitor's
---   list may keep it until its next sweep).
+-- - The runners are timers, not the requests: a request that stops waiting (its deadline passed,
+--   it was aborted) never loses a job's result.  Its job is "abandoned": never run if not started,
+--   else on_orphan(arg, <outcome>) runs when it ends.  A caller gone without saying so is found by
+--   the janitor: a result not taken within `grace` seconds.  A job taken by its caller holds
+--   nothing more until the janitor drops it.
 -- - Clients live in the thread VMs (mongolock.ngx.thread), one per VM and
 --   spec, made after nginx forked; state of one process is never used by
 --   another.
@@ -105,10 +103,8 @@ end
 -- true when round trips made from here go to a worker thread: inside an
 -- nginx worker with ngx.run_worker_thread, in a phase that can yield
 function _M.active()
-  if not config.enabled then return false end
-  local ngx = ngx_api()
-  if not ngx then return false end
-  return yieldable[ngx.get_phase()] == true
+  local ngx = config.enabled and ngx_api()
+  return ngx and yieldable[ngx.get_phase()] == true or false
 end
 
 -- spec = jobs.spec(uri, opts): the plain description of a client
@@ -485,28 +481,21 @@ function _M.run(spec, op, deadline, on_orphan, arg, pool)
   end
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
   job.state = "taken"
-  -- the janitor's list keeps a taken job until its next sweep: only its
-  -- state, not the op, its outcome and the attempt (at a lock cycle every
-  -- 300 us that list held 4 MB of them between sweeps)
-  local result = job.result
+  local result = job.result   -- (the janitor's list keeps the job until its sweep)
   job.result, job.op, job.orphan_arg = nil, nil, nil
   return unpack(result, 1, 5)
 end
 
 -- counters of this worker: jobs, abandoned, orphans, errors, max_queued,
 -- max_running, vm_refusals, here (ops run through cosockets); and now:
--- runners, idle, queued, cap, outcomes (outcomes held for callers that
--- have not taken them yet)
+-- runners, idle, queued, cap, outcomes (held for callers, not taken yet)
 function _M.stats()
   local st = get_state()
   local t = {}
   for k, v in pairs(st.stats) do t[k] = v end
   t.runners, t.idle, t.queued = st.runners, #st.idle, st.last - st.first + 1
-  t.cap = st.cap or config.max_running
-  t.outcomes = 0
-  for _, job in ipairs(st.unclaimed) do
-    if job.result then t.outcomes = t.outcomes + 1 end
-  end
+  t.cap, t.outcomes = st.cap or config.max_running, 0
+  for _, job in ipairs(st.unclaimed) do t.outcomes = t.outcomes + (job.result and 1 or 0) end
   return t
 end
 
