@@ -7,6 +7,13 @@ local helpers = require "helpers"
 local mongolock = require "mongolock"
 local core = require "mongolock.core"
 
+-- the failCommand fail point on ping: mode (e.g. {times = 1}, "off"), the
+-- server closing the connection of appName app's ping
+local function close_ping(observer, mode, app)
+  assert(observer._core:command("admin", { configureFailPoint = "failCommand" }, { mode = mode,
+    data = { failCommands = { "ping" }, closeConnection = true, appName = app } }))
+end
+
 -- the shipped luv adapter (mongolock.sched.luv), its coroutines' errors
 -- collected instead of raised
 local function luv_loop()
@@ -438,15 +445,13 @@ for _, a in ipairs(adapters) do
       local app = helpers.unique("closed")
       local c2 = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
       local observer = helpers.connect()
-      local fp = { configureFailPoint = "failCommand" }
       local answers, n, before, elapsed = {}, 0, nil, nil
       sched.LOOK_AGAIN = 30
       loop.spawn(function()
         for _ = 1, 3 do assert(c2:command(helpers.database, { ping = 1 })) end
         before = #fds
         -- the server closes the connection of the next ping
-        assert(observer._core:command("admin", fp, { mode = { times = 1 },
-          data = { failCommands = { "ping" }, closeConnection = true, appName = app } }))
+        close_ping(observer, { times = 1 }, app)
         local t0 = core.monotonic()
         answers[1] = { c2:command(helpers.database, { ping = 1 }) }
         -- back on fibers once the pool's monitor finds the server again
@@ -460,7 +465,7 @@ for _, a in ipairs(adapters) do
       end)
       local ok, err = pcall(loop.run)
       sched.LOOK_AGAIN, S.wait_fd, S.wait_socket = look, wait_fd, wait_socket
-      assert(observer._core:command("admin", fp, { mode = "off" }))
+      close_ping(observer, "off")
       observer:close()
       c2:close()
       assert(ok, err)
@@ -504,14 +509,12 @@ for _, a in ipairs(adapters) do
       local c2 = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
       local c3 = helpers.connect({ scheduler = a.scheduler(loop) })
       local observer = helpers.connect()
-      local fp = { configureFailPoint = "failCommand" }
       local steady, at_close, after_close, gc_ok, gc_err
       sched.LOOK_AGAIN = 30
       loop.spawn(function()
         for _ = 1, 20 do assert(c2:command(helpers.database, { ping = 1 })) end
         steady = #forgot
-        assert(observer._core:command("admin", fp, { mode = { times = 1 },
-          data = { failCommands = { "ping" }, closeConnection = true, appName = app } }))
+        close_ping(observer, { times = 1 }, app)
         assert.is_nil(c2:command(helpers.database, { ping = 1 }))
         local t0 = core.monotonic()
         while core.monotonic() - t0 < 1 do assert(c2:command(helpers.database, { ping = 1 })) end
@@ -530,7 +533,7 @@ for _, a in ipairs(adapters) do
       end)
       local ok, err = pcall(loop.run)
       sched.LOOK_AGAIN, S.wait_socket, S.forget = look, wait_socket, forget
-      assert(observer._core:command("admin", fp, { mode = "off" }))
+      close_ping(observer, "off")
       observer:close()
       assert(ok, err)
       assert.same({}, loop.errors)

@@ -293,13 +293,18 @@ void ml_push_op(lua_State *L, const ml_op *op) {
   bson_destroy(&env);
 }
 
+/* the string at i as a view, its length and terminator checked (raises
+ * when it is no string); 0 when they are wrong */
+static int arg_view(lua_State *L, int i, bson_t *out) {
+  size_t len;
+  const char *s = luaL_checklstring(L, i, &len);
+  return len >= 5 && len <= (size_t)INT32_MAX && bson_init_static(out, (const uint8_t *)s, len);
+}
+
 /* a BSON string argument as a view (raises when malformed) */
 void ml_arg_bson(lua_State *L, int i, bson_t *out) {
-  size_t len, off;
-  const char *s = luaL_checklstring(L, i, &len);
-  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(out, (const uint8_t *)s, len) ||
-      !bson_validate(out, BSON_VALIDATE_NONE, &off))
-    luaL_argerror(L, i, "malformed BSON");
+  size_t off;
+  if (!arg_view(L, i, out) || !bson_validate(out, BSON_VALIDATE_NONE, &off)) luaL_argerror(L, i, "malformed BSON");
 }
 
 int ml_op_view(const bson_t *env, ml_op *op) {
@@ -331,8 +336,7 @@ int ml_op_view(const bson_t *env, ml_op *op) {
 static int top_level_whole(const bson_t *b) {
   bson_iter_t it;
   if (!bson_iter_init(&it, b)) return 0;
-  while (bson_iter_next(&it)) {
-  }
+  while (bson_iter_next(&it)) continue;
   return it.err_off == 0;
 }
 
@@ -344,11 +348,7 @@ static int top_level_whole(const bson_t *b) {
  * the rest of an op's preparation: ops are an event loop's hot path. */
 void ml_arg_op(lua_State *L, int i, ml_op *op) {
   bson_t env;
-  size_t len;
-  const char *s = luaL_checklstring(L, i, &len);
-  if (len < 5 || len > (size_t)INT32_MAX || !bson_init_static(&env, (const uint8_t *)s, len) ||
-      !top_level_whole(&env))
-    luaL_argerror(L, i, "malformed BSON");
+  if (!arg_view(L, i, &env) || !top_level_whole(&env)) luaL_argerror(L, i, "malformed BSON");
   if (!ml_op_view(&env, op) || !top_level_whole(&op->cmd)) luaL_argerror(L, i, "not an op (core.op_*)");
 }
 

@@ -25,8 +25,8 @@
 -- - The runners are timers, not the requests: a request that stops waiting (its deadline passed,
 --   it was aborted) never loses a job's result.  Its job is "abandoned": never run if not started,
 --   else on_orphan(arg, <outcome>) runs when it ends.  A caller gone without saying so is found by
---   the janitor: a result not taken within `grace` seconds.  A job taken by its caller holds
---   nothing more until the janitor drops it.
+--   the janitor: a result not taken within `grace` seconds.  A job taken by its caller leaves
+--   the janitor's list at once.
 -- - Clients live in the thread VMs (mongolock.ngx.thread), one per VM and
 --   spec, made after nginx forked; state of one process is never used by
 --   another.
@@ -136,7 +136,7 @@ local function get_state()
     queue = {}, first = 1, last = 0,  -- jobs not started, in order
     runners = 0,                      -- runners alive
     idle = {},                        -- idle runners' semaphores, most recent last
-    unclaimed = {},                   -- results posted, not taken yet (jobs with on_orphan)
+    unclaimed = {},                   -- job -> true: results posted, not taken yet (jobs with on_orphan)
     semas = {},                       -- semaphores of jobs taken, for the next ones
     janitor = false,
     stats = { jobs = 0, abandoned = 0, orphans = 0, max_queued = 0, max_running = 0, errors = 0,
@@ -300,7 +300,7 @@ local function execute(st, job)
   job.sema:post(1)
   if job.on_orphan then
     job.delivered_at = monotonic()
-    st.unclaimed[#st.unclaimed + 1] = job
+    st.unclaimed[job] = true
   end
 end
 
@@ -357,25 +357,20 @@ end
 -- the janitor: results nobody took
 local function sweep(st, all)
   local now = monotonic()
-  local keep = {}
-  for _, job in ipairs(st.unclaimed) do
-    if job.state == "done" then
-      if all or now - job.delivered_at > config.grace then
-        job.state = "abandoned"
-        st.stats.abandoned = st.stats.abandoned + 1
-        orphan(st, job)
-      else
-        keep[#keep + 1] = job
-      end
+  for job in pairs(st.unclaimed) do
+    if all or now - job.delivered_at > config.grace then
+      st.unclaimed[job] = nil
+      job.state = "abandoned"
+      st.stats.abandoned = st.stats.abandoned + 1
+      orphan(st, job)
     end
   end
-  st.unclaimed = keep
 end
 
 -- is there anything the janitor may still have to do: a result waiting, a
 -- job queued or running
 local function busy(st)
-  return #st.unclaimed > 0 or st.first <= st.last or st.runners > #st.idle
+  return next(st.unclaimed) ~= nil or st.first <= st.last or st.runners > #st.idle
 end
 
 -- a worker that is shutting down ends its timer.every timers (their
@@ -481,9 +476,8 @@ function _M.run(spec, op, deadline, on_orphan, arg, pool)
   end
   if job.state ~= "done" then return nil, "timeout" end   -- the janitor gave it up
   job.state = "taken"
-  local result = job.result   -- (the janitor's list keeps the job until its sweep)
-  job.result, job.op, job.orphan_arg = nil, nil, nil
-  return unpack(result, 1, 5)
+  st.unclaimed[job] = nil
+  return unpack(job.result, 1, 5)
 end
 
 -- counters of this worker: jobs, abandoned, orphans, errors, max_queued,
@@ -495,7 +489,7 @@ function _M.stats()
   for k, v in pairs(st.stats) do t[k] = v end
   t.runners, t.idle, t.queued = st.runners, #st.idle, st.last - st.first + 1
   t.cap, t.outcomes = st.cap or config.max_running, 0
-  for _, job in ipairs(st.unclaimed) do t.outcomes = t.outcomes + (job.result and 1 or 0) end
+  for _ in pairs(st.unclaimed) do t.outcomes = t.outcomes + 1 end
   return t
 end
 
