@@ -450,9 +450,13 @@ function helpers.script(src)
 end
 
 -- the shell command line that runs a script with this interpreter
+-- (each child first asks mongolock.testing for its crash trace: a child
+-- that dies of a signal leaves its C backtrace in its output)
+local CRASH_TRACE = shell_quote("pcall(function() require('mongolock.testing').crash_trace() end)")
 function helpers.command(path, args, prefix)
   if getenv("MONGOLOCK_NO_SERVER") ~= "1" then helpers.uri() end
-  local parts = { child_paths(), helpers.child_env, prefix or "", helpers.lua, shell_quote(path) }
+  local parts = { child_paths(), helpers.child_env, prefix or "", helpers.lua, "-e", CRASH_TRACE,
+    shell_quote(path) }
   for _, a in ipairs(args or {}) do parts[#parts + 1] = shell_quote(a) end
   return table.concat(parts, " ")
 end

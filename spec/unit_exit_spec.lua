@@ -28,4 +28,20 @@ describe("#unit process exit", function()
       assert.equal(handlers_ran, marked)
     end)
   end
+
+  it("a child that dies of a signal prints its C backtrace (testing.crash_trace, every spawned child)", function()
+    local script = helpers.script([[
+      local core = require "mongolock.core"
+      io.stdout:write("before\n")
+      io.stdout:flush()
+      os.execute("kill -SEGV " .. core.getpid())
+      io.stdout:write("after\n")
+    ]])
+    local out, _, status = helpers.run(script, {})
+    os.remove(script)
+    assert.equal(128 + 11, status, out)
+    assert.matches("before", out)
+    assert.not_matches("after", out)
+    assert.matches("mongolock.testing: signal 11 in pid %d+, thread %d+; backtrace:", out)
+  end)
 end)

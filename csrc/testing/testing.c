@@ -11,6 +11,12 @@
  *   testing.exit_mark(path)           at a normal exit, creates path (an
  *                                     atexit handler: shows whether exit
  *                                     ran the handlers registered before)
+ *   testing.crash_trace()             on SIGSEGV, SIGBUS, SIGFPE, SIGILL or
+ *                                     SIGABRT in any thread: the thread's
+ *                                     C backtrace on stderr, then the
+ *                                     signal's default action (the specs'
+ *                                     child processes, whose crashes are
+ *                                     rare and seen in CI's output only)
  *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
  *   testing.failpoint(client, spec)   -> true | nil, message, code
  *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
@@ -22,12 +28,14 @@
  * client is the core's client (mongolock.connect(...)._core).
  */
 #include <errno.h>
+#include <execinfo.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include "client.h"
@@ -337,7 +345,37 @@ static int l_watch_stats(lua_State *L) {
   return 1;
 }
 
+/* ---- crash_trace ------------------------------------------------------ */
+
+static void crash_handler(int sig) {
+  void *frames[64];
+  char head[96];
+  int n = backtrace(frames, 64);
+  int len = snprintf(head, sizeof head, "mongolock.testing: signal %d in pid %ld, thread %ld; backtrace:\n", sig,
+                     (long)getpid(), (long)syscall(SYS_gettid));
+  if (len > 0 && write(2, head, (size_t)len) < 0) { /* stderr is gone: nothing to tell */ }
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static int l_crash_trace(lua_State *L) {
+  static const int sigs[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
+  void *warm[1];
+  size_t k;
+  struct sigaction sa;
+  (void)backtrace(warm, 1);     /* loads libgcc now: the handler must not */
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = crash_handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (k = 0; k < sizeof sigs / sizeof sigs[0]; k++) sigaction(sigs[k], &sa, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const luaL_Reg testing_funcs[] = {
+  {"crash_trace", l_crash_trace},
   {"fork", l_fork},
   {"exit", l_exit},
   {"exit_mark", l_exit_mark},
