@@ -350,7 +350,7 @@ test-valgrind: deps-valgrind build
 
 lint:
 	$(call apt,lua-check)
-	luacheck lua spec examples bin
+	luacheck lua spec examples bin tools bench
 
 clean:
 	rm -rf build bench/out

@@ -261,7 +261,8 @@ client:close()
 
 io.write(format("\n### Hand-off latency (%s, release -> next waiter's acquire, hold %s ms)\n\n",
   impl, tostring(opts.hold)))
-io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition | steady state | steady state, lock commands |\n")
+io.write("| wait | contending processes | hand-offs | median (ms) | p99 (ms) | server commands / acquisition "
+  .. "| steady state | steady state, lock commands |\n")
 io.write("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 for _, r in ipairs(rows) do
   io.write(format("| %s | %d | %d | %.2f | %.2f | %.1f | %s | %s |\n", r.mode, r.n, r.samples, r.median,

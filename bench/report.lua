@@ -55,9 +55,9 @@ for _, impl in ipairs(ORDER) do
     table.sort(cpus)
     local total = 0
     for _, x in ipairs(cyc[impl]) do total = total + x.cycles end
-    rows[#rows + 1] = { impl = impl, rate = math.max(0, r.cycles - (r.failed or 0)) / r.seconds, total = total, cpu_us = cpus[math.floor((#cpus + 1) / 2)],
-                        rt = r.ops >= 0 and r.ops / r.cycles or nil, rounds = n, failed = failed,
-                        lo = lo, hi = hi }
+    rows[#rows + 1] = { impl = impl, rate = math.max(0, r.cycles - (r.failed or 0)) / r.seconds, total = total,
+      cpu_us = cpus[math.floor((#cpus + 1) / 2)], rt = r.ops >= 0 and r.ops / r.cycles or nil, rounds = n,
+      failed = failed, lo = lo, hi = hi }
   end
 end
 local raw
