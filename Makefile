@@ -242,7 +242,7 @@ check-rock: deps-test
 
 # the stand-in in the foreground (PORT=27017 unless given; ARGS for more options)
 standin: deps-npm
-	node $(STANDIN)/server.js --port $${PORT:-27017} $(ARGS)
+	$(STANDIN)/run --port $${PORT:-27017} $(ARGS)
 
 # MongoDB's unified transactions tests against the stand-in (SPEC_TESTS: the
 # directory source/transactions/tests/unified of a mongodb/specifications

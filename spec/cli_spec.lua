@@ -77,8 +77,8 @@ end
 -- stand-in even when MONGODB_URI names a real server.  :kill() SIGKILLs it.
 local function private_server()
   local log = os.tmpname()
-  local p = assert(io.popen(format("node %s --port 0 >%s 2>&1 </dev/null & echo $!",
-    q(root .. "/tools/mongo-standin/server.js"), q(log))))
+  local p = assert(io.popen(format("%s --port 0 >%s 2>&1 </dev/null & echo $!",
+    q(root .. "/tools/mongo-standin/run"), q(log))))
   local pid = tonumber(p:read("*l"))
   p:close()
   local addr = poll(function() return read(log):match("listening (%S+)") end, 20, "the stand-in")

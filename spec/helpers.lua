@@ -122,7 +122,7 @@ helpers.read_file = read_file
 -- its address "127.0.0.1:PORT" and records its pid for the reaper
 local standins, files_to_remove = {}, {}
 local function start_standin(args)
-  local server = helpers.root .. "/tools/mongo-standin/server.js"
+  local server = helpers.root .. "/tools/mongo-standin/run"
   local log = tmpname()
   files_to_remove[#files_to_remove + 1] = log
   local extra = {}
@@ -130,7 +130,7 @@ local function start_standin(args)
   -- In the shell started by popen, $PPID is this Lua process: the watchdog
   -- stops the server when this process goes away without running its __gc.
   local cmd = format([[
-node %s --port 0 %s >%s 2>&1 &
+%s --port 0 %s >%s 2>&1 &
 n=$!
 echo $n
 L=$PPID

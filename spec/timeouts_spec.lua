@@ -18,8 +18,8 @@ local format = string.format
 -- starts tools/mongo-standin on a free port; returns {uri, pid, log}
 local function standin()
   local log = os.tmpname()
-  local p = assert(io.popen(format("node %s --port 0 >%s 2>&1 & echo $!",
-    helpers.shell_quote(helpers.root .. "/tools/mongo-standin/server.js"), helpers.shell_quote(log))))
+  local p = assert(io.popen(format("%s --port 0 >%s 2>&1 & echo $!",
+    helpers.shell_quote(helpers.root .. "/tools/mongo-standin/run"), helpers.shell_quote(log))))
   local pid = tonumber(p:read("*l"))
   p:close()
   for _ = 1, 400 do

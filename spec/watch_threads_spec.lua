@@ -77,8 +77,8 @@ describe("#integration change-stream thread", function()
   it("answers a failed stream's waiter outside watch_mu, while clients with streams are collected",
     function()
       local log = os.tmpname()
-      local p = assert(io.popen(format("node %s --port 0 --standalone >%s 2>&1 & echo $!",
-        helpers.shell_quote(helpers.root .. "/tools/mongo-standin/server.js"),
+      local p = assert(io.popen(format("%s --port 0 --standalone >%s 2>&1 & echo $!",
+        helpers.shell_quote(helpers.root .. "/tools/mongo-standin/run"),
         helpers.shell_quote(log))))
       local pid = tonumber(p:read("*l"))
       p:close()
