@@ -27,8 +27,8 @@ local HOLD = 0.001
 -- BENCH_NGINX_ONLY=cycles: the cycles' table alone (quick looks)
 local ONLY = os.getenv("BENCH_NGINX_ONLY")
 -- inside and outside alternate in rounds, so that both sides see the same
--- load of a shared machine
-local ROUNDS = 5
+-- load of a shared machine (BENCH_NGINX_ROUNDS, 5 unless given)
+local ROUNDS = tonumber(os.getenv("BENCH_NGINX_ROUNDS")) or 5
 local CLIENTS = 16
 local SLOW_COMMANDS = { "findAndModify", "update", "find" }
 
