@@ -110,7 +110,6 @@ static int l_take(lua_State *L) {
     return luaL_error(L, t->state == ML_ATTEMPT_TAKEN ? "the attempt was taken already"
                                                       : "the attempt was not sent (a:op() first)");
   lua_settop(L, 6);
-  ml_arg_outcome(L, 2, NULL, NULL);         /* raises when malformed */
   /* [client, reply, message, code, ereply, domain, attempt]: the tails
    * make handles of the client at 1; the attempt stays anchored */
   lua_pushvalue(L, 1);
@@ -119,7 +118,9 @@ static int l_take(lua_State *L) {
   lua_replace(L, 1);
   lua_pop(L, 1);
   c = ml_checkclient(L, 1);
-  ok = ml_arg_outcome(L, 2, &reply, &err);  /* checked above: no raise */
+  /* raises when malformed, before it copies anything: the attempt stays
+   * sent, to be taken again */
+  ok = ml_arg_outcome(L, 2, &reply, &err);
   return attempt_take(L, c, t, ok, &reply, &err);
 }
 
