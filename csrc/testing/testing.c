@@ -355,8 +355,7 @@ static void crash_handler(int sig) {
                      (long)getpid(), (long)syscall(SYS_gettid));
   if (len > 0 && write(2, head, (size_t)len) < 0) { /* stderr is gone: nothing to tell */ }
   backtrace_symbols_fd(frames, n, 2);
-  signal(sig, SIG_DFL);
-  raise(sig);
+  raise(sig);                   /* SA_RESETHAND: the default action now */
 }
 
 static int l_crash_trace(lua_State *L) {
