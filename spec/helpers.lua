@@ -22,6 +22,11 @@
 
 local helpers = {}
 
+-- the specs' own process prints its C backtrace if it dies of a signal, as
+-- every child does (helpers.command): a crash in busted's process otherwise
+-- leaves only "Segmentation fault" in the lane's log
+pcall(function() require("mongolock.testing").crash_trace() end)
+
 -- ---- busted: a block's setup and teardown only when one of its tests runs --
 --
 -- busted runs `setup` and `teardown` of every describe block, even when

@@ -44,4 +44,22 @@ describe("#unit process exit", function()
     assert.not_matches("after", out)
     assert.matches("mongolock.testing: signal 11 in pid %d+, thread %d+; backtrace:", out)
   end)
+
+  it("so does a spec process: loading spec/helpers.lua asks for the crash trace", function()
+    -- the interpreter alone, without helpers.command's own request for it
+    local script = helpers.script(([[
+      package.path = %q .. "/spec/?.lua;" .. package.path
+      require "helpers"
+      local core = require "mongolock.core"
+      os.execute("kill -SEGV " .. core.getpid())
+    ]]):format(helpers.root))
+    local cpath = os.getenv("LUA_CPATH") or (helpers.root .. "/build/" .. helpers.lua .. "/?.so;;")
+    local p = assert(io.popen(("LUA_CPATH='%s' MONGOLOCK_NO_SERVER=1 %s %s 2>&1; echo \"exit:$?\""):format(
+      cpath, helpers.lua, script)))
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    assert.equal(128 + 11, tonumber(out:match("exit:(%d+)%s*$")), out)
+    assert.matches("mongolock.testing: signal 11 in pid %d+, thread %d+; backtrace:", out)
+  end)
 end)
