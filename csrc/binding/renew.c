@@ -91,6 +91,11 @@ typedef struct ml_renew {
   double hold_at;               /* a renewed named lease is ML_HOLD_AFTER
                                    old then: its stream is asked for
                                    (hold_due); 0 when none waits for it */
+  ml_lease **holdq;             /* the named leases not yet handed to their
+                                   stream, in the order they were taken
+                                   (ml_renew_hold), one reference each:
+                                   holdq[qhead .. qn) */
+  size_t qhead, qn, qcap;
   long shown[4];                /* the engine's renewals, failures,
                                    batches, checks already added to obs */
 } ml_renew;
@@ -160,6 +165,38 @@ static void do_scan(mongoc_client_t *mc) {
   if (sd) mongoc_server_description_destroy(sd);
 }
 
+/* renew_mu held: the references of the hold queue dropped */
+static void holdq_clear(ml_renew *st) {
+  while (st->qhead < st->qn) ml_lease_unref(st->holdq[st->qhead++]);
+  free(st->holdq);
+  st->holdq = NULL;
+  st->qhead = st->qn = st->qcap = 0;
+}
+
+/* renew_mu held: l (a reference of its own) at the end of the hold queue;
+ * 0 when out of memory */
+static int holdq_push(ml_renew *st, ml_lease *l) {
+  if (st->qn == st->qcap) {
+    if (st->qhead > 0) {
+      memmove(st->holdq, st->holdq + st->qhead, (st->qn - st->qhead) * sizeof *st->holdq);
+      st->qn -= st->qhead;
+      st->qhead = 0;
+    }
+    if (st->qn == st->qcap) {
+      size_t cap = st->qcap ? st->qcap * 2 : 64;
+      ml_lease **q = (ml_lease **)realloc(st->holdq, cap * sizeof *q);
+      if (!q) return 0;
+      st->holdq = q;
+      st->qcap = cap;
+    }
+  }
+  pthread_mutex_lock(&l->mu);
+  l->refs++;
+  pthread_mutex_unlock(&l->mu);
+  st->holdq[st->qn++] = l;
+  return 1;
+}
+
 /*
  * renew_mu held, by the thread: the named leases of the client's handles
  * that are ML_HOLD_AFTER old and not yet watched are handed to their
@@ -169,26 +206,30 @@ static void do_scan(mongoc_client_t *mc) {
  */
 #define HOLD_BATCH 32
 static void hold_due(ml_renew *st, double now) {
-  ml_lease *due[HOLD_BATCH], *l;
+  ml_lease *due[HOLD_BATCH];
   size_t i, n = 0;
-  double next = 0;
-  for (l = st->c->held; l; l = l->hnext) {
+  st->hold_at = 0;
+  /* the queue is in the order of the acquires, so the head is the oldest
+   * lease (a lease taken by another thread meanwhile may come a little
+   * late): each lease is looked at once, however many the client holds */
+  while (st->qhead < st->qn) {
+    ml_lease *l = st->holdq[st->qhead];
     double at = l->started + ML_HOLD_AFTER;
-    if (l->kind != ML_KIND_NAMED || l->watched || l->pid != ml_pid()) continue;
+    int wanted;
     pthread_mutex_lock(&l->mu);
-    if (l->held && !l->ending && now < l->deadline) {
-      if (now < at || n == HOLD_BATCH) {
-        if (n == HOLD_BATCH) at = now;
-        if (!next || at < next) next = at;
-      } else {
-        l->watched = 1;
-        l->refs++;
-        due[n++] = l;
-      }
+    wanted = l->hc == st->c && !l->watched && l->pid == ml_pid() && l->held && !l->ending && now < l->deadline;
+    if (wanted && (now < at || n == HOLD_BATCH)) {
+      pthread_mutex_unlock(&l->mu);
+      st->hold_at = n == HOLD_BATCH ? now : at;
+      break;
     }
+    if (wanted) l->watched = 1;
     pthread_mutex_unlock(&l->mu);
+    st->qhead++;
+    if (wanted) due[n++] = l;   /* the queue's reference, now due's */
+    else ml_lease_unref(l);
   }
-  st->hold_at = next;
+  if (st->qhead == st->qn) st->qhead = st->qn = 0;
   if (!n) return;
   pthread_mutex_unlock(&renew_mu);
   for (i = 0; i < n; i++) {
@@ -246,6 +287,7 @@ static void *renew_main(void *arg) {
     if (st->e.stop) {
       /* no connection for the releases left: those leases expire */
       ml_engine_clear(&st->e, 0);
+      holdq_clear(st);
       pthread_cond_broadcast(&st->done);
       break;
     }
@@ -264,6 +306,9 @@ static void *renew_main(void *arg) {
       /* detached by close: nobody else sees this state any more */
       pthread_cond_destroy(&st->cv);
       pthread_cond_destroy(&st->done);
+      pthread_mutex_lock(&renew_mu);
+      holdq_clear(st);
+      pthread_mutex_unlock(&renew_mu);
       ml_engine_clear(&st->e, 1);
       ml_obs_unref(st->obs);
       free(st);
@@ -374,7 +419,9 @@ void ml_renew_hold(lua_State *L, ml_client *c, ml_lease *l) {
   if (c->external || l->kind != ML_KIND_NAMED) return;
   pthread_mutex_lock(&renew_mu);
   st = state_of(L, c);
-  if (st && (!st->hold_at || at < st->hold_at)) {
+  /* out of memory: the lease goes without its stream, and its holder
+   * learns of a takeover at its next renewal, as before it was held long */
+  if (st && holdq_push(st, l) && (!st->hold_at || at < st->hold_at)) {
     st->hold_at = at;
     if (at < st->wake_at) pthread_cond_signal(&st->cv);
   }
@@ -538,6 +585,7 @@ static void state_unlink(ml_client *c, ml_renew *st) {
 }
 
 static void state_free(ml_renew *st) {
+  holdq_clear(st);
   ml_engine_clear(&st->e, 1);
   ml_obs_unref(st->obs);
   pthread_cond_destroy(&st->cv);

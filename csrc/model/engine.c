@@ -66,16 +66,27 @@ static int cmp_lease_id(const void *x, const void *y) {
   return bson_compare(&a->iddoc, &b->iddoc);
 }
 
-/* distinct documents among the leases of w (one collection) */
+/*
+ * The documents a renewal of w (one collection) matches when every lease of
+ * it is live: one per exclusive lease, and one per distinct document among
+ * the shares and permits (this process may hold several of one document).
+ * Two exclusive leases of this process on one document (one taken over,
+ * then taken again) cannot both be live: counted as two, the renewal's
+ * count falls short and the check says which one is.  Only the shares are
+ * sorted: a batch of tens of thousands of named locks costs no sort.
+ */
 static size_t distinct_docs(ml_work *w) {
   ml_lease **v;
-  size_t i, d = 0;
+  size_t i, k = 0, d = 0;
   if (w->n < 2) return w->n;
   v = (ml_lease **)malloc(w->n * sizeof *v);
   if (!v) return w->n;
-  memcpy(v, w->set, w->n * sizeof *v);
-  qsort(v, w->n, sizeof *v, cmp_lease_id);
-  for (i = 0; i < w->n; i++)
+  for (i = 0; i < w->n; i++) {
+    if (w->set[i]->kind == ML_KIND_NAMED) d++;
+    else v[k++] = w->set[i];
+  }
+  if (k > 1) qsort(v, k, sizeof *v, cmp_lease_id);
+  for (i = 0; i < k; i++)
     if (i == 0 || bson_compare(&v[i - 1]->iddoc, &v[i]->iddoc) != 0) d++;
   free(v);
   return d;
@@ -419,23 +430,27 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
       return 0;                 /* in flight: the caller hands it out */
     }
   }
-  case ML_WORK_CHECK:
-    if (n < 0 && !ok) {
-      /* unknown: the next renewal (due at once) asks again */
+  case ML_WORK_CHECK: {
+    ml_owners live;
+    if ((n < 0 && !ok) || !ml_parse_check(reply, &live)) {
+      /* unknown (or no memory to read it): the next renewal (due at once)
+       * asks again */
       e->failures++;
       for (i = 0; i < w->n; i++) ml_lease_renewal_failed(w->set[i]);
       break;
     }
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
-      int alive = ml_kind_of(l->kind)->check_has(reply, l->owner);
+      int alive = ml_owners_has(&live, l->owner);
       pthread_mutex_lock(&l->mu);
       if (alive) renewed(l, w->started);
       else not_renewed(l);
       pthread_mutex_unlock(&l->mu);
       if (alive) e->renewals++;
     }
+    ml_owners_free(&live);
     break;
+  }
   case ML_WORK_NONE:
     break;
   }

@@ -69,13 +69,13 @@ enum { RELEASE_NAMED, RELEASE_DOCUMENT, RELEASE_SHARES };
 
 static const ml_kind_ops kinds[ML_KINDS] = {
   [ML_KIND_NAMED] = {"named", 1, 0, 0, RELEASE_NAMED, 1, ml_build_release, ml_build_release_many,
-                     ml_build_extend, NULL, ml_parse_check_has},
+                     ml_build_extend, NULL},
   [ML_KIND_DOCUMENT] = {"document", 0, 1, 1, RELEASE_DOCUMENT, 0, ml_build_release,
-                        ml_build_release_many, ml_build_extend, ml_build_doc_renew, NULL},
+                        ml_build_release_many, ml_build_extend, ml_build_doc_renew},
   [ML_KIND_SHARED] = {"shared", 0, 0, 0, RELEASE_SHARES, 1, share_release, share_release_many,
-                      share_extend, NULL, ml_parse_check_has},
+                      share_extend, NULL},
   [ML_KIND_PERMIT] = {"permit", 0, 0, 0, RELEASE_SHARES, 1, share_release, share_release_many,
-                      share_extend, NULL, ml_parse_check_has},
+                      share_extend, NULL},
 };
 
 const ml_kind_ops *ml_kind_of(ml_kind kind) {

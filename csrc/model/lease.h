@@ -261,9 +261,9 @@ typedef struct ml_kind_ops {
                                    release_many */
   int by_keeper;                /* renewed with every such lease of its
                                    collection by the keeper id
-                                   (ml_build_renew; check_has reads the
-                                   check that follows a batch that matched
-                                   fewer); 0: by a batch of its _ids of the
+                                   (ml_build_renew; ml_parse_check reads
+                                   the check that follows a batch that
+                                   matched fewer); 0: by a batch of its _ids of the
                                    same fields and ttl (renew_many) */
   void (*release)(ml_op *op, const ml_lockref *r, const char *owner, const bson_t *extra);
   void (*release_many)(ml_op *op, const ml_lockref *r, const bson_t *ids,
@@ -271,7 +271,6 @@ typedef struct ml_kind_ops {
   void (*extend)(ml_op *op, const ml_lockref *r, const char *owner, int64_t ttl_ms);
   void (*renew_many)(ml_op *op, const ml_lockref *r, const bson_t *ids,
                      const char *const *owners, size_t n, int64_t ttl_ms);
-  int (*check_has)(const bson_t *reply, const char *owner);
 } ml_kind_ops;
 
 const ml_kind_ops *ml_kind_of(ml_kind kind);

@@ -647,21 +647,58 @@ void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const cha
     "]", "cursor", "{", "}");
 }
 
-int ml_parse_check_has(const bson_t *reply, const char *owner) {
+/* calls fn(owner, arg) for each owner a check's reply names */
+static void check_owners(const bson_t *reply, void (*fn)(const char *, void *), void *arg) {
   bson_iter_t docs, d, h;
-  if (!ml_reply_batch(reply, &docs, NULL)) return 0;
+  if (!ml_reply_batch(reply, &docs, NULL)) return;
   while (bson_iter_next(&docs)) {
     if (!BSON_ITER_HOLDS_DOCUMENT(&docs) || !bson_iter_recurse(&docs, &d)) continue;
     while (bson_iter_next(&d)) {
-      if (!strcmp(bson_iter_key(&d), "o") && BSON_ITER_HOLDS_UTF8(&d) &&
-          !strcmp(bson_iter_utf8(&d, NULL), owner))
-        return 1;
+      if (!strcmp(bson_iter_key(&d), "o") && BSON_ITER_HOLDS_UTF8(&d)) fn(bson_iter_utf8(&d, NULL), arg);
       if (!strcmp(bson_iter_key(&d), "h") && BSON_ITER_HOLDS_ARRAY(&d) && bson_iter_recurse(&d, &h))
         while (bson_iter_next(&h))
-          if (BSON_ITER_HOLDS_UTF8(&h) && !strcmp(bson_iter_utf8(&h, NULL), owner)) return 1;
+          if (BSON_ITER_HOLDS_UTF8(&h)) fn(bson_iter_utf8(&h, NULL), arg);
     }
   }
-  return 0;
+}
+
+static void count_owner(const char *owner, void *arg) {
+  (void)owner;
+  ((ml_owners *)arg)->n++;
+}
+
+static void put_owner(const char *owner, void *arg) {
+  ml_owners *s = (ml_owners *)arg;
+  s->v[s->n++] = owner;
+}
+
+static int cmp_owner(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int ml_parse_check(const bson_t *reply, ml_owners *s) {
+  size_t n;
+  s->v = NULL;
+  s->n = 0;
+  check_owners(reply, count_owner, s);
+  n = s->n;
+  s->n = 0;
+  if (!n) return 1;
+  s->v = (const char **)malloc(n * sizeof *s->v);
+  if (!s->v) return 0;
+  check_owners(reply, put_owner, s);
+  qsort(s->v, s->n, sizeof *s->v, cmp_owner);
+  return 1;
+}
+
+int ml_owners_has(const ml_owners *s, const char *owner) {
+  return s->n && bsearch(&owner, s->v, s->n, sizeof *s->v, cmp_owner) != NULL;
+}
+
+void ml_owners_free(ml_owners *s) {
+  free(s->v);
+  s->v = NULL;
+  s->n = 0;
 }
 
 void ml_pairs_filter(bson_t *q, const char *owner_field, ml_owner_form form, const bson_t *ids,

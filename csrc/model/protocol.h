@@ -190,9 +190,19 @@ void ml_build_renew(ml_op *op, const char *db, const char *coll, const char *kee
  * shares and permits]}.
  */
 void ml_build_renew_check(ml_op *op, const char *db, const char *coll, const char *keeper);
-/* is owner among a check's reply (its {o, h: [..]} documents): a live
- * exclusive lease's owner or one of a live share's or permit's */
-int ml_parse_check_has(const bson_t *reply, const char *owner);
+/* The owners a check's reply names (its {o, h: [..]} documents): each live
+ * exclusive lease's owner and each live share's or permit's, sorted, as
+ * pointers into the reply (valid while it is).  A check after a batch of
+ * tens of thousands of leases answers as many owners: each lease is looked
+ * up in O(log n), not by a walk of the reply. */
+typedef struct ml_owners {
+  const char **v;
+  size_t n;
+} ml_owners;
+/* 1, or 0 when out of memory (*s then empty) */
+int ml_parse_check(const bson_t *reply, ml_owners *s);
+int ml_owners_has(const ml_owners *s, const char *owner);
+void ml_owners_free(ml_owners *s);
 /*
  * Renewal of document locks: every listed (_id, owner) pair of r's
  * collection and fields whose lease is still live, in one update with

@@ -181,6 +181,43 @@ static void test_engine_check(void) {
   ml_lease_unref(b);
 }
 
+/* one document, two leases of this process: two permits of one semaphore
+ * are both renewed when it matched; two exclusive leases (one taken over,
+ * then the lock taken again) cannot both be, and a check follows */
+static void test_engine_one_document(void) {
+  ml_engine e;
+  ml_lease *p1, *p2, *old, *again;
+  double due, wake;
+  bson_t reply;
+  engine_init(&e);
+  p1 = lease(ML_KIND_PERMIT, "locks", "sem", OWNER_A, 3000, 0, 1);
+  p2 = lease(ML_KIND_PERMIT, "locks", "sem", OWNER_B, 3000, 0, 1);
+  ml_engine_add(&e, p1, &due);
+  ml_engine_add(&e, p2, &due);
+  (void)ml_engine_next(&e, 1.0, &wake);
+  reply_n(&reply, 1);
+  ok(ml_engine_done(&e, 1.1, 1.0, 1, &reply, NULL) == 0 && e.work.kind == ML_WORK_NONE && e.checks == 0 &&
+     near(p1->deadline, 1.0 + 2.995) && near(p2->deadline, 1.0 + 2.995),
+     "engine: two permits of one document are renewed by the one document it matched");
+  bson_destroy(&reply);
+  ml_engine_clear(&e, 1);
+  engine_init(&e);
+  old = lease(ML_KIND_NAMED, "locks", "x", OWNER_A, 3000, 0, 1);
+  again = lease(ML_KIND_NAMED, "locks", "x", OWNER_B, 3000, 0, 1);
+  ml_engine_add(&e, old, &due);
+  ml_engine_add(&e, again, &due);
+  (void)ml_engine_next(&e, 1.0, &wake);
+  reply_n(&reply, 1);
+  ok(ml_engine_done(&e, 1.1, 1.0, 1, &reply, NULL) == 0 && e.work.kind == ML_WORK_CHECK && e.checks == 1,
+     "engine: two exclusive leases of one document that matched once leave a check: one of them is lost");
+  bson_destroy(&reply);
+  ml_engine_clear(&e, 1);
+  ml_lease_unref(p1);
+  ml_lease_unref(p2);
+  ml_lease_unref(old);
+  ml_lease_unref(again);
+}
+
 static void test_engine_release(void) {
   ml_engine e;
   ml_lease *l[3];
@@ -356,8 +393,56 @@ static void test_check_parser(void) {
   bson_append_document_end(&batch, &d);
   bson_append_array_end(&cur, &batch);
   bson_append_document_end(&reply, &cur);
-  ok(ml_parse_check_has(&reply, OWNER_B) && !ml_parse_check_has(&reply, OWNER_A),
-     "protocol: the check's reply lists a share's owner among h, not a missing one");
+  {
+    ml_owners live;
+    ok(ml_parse_check(&reply, &live) && ml_owners_has(&live, OWNER_B) && !ml_owners_has(&live, OWNER_A),
+       "protocol: the check's reply lists a share's owner among h, not a missing one");
+    ml_owners_free(&live);
+  }
+  bson_destroy(&reply);
+}
+
+/* a check after a batch of many leases: every owner named is found, in
+ * o or in h, and none that is not */
+static void test_check_many(void) {
+  enum { N = 20000 };
+  bson_t reply = BSON_INITIALIZER, cur, batch, d, h;
+  ml_owners live, none;
+  char owner[40], key[16];
+  int i, found = 0, wrong = 0;
+  BSON_APPEND_DOCUMENT_BEGIN(&reply, "cursor", &cur);
+  BSON_APPEND_ARRAY_BEGIN(&cur, "firstBatch", &batch);
+  for (i = 0; i < N; i++) {
+    snprintf(key, sizeof key, "%d", i);
+    snprintf(owner, sizeof owner, "owner-%07d", (i * 7919) % N);   /* not in order */
+    BSON_APPEND_DOCUMENT_BEGIN(&batch, key, &d);
+    if (i % 2) {
+      BSON_APPEND_UTF8(&d, "o", owner);
+      BSON_APPEND_ARRAY_BEGIN(&d, "h", &h);
+    } else {
+      BSON_APPEND_NULL(&d, "o");
+      BSON_APPEND_ARRAY_BEGIN(&d, "h", &h);
+      BSON_APPEND_UTF8(&h, "0", owner);
+    }
+    bson_append_array_end(&d, &h);
+    bson_append_document_end(&batch, &d);
+  }
+  bson_append_array_end(&cur, &batch);
+  bson_append_document_end(&reply, &cur);
+  ok(ml_parse_check(&reply, &live) && live.n == N, "protocol: a check's reply of %d owners gives them all", N);
+  for (i = 0; i < N; i++) {
+    snprintf(owner, sizeof owner, "owner-%07d", i);
+    found += ml_owners_has(&live, owner);
+    snprintf(owner, sizeof owner, "owner-%07dx", i);
+    wrong += ml_owners_has(&live, owner);
+  }
+  ok(found == N && wrong == 0, "protocol: each of them is found in it, and no other owner (%d, %d)", found, wrong);
+  ml_owners_free(&live);
+  bson_destroy(&reply);
+  bson_init(&reply);
+  ok(ml_parse_check(&reply, &none) && none.n == 0 && !ml_owners_has(&none, "owner-0000001"),
+     "protocol: a reply without a batch names no owner");
+  ml_owners_free(&none);
   bson_destroy(&reply);
 }
 
@@ -603,11 +688,13 @@ static void test_acquire_templates(void) {
 int main(void) {
   test_engine_renewal();
   test_engine_check();
+  test_engine_one_document();
   test_engine_release();
   test_engine_release_redo();
   test_engine_documents();
   test_lease_kinds();
   test_check_parser();
+  test_check_many();
   test_stream();
   test_stream_holders();
   test_acquire_templates();
