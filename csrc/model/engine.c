@@ -94,8 +94,17 @@ static size_t distinct_docs(ml_work *w) {
 
 /* the lease at index i leaves the items (order not kept) */
 static void item_drop(ml_engine *e, size_t i) {
-  ml_lease_unref(e->items[i].lease);
+  ml_lease *l = e->items[i].lease;
+  l->engine = NULL;
   e->items[i] = e->items[--e->n];
+  if (i < e->n) e->items[i].lease->item = i;
+  ml_lease_unref(l);
+}
+
+/* l's item in e, or NULL: found in O(1), however many leases e renews */
+static renew_item *item_of(ml_engine *e, const ml_lease *l) {
+  if (l->engine != e || l->item >= e->n || e->items[l->item].lease != l) return NULL;
+  return &e->items[l->item];
 }
 
 /* the renewal of the leases renewed with the item at first by a batch of
@@ -318,10 +327,11 @@ static void not_renewed(ml_lease *l) {
 
 /* every item of the leases of w retries at `at` */
 static void retry_later(ml_engine *e, ml_work *w, double at) {
-  size_t i, j;
-  for (i = 0; i < e->n; i++)
-    for (j = 0; j < w->n; j++)
-      if (e->items[i].lease == w->set[j]) e->items[i].retry_at = at;
+  size_t j;
+  for (j = 0; j < w->n; j++) {
+    renew_item *it = item_of(e, w->set[j]);
+    if (it) it->retry_at = at;
+  }
 }
 
 /*
@@ -403,10 +413,10 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
     }
     if (w->kind == ML_WORK_DOC_RENEW) {
       /* which is lost: each is renewed by itself, once */
-      size_t j;
-      for (j = 0; j < e->n; j++)
-        for (i = 0; i < w->n; i++)
-          if (e->items[j].lease == w->set[i]) e->items[j].alone = 1;
+      for (i = 0; i < w->n; i++) {
+        renew_item *it = item_of(e, w->set[i]);
+        if (it) it->alone = 1;
+      }
       e->due_at = 0;
       break;
     }
@@ -464,12 +474,11 @@ int ml_engine_next(ml_engine *e, double now, double *wake) {
 }
 
 int ml_engine_add(ml_engine *e, ml_lease *l, double *due) {
-  size_t i;
-  for (i = 0; i < e->n; i++)
-    if (e->items[i].lease == l) break;
-  if (i == e->n) {
+  if (!item_of(e, l)) {
     if (!grow((void **)&e->items, &e->cap, e->n + 1, sizeof *e->items)) return 0;
     memset(&e->items[e->n], 0, sizeof e->items[e->n]);
+    l->engine = e;
+    l->item = e->n;
     e->items[e->n++].lease = l;
     pthread_mutex_lock(&l->mu);
     l->refs++;

@@ -118,6 +118,10 @@ typedef struct ml_lease {
   struct ml_client *hc;         /* (renew.c's mutex) the client whose held
                                    list has this lease, or NULL */
   struct ml_lease *hprev, *hnext;
+  const void *engine;           /* (the engine's lock) the engine (engine.h)
+                                   whose items hold it, or NULL; a lease is
+                                   an item of one engine at most */
+  size_t item;                  /* (the engine's lock) its index there */
   double topup_at;              /* (mu) a grant's short lease: renew.c
                                    extends it to ttl_ms at this monotonic
                                    time, once; 0 when not needed */
