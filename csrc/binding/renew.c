@@ -530,23 +530,25 @@ void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_
   pthread_mutex_unlock(&renew_mu);
 }
 
-int ml_held_count(ml_client *c, const char *db, const char *coll, const char *field) {
+int ml_held_any(ml_client *c, const char *db, const char *coll, const char *field) {
   ml_lease *l;
   pid_t pid = ml_pid();
   double now = ml_monotonic();
-  int n = 0;
+  int any = 0;
   pthread_mutex_lock(&renew_mu);
-  for (l = c->held; l; l = l->hnext) {
+  /* the first one found ends the walk: a client holding tens of thousands
+   * of leases of one collection answers at once */
+  for (l = c->held; l && !any; l = l->hnext) {
     if (l->kind != ML_KIND_NAMED || l->pid != pid || strcmp(l->db, db) || strcmp(l->coll, coll) ||
         strcmp(l->owner_field, field))
       continue;
     if (!l->watched && !c->external) continue;
     pthread_mutex_lock(&l->mu);
-    n += l->held && !l->ending && now < l->deadline;
+    any = l->held && !l->ending && now < l->deadline;
     pthread_mutex_unlock(&l->mu);
   }
   pthread_mutex_unlock(&renew_mu);
-  return n;
+  return any;
 }
 
 /*

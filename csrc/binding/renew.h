@@ -66,12 +66,12 @@ void ml_held_forget(ml_client *c);
  */
 void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_t *key,
                     size_t keylen, const char *owner, uint32_t t, uint32_t i);
-/* how many named leases c holds in this process (live by their local
- * deadline) on db.coll with the owner field field that its change stream
- * reads for (those handed to ml_watch_hold: every one of an external
- * client; else those c's thread handed, ML_HOLD_AFTER after their
- * acquire): it reads on while there are any */
-int ml_held_count(ml_client *c, const char *db, const char *coll, const char *field);
+/* does c hold in this process a named lease (live by its local deadline)
+ * on db.coll with the owner field field that its change stream reads for
+ * (those handed to ml_watch_hold: every one of an external client; else
+ * those c's thread handed, ML_HOLD_AFTER after their acquire)?  It reads
+ * on while there is one */
+int ml_held_any(ml_client *c, const char *db, const char *coll, const char *field);
 
 /* c->on_close of a client with a renewal thread or change streams: stops
  * them (pending releases are sent first) while the pool is still valid */

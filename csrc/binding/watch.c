@@ -30,7 +30,7 @@
  * as a notice, handed after each batch, outside watch_mu, to the client's
  * held leases (renew.c, ml_held_notice), which marks the lease lost.  A
  * stream reads on while holders is set: ml_watch_hold sets it for a named
- * lease held ML_HOLD_AFTER, and it is counted again (ml_held_count) after
+ * lease held ML_HOLD_AFTER, and it is looked at again (ml_held_any) after
  * each batch with events and once a second.
  *
  * The stream is a state machine that never runs a command itself, as the
@@ -284,7 +284,7 @@ static void notices_hand(ml_watcher *s, notices *in) {
     free(x->key);
   }
   in->n = 0;
-  if (in->count) n = ml_held_count(s->c, s->m.db, s->m.coll, s->m.field);
+  if (in->count) n = ml_held_any(s->c, s->m.db, s->m.coll, s->m.field);
   pthread_mutex_lock(&watch_mu);
   if (in->count && n == 0 && s->holds == in->holds && s->m.holders) {
     s->m.holders = 0;

@@ -20,7 +20,7 @@ void ml_watch_stop(ml_client *c);
 /*
  * l (a named lease of c held in this process) wants to hear of a write
  * that ends it: the stream of its collection reads on while c holds such
- * leases there (renew.c's ml_held_count), started at l's acquire's
+ * leases there (renew.c's ml_held_any), started at l's acquire's
  * operation time when none runs (pool: c's pool; NULL for an external
  * client, whose streams are opened for waiters alone), and hands what it
  * sees to the held leases (ml_held_notice).  Nothing when no stream can be
