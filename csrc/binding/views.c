@@ -273,8 +273,13 @@ typedef struct view_stream {
   char *name;                   /* the one document's _id; NULL: every change */
 } view_stream;
 
+/* the userdata holds a pointer: the machine's bson_t wants an alignment
+ * (BSON_ALIGNOF) that a userdata's memory does not have, so the stream is
+ * on the heap, aligned for it, as pool.c's here state */
 static view_stream *check_stream(lua_State *L) {
-  return (view_stream *)luaL_checkudata(L, 1, VIEW_STREAM_MT);
+  view_stream *s = *(view_stream **)luaL_checkudata(L, 1, VIEW_STREAM_MT);
+  if (!s) luaL_error(L, "the stream is gone");
+  return s;
 }
 
 static char *dupstr(const char *p) {
@@ -287,17 +292,25 @@ static char *dupstr(const char *p) {
 static int l_view_stream(lua_State *L) {
   const char *db, *coll, *name;
   uint32_t t, i;
-  view_stream *s;
+  view_stream *s, **ref;
   luaL_checktype(L, 1, LUA_TTABLE);
   db = opt_string(L, "db", 1);
   coll = opt_string(L, "coll", 1);
   name = opt_string(L, "name", 0);
   t = opt_u32(L, "t");
   i = opt_u32(L, "i");
-  s = (view_stream *)ml_newuserdata(L, sizeof *s);
-  memset(s, 0, sizeof *s);
+  ref = (view_stream **)ml_newuserdata(L, sizeof *ref);
+  *ref = NULL;
   luaL_getmetatable(L, VIEW_STREAM_MT);
   lua_setmetatable(L, -2);      /* from here __gc frees what it holds */
+  if (posix_memalign((void **)ref, BSON_ALIGNOF(view_stream) > sizeof(void *) ? BSON_ALIGNOF(view_stream)
+                                                                              : sizeof(void *),
+                     sizeof **ref) != 0) {
+    *ref = NULL;
+    return luaL_error(L, "out of memory");
+  }
+  s = *ref;
+  memset(s, 0, sizeof *s);
   s->m.db = dupstr(db);
   s->m.coll = dupstr(coll);
   s->m.field = dupstr(ML_F_OWNER);
@@ -391,10 +404,12 @@ static int l_stream_close(lua_State *L) {
 }
 
 static int l_stream_gc(lua_State *L) {
-  view_stream *s = check_stream(L);
+  view_stream **ref = (view_stream **)luaL_checkudata(L, 1, VIEW_STREAM_MT), *s = *ref;
+  if (!s) return 0;
+  *ref = NULL;                  /* cleared: a second __gc finds nothing */
   ml_stream_clear(&s->m);
   free(s->name);
-  memset(s, 0, sizeof *s);      /* mark cleared */
+  free(s);
   return 0;
 }
 
