@@ -798,7 +798,13 @@ describe("#integration mongolock command", function()
       type_("hello\n")
       poll(function() return out():find("got-hello", 1, true) end, 20, "the line read")
       type_("\26")                -- ^Z
-      poll(function() return out():find("Stopped", 1, true) end, 20, "the job stopped")
+      -- (a timeout says what the terminal showed and the processes' states)
+      if not pcall(poll, function() return out():find("Stopped", 1, true) end, 20, "the job stopped") then
+        local f = assert(io.popen("ps --ppid 2 -p 2 --deselect -o pid,ppid,pgid,tpgid,stat,wchan:16,args --forest"))
+        local ps = f:read("*a")
+        f:close()
+        error("timed out waiting for the job stopped; the terminal:\n" .. out() .. "\nps:\n" .. ps)
+      end
       assert(os.execute("touch " .. q(dir .. "/go")))
       core.sleep(0.3)
       assert.is_nil(out():find("finished", 1, true), "the command ran on while stopped")
