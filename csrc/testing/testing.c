@@ -358,16 +358,26 @@ static void crash_handler(int sig) {
   raise(sig);                   /* SA_RESETHAND: the default action now */
 }
 
+/* The calling thread's alternate signal stack: a stack overflow (a fiber's
+ * guard page, a deep recursion) leaves no room for the handler on the
+ * stack that overflowed, and the process died without a word.  Other
+ * threads have none: their crash on an overflowed stack stays silent. */
+static char crash_stack[64 * 1024];
+
 static int l_crash_trace(lua_State *L) {
   static const int sigs[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
   void *warm[1];
   size_t k;
   struct sigaction sa;
+  stack_t alt;
   (void)backtrace(warm, 1);     /* loads libgcc now: the handler must not */
+  memset(&alt, 0, sizeof alt);
+  alt.ss_sp = crash_stack;
+  alt.ss_size = sizeof crash_stack;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = crash_handler;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
+  sa.sa_flags = SA_RESETHAND | (sigaltstack(&alt, NULL) == 0 ? SA_ONSTACK : 0);
   for (k = 0; k < sizeof sigs / sizeof sigs[0]; k++) sigaction(sigs[k], &sa, NULL);
   lua_pushboolean(L, 1);
   return 1;
