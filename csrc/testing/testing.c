@@ -350,10 +350,14 @@ static int l_watch_stats(lua_State *L) {
 static void crash_handler(int sig) {
   void *frames[64];
   char head[96];
-  int n = backtrace(frames, 64);
+  int n;
+  /* the line first: the unwinder may fault on a stack it cannot read (a
+   * trace's machine code, a corrupted frame), and the process then dies of
+   * the default action with at least this said */
   int len = snprintf(head, sizeof head, "mongolock.testing: signal %d in pid %ld, thread %ld; backtrace:\n", sig,
                      (long)getpid(), (long)syscall(SYS_gettid));
   if (len > 0 && write(2, head, (size_t)len) < 0) { /* stderr is gone: nothing to tell */ }
+  n = backtrace(frames, 64);
   backtrace_symbols_fd(frames, n, 2);
   raise(sig);                   /* SA_RESETHAND: the default action now */
 }
