@@ -106,7 +106,20 @@ describe("#integration round trips in the loop's own thread", function()
     collectgarbage()
     collectgarbage()
     fail_point(client, "off")
-    local r = finish(here_soon(pool, op))
+    -- an op may still answer false alone (it did not apply: its selection,
+    -- 5 ms in the loop's thread, ran before the monitor had looked again
+    -- after the closed connection, and its caller sends it another way):
+    -- the next one is tried then
+    local deadline, r = core.monotonic() + 10, nil
+    repeat
+      local h3 = here_soon(pool, op)
+      r = pack(h3:step())
+      while r[1] == false and r[2] do
+        core.sleep(0.005)
+        r = pack(h3:step())
+      end
+      assert(r[1] ~= false or core.monotonic() < deadline, "no op applied")
+    until r[1] ~= false
     assert.is_string(r[1], tostring(r[2]))
   end)
 
