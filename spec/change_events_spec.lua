@@ -45,7 +45,7 @@ describe("#integration change events of the lock writes", function()
   -- BSON document), run by client:run and finished by a:take -> {won}
   local function attempt(w, tag)
     local a = cc:acquire_attempt(DB, coll, name, 60000, "events", false, w, 60000, false, w)
-    local op = core.op_string(a:op()):gsub(core.process_tag(), tag)
+    local op = a:op():gsub(core.process_tag(), tag)
     local h, err = a:take(run(op))
     if h then
       kept[#kept + 1] = won[w]

@@ -157,39 +157,6 @@ describe("#integration round trips in the loop's own thread", function()
     p2:close()
     assert.is_false(p2:here(op))
   end)
-
-  -- an attempt's op (a:op()) is a mongolock.Op, its bytes in C memory: the
-  -- fiber takes them (no copy, no Lua string), and gives them back when
-  -- the op did not apply, for the caller to send it another way
-  it("takes an op in C memory (a:op()) whole; one that did not apply is whole again for a worker thread",
-     function()
-    local cc = client._core
-    local a = cc:acquire_attempt(helpers.database, coll, helpers.unique("moved"), 5000)
-    local aop = a:op()
-    local r = finish(here_soon(pool, aop))
-    assert.error_matches(function() core.op_string(aop) end, "pool:here has taken")
-    local held = assert(a:take(r[1], r[2], r[3], r[4], r[5]))
-    assert.is_true(held:release())
-    -- refused as by a server that is no primary: it did not apply (twice:
-    -- a retryable write is sent again once, when a primary is known by then)
-    local b = cc:acquire_attempt(helpers.database, coll, helpers.unique("back"), 5000)
-    local bop = b:op()
-    fail_point(client, { times = 2 }, { failCommands = { "findAndModify" }, errorCode = 10107, appName = app })
-    local h = here_soon(pool, bop)
-    local s = pack(h:step())
-    while s[1] == false and s[2] do
-      core.sleep(0.005)
-      s = pack(h:step())
-    end
-    fail_point(client, "off")
-    assert.same({ n = 1, false }, s)
-    assert.is_string(core.op_string(bop))
-    local job = assert(pool:submit(bop))
-    local jr
-    repeat jr = pack(job:take()); core.sleep(0.005) until jr[1] ~= false
-    local hb = assert(b:take(jr[1], jr[2], jr[3], jr[4], jr[5]))
-    assert.is_true(hb:release())
-  end)
 end)
 
 -- A bridged pool (core.pool(client, 0, "bridged")): the op's fiber asks the

@@ -343,7 +343,7 @@ describe("#unit lock_delay builders", function()
   setup(function() c = assert(core.connect(DEAD)) end)
   teardown(function() c:close() end)
 
-  local function set_of(a) return assert(core.bson_decode(core.op_string(a:op()))).cmd.update[4]["$set"] end
+  local function set_of(a) return assert(core.bson_decode(a:op())).cmd.update[4]["$set"] end
 
   it("writes lockDelay only when > 0, and a waiter's entry carries d", function()
     local zero = set_of(c:acquire_attempt("d", "c", "n", 5000, nil, nil, nil, nil, nil, OWNER))

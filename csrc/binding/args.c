@@ -281,17 +281,7 @@ int ml_doc_changes(lua_State *L, int idx, const ml_lease *lease, bson_t *out, ch
 
 static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
 
-static uint8_t *op_envelope(const ml_op *op, uint32_t *len);
-
 void ml_push_op(lua_State *L, const ml_op *op) {
-  uint32_t len;
-  uint8_t *bytes = op_envelope(op, &len);
-  lua_pushlstring(L, (const char *)bytes, len);
-  bson_free(bytes);
-}
-
-/* the envelope of op in C memory */
-static uint8_t *op_envelope(const ml_op *op, uint32_t *len) {
   bson_t env = BSON_INITIALIZER;
   BSON_APPEND_UTF8(&env, "kind", kinds[op->kind]);
   BSON_APPEND_BOOL(&env, "retry", op->retry != 0);
@@ -299,77 +289,16 @@ static uint8_t *op_envelope(const ml_op *op, uint32_t *len) {
   if (op->coll) BSON_APPEND_UTF8(&env, "coll", op->coll);
   if (op->session) BSON_APPEND_UTF8(&env, "session", op->session);
   BSON_APPEND_DOCUMENT(&env, "cmd", &op->cmd);
-  return bson_destroy_with_steal(&env, true, len);
+  lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
+  bson_destroy(&env);
 }
 
-void ml_push_op_box(lua_State *L, const ml_op *op) {
-  /* the userdata first: its allocation may raise, the envelope's cannot */
-  ml_opbox *b = (ml_opbox *)ml_newuserdata(L, sizeof *b);
-  b->bytes = NULL;
-  b->len = 0;
-  luaL_getmetatable(L, ML_OP_MT);
-  lua_setmetatable(L, -2);
-  b->bytes = op_envelope(op, &b->len);
-}
-
-ml_opbox *ml_test_op_box(lua_State *L, int i) {
-  return lua_type(L, i) == LUA_TUSERDATA ? (ml_opbox *)luaL_testudata(L, i, ML_OP_MT) : NULL;
-}
-
-static int op_box_gc(lua_State *L) {
-  ml_opbox *b = (ml_opbox *)luaL_checkudata(L, 1, ML_OP_MT);
-  bson_free(b->bytes);
-  b->bytes = NULL;
-  return 0;
-}
-
-/* the string at i, or a mongolock.Op's bytes, as a view, its length and
- * terminator checked (raises when it is neither, or an op whose bytes
- * pool:here holds); 0 when they are wrong */
+/* the string at i as a view, its length and terminator checked (raises
+ * when it is no string); 0 when they are wrong */
 static int arg_view(lua_State *L, int i, bson_t *out) {
   size_t len;
-  const char *s;
-  ml_opbox *b = ml_test_op_box(L, i);
-  if (b) {
-    if (!b->bytes) luaL_argerror(L, i, "an op that pool:here has taken");
-    return b->len >= 5 && b->len <= (uint32_t)INT32_MAX && bson_init_static(out, b->bytes, b->len);
-  }
-  s = luaL_checklstring(L, i, &len);
+  const char *s = luaL_checklstring(L, i, &len);
   return len >= 5 && len <= (size_t)INT32_MAX && bson_init_static(out, (const uint8_t *)s, len);
-}
-
-const uint8_t *ml_op_bytes(lua_State *L, int i, size_t *len) {
-  ml_opbox *b = ml_test_op_box(L, i);
-  if (b) {
-    *len = b->len;
-    return b->bytes;
-  }
-  return (const uint8_t *)lua_tolstring(L, i, len);
-}
-
-/* core.op_string(op) -> the envelope as a string (a string: itself) */
-static int l_op_string(lua_State *L) {
-  ml_op op;
-  size_t len;
-  const uint8_t *bytes;
-  ml_arg_op(L, 1, &op);
-  if (lua_type(L, 1) == LUA_TSTRING) {
-    lua_settop(L, 1);
-    return 1;
-  }
-  bytes = ml_op_bytes(L, 1, &len);
-  lua_pushlstring(L, (const char *)bytes, len);
-  return 1;
-}
-
-void ml_op_box_open(lua_State *L) {
-  /* [module] */
-  luaL_newmetatable(L, ML_OP_MT);
-  lua_pushcfunction(L, op_box_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
-  lua_pushcfunction(L, l_op_string);
-  lua_setfield(L, -2, "op_string");
 }
 
 /* a BSON string argument as a view (raises when malformed) */

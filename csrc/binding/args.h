@@ -89,39 +89,10 @@ void ml_arg_bson(lua_State *L, int i, bson_t *out);
  * coll, session, cmd}) */
 void ml_push_op(lua_State *L, const ml_op *op);
 
-/*
- * A mongolock.Op: an envelope whose bytes are C memory, not a Lua string.
- * a:op() and core.lease_step answer one.  Every function that takes an op
- * takes it as it takes the string (client:run, pool:submit, core.bson_decode
- * does not: core.op_string(op) gives the string, for a worker thread's job
- * in nginx).  pool:here moves its bytes into the fiber's state, and back
- * when the op did not apply (its caller sends it another way): an op run
- * on the event loop never becomes a string for the collector to count and
- * sweep (an acquire's envelope is 3-5 KB; in an nginx worker the envelopes
- * of a lock + unlock were about a third of what it allocated per cycle).
- * Its bytes are freed with it (__gc), or when pool:here's op has answered.
- */
-#define ML_OP_MT "mongolock.Op"
-typedef struct ml_opbox {
-  uint8_t *bytes;               /* the envelope (bson_malloc), NULL once moved */
-  uint32_t len;
-} ml_opbox;
-
-/* [-0, +1] pushes op as a mongolock.Op */
-void ml_push_op_box(lua_State *L, const ml_op *op);
-/* the mongolock.Op at i, or NULL (a string, or anything else) */
-ml_opbox *ml_test_op_box(lua_State *L, int i);
-/* the envelope's bytes of the op at i (a string or a mongolock.Op), after
- * ml_arg_op has checked it */
-const uint8_t *ml_op_bytes(lua_State *L, int i, size_t *len);
-/* the metatable, and core.op_string, in the module at the top */
-void ml_op_box_open(lua_State *L);
-
 /* the op of an envelope: views into env's bytes, never destroyed; 0 when
  * env is not an op */
 int ml_op_view(const bson_t *env, ml_op *op);
-/* the op of the envelope at Lua index i, a string or a mongolock.Op
- * (raises when it is not one) */
+/* the op of the envelope string at Lua index i (raises when it is not one) */
 void ml_arg_op(lua_State *L, int i, ml_op *op);
 
 /*

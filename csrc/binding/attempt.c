@@ -82,16 +82,15 @@ static ml_acquire_attempt *check_attempt(lua_State *L, int i) {
   return (ml_acquire_attempt *)luaL_checkudata(L, i, ML_ATTEMPT_MT);
 }
 
-/* a:op() -> op (the envelope, a mongolock.Op: args.h).  From now on the
- * attempt is sent: its started time is now, just before the caller hands
- * the op on. */
+/* a:op() -> op (the envelope).  From now on the attempt is sent: its
+ * started time is now, just before the caller hands the op on. */
 static int l_op(lua_State *L) {
   ml_acquire_attempt *t = check_attempt(L, 1);
   ml_op op;
   if (t->state != ML_ATTEMPT_PREPARED)
     return luaL_error(L, "the attempt is %s already: one op per attempt", state_names[t->state]);
   t->kind->build(t, &op);
-  ml_push_op_box(L, &op);
+  ml_push_op(L, &op);
   ml_op_destroy(&op);
   t->state = ML_ATTEMPT_SENT;
   t->started = ml_monotonic();

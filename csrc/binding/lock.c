@@ -522,7 +522,7 @@ static int l_index(lua_State *L) {
 /*
  * core.lease_step(h, what [, arg]) -> op, started | nil, state | true
  * The command of h:release([changes]) (what "release"), h:extend([ttl])
- * ("extend") or h:close() ("close"), as an op (a mongolock.Op: args.h) and the
+ * ("extend") or h:close() ("close"), as a BSON op string (ops.c) and the
  * monotonic time it is handed out at; nil and the state's name when the
  * method answers without a command; true for a close with nothing to send
  * (the handle is closed then).  core.lease_done takes the outcome.
@@ -561,7 +561,7 @@ static int l_lease_step(lua_State *L) {
   } else {
     return luaL_argerror(L, 2, "\"release\", \"extend\" or \"close\" expected");
   }
-  ml_push_op_box(L, &op);
+  ml_push_op(L, &op);
   ml_op_destroy(&op);
   lua_pushnumber(L, ml_monotonic());
   return 2;

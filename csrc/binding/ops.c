@@ -739,7 +739,6 @@ static const luaL_Reg ops_funcs[] = {
 void ml_ops_open(lua_State *L) {
   /* [module] */
   luaL_setfuncs(L, ops_funcs, 0);
-  ml_op_box_open(L);
 }
 
 /* Client methods: any op (module.c adds them to mongolock.Client) */

@@ -355,8 +355,7 @@ typedef struct {
   ml_fiber *f;
   pool_state *ps;               /* one reference until let go of */
   mongoc_client_t *mc;
-  uint8_t *op;                  /* the envelope (bson_malloc): a copy, or a
-                                   * mongolock.Op's bytes (l_here) */
+  uint8_t *op;
   uint32_t oplen;
   int ended;                    /* the op returned: ok, reply, err are set */
   int looked;                   /* it just looked (here's first run): the
@@ -499,7 +498,7 @@ static void here_release(ml_here *h) {
     h->ps = NULL;
     if (h->ended) bson_destroy(&h->reply);
     h->ended = 0;
-    bson_free(h->op);
+    free(h->op);
     h->op = NULL;
     return;
   }
@@ -514,7 +513,7 @@ static void here_release(ml_here *h) {
   }
   if (h->mc) here_client_put(h->ps, h->mc);
   h->mc = NULL;
-  bson_free(h->op);
+  free(h->op);
   h->op = NULL;
   if (h->ps) state_unref(h->ps);
   h->ps = NULL;
@@ -544,21 +543,18 @@ static int stream_cmd(const bson_t *cmd) {
  * thread (it runs until its first wait); false when it cannot be (a TLS
  * pool or one on a unix socket, an op of a session, no connection or stack
  * left, no server known to take writes yet, a closed pool or one of
- * another process): submit it then.  A mongolock.Op's bytes (args.h) move
- * into the fiber, and back when the step answers that it did not apply */
+ * another process): submit it then */
 static int l_here(lua_State *L) {
   ml_pool *p = check_pool(L, 1);
   pool_state *ps = p->ps;
   ml_op op;
   size_t len;
-  const uint8_t *bytes;
-  ml_opbox *box;
+  const char *bytes;
   ml_here *h;
   ml_hereref *ref;
   mongoc_client_t *mc;
   ml_arg_op(L, 2, &op);
-  bytes = ml_op_bytes(L, 2, &len);
-  box = ml_test_op_box(L, 2);
+  bytes = lua_tolstring(L, 2, &len);
   lua_pushboolean(L, 0);
   /* an op of a session runs on the session's own connection
    * (transport.c), which no fiber reads */
@@ -588,23 +584,12 @@ static int l_here(lua_State *L) {
   pthread_mutex_lock(&refs_mu);
   ps->refs++;
   pthread_mutex_unlock(&refs_mu);
-  if (!(h->f = ml_fiber_new(here_main, h)) || (!box && !(h->op = (uint8_t *)bson_malloc(len)))) {
+  if (!(h->op = (uint8_t *)malloc(len)) || !(h->f = ml_fiber_new(here_main, h))) {
     here_free(ref);
     lua_pushboolean(L, 0);
     return 1;
   }
-  if (box) {
-    /* the bytes move here, and back to the op when it did not apply
-     * (l_here_step): the here state keeps the op ({op} as its uservalue) */
-    h->op = box->bytes;
-    box->bytes = NULL;
-    lua_createtable(L, 1, 0);
-    lua_pushvalue(L, 2);
-    lua_rawseti(L, -2, 1);
-    ml_setuservalue(L, -2);
-  } else {
-    memcpy(h->op, bytes, len);
-  }
+  memcpy(h->op, bytes, len);
   h->oplen = (uint32_t)len;
   ml_fiber_resume(h->f, 0);
   h->looked = 1;
@@ -701,23 +686,9 @@ static int l_here_step(lua_State *L) {
     return 3;
   }
   if (h->elsewhere) {
-    ml_opbox *box;
     pthread_mutex_lock(&h->ps->mu);
     h->ps->writable_until = 0;
     pthread_mutex_unlock(&h->ps->mu);
-    /* an op that came as a mongolock.Op has its bytes back, for the caller
-     * to send another way */
-    ml_getuservalue(L, 1);
-    if (lua_istable(L, -1)) {
-      lua_rawgeti(L, -1, 1);
-      if ((box = ml_test_op_box(L, -1)) && !box->bytes) {
-        box->bytes = h->op;
-        box->len = h->oplen;
-        h->op = NULL;
-      }
-      lua_pop(L, 1);
-    }
-    lua_pop(L, 1);
     here_free(ref);
     lua_pushboolean(L, 0);
     return 1;
@@ -906,21 +877,21 @@ static int l_pool(lua_State *L) {
   return 1;
 }
 
-/* pool:submit(op [, sig]) -> job | nil, message: op (core.op_*'s string,
- * or a mongolock.Op, copied) queued for the next free thread; its end written
+/* pool:submit(op [, sig]) -> job | nil, message: op (core.op_* or an
+ * *_op method's string) queued for the next free thread; its end written
  * to sig (a Signal), to none (false), or to an eventfd of its own (nil) */
 static int l_submit(lua_State *L) {
   ml_pool *p = check_pool(L, 1);
   pool_state *ps = p->ps;
   ml_op op;
   size_t len;
-  const uint8_t *bytes;
+  const char *bytes;
   ml_job *j;
   ml_jobref *ref;
   ml_signal *sig = NULL;
   int own = 0;
   ml_arg_op(L, 2, &op);         /* raises unless it is an op */
-  bytes = ml_op_bytes(L, 2, &len);
+  bytes = lua_tolstring(L, 2, &len);
   if (lua_isnil(L, 3) || lua_isnone(L, 3)) own = 1;
   else if (!(lua_isboolean(L, 3) && !lua_toboolean(L, 3))) sig = check_signal(L, 3);
   if (!ps) return ml_pushfail(L, "closed", 0);

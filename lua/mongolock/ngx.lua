@@ -8,8 +8,7 @@
 --
 --   local reply, err, code = jobs.run(spec, op, deadline, on_orphan, arg, pool)
 --
--- (where jobs.active()).  op is built in C (core.op_*: a BSON string; a:op(),
--- core.lease_step: a mongolock.Op, its bytes in C memory), spec
+-- (where jobs.active()).  op is a BSON string built in C (core.op_*), spec
 -- the plain description of a client (jobs.spec), the reply a BSON string.
 -- A runner runs the job on the event loop itself where it can (pool, a
 -- bridged core.pool: mongolock.bridge, its bytes moved by cosockets), else
@@ -264,9 +263,6 @@ local function execute(st, job)
   local ok, reply, err, code, ereply, domain = here(ngx, st, job.pool, job.op)
   if not ok then   -- a worker thread runs it
     st.stats.jobs = st.stats.jobs + 1
-    -- (only strings cross to a thread's VM: an op in C memory, a
-    -- mongolock.Op, is copied into one here)
-    if type(job.op) ~= "string" then job.op = core.op_string(job.op) end
     ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
       spec.key, job.op)
     if ok and reply == nil and err == NEED_SPEC then

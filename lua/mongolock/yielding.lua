@@ -9,8 +9,7 @@
 -- job of a runner:
 --
 --   a = client:X_attempt(<X's arguments>)      (an acquire attempt, any kind)
---   op = a:op()                                (a mongolock.Op, or core.op_*:
---                                              built in C)
+--   op = a:op()                                (or core.op_*: built in C)
 --   reply, ... = runner.run(op, deadline, ...) (a job elsewhere)
 --   <answer> = a:take(reply, ...)              (or core.parse_*: the C tail)
 --
