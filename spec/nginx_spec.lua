@@ -425,7 +425,12 @@ end
 -- knows the server
 local deadline = ngx.now() + 5
 repeat ngx.update_time() until cycles(1) == 2 or ngx.now() > deadline
-local here, jobs = cycles(20)
+-- the cosocket objects made meanwhile (ngx.socket.tcp counted)
+local tcp, objects = ngx.socket.tcp, 0
+ngx.socket.tcp = function() objects = objects + 1; return tcp() end
+local cok, here, jobs = pcall(cycles, 20)
+ngx.socket.tcp = tcp
+assert(cok, here)
 transport.configure({ cosockets = false })
 local ok, here2, jobs2 = pcall(cycles, 5)
 transport.configure({ cosockets = true })
@@ -433,6 +438,7 @@ assert(ok, here2)
 ngx.say("cosockets ", here, " ", jobs)
 ngx.say("threads ", here2, " ", jobs2)
 ngx.say("outcomes held ", outcomes)
+ngx.say("objects ", objects)
 ]==]
 
 local DOC_API_HANDLER = [==[
@@ -1232,17 +1238,22 @@ describe("#integration nginx with resty.mongolock", function()
     assert_ping_p90(pings)
   end
 
-  it("runs a lock's round trips on the event loop through cosockets, no worker thread; with "
-     .. "configure{cosockets = false} in worker threads; holds no outcome its caller took", function()
+  it("runs a lock's round trips on the event loop through cosockets, no worker thread, a cosocket object per "
+     .. "runner and connection; with configure{cosockets = false} in worker threads; holds no outcome its caller "
+     .. "took", function()
     -- a try and a release: two round trips a cycle, 40 on cosockets; the
     -- worker's other work (a stream's command, another client's renewal)
     -- may run a job meanwhile
     local function counts(path)
       local code, body = get(nginx.port, path .. "&key=" .. helpers.unique("cosocket"))
       assert.equal(200, code, body)
-      local here, jobs, here2, jobs2, held = body:match(
-        "^cosockets (%d+) (%d+)\nthreads (%d+) (%d+)\noutcomes held (%d+)\n$")
+      local here, jobs, here2, jobs2, held, objects = body:match(
+        "^cosockets (%d+) (%d+)\nthreads (%d+) (%d+)\noutcomes held (%d+)\nobjects (%d+)\n$")
       assert(here, body)
+      -- a runner takes a kept connection with the cosocket object it used
+      -- for it before: one object per runner and connection (a runner at
+      -- a time here), not one per round trip (40)
+      assert.is_true(tonumber(objects) <= 4, body)
       -- a job's outcome taken by its caller is not held until the janitor's
       -- next sweep (it held the op and the reply: 4 MB at full speed)
       assert.equal(0, tonumber(held), body)

@@ -143,6 +143,8 @@ local function get_state()
               vm_refusals = 0, here = 0 },
     kept = {},                        -- bridged connections' sockets in nginx's keepalive pools: id -> true
     addrs = {},                       -- host -> {address, until} (cosockets)
+    pools = {},                       -- connection id -> its keepalive pool's options (pool_of)
+    objects = {},                     -- the runners' cosocket objects: id -> object tables (sockets)
     cap = nil,                        -- below max_running after "no available Lua vm"
   }
   return state
@@ -197,45 +199,84 @@ local function address(st, host)
   return st.addrs[host][1]
 end
 
--- the socket nginx keeps for connection id, or nil: found by its pool's
--- name alone, at an address nothing listens on (never a new connection)
-local function kept_socket(id, msecs)
-  local s = rawget(_G, "ngx").socket.tcp()
-  s:settimeout(msecs)
-  if s:connect("127.0.0.1", 0, { pool = POOL .. id }) then return s end
+-- the options of connection id's keepalive pool (one table per id, made
+-- once: its socket is taken from there and put back for every op)
+local function pool_of(st, id)
+  local o = st.pools[id]
+  if not o then
+    o = { pool = POOL .. id }
+    st.pools[id] = o
+  end
+  return o
 end
 
-local cosockets = {
-  open = function(id, host, port, used, secs)
-    local st = get_state()
-    st.kept[id] = nil
-    local s = used and kept_socket(id, ms(secs))
-    if used then return s, not s and "the connection was closed while it was idle" or nil end
-    local addr, err = address(st, host)
-    s = rawget(_G, "ngx").socket.tcp()
-    s:settimeout(ms(secs))
-    local ok
-    if addr then ok, err = s:connect(addr, port, { pool = POOL .. id }) end
-    if ok then return s end
-    st.addrs[host] = nil
-    return nil, err
-  end,
-  send = function(s, bytes, secs) s:settimeout(ms(secs)); return s:send(bytes) end,
-  recv = function(s, max, secs) s:settimeout(ms(secs)); return s:receiveany(max) end,
-  keep = function(id, s) if s:setkeepalive(0, 1) then get_state().kept[id] = true end end,
-  drop = function(s) s:close() end,
-  dead = function(ids)
-    local kept = get_state().kept
-    for i = 1, #ids do
-      local s = kept[ids[i]] and kept_socket(ids[i], 100)
-      kept[ids[i]] = nil
-      if s then s:close() end
-    end
-  end,
-}
+-- the socket nginx keeps for connection id, or nil: found by its pool's
+-- name alone, at an address nothing listens on (never a new connection),
+-- with cosocket object s (a new one when nil)
+local function kept_socket(st, id, msecs, s)
+  s = s or rawget(_G, "ngx").socket.tcp()
+  s:settimeout(msecs)
+  if s:connect("127.0.0.1", 0, pool_of(st, id)) then return s end
+end
 
--- true, <the op's outcome> | false: op run on the event loop, or not
-local function here(ngx, st, pool, op)
+-- the sockets of a runner (mongolock.bridge's io).  objects: connection id
+-- -> the cosocket object the runner used for it last.  A cosocket object is
+-- the timer's that made it (nginx raises "bad request" in any other); one
+-- put back in its pool (setkeepalive) or closed may connect again, which
+-- reuses what nginx made for it: a runner's op takes its socket from the
+-- pool with the object the runner had, not with a new one.  Every runner's
+-- objects are listed in st.objects (an id the driver destroyed is dropped
+-- from all) until the runner ends.  objects nil: a new object every time
+-- (a timer of its own, mongolock.ngx.direct)
+local function sockets(objects)
+  local function object(id)
+    if not objects then return rawget(_G, "ngx").socket.tcp() end
+    local s = objects[id]
+    if not s then
+      s = rawget(_G, "ngx").socket.tcp()
+      objects[id] = s
+    end
+    return s
+  end
+  return {
+    open = function(id, host, port, used, secs)
+      local st = get_state()
+      st.kept[id] = nil
+      local s = used and kept_socket(st, id, ms(secs), object(id))
+      if used then return s, not s and "the connection was closed while it was idle" or nil end
+      local addr, err = address(st, host)
+      s = object(id)
+      s:settimeout(ms(secs))
+      local ok
+      if addr then ok, err = s:connect(addr, port, pool_of(st, id)) end
+      if ok then return s end
+      st.addrs[host] = nil
+      return nil, err
+    end,
+    send = function(s, bytes, secs) s:settimeout(ms(secs)); return s:send(bytes) end,
+    recv = function(s, max, secs) s:settimeout(ms(secs)); return s:receiveany(max) end,
+    keep = function(id, s) if s:setkeepalive(0, 1) then get_state().kept[id] = true end end,
+    drop = function(s) s:close() end,
+    dead = function(ids)
+      local st = get_state()
+      local kept = st.kept
+      for i = 1, #ids do
+        local id = ids[i]
+        local s = kept[id] and kept_socket(st, id, 100)
+        kept[id] = nil
+        if s then s:close() end
+        st.pools[id] = nil
+        for objs in pairs(st.objects) do objs[id] = nil end
+      end
+    end,
+  }
+end
+
+local cosockets = sockets(nil)
+
+-- true, <the op's outcome> | false: op run on the event loop, or not, with
+-- io (sockets(): a runner's, else cosockets)
+local function here(ngx, st, pool, op, io)
   if not config.cosockets or not pool then return false end
   if st.threads == nil then
     -- the thread pool is still needed (change streams, ops that cannot
@@ -244,7 +285,7 @@ local function here(ngx, st, pool, op)
     st.threads = ok or not tostring(why):find("not found", 1, true)
   end
   if not st.threads then return false end
-  local done, a, b, c, d, e = bridge.run(pool, op, cosockets)
+  local done, a, b, c, d, e = bridge.run(pool, op, io or cosockets)
   if done then st.stats.here = st.stats.here + 1 end
   return done, a, b, c, d, e
 end
@@ -254,13 +295,13 @@ function _M.direct(pool, op) return here(rawget(_G, "ngx"), get_state(), pool, o
 
 -- one job, in a runner: on the event loop (here) when it can be, else in
 -- a worker thread
-local function execute(st, job)
+local function execute(st, job, io)
   local ngx = rawget(_G, "ngx")
   job.state = "running"
   local running = st.runners - #st.idle
   if running > st.stats.max_running then st.stats.max_running = running end
   local spec = job.spec
-  local ok, reply, err, code, ereply, domain = here(ngx, st, job.pool, job.op)
+  local ok, reply, err, code, ereply, domain = here(ngx, st, job.pool, job.op, io)
   if not ok then   -- a worker thread runs it
     st.stats.jobs = st.stats.jobs + 1
     ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
@@ -307,10 +348,13 @@ end
 local function runner(premature, st)
   local ngx = rawget(_G, "ngx")
   local me
+  local objects = {}
+  st.objects[objects] = true
+  local io = sockets(objects)
   while true do
     local job = pop(st)
     if job then
-      local ok, err = pcall(execute, st, job)
+      local ok, err = pcall(execute, st, job, io)
       if ok and err == "refused" then
         if st.runners > (st.cap or config.max_running) then break end
         -- every VM busy although this worker is at its cap: other code's
@@ -351,6 +395,7 @@ local function runner(premature, st)
       end
     end
   end
+  st.objects[objects] = nil
   st.runners = st.runners - 1
 end
 
