@@ -160,6 +160,45 @@ describe("#integration round trips in the loop's own thread", function()
     p2:close()
     assert.is_false(p2:here(op))
   end)
+
+  -- pool:here(a) takes a prepared attempt where it takes a:op(): its op is
+  -- built into the fiber's memory (no Lua string); one that did not run
+  -- or did not apply leaves the attempt prepared, for a:op() and a worker
+  -- thread (nginx: mongolock.ngx)
+  it("takes an attempt itself; one whose op did not run or apply is prepared again for a:op()", function()
+    local cc = client._core
+    local a = cc:acquire_attempt(helpers.database, coll, helpers.unique("attempt"), 5000)
+    assert.is_false(a:sent())
+    local r = finish(here_soon(pool, a))
+    assert.is_true(a:sent())
+    assert.error_matches(function() a:op() end, "sent already")
+    assert.error_matches(function() pool:here(a) end, "sent already")
+    local held = assert(a:take(r[1], r[2], r[3], r[4], r[5]))
+    assert.is_false(a:sent())
+    assert.is_true(held:release())
+    -- a closed pool does not run it: still prepared
+    local p2 = assert(core.pool(cc, 1))
+    p2:close()
+    local c = cc:acquire_attempt(helpers.database, coll, helpers.unique("unrun"), 5000)
+    assert.is_false(p2:here(c))
+    assert.is_false(c:sent())
+    assert.is_string(c:op())
+    -- refused as by a server that is no primary: it did not apply (twice:
+    -- a retryable write is sent again once, when a primary is known by then)
+    local b = cc:acquire_attempt(helpers.database, coll, helpers.unique("back"), 5000)
+    fail_point(client, { times = 2 }, { failCommands = { "findAndModify" }, errorCode = 10107, appName = app })
+    local h = here_soon(pool, b)
+    assert.is_true(b:sent())
+    local s = step_out(h)
+    fail_point(client, "off")
+    assert.same({ n = 1, false }, s)
+    assert.is_false(b:sent())
+    local job = assert(pool:submit(b:op()))
+    local jr
+    repeat jr = pack(job:take()); core.sleep(0.005) until jr[1] ~= false
+    local hb = assert(b:take(jr[1], jr[2], jr[3], jr[4], jr[5]))
+    assert.is_true(hb:release())
+  end)
 end)
 
 -- A bridged pool (core.pool(client, 0, "bridged")): the op's fiber asks the

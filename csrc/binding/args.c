@@ -281,14 +281,19 @@ int ml_doc_changes(lua_State *L, int idx, const ml_lease *lease, bson_t *out, ch
 
 static const char *const kinds[] = {"write", "update", "cursor", "command", NULL};
 
+void ml_op_envelope(const ml_op *op, bson_t *env) {
+  bson_init(env);
+  BSON_APPEND_UTF8(env, "kind", kinds[op->kind]);
+  BSON_APPEND_BOOL(env, "retry", op->retry != 0);
+  BSON_APPEND_UTF8(env, "db", op->db);
+  if (op->coll) BSON_APPEND_UTF8(env, "coll", op->coll);
+  if (op->session) BSON_APPEND_UTF8(env, "session", op->session);
+  BSON_APPEND_DOCUMENT(env, "cmd", &op->cmd);
+}
+
 void ml_push_op(lua_State *L, const ml_op *op) {
-  bson_t env = BSON_INITIALIZER;
-  BSON_APPEND_UTF8(&env, "kind", kinds[op->kind]);
-  BSON_APPEND_BOOL(&env, "retry", op->retry != 0);
-  BSON_APPEND_UTF8(&env, "db", op->db);
-  if (op->coll) BSON_APPEND_UTF8(&env, "coll", op->coll);
-  if (op->session) BSON_APPEND_UTF8(&env, "session", op->session);
-  BSON_APPEND_DOCUMENT(&env, "cmd", &op->cmd);
+  bson_t env;
+  ml_op_envelope(op, &env);
   lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
   bson_destroy(&env);
 }

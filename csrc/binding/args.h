@@ -85,8 +85,10 @@ int ml_doc_changes(lua_State *L, int idx, const ml_lease *l, bson_t *out, char *
 /* a BSON string argument at i as a view into it (raises when malformed) */
 void ml_arg_bson(lua_State *L, int i, bson_t *out);
 
-/* [-0, +1] pushes op as its envelope (a BSON string: {kind, retry, db,
- * coll, session, cmd}) */
+/* op's envelope ({kind, retry, db, coll, session, cmd}) in env, which it
+ * initialises (destroy it) */
+void ml_op_envelope(const ml_op *op, bson_t *env);
+/* [-0, +1] pushes op as its envelope (a BSON string) */
 void ml_push_op(lua_State *L, const ml_op *op);
 
 /* the op of an envelope: views into env's bytes, never destroyed; 0 when

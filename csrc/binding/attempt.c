@@ -82,18 +82,45 @@ static ml_acquire_attempt *check_attempt(lua_State *L, int i) {
   return (ml_acquire_attempt *)luaL_checkudata(L, i, ML_ATTEMPT_MT);
 }
 
+/* builds t's op into op (destroy it): t is sent from now, its started
+ * time now; raises unless t is prepared */
+static void attempt_send(lua_State *L, ml_acquire_attempt *t, ml_op *op) {
+  if (t->state != ML_ATTEMPT_PREPARED)
+    luaL_error(L, "the attempt is %s already: one op per attempt", state_names[t->state]);
+  t->kind->build(t, op);
+  t->state = ML_ATTEMPT_SENT;
+  t->started = ml_monotonic();
+}
+
 /* a:op() -> op (the envelope).  From now on the attempt is sent: its
  * started time is now, just before the caller hands the op on. */
 static int l_op(lua_State *L) {
-  ml_acquire_attempt *t = check_attempt(L, 1);
   ml_op op;
-  if (t->state != ML_ATTEMPT_PREPARED)
-    return luaL_error(L, "the attempt is %s already: one op per attempt", state_names[t->state]);
-  t->kind->build(t, &op);
+  attempt_send(L, check_attempt(L, 1), &op);
   ml_push_op(L, &op);
   ml_op_destroy(&op);
-  t->state = ML_ATTEMPT_SENT;
-  t->started = ml_monotonic();
+  return 1;
+}
+
+int ml_attempt_envelope(lua_State *L, int i, bson_t *env) {
+  ml_acquire_attempt *t = (ml_acquire_attempt *)luaL_testudata(L, i, ML_ATTEMPT_MT);
+  ml_op op;
+  if (!t) return 0;
+  attempt_send(L, t, &op);
+  ml_op_envelope(&op, env);
+  ml_op_destroy(&op);
+  return 1;
+}
+
+void ml_attempt_unsend(lua_State *L, int i) {
+  ml_acquire_attempt *t = (ml_acquire_attempt *)luaL_testudata(L, i, ML_ATTEMPT_MT);
+  if (t && t->state == ML_ATTEMPT_SENT) t->state = ML_ATTEMPT_PREPARED;
+}
+
+/* a:sent() -> true once its op was handed on (a:op(), pool:here), until
+ * it was taken; false while it is prepared (nothing of it was sent) */
+static int l_sent(lua_State *L) {
+  lua_pushboolean(L, check_attempt(L, 1)->state == ML_ATTEMPT_SENT);
   return 1;
 }
 
@@ -145,6 +172,7 @@ static const luaL_Reg attempt_methods[] = {
   {"op", l_op},
   {"take", l_take},
   {"owner", l_owner},
+  {"sent", l_sent},
   {NULL, NULL}
 };
 

@@ -13,6 +13,10 @@
  *   a:take(reply, message, code, ereply, domain) -> X's answers: the
  *                  outcome of the op as client:run answers it, taken once
  *   a:owner()   -> the owner id its op writes
+ *   a:sent()    -> whether its op was handed on and not taken yet
+ * pool:here(a) takes the attempt itself where it would take a:op(): its op
+ * goes to the fiber without a Lua string (ml_attempt_envelope), and an op
+ * that did not run or apply leaves the attempt prepared again.
  * Each kind plugs in its own table (ml_attempt_kind): named.c's acquire
  * and campaign, shared.c's share_acquire, documents.c's doc_acquire.
  *
@@ -74,6 +78,15 @@ int ml_attempt_method(lua_State *L, const ml_attempt_kind *k);
 /* client:X_attempt of kind k: [-0, +1] a mongolock.Attempt | nil,
  * "getrandom failed" */
 int ml_attempt_prepare(lua_State *L, const ml_attempt_kind *k);
+
+/* a mongolock.Attempt at Lua index i sent by C (pool:here): 1 with its op's
+ * envelope in env (initialised: destroy it), the attempt sent as by a:op()
+ * (which raises unless it is prepared); 0 when the value at i is no
+ * attempt */
+int ml_attempt_envelope(lua_State *L, int i, bson_t *env);
+/* the attempt at i (sent by ml_attempt_envelope) is prepared again: its op
+ * was not sent, or did not apply, and goes another way (a:op()) */
+void ml_attempt_unsend(lua_State *L, int i);
 
 /* [-0, +0] makes the mongolock.Attempt metatable (once, from
  * luaopen_mongolock_core; the module table on top stays as it is) */

@@ -70,6 +70,7 @@
 #include "client.h"
 #include "fiber.h"
 #include "fiber_stream.h"
+#include "attempt.h"
 #include "pool.h"
 
 #define ML_POOL_MT "mongolock.Pool"
@@ -362,6 +363,7 @@ typedef struct {
                                    first step need not look again */
   int ok;
   int elsewhere;                /* it failed unsent or unapplied: a worker thread runs it */
+  int attempt;                  /* its op is a mongolock.Attempt's (the here's user value {attempt}) */
   bson_t reply;
   bson_error_t err;
 } ml_here;
@@ -539,33 +541,54 @@ static int stream_cmd(const bson_t *cmd) {
          bson_iter_recurse(&st, &it) && bson_iter_find(&it, "$changeStream");
 }
 
+/* [-0, +1] false: pool:here's op did not start (an attempt is prepared
+ * again, its envelope destroyed) */
+static int here_refused(lua_State *L, bson_t *env) {
+  if (env) {
+    bson_destroy(env);
+    ml_attempt_unsend(L, 2);
+  }
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
 /* pool:here(op) -> here | false: op started on a fiber in the calling
  * thread (it runs until its first wait); false when it cannot be (a TLS
  * pool or one on a unix socket, an op of a session, no connection or stack
  * left, no server known to take writes yet, a closed pool or one of
- * another process): submit it then */
+ * another process): submit it then.  op may be a prepared
+ * mongolock.Attempt instead of its a:op(): its op is built straight into
+ * the fiber's memory (attempt.h), and the attempt is prepared again when
+ * here answers false, or its step that the op did not apply. */
 static int l_here(lua_State *L) {
   ml_pool *p = check_pool(L, 1);
   pool_state *ps = p->ps;
   ml_op op;
+  bson_t envelope, *env = NULL;
   size_t len;
   const char *bytes;
   ml_here *h;
   ml_hereref *ref;
   mongoc_client_t *mc;
-  ml_arg_op(L, 2, &op);
-  bytes = lua_tolstring(L, 2, &len);
-  lua_pushboolean(L, 0);
+  if (ml_attempt_envelope(L, 2, &envelope)) {
+    env = &envelope;
+    (void)ml_op_view(env, &op);     /* built here: an op */
+    bytes = (const char *)bson_get_data(env);
+    len = env->len;
+  } else {
+    ml_arg_op(L, 2, &op);
+    bytes = lua_tolstring(L, 2, &len);
+  }
   /* an op of a session runs on the session's own connection
    * (transport.c), which no fiber reads */
-  if (!ps || ps->pid != my_pid || !ps->plain || op.session || ml_fiber_current()) return 1;
+  if (!ps || ps->pid != my_pid || !ps->plain || op.session || ml_fiber_current()) return here_refused(L, env);
   /* a bridged pool leaves a change stream's commands to the threads: a
    * getMore waits at the server, and a cosocket's timeout is logged */
-  if (ps->bridged && stream_cmd(&op.cmd)) return 1;
-  if (!(mc = here_client_get(ps))) return 1;
+  if (ps->bridged && stream_cmd(&op.cmd)) return here_refused(L, env);
+  if (!(mc = here_client_get(ps))) return here_refused(L, env);
   if (!writable_seen(ps, mc)) {
     here_client_put(ps, mc);
-    return 1;
+    return here_refused(L, env);
   }
   ref = (ml_hereref *)ml_newuserdata(L, sizeof *ref);
   ref->h = NULL;
@@ -574,8 +597,8 @@ static int l_here(lua_State *L) {
   if (posix_memalign((void **)&h, BSON_ALIGNOF(ml_here) > sizeof(void *) ? BSON_ALIGNOF(ml_here) : sizeof(void *),
                      sizeof *h) != 0) {
     here_client_put(ps, mc);
-    lua_pushboolean(L, 0);
-    return 1;
+    lua_pop(L, 1);
+    return here_refused(L, env);
   }
   memset(h, 0, sizeof *h);
   ref->h = h;
@@ -586,11 +609,21 @@ static int l_here(lua_State *L) {
   pthread_mutex_unlock(&refs_mu);
   if (!(h->op = (uint8_t *)malloc(len)) || !(h->f = ml_fiber_new(here_main, h))) {
     here_free(ref);
-    lua_pushboolean(L, 0);
-    return 1;
+    lua_pop(L, 1);
+    return here_refused(L, env);
   }
   memcpy(h->op, bytes, len);
   h->oplen = (uint32_t)len;
+  if (env) {
+    bson_destroy(env);
+    /* the here keeps its attempt (user value {attempt}), to prepare it
+     * again when the op did not apply */
+    h->attempt = 1;
+    lua_createtable(L, 1, 0);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, 1);
+    ml_setuservalue(L, -2);
+  }
   ml_fiber_resume(h->f, 0);
   h->looked = 1;
   return 1;
@@ -689,6 +722,12 @@ static int l_here_step(lua_State *L) {
     pthread_mutex_lock(&h->ps->mu);
     h->ps->writable_until = 0;
     pthread_mutex_unlock(&h->ps->mu);
+    if (h->attempt) {
+      ml_getuservalue(L, 1);
+      lua_rawgeti(L, -1, 1);
+      ml_attempt_unsend(L, lua_gettop(L));
+      lua_pop(L, 2);
+    }
     here_free(ref);
     lua_pushboolean(L, 0);
     return 1;

@@ -8,7 +8,8 @@
 -- the loop (here:step), and the loop answers when done.  nginx's cosockets
 -- are such a loop (mongolock.ngx).
 --
---   ok, <outcome> = bridge.run(pool, op, io)      (or false: see below)
+--   ok, <outcome> = bridge.run(pool, op, io)      (or false: see below;
+--                   op as pool:here takes it: an envelope or an attempt)
 --
 -- io, the loop's sockets (seconds: the time the driver gives the exchange):
 --   io.open(id, host, port, used, seconds) -> sock | nil, why

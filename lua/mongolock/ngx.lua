@@ -8,7 +8,9 @@
 --
 --   local reply, err, code = jobs.run(spec, op, deadline, on_orphan, arg, pool)
 --
--- (where jobs.active()).  op is a BSON string built in C (core.op_*), spec
+-- (where jobs.active()).  op is a BSON string built in C (core.op_*) or a
+-- prepared mongolock.Attempt (its a:op(), built into the fiber's memory
+-- by pool:here, or a:op() for a worker thread), spec
 -- the plain description of a client (jobs.spec), the reply a BSON string.
 -- A runner runs the job on the event loop itself where it can (pool, a
 -- bridged core.pool: mongolock.bridge, its bytes moved by cosockets), else
@@ -304,6 +306,8 @@ local function execute(st, job, io)
   local ok, reply, err, code, ereply, domain = here(ngx, st, job.pool, job.op, io)
   if not ok then   -- a worker thread runs it
     st.stats.jobs = st.stats.jobs + 1
+    -- an attempt (mongolock.yielding's runner.attempts) crosses as its op
+    if type(job.op) ~= "string" then job.op = job.op:op() end
     ok, reply, err, code, ereply, domain = ngx.run_worker_thread(config.thread_pool, "mongolock.ngx.thread", "run",
       spec.key, job.op)
     if ok and reply == nil and err == NEED_SPEC then

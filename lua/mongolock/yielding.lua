@@ -34,6 +34,10 @@
 --   runner.send(op)       (optional) op sent, nobody waits for it; else
 --   runner.later(fn, ...) runs fn(...) soon; the caller does not wait
 --   runner.made(p, h)     (optional) a handle h was made through p
+--   runner.attempts       (optional) true: runner.run takes an attempt
+--                         itself where it takes a:op() (pool:here builds
+--                         its op into C memory, no Lua string); an attempt
+--                         that comes back unsent (a:sent() false) ran nowhere
 --
 -- The runner must not reference the client: the core's table of the
 -- handles' methods is weak on the client, and LuaJIT has no ephemerons.
@@ -160,7 +164,7 @@ local function run_attempt(p, make, deadline, leave, db, coll, name, waiter, ...
   if cc:closed() then return nil, "closed" end
   local a, aerr, acode = cc[make](cc, db, coll, name, ...)
   if not a then return nil, aerr, acode end
-  local op = a:op()
+  local op = p.runner.attempts and a or a:op()
   local o = { p = p, attempt = a, make = make, leave = waiter and leave, db = db, coll = coll, name = name,
               waiter = waiter }
   p.count.n = p.count.n + 1
@@ -169,6 +173,8 @@ local function run_attempt(p, make, deadline, leave, db, coll, name, waiter, ...
     -- the runner's: not started, or in flight and orphaned() takes it
     return nil, "timeout"
   end
+  -- the runner's own failure before the op went anywhere: nothing to take
+  if op == a and not a:sent() then return nil, err, code end
   if cc:closed() then return nil, "closed" end
   return taken(p, a:take(reply, err, code, ereply, domain))
 end

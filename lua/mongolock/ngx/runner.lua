@@ -187,6 +187,7 @@ local function runner_of(state)
     later = later,
     log = log,
     made = function(_, h) return made(state, h) end,
+    attempts = true,        -- an attempt's op goes to pool:here as the attempt
   }
 end
 
