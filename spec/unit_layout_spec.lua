@@ -10,8 +10,9 @@ local helpers = require "helpers"
 
 -- (1,200 until round trips ran on cosockets: mongolock.ngx's adapter of
 -- nginx's sockets to mongolock.bridge, and its name lookup, are nginx's
--- alone; they re-express nothing of the core)
-local LIMIT = 1260
+-- alone; they re-express nothing of the core; 1,260 until a runner kept
+-- its cosocket objects, nginx's own reuse)
+local LIMIT = 1280
 
 local function lines(path)
   local n = 0

@@ -9,8 +9,7 @@
 --   local reply, err, code = jobs.run(spec, op, deadline, on_orphan, arg, pool)
 --
 -- (where jobs.active()).  op is a BSON string built in C (core.op_*) or a
--- prepared mongolock.Attempt (its a:op(), built into the fiber's memory
--- by pool:here, or a:op() for a worker thread), spec
+-- prepared mongolock.Attempt (pool:here builds its op), spec
 -- the plain description of a client (jobs.spec), the reply a BSON string.
 -- A runner runs the job on the event loop itself where it can (pool, a
 -- bridged core.pool: mongolock.bridge, its bytes moved by cosockets), else
@@ -145,8 +144,6 @@ local function get_state()
               vm_refusals = 0, here = 0 },
     kept = {},                        -- bridged connections' sockets in nginx's keepalive pools: id -> true
     addrs = {},                       -- host -> {address, until} (cosockets)
-    pools = {},                       -- connection id -> its keepalive pool's options (pool_of)
-    objects = {},                     -- the runners' cosocket objects: id -> object tables (sockets)
     cap = nil,                        -- below max_running after "no available Lua vm"
   }
   return state
@@ -201,42 +198,27 @@ local function address(st, host)
   return st.addrs[host][1]
 end
 
--- the options of connection id's keepalive pool (one table per id, made
--- once: its socket is taken from there and put back for every op)
-local function pool_of(st, id)
-  local o = st.pools[id]
-  if not o then
-    o = { pool = POOL .. id }
-    st.pools[id] = o
-  end
-  return o
-end
-
 -- the socket nginx keeps for connection id, or nil: found by its pool's
 -- name alone, at an address nothing listens on (never a new connection),
 -- with cosocket object s (a new one when nil)
-local function kept_socket(st, id, msecs, s)
+local function kept_socket(id, msecs, s)
   s = s or rawget(_G, "ngx").socket.tcp()
   s:settimeout(msecs)
-  if s:connect("127.0.0.1", 0, pool_of(st, id)) then return s end
+  if s:connect("127.0.0.1", 0, { pool = POOL .. id }) then return s end
 end
 
--- the sockets of a runner (mongolock.bridge's io).  objects: connection id
--- -> the cosocket object the runner used for it last.  A cosocket object is
--- the timer's that made it (nginx raises "bad request" in any other); one
--- put back in its pool (setkeepalive) or closed may connect again, which
--- reuses what nginx made for it: a runner's op takes its socket from the
--- pool with the object the runner had, not with a new one.  Every runner's
--- objects are listed in st.objects (an id the driver destroyed is dropped
--- from all) until the runner ends.  objects nil: a new object every time
--- (a timer of its own, mongolock.ngx.direct)
-local function sockets(objects)
+-- mongolock.bridge's io.  A runner's (mine: a table) connects the object
+-- it used for a connection before: nginx reuses what it made for one kept
+-- or closed.  An object is its timer's (nginx raises "bad request" in
+-- another); ids are never reused, and a runner keeps at most 16 objects
+local function sockets(mine)
   local function object(id)
-    if not objects then return rawget(_G, "ngx").socket.tcp() end
-    local s = objects[id]
-    if not s then
-      s = rawget(_G, "ngx").socket.tcp()
-      objects[id] = s
+    local s = mine and mine[id]
+    if s then return s end
+    s = rawget(_G, "ngx").socket.tcp()
+    if mine then
+      if mine.n == 16 then mine = { n = 0 } end
+      mine[id], mine.n = s, mine.n + 1
     end
     return s
   end
@@ -244,13 +226,13 @@ local function sockets(objects)
     open = function(id, host, port, used, secs)
       local st = get_state()
       st.kept[id] = nil
-      local s = used and kept_socket(st, id, ms(secs), object(id))
+      local s = used and kept_socket(id, ms(secs), object(id))
       if used then return s, not s and "the connection was closed while it was idle" or nil end
       local addr, err = address(st, host)
       s = object(id)
       s:settimeout(ms(secs))
       local ok
-      if addr then ok, err = s:connect(addr, port, pool_of(st, id)) end
+      if addr then ok, err = s:connect(addr, port, { pool = POOL .. id }) end
       if ok then return s end
       st.addrs[host] = nil
       return nil, err
@@ -260,15 +242,11 @@ local function sockets(objects)
     keep = function(id, s) if s:setkeepalive(0, 1) then get_state().kept[id] = true end end,
     drop = function(s) s:close() end,
     dead = function(ids)
-      local st = get_state()
-      local kept = st.kept
+      local kept = get_state().kept
       for i = 1, #ids do
-        local id = ids[i]
-        local s = kept[id] and kept_socket(st, id, 100)
-        kept[id] = nil
+        local s = kept[ids[i]] and kept_socket(ids[i], 100)
+        kept[ids[i]] = nil
         if s then s:close() end
-        st.pools[id] = nil
-        for objs in pairs(st.objects) do objs[id] = nil end
       end
     end,
   }
@@ -276,8 +254,8 @@ end
 
 local cosockets = sockets(nil)
 
--- true, <the op's outcome> | false: op run on the event loop, or not, with
--- io (sockets(): a runner's, else cosockets)
+-- true, <the op's outcome> | false: op run on the event loop (io: a
+-- runner's sockets, else cosockets), or not
 local function here(ngx, st, pool, op, io)
   if not config.cosockets or not pool then return false end
   if st.threads == nil then
@@ -352,9 +330,7 @@ end
 local function runner(premature, st)
   local ngx = rawget(_G, "ngx")
   local me
-  local objects = {}
-  st.objects[objects] = true
-  local io = sockets(objects)
+  local io = sockets({ n = 0 })
   while true do
     local job = pop(st)
     if job then
@@ -399,7 +375,6 @@ local function runner(premature, st)
       end
     end
   end
-  st.objects[objects] = nil
   st.runners = st.runners - 1
 end
 
