@@ -35,6 +35,37 @@ local function fail_point(client, mode, data)
   return assert(client:command("admin", { configureFailPoint = "failCommand" }, { mode = mode, data = data }))
 end
 
+-- a build without fibers (AddressSanitizer: fiber.c makes none) runs every
+-- op in a worker thread: pool:here answers false, for an op and an
+-- attempt, which stays prepared
+if not core.fibers then
+  describe("#integration round trips in the loop's own thread, in a build without fibers", function()
+    it("answers false to every op: it goes to a worker thread", function()
+      local client = helpers.connect()
+      local pool = assert(core.pool(client._core, 1))
+      local bridged = assert(core.pool(client._core, 0, "bridged"))
+      local coll = helpers.unique("locks")
+      local op = core.op_status{ db = helpers.database, coll = coll, name = "x" }
+      local a = client._core:acquire_attempt(helpers.database, coll, "x", 5000)
+      for _ = 1, 20 do
+        assert.is_false(pool:here(op))
+        assert.is_false(bridged:here(op))
+        assert.is_false(pool:here(a))
+        assert.is_false(a:sent())
+        core.sleep(0.05)
+      end
+      local job = assert(pool:submit(op))
+      local r
+      repeat r = { job:take() }; core.sleep(0.005) until r[1] ~= false
+      assert.is_string(r[1], tostring(r[2]))
+      bridged:close()
+      pool:close()
+      client:close()
+    end)
+  end)
+  return
+end
+
 describe("#integration round trips in the loop's own thread", function()
   local client, app, pool, coll, op
 

@@ -1155,4 +1155,8 @@ void ml_pool_open(lua_State *L) {
   lua_setfield(L, -2, "signal");
   lua_pushcfunction(L, l_pid);
   lua_setfield(L, -2, "pid");
+  /* core.fibers: false in a build without fibers (AddressSanitizer):
+   * pool:here answers false, every op goes to a worker thread */
+  lua_pushboolean(L, ml_fiber_available());
+  lua_setfield(L, -2, "fibers");
 }

@@ -196,6 +196,14 @@ static void switch_in(ml_fiber *f) { swapcontext(&f->back, &f->ctx); }
 static void switch_out(ml_fiber *f) { swapcontext(&f->ctx, &f->back); }
 #endif
 
+int ml_fiber_available(void) {
+#ifdef ML_NO_FIBERS
+  return 0;
+#else
+  return 1;
+#endif
+}
+
 ml_fiber *ml_fiber_new(void (*fn)(void *), void *arg) {
 #ifdef ML_NO_FIBERS
   (void)fn;

@@ -38,6 +38,8 @@
 typedef struct ml_fiber ml_fiber;
 
 ml_fiber *ml_fiber_new(void (*fn)(void *), void *arg);
+/* 0 in a build that makes no fiber (ml_fiber_new always NULL) */
+int ml_fiber_available(void);
 int ml_fiber_resume(ml_fiber *f, int cancel);
 int ml_fiber_fd(const ml_fiber *f);
 void *ml_fiber_request(const ml_fiber *f);
