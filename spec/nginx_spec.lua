@@ -318,7 +318,7 @@ local SPEC_LOCATIONS = [[
         }
 
         # ?kind=document|semaphore|rw&coll=: one waiter behind a holder
-        # that releases after 0.3 s (wake_spec.lua)
+        # that releases once it is queued (0.3 s for a document lock) (wake_spec.lua)
         location = /wake-spec {
             content_by_lua_file wake_spec.lua;
         }
@@ -587,7 +587,7 @@ ngx.say(table.concat(out, "\n"))
 ]==]
 
 -- one waiter of kind (a document lock, a semaphore's permit, a reader
--- behind a writer) behind a holder that releases after 0.3 s, waiting with
+-- behind a writer) behind a holder that releases once it is queued (0.3 s), waiting with
 -- poll steps of 4 to 8 s (and, queued, a place refreshed every 10 s): only
 -- a wake-up brings it in before then.  Answers what the worker's change
 -- stream counted meanwhile (the client's, csrc/binding/watch.c, through
@@ -603,7 +603,7 @@ if not c then
 end
 local kind, coll = ngx.var.arg_kind, ngx.var.arg_coll
 local WAIT = { timeout = 20, step = 8, max_step = 8 }
-local release, acquire, after
+local release, acquire, after, queued
 if kind == "document" then
   -- ?id=: the holder's _id and the waiter's, the same document
   local hid, wid = "d", "d"
@@ -637,6 +637,7 @@ elseif kind == "named" then
   release = function() return h:release() end
   WAIT.queue_ttl = qt
   acquire = function() return locks:acquire("n", WAIT) end
+  queued = function() return (assert(locks:status("n")).waiting or 0) > 0 end
   if ngx.var.arg_short == "2" then
     -- until the server's lease is over 2 s (the top-up) or the handle's
     -- has ended (none came)
@@ -664,17 +665,32 @@ elseif kind == "semaphore" then
   release = function() return p:release() end
   WAIT.queue_ttl = 20
   acquire = function() return sems:acquire("s", WAIT) end
+  queued = function() return (assert(sems:status("s")).waiting or 0) > 0 end
 else
   local rw = c:rwlocks({ collection = coll, ttl = 30 })
   local w = assert(rw:try_write("g"))
   release = function() return w:release() end
   WAIT.queue_ttl = 20
   acquire = function() return rw:read("g", WAIT) end
+  queued = function() return (assert(rw:status("g")).waiting or 0) > 0 end
 end
 local s0, l0 = testing.watch_stats(c._core), nrunner.stats()
 ngx.update_time()
 local t0 = ngx.now()
-local t = ngx.thread.spawn(function() ngx.sleep(0.3); return release() end)
+-- a queued kind is released once its waiter is in the queue (its first
+-- attempt came back busy): a release before it would be no hand-off, and
+-- a late one could meet the waiter's refresh of its place (queue_ttl / 2,
+-- 0.5 s for short=1) before the event does
+local t = ngx.thread.spawn(function()
+  ngx.sleep(0.05)
+  if queued then
+    local deadline = ngx.now() + 5
+    while not queued() and ngx.now() < deadline do ngx.sleep(0.01) end
+  else
+    ngx.sleep(0.25)
+  end
+  return release()
+end)
 local h, err = acquire()
 ngx.update_time()
 local elapsed = ngx.now() - t0
