@@ -420,7 +420,11 @@ for _, a in ipairs(adapters) do
       assert.are_not.equal(before, election_id(), "the electionId stayed: no election happened")
       assert.same({}, errs)
       assert.truthy(ok_n > 0)
-      assert.truthy(worst < 0.1, string.format("the ticker was held up %.3f s", worst))
+      -- a round trip waiting on the loop's thread for the next primary
+      -- would hold it up for most of the step-down (2 s); below that, the
+      -- gaps are the machine's (0.108 s once in CI, its two lanes busy)
+      print(string.format("# %s, through an election: the ticker's worst gap %.3f s", a.name, worst))
+      assert.truthy(worst < 0.25, string.format("the ticker was held up %.3f s", worst))
     end)
 
     it("a connection closed between round trips: the next ones wait on their new sockets, woken by "
