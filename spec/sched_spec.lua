@@ -551,6 +551,53 @@ for _, a in ipairs(adapters) do
       assert.truthy(after_close > at_close, "the client's close forgot its sockets")
       assert(gc_ok, gc_err)
     end)
+
+    -- an attempt runs in the loop's thread as the attempt itself: pool:here
+    -- builds its op into the fiber's memory, with no Lua string (the
+    -- runner's `attempts`, mongolock.yielding).  One refused there by a
+    -- server that is no primary (twice: a retryable write is sent again
+    -- once) is prepared again, and a worker thread sends its op
+    on_fibers("hands an attempt itself to the loop's thread, with no op string; one that did not apply there "
+       .. "goes to a worker thread with its op", function()
+      local app = helpers.unique("attempts")
+      local c2 = helpers.connect({ scheduler = a.scheduler(loop), appname = app })
+      local observer = helpers.connect()
+      local locks = helpers.locks(c2)
+      local methods = debug.getmetatable(c2._core:acquire_attempt(helpers.database, "x", "x", 1000)).__index
+      local op, ops = methods.op, 0
+      methods.op = function(...)
+        ops = ops + 1
+        return op(...)
+      end
+      local won, steady, refused, after = 0, nil, nil, nil
+      loop.spawn(function()
+        for _ = 1, 5 do
+          local h = assert(locks:try(helpers.unique("here")))
+          assert.is_true(h:release())
+          won = won + 1
+        end
+        local h = assert(locks:acquire(helpers.unique("here"), { timeout = 2 }))
+        assert.is_true(h:release())
+        steady = ops
+        assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = { times = 2 },
+          data = { failCommands = { "findAndModify" }, errorCode = 10107, appName = app } }))
+        local h2, err = locks:try(helpers.unique("back"))
+        refused = { h2 ~= nil, tostring(err) }
+        if h2 then h2:release() end
+        after = ops
+      end)
+      local ok, err = pcall(loop.run)
+      methods.op = op
+      assert(observer:command("admin", { configureFailPoint = "failCommand" }, { mode = "off" }))
+      observer:close()
+      c2:close()
+      assert(ok, err)
+      assert.same({}, loop.errors)
+      assert.equal(5, won)
+      assert.equal(0, steady, "op strings made for attempts run in the loop's thread")
+      assert.same({ true, "nil" }, refused)
+      assert.equal(1, after, "the refused attempt's op went to a worker thread")
+    end)
   end)
 end
 

@@ -198,8 +198,9 @@ local function signal_of(signals)
   return sig
 end
 
--- runs op in a thread of pool; the coroutine waits on S (mongolock.yielding
--- documents runners).  The caller's deadline is not used: as a blocking
+-- runs op (a string, or with sockets an attempt) in the loop's thread or a
+-- thread of pool; the coroutine waits on S (mongolock.yielding documents
+-- runners).  The caller's deadline is not used: as a blocking
 -- call, the coroutine waits for the reply, which the client's server
 -- bound limits.
 local function runner_of(S, pool)
@@ -243,6 +244,9 @@ local function runner_of(S, pool)
       end
       if keep then pool:bury() end
     end
+    -- an attempt (runner.attempts) that did not run here is prepared
+    -- again: a worker thread takes its op
+    if type(op) ~= "string" then op = op:op() end
     local sig = signal_of(signals)
     local job, err = pool:submit(op, sig)
     if not job then return nil, err end
@@ -275,6 +279,8 @@ local function runner_of(S, pool)
   return {
     active = function() return S.current() and true or false end,
     run = run,
+    -- an attempt's op is built into pool:here's memory, not a Lua string
+    attempts = here,
     watch = watch,
     -- sent, nobody waits: the op runs, its outcome is dropped
     send = function(op)
