@@ -62,7 +62,67 @@ c2:close()
 print("alive " .. tostring(h ~= nil))
 ]]
 
+-- The core's own threads (a pool's workers, the change-stream thread, the
+-- lease engine's) are started with the application's signals blocked (they
+-- belong to its threads) but not the faults: a fault with its signal
+-- blocked kills the process without running its handler, and a crash in
+-- one of them left no trace (testing.crash_trace).  Prints, per thread
+-- but the main one, "thread NAME SIGBLK"
+local THREADS = [[
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+local uri, db, coll = ...
+local c = assert(mongolock.connect(uri))
+local c2 = assert(mongolock.connect(uri))
+local locks = c:locks({ database = db, collection = coll })
+local h = assert(locks:try("held", { ttl = 30, renew = true }))
+-- a waiter of another client: its change-stream thread
+local _, err = c2:locks({ database = db, collection = coll }):acquire("held", { timeout = 0.3 })
+assert(err == "timeout", err)
+local pool = assert(core.pool(c._core, 2))
+local pid = core.getpid()
+local ls = assert(io.popen("ls /proc/" .. pid .. "/task"))
+for tid in ls:lines() do
+  if tonumber(tid) ~= pid then
+    local f = assert(io.open("/proc/" .. pid .. "/task/" .. tid .. "/status"))
+    local st = f:read("*a")
+    f:close()
+    print("thread " .. st:match("Name:%s*(%S+)") .. " " .. st:match("SigBlk:%s*(%x+)"))
+  end
+end
+ls:close()
+pool:close()
+h:release()
+c2:close()
+c:close()
+]]
+
 describe("#integration change-stream thread", function()
+  it("the core's threads take none of the application's signals, and leave the faults unblocked", function()
+    local path = helpers.script(THREADS)
+    local out, ok, status = helpers.run(path, { helpers.uri(), helpers.database, helpers.unique("sig") })
+    os.remove(path)
+    assert.is_true(ok, format("exit %s: %s", tostring(status), out))
+    -- bit n-1 of SigBlk is signal n
+    local function blocked(mask, sig)
+      local at = #mask - math.floor((sig - 1) / 4)
+      local digit = tonumber(mask:sub(at, at), 16)
+      return math.floor(digit / 2 ^ ((sig - 1) % 4)) % 2 == 1
+    end
+    local ours = 0
+    for name, mask in out:gmatch("thread (%S+) (%x+)") do
+      -- SIGTERM, SIGINT: the application's
+      if blocked(mask, 15) and blocked(mask, 2) then ours = ours + 1 end
+      -- SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
+      for _, sig in ipairs({ 4, 6, 7, 8, 11 }) do
+        assert.is_false(blocked(mask, sig), format("thread %s blocks signal %d (SigBlk %s)\n%s", name, sig, mask,
+          out))
+      end
+    end
+    -- two workers, a stream's thread, the lease engine's
+    assert.is_true(ours >= 4, out)
+  end)
+
   it("close with a renewal in a command and a stream in a getMore frees nothing still in use",
     function()
       local path = helpers.script(CLOSE_RACE)

@@ -64,6 +64,7 @@
 #include <unistd.h>
 
 #include "compat.h"
+#include "sys.h"
 #include "protocol.h"
 #include "transport.h"
 #include "args.h"
@@ -858,7 +859,7 @@ static int l_pool(lua_State *L) {
   ml_pool *p;
   pool_state *ps;
   mongoc_uri_t *uri;
-  sigset_t all, old;
+  sigset_t old;
   int k;
   luaL_argcheck(L, lua_isnoneornil(L, 3) || bridged, 3, "\"bridged\" or nothing expected");
   luaL_argcheck(L, n >= (bridged ? 0 : 1) && n <= THREADS_MAX, 2,
@@ -892,8 +893,7 @@ static int l_pool(lua_State *L) {
   ml_pin_library();
   /* the threads take no signal: the process's handlers run on its own
    * threads */
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
+  ml_signals_block(&old);
   for (k = 0; k < n; k++) {
     pthread_t t;
     pthread_mutex_lock(&refs_mu);
@@ -908,7 +908,7 @@ static int l_pool(lua_State *L) {
     pthread_detach(t);
     p->threads++;
   }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  ml_signals_restore(&old);
   if (p->threads == 0 && n > 0) {
     pool_close(p);
     return ml_pushfail(L, "cannot start a worker thread", 0);

@@ -327,7 +327,7 @@ static void *renew_main(void *arg) {
 static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   ml_renew *st = (ml_renew *)c->renew_state;
   pthread_condattr_t ca;
-  sigset_t all, old;
+  sigset_t old;
   int rc;
 
   if (st && st->pid == ml_pid() && (st->external || st->pool == pool)) return st;
@@ -352,10 +352,9 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   pthread_condattr_destroy(&ca);
   if (!st->external) {
     /* the thread takes no signal: they belong to the application */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
+    ml_signals_block(&old);
     rc = pthread_create(&st->thread, NULL, renew_main, st);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    ml_signals_restore(&old);
     if (rc != 0) {
       pthread_cond_destroy(&st->cv);
       pthread_cond_destroy(&st->done);

@@ -1,11 +1,13 @@
 /*
  * What the binding asks of the system: sleeping, timed waits on a
- * monotonic clock, random owner ids and this process's tag.  No Lua.
+ * monotonic clock, random owner ids, this process's tag and the signals
+ * its threads take.  No Lua.
  *
  * May include: sys.h and system headers; calls no other file of csrc.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -94,4 +96,17 @@ int ml_process_tag(char out[17]) {
   if (ok) memcpy(out, tag_hex, 17);
   pthread_mutex_unlock(&tag_mu);
   return ok;
+}
+
+void ml_signals_block(sigset_t *old) {
+  static const int faults[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
+  sigset_t set;
+  size_t k;
+  sigfillset(&set);
+  for (k = 0; k < sizeof faults / sizeof faults[0]; k++) sigdelset(&set, faults[k]);
+  pthread_sigmask(SIG_SETMASK, &set, old);
+}
+
+void ml_signals_restore(const sigset_t *old) {
+  pthread_sigmask(SIG_SETMASK, old, NULL);
 }

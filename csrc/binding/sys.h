@@ -1,12 +1,14 @@
 /*
  * What the binding asks of the system (sys.c): sleeping, timed waits,
- * random owner ids, this process's tag.  No Lua, no libmongoc.
+ * random owner ids, this process's tag, its threads' signals.  No Lua, no
+ * libmongoc.
  *
  * May include: system headers only.
  */
 #ifndef MONGOLOCK_SYS_H
 #define MONGOLOCK_SYS_H
 
+#include <signal.h>
 #include <time.h>
 
 /* sleeps for s seconds (s <= 0 returns at once); restarts on EINTR */
@@ -30,5 +32,16 @@ void ml_hostname(char out[256]);
 /* seconds on CLOCK_MONOTONIC as an absolute timespec (for timed waits on
  * condition variables with a monotonic clock), clamped to 0 .. 1e12 */
 struct timespec ml_timespec(double s);
+
+/* Blocks in the calling thread every signal a thread it then starts
+ * should not take (the application's: they belong to its own threads),
+ * keeping the old mask in old for ml_signals_restore.  The faults
+ * (SIGSEGV, SIGBUS, SIGFPE, SIGILL) and SIGABRT stay unblocked: a
+ * blocked fault kills the process without running its handler (a crash
+ * trace, a crash reporter). */
+void ml_signals_block(sigset_t *old);
+
+/* puts back the mask ml_signals_block kept */
+void ml_signals_restore(const sigset_t *old);
 
 #endif

@@ -432,7 +432,7 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
                              const char *coll, const char *field, uint32_t t, uint32_t i) {
   ml_watcher *s, *nx;
   pthread_condattr_t ca;
-  sigset_t all, old;
+  sigset_t old;
   pid_t pid = ml_pid();
   int rc;
 
@@ -482,10 +482,9 @@ static ml_watcher *stream_get(ml_client *c, mongoc_client_pool_t *pool, const ch
   pthread_condattr_destroy(&ca);
   if (pool) {
     s->in_call = 1;             /* the thread opens the stream first */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
+    ml_signals_block(&old);
     rc = pthread_create(&s->thread, NULL, watch_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    ml_signals_restore(&old);
     if (rc != 0) {
       stream_free(s);
       return NULL;
