@@ -62,6 +62,47 @@ c2:close()
 print("alive " .. tostring(h ~= nil))
 ]]
 
+-- a client collected while its stream's thread is in a getMore, with a
+-- held lease that the stream watches for takeovers: the stream is detached
+-- and its thread, when the getMore returns, must not look at the client's
+-- leases again (it did: the holders' count of its previous batch was kept,
+-- and it walked the freed client).  The getMores are held up 1.5 s by the
+-- server so that the client's memory is freed and reused meanwhile; events
+-- (another client's releases) end them
+local COLLECTED = [[
+local mongolock = require "mongolock"
+local core = require "mongolock.core"
+local testing = require "mongolock.testing"
+local uri, app, db, coll = ...
+local o = assert(mongolock.connect(uri))
+local ol = o:locks({ database = db, collection = coll })
+local function event(name)
+  local h = assert(ol:try(name))
+  assert(h:release())
+end
+assert(testing.failpoint(o._core, { mode = "alwaysOn", commands = { "getMore" }, block_ms = 1500, app_name = app }))
+do
+  local c = assert(mongolock.connect(uri, { appname = app }))
+  local h = assert(c:locks({ database = db, collection = coll }):try("held", { ttl = 30, renew = true }))
+  core.sleep(0.8)     -- the stream opens: the lease is watched 0.25 s after its acquire
+  event("a")          -- its first getMore returns with it: the holders are counted
+  core.sleep(2)
+  assert(h:held())
+end
+-- the second getMore in flight: the client and its handle collected, their
+-- memory reused
+collectgarbage()
+collectgarbage()
+collectgarbage()
+local junk = {}
+for i = 1, 20000 do junk[i] = string.rep("\255", 32 + i % 1024) end
+event("b")
+core.sleep(2.5)
+testing.failpoint(o._core, { mode = "off" })
+o:close()
+print("alive " .. #junk)
+]]
+
 -- The core's own threads (a pool's workers, the change-stream thread, the
 -- lease engine's) are started with the application's signals blocked (they
 -- belong to its threads) but not the faults: a fault with its signal
@@ -133,6 +174,16 @@ describe("#integration change-stream thread", function()
       assert.matches("alive true", out, 1, true)
     end)
 
+
+  it("a client collected with its stream's thread in a getMore and a watched lease held: the thread does not "
+     .. "walk the client's leases when the getMore returns", function()
+    local path = helpers.script(COLLECTED)
+    local out, ok, status = helpers.run(path, { helpers.uri(), helpers.unique("collected"), helpers.database,
+      helpers.unique("cg") })
+    os.remove(path)
+    assert.is_true(ok, format("exit %s: %s", tostring(status), out))
+    assert.matches("alive 20000", out, 1, true)
+  end)
 
   it("answers a failed stream's waiter outside watch_mu, while clients with streams are collected",
     function()

@@ -277,16 +277,18 @@ static void notices_take(ml_watcher *s, notices *out) {
  * came meanwhile).
  */
 static void notices_hand(ml_watcher *s, notices *in) {
-  int k, n = 1;
+  int k, n = 1, count = in->count;
   for (k = 0; k < in->n; k++) {
     ml_notice *x = &in->v[k];
     ml_held_notice(s->c, s->m.db, s->m.coll, x->key, x->keylen, x->owner, x->t, x->i);
     free(x->key);
   }
+  /* handed: the next batch's are taken afresh */
   in->n = 0;
-  if (in->count) n = ml_held_any(s->c, s->m.db, s->m.coll, s->m.field);
+  in->count = 0;
+  if (count) n = ml_held_any(s->c, s->m.db, s->m.coll, s->m.field);
   pthread_mutex_lock(&watch_mu);
-  if (in->count && n == 0 && s->holds == in->holds && s->m.holders) {
+  if (count && n == 0 && s->holds == in->holds && s->m.holders) {
     s->m.holders = 0;
     s->m.idle_since = ml_monotonic();
   }
@@ -321,6 +323,7 @@ static void *watch_main(void *arg) {
 
   memset(&err, 0, sizeof err);
   got.n = 0;
+  got.count = 0;
   for (tries = 0; !mc && tries < 50; tries++) {
     mc = mongoc_client_pool_try_pop(s->pool);
     if (!mc) ml_sleep(0.02);
@@ -356,9 +359,11 @@ static void *watch_main(void *arg) {
       s->in_call = 0;
       stream_done(s, ok, &reply, &err);
       bson_destroy(&reply);
-      /* a detached stream's client is gone: its notices with it */
+      /* a detached stream's client is gone (collected, maybe): its
+       * notices with it, and nothing of it is looked at again */
       if (s->detached) ml_stream_notices_clear(&s->m);
       else notices_take(s, &got);
+      if (s->detached) got.count = 0;
       /* woken after the unlock: a waiter woken while watch_mu is held
        * would block on it at once and need a second wake-up */
       pthread_mutex_unlock(&watch_mu);
