@@ -171,3 +171,65 @@ describe("#integration a change stream driven from outside (client:watch_next, w
     assert.equal(math.huge, seconds)
   end)
 end)
+
+-- client:engine_next() and client:watch_next() hand out an op as a Lua
+-- string: made while renew_mu (watch_mu) was held, its allocation could
+-- run the collector, whose finalizers take the same mutex (a handle's
+-- __gc hands its lease to the engine, a client's stops its streams), and
+-- the thread deadlocked on itself.  A child with a collector that steps
+-- at every allocation, its handles (clients) garbage as it goes; a hang
+-- is the timeout's 124
+local HANDED = [[
+local core = require "mongolock.core"
+local uri, db, coll, which = ...
+local c = assert(core.connect(uri))
+assert(c:set_external(true))
+local runner = assert(core.connect(uri))
+if rawget(_G, "jit") then collectgarbage("setpause", 0); collectgarbage("setstepmul", 100)
+else collectgarbage("incremental", 0, 100, 1) end
+local r = assert(runner:command(db, { ping = 1 }))
+local stop, n, ops = core.monotonic() + 3, 0, 0
+while core.monotonic() < stop do
+  n = n + 1
+  if which == "engine" then
+    -- renewed by the engine (every 0.1 s), garbage after this turn
+    local h = c:acquire(db, coll, "n" .. n, 300, nil, true)
+    -- a little garbage of its own, more or less each turn: the collector
+    -- meets engine_next's push in every phase of its cycle
+    for k = 1, n % 7 do h = { h, k } end
+    local id, op = c:engine_next()
+    if id then
+      ops = ops + 1
+      local reply, err, code = runner:run(op)
+      c:engine_done(id, core.monotonic(), reply, err, code)
+    end
+  else
+    -- a client with a stream, garbage at once
+    local g = assert(core.connect(uri))
+    g:set_external(true)
+    core.watch_wait(g, db, coll, "owner", "x", r.operationTime.t, r.operationTime.i, 0)
+    core.watch_wait(c, db, coll .. (n % 20), "owner", "x", r.operationTime.t, r.operationTime.i, 0)
+    local id = c:watch_next()
+    if id then
+      ops = ops + 1
+      c:watch_done(id, nil, "injected", 6)
+    end
+  end
+end
+print("handed " .. ops)
+]]
+
+describe("#integration the external adapters' ops", function()
+  for _, which in ipairs({ "engine", "watch" }) do
+    it("are handed out (client:" .. which .. "_next) with no mutex held while the collector runs finalizers",
+       function()
+      local path = helpers.script(HANDED)
+      local out, ok, status = helpers.run(path, { helpers.uri(), helpers.database, helpers.unique("handed"), which },
+        "timeout 60")
+      os.remove(path)
+      assert.is_true(ok, "exit " .. tostring(status) .. " (124: it hung): " .. out)
+      local ops = tonumber(out:match("handed (%d+)"))
+      assert.is_true(ops ~= nil and ops > 0, out)
+    end)
+  end
+end)

@@ -370,11 +370,17 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   return st;
 }
 
-/* renew_mu held: c's state for a call from Lua (made when missing) */
-static ml_renew *state_of(lua_State *L, ml_client *c) {
+/* the pool of c's state for a call from Lua: raises if c is closed, so
+ * before renew_mu is taken (a raise would leave it locked) */
+static mongoc_client_pool_t *state_pool(lua_State *L, ml_client *c) {
   mongoc_client_pool_t *pool = c->external ? NULL : ml_client_pool(L, c);   /* raises if closed */
   if (c->external && c->closed) luaL_error(L, "client is closed");
   pthread_once(&atfork_once, install_atfork);
+  return pool;
+}
+
+/* renew_mu held: c's state (made when missing) on pool (state_pool) */
+static ml_renew *state_of(ml_client *c, mongoc_client_pool_t *pool) {
   return state_get(c, pool);
 }
 
@@ -386,8 +392,9 @@ static void poke(ml_renew *st, double due) {
 
 const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]) {
   ml_renew *st;
+  mongoc_client_pool_t *pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(L, c);
+  st = state_of(c, pool);
   if (st) memcpy(out, st->e.keeper, 17);
   pthread_mutex_unlock(&renew_mu);
   return st ? out : NULL;
@@ -397,8 +404,9 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
   ml_renew *st;
   double due;
   int ok = 0;
+  mongoc_client_pool_t *pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(L, c);
+  st = state_of(c, pool);
   if (st && ml_engine_add(&st->e, l, &due)) {
     poke(st, due);
     ok = 1;
@@ -415,9 +423,11 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
 void ml_renew_hold(lua_State *L, ml_client *c, ml_lease *l) {
   ml_renew *st;
   double at = l->started + ML_HOLD_AFTER;
+  mongoc_client_pool_t *pool;
   if (c->external || l->kind != ML_KIND_NAMED) return;
+  pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(L, c);
+  st = state_of(c, pool);
   /* out of memory: the lease goes without its stream, and its holder
    * learns of a takeover at its next renewal, as before it was held long */
   if (st && holdq_push(st, l) && (!st->hold_at || at < st->hold_at)) {
@@ -429,9 +439,11 @@ void ml_renew_hold(lua_State *L, ml_client *c, ml_lease *l) {
 
 int ml_renew_scan(lua_State *L, ml_client *c) {
   ml_renew *st;
+  mongoc_client_pool_t *pool;
   if (c->external) return 0;
+  pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(L, c);
+  st = state_of(c, pool);
   if (st) {
     st->scan = 1;
     pthread_cond_signal(&st->cv);
@@ -678,10 +690,16 @@ static int ml_m_engine_next(lua_State *L) {
     else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
     else wake = now + 1;                      /* in flight */
     if (has) {
+      /* the op copied out, pushed once renew_mu is released: a push may
+       * run the collector, whose finalizers (a handle's __gc) take it */
+      bson_t env;
+      lua_Integer id = (lua_Integer)st->e.work.id;
       st->e.work.handed = 1;
-      lua_pushinteger(L, (lua_Integer)st->e.work.id);
-      ml_push_op(L, &st->e.work.op);
+      ml_op_envelope(&st->e.work.op, &env);
       pthread_mutex_unlock(&renew_mu);
+      lua_pushinteger(L, id);
+      lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
+      bson_destroy(&env);
       return 2;
     }
     if (st->e.n == 0 && st->e.nrel == 0 && st->e.work.kind == ML_WORK_NONE) wake = HUGE_VAL;

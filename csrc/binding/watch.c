@@ -562,10 +562,15 @@ static int ml_m_watch_next(lua_State *L) {
       continue;
     }
     if (ml_stream_next(&s->m, now, &w)) {
-      s->op_id = ++op_ids;
-      lua_pushinteger(L, (lua_Integer)s->op_id);
-      ml_push_op(L, &s->m.op);
+      /* the op copied out, pushed once watch_mu is released: a push may
+       * run the collector, whose finalizers (a client's __gc) take it */
+      bson_t env;
+      lua_Integer id = (lua_Integer)(s->op_id = ++op_ids);
+      ml_op_envelope(&s->m.op, &env);
       pthread_mutex_unlock(&watch_mu);
+      lua_pushinteger(L, id);
+      lua_pushlstring(L, (const char *)bson_get_data(&env), env.len);
+      bson_destroy(&env);
       return 2;
     }
     if (s->m.stop && ml_stream_finished(&s->m)) {
