@@ -41,6 +41,8 @@
  * Invariants:
  * - renew_mu guards every ml_renew, its items, its releases and its work.
  *   A lease's mu is taken only inside renew_mu (or alone, by the Lua side).
+ *   No Lua function is called and nothing raises while it is held: a push
+ *   may run the collector, whose finalizers (a handle's __gc) take it.
  * - A lease appears in at most one item of one state; each item, each
  *   queued release and each lease of the work in flight owns one reference.
  * - At most one command runs at a time per state (st->e.work.kind !=

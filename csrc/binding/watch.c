@@ -54,7 +54,11 @@
  *
  * Invariants:
  * - watch_mu guards every stream and its ring; waiters and the thread wait
- *   on the stream's cv with it.  Nothing else is locked while it is held.
+ *   on the stream's cv with it.  Nothing else is locked while it is held,
+ *   and no Lua function is called (a push may run finalizers: a client's
+ *   __gc stops its streams under it).
+ * - A detached stream's thread never looks at its client again: the
+ *   client's memory may be freed as soon as its close returns.
  * - ring holds the last ML_RING events; drop_t/drop_i is the newest cluster
  *   time pushed out of it, so a waiter whose T is older than that is woken
  *   (it may have missed its event).
