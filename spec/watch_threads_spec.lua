@@ -103,6 +103,24 @@ o:close()
 print("alive " .. #junk)
 ]]
 
+-- a stream whose thread found no free connection (maxPoolSize=1: the
+-- client's own holds it) fails; at the client's close it is freed, and the
+-- client's pool destroyed, so the process's exit runs its handlers
+-- (testing.exit_mark: skipped while a pool is open, unit_exit_spec).  The
+-- thread left its stream marked in a call, never freed, nor the pool
+local NO_CONNECTION = [[
+local core = require "mongolock.core"
+local testing = require "mongolock.testing"
+local uri, mark, db, coll = ...
+testing.exit_mark(mark)
+local c = assert(core.connect(uri .. (uri:find("?", 1, true) and "&" or "?") .. "maxPoolSize=1"))
+local r = assert(c:command("admin", { ping = 1 }))
+local res, err = core.watch_wait(c, db, coll, "owner", "x", r.operationTime.t, r.operationTime.i, 3)
+print(tostring(res) .. " " .. tostring(err))
+c:close()
+os.exit(0)
+]]
+
 -- The core's own threads (a pool's workers, the change-stream thread, the
 -- lease engine's) are started with the application's signals blocked (they
 -- belong to its threads) but not the faults: a fault with its signal
@@ -183,6 +201,20 @@ describe("#integration change-stream thread", function()
     os.remove(path)
     assert.is_true(ok, format("exit %s: %s", tostring(status), out))
     assert.matches("alive 20000", out, 1, true)
+  end)
+
+  it("frees a stream that found no free connection at its client's close, and the client's pool", function()
+    local path = helpers.script(NO_CONNECTION)
+    local mark = os.tmpname()
+    os.remove(mark)
+    local out, ok, status = helpers.run(path, { helpers.uri(), mark, helpers.database, helpers.unique("nc") })
+    os.remove(path)
+    local f = io.open(mark)
+    if f then f:close() end
+    os.remove(mark)
+    assert.is_true(ok, format("exit %s: %s", tostring(status), out))
+    assert.matches("no free connection in the pool", out, 1, true)
+    assert.is_truthy(f, "the exit handlers were skipped: a pool was still open")
   end)
 
   it("answers a failed stream's waiter outside watch_mu, while clients with streams are collected",

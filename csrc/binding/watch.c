@@ -333,6 +333,10 @@ static void *watch_main(void *arg) {
     if (!mc) ml_sleep(0.02);
   }
   pthread_mutex_lock(&watch_mu);
+  /* the opening's connection is had (or not): no call in flight, so a
+   * close reaps the stream (a stream left in_call was never freed, nor its
+   * client's pool) */
+  s->in_call = 0;
   if (!mc) {
     bson_snprintf(err.message, sizeof err.message, "no free connection in the pool");
     ml_stream_fail(&s->m, &err, ml_monotonic());
