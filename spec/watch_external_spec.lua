@@ -233,3 +233,45 @@ describe("#integration the external adapters' ops", function()
     end)
   end
 end)
+
+-- a client made external after its lease engine started on its own thread
+-- (a client used outside nginx's request phases first, then by a runner):
+-- the thread keeps its engine.  A second, external state made for the
+-- next renewed lease left the first thread running: it went on renewing
+-- after the client's close, with the closed client's pool and write
+-- concern (freed: ASan's heap-use-after-free in renew_main), and the lock
+-- was never released
+local SWITCHED = [[
+local core = require "mongolock.core"
+local uri, db, coll = ...
+local c = assert(core.connect(uri))
+local o = assert(core.connect(uri))
+local h = assert(c:acquire(db, coll, "x", 600, nil, true))     -- renewed by the client's thread
+assert(c:set_external(true))
+local h2 = assert(c:acquire(db, coll, "y", 600, nil, true))
+core.sleep(1)                                                   -- past the ttl: renewed
+print("held " .. tostring(h:held()) .. " " .. tostring(h2:held()))
+c:close()
+h, h2, c = nil, nil, nil
+collectgarbage()
+collectgarbage()
+local junk = {}
+for i = 1, 20000 do junk[i] = string.rep("\255", 32 + i % 1024) end
+-- released at the close, and not renewed since
+local x = o:acquire(db, coll, "x", 5000)
+print("free " .. tostring(x ~= nil))
+core.sleep(1)
+print("alive " .. #junk)
+]]
+
+describe("#integration a client made external after its lease engine started on its own thread", function()
+  it("keeps that engine: its leases are renewed, released at the close, and nothing runs after it", function()
+    local path = helpers.script(SWITCHED)
+    local out, ok, status = helpers.run(path, { helpers.uri(), helpers.database, helpers.unique("switched") })
+    os.remove(path)
+    assert.is_true(ok, "exit " .. tostring(status) .. ": " .. out)
+    assert.matches("held true true", out, 1, true)
+    assert.matches("free true", out, 1, true)
+    assert.matches("alive 20000", out, 1, true)
+  end)
+end)

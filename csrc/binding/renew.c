@@ -332,8 +332,11 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   sigset_t old;
   int rc;
 
-  if (st && st->pid == ml_pid() && (st->external || st->pool == pool)) return st;
-  /* a state from another process (or pool) is abandoned, not freed */
+  /* a client made external (set_external) after its engine started on its
+   * own thread keeps that thread: a second state would leave the first
+   * one's thread renewing with the client's pool past its close */
+  if (st && st->pid == ml_pid() && (st->external || st->pool == pool || c->external)) return st;
+  /* a state from another process is abandoned, not freed */
   st = (ml_renew *)calloc(1, sizeof *st);
   if (!st) return NULL;
   st->c = c;
@@ -615,7 +618,7 @@ static void renew_stop(ml_client *c) {
   pthread_once(&atfork_once, install_atfork);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (!c->external && c->pool && c->pid == ml_pid()) {
+  if ((!c->external || (st && !st->external)) && c->pool && c->pid == ml_pid()) {
     int any = 0;
     ml_lease *l;
     for (l = c->held; l && !any; l = l->hnext) {
@@ -687,7 +690,8 @@ static int ml_m_engine_next(lua_State *L) {
   luaL_argcheck(L, c->external, 1, "the client's engine runs on its own thread");
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid == ml_pid()) {
+  /* (a state whose thread runs its engine hands nothing out) */
+  if (st && st->pid == ml_pid() && st->external) {
     if (st->e.work.kind == ML_WORK_NONE) has = ml_engine_next(&st->e, now, &wake);
     else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
     else wake = now + 1;                      /* in flight */
@@ -728,7 +732,7 @@ static int ml_m_engine_done(lua_State *L) {
   ok = ml_arg_outcome(L, 4, &reply, &err);
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
-  if (st && st->pid == ml_pid() && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
+  if (st && st->pid == ml_pid() && st->external && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
     if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
       pthread_cond_broadcast(&st->done);
     publish(st);
