@@ -375,18 +375,13 @@ static ml_renew *state_get(ml_client *c, mongoc_client_pool_t *pool) {
   return st;
 }
 
-/* the pool of c's state for a call from Lua: raises if c is closed, so
- * before renew_mu is taken (a raise would leave it locked) */
+/* the pool of c's state (state_get) for a call from Lua: raises if c is
+ * closed, so before renew_mu is taken (a raise would leave it locked) */
 static mongoc_client_pool_t *state_pool(lua_State *L, ml_client *c) {
   mongoc_client_pool_t *pool = c->external ? NULL : ml_client_pool(L, c);   /* raises if closed */
   if (c->external && c->closed) luaL_error(L, "client is closed");
   pthread_once(&atfork_once, install_atfork);
   return pool;
-}
-
-/* renew_mu held: c's state (made when missing) on pool (state_pool) */
-static ml_renew *state_of(ml_client *c, mongoc_client_pool_t *pool) {
-  return state_get(c, pool);
 }
 
 /* renew_mu held: wakes the thread when it sleeps past `due` */
@@ -399,7 +394,7 @@ const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]) {
   ml_renew *st;
   mongoc_client_pool_t *pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(c, pool);
+  st = state_get(c, pool);
   if (st) memcpy(out, st->e.keeper, 17);
   pthread_mutex_unlock(&renew_mu);
   return st ? out : NULL;
@@ -411,7 +406,7 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
   int ok = 0;
   mongoc_client_pool_t *pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(c, pool);
+  st = state_get(c, pool);
   if (st && ml_engine_add(&st->e, l, &due)) {
     poke(st, due);
     ok = 1;
@@ -432,7 +427,7 @@ void ml_renew_hold(lua_State *L, ml_client *c, ml_lease *l) {
   if (c->external || l->kind != ML_KIND_NAMED) return;
   pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(c, pool);
+  st = state_get(c, pool);
   /* out of memory: the lease goes without its stream, and its holder
    * learns of a takeover at its next renewal, as before it was held long */
   if (st && holdq_push(st, l) && (!st->hold_at || at < st->hold_at)) {
@@ -448,7 +443,7 @@ int ml_renew_scan(lua_State *L, ml_client *c) {
   if (c->external) return 0;
   pool = state_pool(L, c);
   pthread_mutex_lock(&renew_mu);
-  st = state_of(c, pool);
+  st = state_get(c, pool);
   if (st) {
     st->scan = 1;
     pthread_cond_signal(&st->cv);
