@@ -323,6 +323,38 @@ local SPEC_LOCATIONS = [[
             content_by_lua_file wake_spec.lua;
         }
 
+        # ?coll=: how often the worker's lease engine timer looks at the
+        # engine over 200 lock cycles of a lease due in 10 s, and a renewed
+        # lease due (0.5 s) long before the timer's next look (its cap
+        # made 5 s): the handle made says so
+        location = /engine-spec {
+            content_by_lua_block {
+                local nrunner = require "mongolock.ngx.runner"
+                local c = package.loaded.engine_spec_client
+                if not c then
+                    c = assert(require("mongolock").connect(os.getenv("MONGODB_URI"), { appname = "engine-spec" }))
+                    package.loaded.engine_spec_client = c
+                end
+                local locks = c:locks({ collection = ngx.var.arg_coll })
+                local st = nrunner.of(c).state
+                assert(locks:try("warm")):release()
+                local n, looks = 200, st.looks
+                for _ = 1, n do assert(locks:acquire("k", { ttl = 30, renew = true })):release() end
+                local cycles = st.looks - looks
+                local cap = nrunner.CAP
+                nrunner.CAP = 5
+                ngx.sleep(0.5)              -- the timer looks, then sleeps 5 s
+                looks = st.looks
+                local h = assert(locks:acquire("short", { ttl = 1.5, renew = true }))
+                ngx.sleep(2)
+                local ok, err = h:release()
+                nrunner.CAP = cap
+                st.wake:post(1)
+                ngx.say("cycles ", n, " looks ", cycles)
+                ngx.say("short ", tostring(ok), " ", tostring(err), " looks ", st.looks - looks)
+            }
+        }
+
         location = /mongolock-stats {
             content_by_lua_block {
                 local out = {}
@@ -1424,6 +1456,19 @@ describe("#integration nginx with resty.mongolock", function()
       assert.is_true(tonumber(mine) <= tonumber(server) + 0.001, r.after)
     end)
   end
+
+  it("wakes the worker's lease engine timer for a lease made only when it is due before the timer's next look",
+     function()
+    local code, body = get(nginx.port, "/engine-spec?coll=" .. helpers.unique("engine"))
+    assert.equal(200, code, body .. (helpers.read_file(nginx.log) or ""))
+    print("# nginx, the lease engine's timer: " .. body:gsub("\n(.)", ", %1"):gsub("\n$", ""))
+    -- the timer looks every 0.25 s at most while nothing is due: 200
+    -- cycles took nowhere near 12 s (a look for each lease made: 200)
+    local looks = tonumber(body:match("cycles 200 looks (%d+)"))
+    assert.is_true(looks < 50, body)
+    -- renewed at 0.5 s, 1 s and 1.5 s, though the timer meant to sleep 5 s
+    assert.truthy(body:find("short true nil", 1, true), body)
+  end)
 
   it("wakes a semaphore's waiter through the worker's change stream (the release handed to it)", function()
     local r = wake("semaphore")

@@ -83,7 +83,12 @@ typedef struct ml_renew {
   pthread_cond_t done;          /* a release was sent (ml_renew_flush) */
   double wake_at;               /* the thread sleeps until then; 0 while it
                                    runs (it looks at every item before it
-                                   sleeps again) */
+                                   sleeps again).  External: when the
+                                   adapter looks again, as it said to
+                                   engine_next; 0 while it runs an op */
+  int poked;                    /* external: a lease added since the
+                                   adapter's last look is due before it
+                                   looks again (client:engine_poked) */
   int scan;                     /* a server selection is asked for */
   int scanning;                 /* the thread is inside it (do_scan) */
   ml_orphan *orphan;            /* detached by close inside a selection:
@@ -384,10 +389,14 @@ static mongoc_client_pool_t *state_pool(lua_State *L, ml_client *c) {
   return pool;
 }
 
-/* renew_mu held: wakes the thread when it sleeps past `due` */
+/* renew_mu held: wakes the thread when it sleeps past `due` (an external
+ * adapter: says so to client:engine_poked) */
 static void poke(ml_renew *st, double due) {
   if (due < st->e.due_at) st->e.due_at = due;
-  if (!st->external && due < st->wake_at) pthread_cond_signal(&st->cv);
+  if (due < st->wake_at) {
+    if (st->external) st->poked = 1;
+    else pthread_cond_signal(&st->cv);
+  }
 }
 
 const char *ml_renew_keeper(lua_State *L, ml_client *c, char out[17]) {
@@ -675,21 +684,29 @@ void ml_bg_on_close(ml_client *c) {
 
 /* ---- the external adapter, seen from Lua ------------------------------- */
 
-/* client:engine_next() -> id, op (a BSON op string, ops.c) | nil, seconds
- * until something may be due (math.huge: nothing held) */
+/* client:engine_next([cap]) -> id, op (a BSON op string, ops.c) | nil,
+ * seconds until something may be due (math.huge: nothing held).  cap: the
+ * adapter looks again after at most cap seconds when it gets no op (it
+ * then calls engine_poked after each lease it made, to know whether it must
+ * look sooner) */
 static int ml_m_engine_next(lua_State *L) {
   ml_client *c = ml_checkclient(L, 1);
   ml_renew *st;
   double now = ml_monotonic(), wake = now + 3600;
+  double cap = luaL_optnumber(L, 2, HUGE_VAL);
   int has = 0;
   luaL_argcheck(L, c->external, 1, "the client's engine runs on its own thread");
+  luaL_argcheck(L, cap >= 0, 2, "seconds >= 0 expected");
   pthread_mutex_lock(&renew_mu);
   st = (ml_renew *)c->renew_state;
   /* (a state whose thread runs its engine hands nothing out) */
   if (st && st->pid == ml_pid() && st->external) {
+    st->poked = 0;
     if (st->e.work.kind == ML_WORK_NONE) has = ml_engine_next(&st->e, now, &wake);
     else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
     else wake = now + 1;                      /* in flight */
+    /* the adapter runs the op, then looks again at once */
+    st->wake_at = has ? 0 : (wake - now < cap ? wake : now + cap);
     if (has) {
       /* the op copied out, pushed once renew_mu is released: a push may
        * run the collector, whose finalizers (a handle's __gc) take it */
@@ -711,6 +728,24 @@ static int ml_m_engine_next(lua_State *L) {
   lua_pushnil(L);
   lua_pushnumber(L, wake == HUGE_VAL ? HUGE_VAL : (wake > now ? wake - now : 0));
   return 2;
+}
+
+/* client:engine_poked() -> true once when a lease made since the external
+ * adapter's last look (engine_next) is due before the adapter said it
+ * would look again: it is to look now */
+static int ml_m_engine_poked(lua_State *L) {
+  ml_client *c = ml_checkclient(L, 1);
+  ml_renew *st;
+  int poked = 0;
+  pthread_mutex_lock(&renew_mu);
+  st = (ml_renew *)c->renew_state;
+  if (st && st->pid == ml_pid() && st->external) {
+    poked = st->poked;
+    st->poked = 0;
+  }
+  pthread_mutex_unlock(&renew_mu);
+  lua_pushboolean(L, poked);
+  return 1;
 }
 
 /* client:engine_done(id, started, reply, err, code, ereply, domain) -> true:
@@ -789,5 +824,6 @@ void ml_renew_init(void) {
 const luaL_Reg ml_renew_methods[] = {
   {"engine_next", ml_m_engine_next},
   {"engine_done", ml_m_engine_done},
+  {"engine_poked", ml_m_engine_poked},
   {NULL, NULL}
 };

@@ -64,18 +64,18 @@ end
 -- collected handles and of attempts whose reply was lost.  A worker that is
 -- shutting down keeps it while the engine has work, and while a handle made
 -- here is held, up to its deadline (then the server frees the lock).
+-- p.looks: how many times it looked at the engine (specs read it).
 local function adapter(premature, p)
   local ngx = rawget(_G, "ngx")
-  local cc = p.cc
-  local exiting_until
-  local deliver = stats.deliver
+  local cc, exiting_until, deliver = p.cc, nil, stats.deliver
   while not cc:closed() do
     -- lease events (lost, renewal failed) the engine queued: to the
     -- client's on_lost callback, here on the event loop
     local vok, n, errs = pcall(deliver, cc)
     if not vok then log("ERR", "on_lost: ", tostring(n))
     elseif errs then log("ERR", "on_lost: ", table.concat(errs, "; ")) end
-    local ok, id, op = pcall(cc.engine_next, cc)
+    p.looks = p.looks + 1
+    local ok, id, op = pcall(cc.engine_next, cc, _M.CAP)
     if not ok then
       log("ERR", "lease engine: ", tostring(id))
       break
@@ -163,12 +163,13 @@ local function await_event(p, seconds)
   p.events:wait(seconds)
 end
 
--- a handle made here: the adapter looks at the engine at once
+-- a handle made here: the adapter looks at once when it does not run, or
+-- when the lease is due before its next look (the engine says so)
 local function made(p, h)
   if h ~= nil and type(h) ~= "string" then
     p.handles[h] = true
-    if p.adapter ~= getpid() then start_adapter(p) end
-    if p.wake:count() < 1 then p.wake:post(1) end
+    if p.adapter ~= getpid() then start_adapter(p)
+    elseif p.cc:engine_poked() and p.wake:count() < 1 then p.wake:post(1) end
   end
   return h
 end
@@ -216,7 +217,7 @@ function _M.of(client)
   -- round trips on the event loop: a pool of no thread whose ops' bytes
   -- go through cosockets (mongolock.ngx's runners, jobs.direct)
   local pok, pool = pcall(core.pool, cc, 0, "bridged")
-  local state = { cc = cc, spec = spec, handles = setmetatable({}, { __mode = "k" }),
+  local state = { cc = cc, looks = 0, spec = spec, handles = setmetatable({}, { __mode = "k" }),
                   wake = semaphore.new(0), count = count, events = semaphore.new(0), swake = semaphore.new(0),
                   pool = pok and pool or nil }
   local runner = runner_of(state)
