@@ -313,26 +313,42 @@ void ml_arg_bson(lua_State *L, int i, bson_t *out) {
 }
 
 int ml_op_view(const bson_t *env, ml_op *op) {
+  /* one pass over the envelope's keys, the first of each name counting
+   * (as bson_iter_init_find would find it) */
+  enum { K_KIND = 1, K_RETRY = 2, K_DB = 4, K_COLL = 8, K_SESSION = 16, K_CMD = 32 };
   bson_iter_t it;
-  int k;
-  const uint8_t *data;
-  uint32_t len;
+  int k, seen = 0;
+  const uint8_t *data = NULL;
+  uint32_t len = 0;
   memset(op, 0, sizeof *op);
   op->kind = (ml_run_kind)-1;
-  if (bson_iter_init_find(&it, env, "kind") && BSON_ITER_HOLDS_UTF8(&it))
-    for (k = 0; kinds[k]; k++)
-      if (!strcmp(bson_iter_utf8(&it, NULL), kinds[k])) op->kind = (ml_run_kind)k;
-  if (bson_iter_init_find(&it, env, "retry")) op->retry = bson_iter_as_bool(&it);
-  if (bson_iter_init_find(&it, env, "db") && BSON_ITER_HOLDS_UTF8(&it))
-    op->db = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, env, "coll") && BSON_ITER_HOLDS_UTF8(&it))
-    op->coll = bson_iter_utf8(&it, NULL);
-  if (bson_iter_init_find(&it, env, "session") && BSON_ITER_HOLDS_UTF8(&it))
-    op->session = bson_iter_utf8(&it, NULL);
-  if ((int)op->kind < 0 || !op->db || !bson_iter_init_find(&it, env, "cmd") ||
-      !BSON_ITER_HOLDS_DOCUMENT(&it))
-    return 0;
-  bson_iter_document(&it, &len, &data);
+  if (!bson_iter_init(&it, env)) return 0;
+  while (bson_iter_next(&it)) {
+    const char *key = bson_iter_key(&it);
+    int utf8 = BSON_ITER_HOLDS_UTF8(&it);
+    if (!strcmp(key, "kind") && !(seen & K_KIND)) {
+      seen |= K_KIND;
+      if (utf8)
+        for (k = 0; kinds[k]; k++)
+          if (!strcmp(bson_iter_utf8(&it, NULL), kinds[k])) op->kind = (ml_run_kind)k;
+    } else if (!strcmp(key, "retry") && !(seen & K_RETRY)) {
+      seen |= K_RETRY;
+      op->retry = bson_iter_as_bool(&it);
+    } else if (!strcmp(key, "db") && !(seen & K_DB)) {
+      seen |= K_DB;
+      if (utf8) op->db = bson_iter_utf8(&it, NULL);
+    } else if (!strcmp(key, "coll") && !(seen & K_COLL)) {
+      seen |= K_COLL;
+      if (utf8) op->coll = bson_iter_utf8(&it, NULL);
+    } else if (!strcmp(key, "session") && !(seen & K_SESSION)) {
+      seen |= K_SESSION;
+      if (utf8) op->session = bson_iter_utf8(&it, NULL);
+    } else if (!strcmp(key, "cmd") && !(seen & K_CMD)) {
+      seen |= K_CMD;
+      if (BSON_ITER_HOLDS_DOCUMENT(&it)) bson_iter_document(&it, &len, &data);
+    }
+  }
+  if ((int)op->kind < 0 || !op->db || !data) return 0;
   return bson_init_static(&op->cmd, data, len);
 }
 
@@ -365,8 +381,12 @@ static int opt_bson(lua_State *L, int i, bson_t *view) {
 }
 
 int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err) {
+  return ml_arg_outcome_own(L, i, reply, err, 0);
+}
+
+int ml_arg_outcome_own(lua_State *L, int i, bson_t *reply, bson_error_t *err, int own) {
   bson_t r, e;
-  int has_reply = opt_bson(L, i, &r), has_ereply = opt_bson(L, i + 3, &e);
+  int has_reply = own ? arg_view(L, i, &r) : opt_bson(L, i, &r), has_ereply = opt_bson(L, i + 3, &e);
   const char *msg = lua_isnoneornil(L, i + 1) ? NULL : luaL_checkstring(L, i + 1);
   lua_Integer code = luaL_optinteger(L, i + 2, 0);
   lua_Integer domain = luaL_optinteger(L, i + 4, 0);

@@ -109,5 +109,8 @@ void ml_arg_op(lua_State *L, int i, ml_op *op);
  * reply NULL it only checks the arguments (returns whether reply was given).
  */
 int ml_arg_outcome(lua_State *L, int i, bson_t *reply, bson_error_t *err);
+/* the same, the reply at i not walked when own (a string C made from a
+ * reply libmongoc parsed: ml_attempt_own_reply) */
+int ml_arg_outcome_own(lua_State *L, int i, bson_t *reply, bson_error_t *err, int own);
 
 #endif

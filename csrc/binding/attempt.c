@@ -117,6 +117,14 @@ void ml_attempt_unsend(lua_State *L, int i) {
   if (t && t->state == ML_ATTEMPT_SENT) t->state = ML_ATTEMPT_PREPARED;
 }
 
+void ml_attempt_own_reply(lua_State *L, int i, int r) {
+  if (!luaL_testudata(L, i, ML_ATTEMPT_MT)) return;
+  ml_getuservalue(L, i);
+  lua_pushvalue(L, r);
+  lua_setfield(L, -2, "reply");
+  lua_pop(L, 1);
+}
+
 /* a:sent() -> true once its op was handed on (a:op(), pool:here), until
  * it was taken; false while it is prepared (nothing of it was sent) */
 static int l_sent(lua_State *L) {
@@ -132,11 +140,17 @@ static int l_take(lua_State *L) {
   ml_client *c;
   bson_t reply;
   bson_error_t err;
-  int ok;
+  int ok, own;
   if (t->state != ML_ATTEMPT_SENT)
     return luaL_error(L, t->state == ML_ATTEMPT_TAKEN ? "the attempt was taken already"
                                                       : "the attempt was not sent (a:op() first)");
   lua_settop(L, 6);
+  /* a reply that pool:here made for this attempt was well formed when
+   * made (ml_attempt_own_reply): not walked again */
+  ml_getuservalue(L, 1);
+  lua_getfield(L, -1, "reply");
+  own = lua_type(L, 2) == LUA_TSTRING && lua_rawequal(L, -1, 2);
+  lua_pop(L, 2);
   /* [client, reply, message, code, ereply, domain, attempt]: the tails
    * make handles of the client at 1; the attempt stays anchored */
   lua_pushvalue(L, 1);
@@ -147,7 +161,7 @@ static int l_take(lua_State *L) {
   c = ml_checkclient(L, 1);
   /* raises when malformed, before it copies anything: the attempt stays
    * sent, to be taken again */
-  ok = ml_arg_outcome(L, 2, &reply, &err);
+  ok = ml_arg_outcome_own(L, 2, &reply, &err, own);
   return attempt_take(L, c, t, ok, &reply, &err);
 }
 

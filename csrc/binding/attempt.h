@@ -87,6 +87,11 @@ int ml_attempt_envelope(lua_State *L, int i, bson_t *env);
 /* the attempt at i (sent by ml_attempt_envelope) is prepared again: its op
  * was not sent, or did not apply, and goes another way (a:op()) */
 void ml_attempt_unsend(lua_State *L, int i);
+/* the attempt at i (sent by ml_attempt_envelope) keeps the reply string at
+ * r, which C made from the reply libmongoc parsed: its a:take of that
+ * string does not walk it again (the attempt holds it, so it stays the
+ * same bytes) */
+void ml_attempt_own_reply(lua_State *L, int i, int r);
 
 /* [-0, +0] makes the mongolock.Attempt metatable (once, from
  * luaopen_mongolock_core; the module table on top stays as it is) */

@@ -734,6 +734,13 @@ static int l_here_step(lua_State *L) {
     return 1;
   }
   n = push_outcome(L, h->ok, &h->reply, &h->err);
+  if (h->attempt && lua_type(L, -n) == LUA_TSTRING) {
+    int r = lua_gettop(L) - n + 1;
+    ml_getuservalue(L, 1);
+    lua_rawgeti(L, -1, 1);
+    ml_attempt_own_reply(L, lua_gettop(L), r);
+    lua_pop(L, 2);
+  }
   here_free(ref);
   return n;
 }
