@@ -1,0 +1,159 @@
+-- Instructions per uncontended resty.mongolock lock + unlock, counted by
+-- callgrind: in an nginx worker (one worker, its counters zeroed after a
+-- warm-up request and dumped after a request of N cycles) and outside nginx
+-- (LuaJIT, a run of N + 100 cycles minus a run of 100), per tree, with the
+-- shared libraries that take them.  A count of instructions does not move
+-- with the load of a shared machine, where time per cycle moves by 10-30%
+-- between runs (bench/nginx.lua, bench/nginx_ab.lua): it shows a change of
+-- one percent.  The kernel's part (system calls) is not in it.  Not part of
+-- make bench: it compares a change with what came before.
+--
+--   lua5.4 bench/nginx_cg.lua TREE [TREE...] [N]      (MONGODB_URI set;
+--     LUA_PATH with spec/ of either tree; each tree built; valgrind)
+local nx = require "nginx_helpers"
+
+local format = string.format
+local trees, N = {}, 300
+for _, a in ipairs(arg) do
+  if tonumber(a) then N = tonumber(a) else trees[#trees + 1] = a end
+end
+if #trees == 0 then
+  io.stderr:write("usage: lua5.4 bench/nginx_cg.lua TREE [TREE...] [N]\n")
+  os.exit(2)
+end
+
+local function say(...) io.stderr:write("bench: ", format(...), "\n") end
+local function sh(cmd)
+  local ok = os.execute(cmd)
+  return ok == true or ok == 0
+end
+
+local CYCLES = [==[
+local resty = require "resty.mongolock"
+local core = require "mongolock.core"
+local lock = assert(resty:new({ uri = os.getenv("MONGODB_URI"), collection = "nginx_cg_bench" }))
+local key = "cg-" .. core.getpid()
+local function cycles(n)
+  for _ = 1, n do assert(lock:lock(key)); assert(lock:unlock()) end
+  return core.getpid()
+end
+]==]
+local HANDLER = CYCLES .. "ngx.say(cycles(tonumber(ngx.var.arg_n)))\n"
+local OUTSIDE = CYCLES .. "cycles(tonumber(arg[1]))\n"
+local LOCATION = "        location = /cg { content_by_lua_file cg.lua; }\n"
+
+-- nginx_helpers runs `nginx` from PATH: this script runs again with a
+-- directory first in PATH whose nginx runs the real one under callgrind
+-- (the worker is forked, so it is traced too)
+local dir = os.getenv("NGINX_CG_DIR")
+if not dir then
+  dir = os.tmpname()
+  os.remove(dir)
+  assert(sh("mkdir -p " .. dir .. "/bin " .. dir .. "/out"))
+  local wrapper = assert(io.open(dir .. "/bin/nginx", "w"))
+  wrapper:write("#!/bin/sh\nexec valgrind --tool=callgrind --trace-children=yes -q --compress-strings=no ",
+    "--compress-pos=no --callgrind-out-file=", dir, "/out/nginx.%p /usr/sbin/nginx \"$@\"\n")
+  wrapper:close()
+  assert(sh("chmod +x " .. dir .. "/bin/nginx"))
+  local words = {}
+  for i = 0, #arg do words[#words + 1] = "'" .. arg[i]:gsub("'", "'\\''") .. "'" end
+  local ok = sh(format("NGINX_CG_DIR=%s PATH=%s/bin:\"$PATH\" %s %s", dir, dir, arg[-1], table.concat(words, " ")))
+  sh("rm -rf " .. dir)
+  os.exit(ok and 0 or 1)
+end
+local outside = assert(io.open(dir .. "/outside.lua", "w"))
+outside:write(OUTSIDE)
+outside:close()
+
+-- {total, [object] = instructions} of a callgrind file (uncompressed
+-- names and positions): the cost lines that are not a call's
+local function costs(path)
+  local t, ob, call = { total = 0 }, "?", false
+  for line in io.lines(path) do
+    local o = line:match("^ob=(.*)")
+    if o then
+      ob = o:match("[^/]*$")
+      -- the VM is a shared library in nginx, the executable outside
+      if ob == "luajit" or ob:find("^libluajit") then ob = "LuaJIT (its VM and collector)"
+      elseif ob == "???" then ob = "code the JIT compiled" end
+    elseif line:find("^calls=") then call = true
+    elseif line:find("^%d") then
+      local n = tonumber(line:match("^%d+ (%d+)"))
+      if call then call = false
+      elseif n then
+        t[ob] = (t[ob] or 0) + n
+        t.total = t.total + n
+      end
+    end
+  end
+  return t
+end
+
+-- instructions per cycle in the worker: {total, [object] = n}
+local function inside(root)
+  sh("rm -f " .. dir .. "/out/*")
+  local x = nx.start({ root = root, locations = LOCATION, files = { ["cg.lua"] = HANDLER },
+    edit = function(c) return (c:gsub("worker_processes%s+%d+;", "worker_processes 1;")) end })
+  local ok, res = pcall(function()
+    local code, body = nx.get(x.port, "/cg?n=50")             -- connections, index, JIT
+    assert(code == 200, body)
+    local pid = assert(body:match("%d+"), body)
+    sh("callgrind_control -z " .. pid .. " >/dev/null")
+    code, body = nx.get(x.port, "/cg?n=" .. N)
+    assert(code == 200, body)
+    sh("callgrind_control -d " .. pid .. " >/dev/null")
+    return pid
+  end)
+  x:stop()
+  assert(ok, res)
+  local t = costs(format("%s/out/nginx.%s.1", dir, res))
+  for k, v in pairs(t) do t[k] = v / N end
+  return t
+end
+
+-- instructions per cycle outside nginx (LuaJIT, the tree's build)
+local function outside_run(root)
+  local env = format("LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' LUA_CPATH='%s/build/luajit/?.so;;'", root, root, root)
+  local function run(n)
+    local out = format("%s/out/outside.%d", dir, n)
+    assert(sh(format("%s valgrind --tool=callgrind -q --compress-strings=no --compress-pos=no "
+      .. "--callgrind-out-file=%s luajit %s/outside.lua %d", env, out, dir, n)))
+    return costs(out)
+  end
+  local a, b = run(100), run(100 + N)
+  local t = {}
+  for k, v in pairs(b) do t[k] = (v - (a[k] or 0)) / N end
+  return t
+end
+
+local rows = {}
+for _, root in ipairs(trees) do
+  say("%s: %d cycles in an nginx worker under callgrind", root, N)
+  local i = inside(root)
+  say("%s: %d cycles outside nginx (LuaJIT) under callgrind", root, N)
+  local o = outside_run(root)
+  rows[#rows + 1] = { root = root, inside = i, outside = o }
+end
+
+print(format("| tree (%d cycles) | inside nginx, instructions per cycle | outside (LuaJIT) | inside / outside |", N))
+print("|---|---:|---:|---:|")
+for _, r in ipairs(rows) do
+  print(format("| %s | %.0f | %.0f | %.3f |", r.root, r.inside.total, r.outside.total,
+    r.inside.total / r.outside.total))
+end
+-- where they go: the objects with the most, per tree
+for _, r in ipairs(rows) do
+  local names = {}
+  for k in pairs(r.inside) do if k ~= "total" then names[#names + 1] = k end end
+  for k in pairs(r.outside) do
+    if k ~= "total" and not r.inside[k] then names[#names + 1] = k end
+  end
+  table.sort(names, function(a, b)
+    return (r.inside[a] or 0) + (r.outside[a] or 0) > (r.inside[b] or 0) + (r.outside[b] or 0)
+  end)
+  print(format("\n| %s: object | inside | outside |", r.root))
+  print("|---|---:|---:|")
+  for k = 1, math.min(8, #names) do
+    print(format("| %s | %.0f | %.0f |", names[k], r.inside[names[k]] or 0, r.outside[names[k]] or 0))
+  end
+end
