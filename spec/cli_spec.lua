@@ -65,7 +65,9 @@ function Bg:wait(timeout)
   return rc, read(self.out), read(self.err)
 end
 
+-- (nothing once it has exited: its pid may be another process's by then)
 function Bg:kill(sig)
+  if read(self.rc) ~= "" then return end
   os.execute(format("kill -%s %d", sig, self:pid()))
 end
 

@@ -580,7 +580,10 @@ function Proc:wait(timeout)
   return nil, self:output()
 end
 
+-- (nothing once the child has exited: its pid, or its shell's, may be
+-- another process's by then, another spec run's on a shared machine)
 function Proc:kill(sig, pid)
+  if read_file(self.done) then return end
   os.execute(format("kill -%s %d 2>/dev/null", sig or "TERM", pid or self.shell_pid))
 end
 
