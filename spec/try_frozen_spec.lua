@@ -84,3 +84,24 @@ describe("#integration a try on a frozen server", function()
     check({ server_timeout = 10 }, sems, try)
   end)
 end)
+
+describe("#integration a client closed while its single attempts are on (client:one_attempt)", function()
+  -- the thread's round trips keep going through the runner of single
+  -- attempts, which looked at the closed client: collected, its memory
+  -- reused, that was a read of freed memory (make test-asan reports it)
+  it("is not looked at by the thread's next round trip, another client's", function()
+    local c = helpers.connect({ attempt_timeout = 1 })
+    assert(c:command(helpers.database, { ping = 1 }))
+    assert.is_false(c._core:one_attempt(true))
+    c:close()
+    c = nil -- luacheck: ignore 311
+    collectgarbage()
+    collectgarbage()
+    local junk = {}
+    for i = 1, 20000 do junk[i] = ("x"):rep(64) .. i end
+    local d = helpers.connect()
+    assert(d:command(helpers.database, { ping = 1 }))
+    d:close()
+    assert.equal(20000, #junk)
+  end)
+end)

@@ -265,6 +265,12 @@ void ml_pin_library(void) {
 static void client_close(ml_client *c) {
   if (c->closed) return;
   c->closed = 1;
+  /* this thread's single attempts (one_attempt) end with their client: the
+   * runner must not look at it once it is freed */
+  if (single_client == c) {
+    single_client = NULL;
+    ml_run_override(NULL);
+  }
   if (c->pool && c->pid == ml_pid()) {
     if (c->on_close) c->on_close(c);
     if (c->client) mongoc_client_pool_push(c->pool, c->client);
