@@ -68,6 +68,16 @@ local function user_directive()
   return format("user %s %s;\n", user, group)
 end
 
+-- true when a socket bound without SO_REUSEPORT can take 127.0.0.1:port,
+-- that is, when no socket holds it (one of another nginx with reuseport
+-- included)
+local function port_free(port)
+  local s = assert(socket.tcp())
+  local ok = s:bind("127.0.0.1", port)
+  s:close()
+  return ok ~= nil
+end
+
 local function start_nginx(opts)
   opts = opts or {}
   local example = assert(helpers.read_file(EXAMPLE))
@@ -88,36 +98,41 @@ local function start_nginx(opts)
   end
   for _ = 1, 10 do
     local port = math.random(20000, 60000)
-    -- reuseport: the kernel spreads connections over the workers by their
-    -- addresses, so that a loaded machine's busiest worker does not accept
-    -- them all (open_pingers wants some on each worker)
-    local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d reuseport;", port))
-    assert(n == 1, "the example's listen directive moved")
-    -- /worker-pid (open_pingers) and the caller's locations
-    local locations = WORKER_PID .. (opts.locations or "")
-    conf, n = conf:gsub("\n        location = /ping {", "\n" .. locations:gsub("%%", "%%%%") .. "%0")
-    assert(n == 1, "the example's /ping location moved")
-    conf = user_directive() .. conf
-    if opts.edit then conf = opts.edit(conf) end
-    os.remove(log)         -- the last attempt's only
-    local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
-    f:write(conf)
-    f:close()
-    -- the config alone decides where nginx's LuaJIT finds modules
-    -- opts.uri_file: a file holding the URI, read by the shell so that no
-    -- command line holds it (credentials)
-    local uri_word = opts.uri_file and format('"$(cat %s)"', q(opts.uri_file)) or q(helpers.uri())
-    if sh(format("env -u LUA_PATH -u LUA_CPATH MONGODB_URI=%s nginx -p %s/ -c conf/nginx.conf -e logs/error.log",
-        uri_word, q(prefix))) then
-      local self = setmetatable({ prefix = prefix, port = port, log = log }, Nginx)
-      self.pid = poll(function()
-        return tonumber((helpers.read_file(prefix .. "/logs/nginx.pid") or ""):match("%d+"))
-      end, 10, "nginx's pid file")
-      return self
-    end
-    local err = helpers.read_file(log) or ""
-    if not err:find("Address already in use", 1, true) then
-      error("nginx did not start: " .. err)
+    -- a port another nginx holds with reuseport would be shared with it (the
+    -- kernel spreads the connections over both): only a port a plain socket
+    -- can bind (nothing holds it) is taken
+    if port_free(port) then
+      -- reuseport: the kernel spreads connections over the workers by their
+      -- addresses, so that a loaded machine's busiest worker does not accept
+      -- them all (open_pingers wants some on each worker)
+      local conf, n = example:gsub("listen 127%.0%.0%.1:8080;", format("listen 127.0.0.1:%d reuseport;", port))
+      assert(n == 1, "the example's listen directive moved")
+      -- /worker-pid (open_pingers) and the caller's locations
+      local locations = WORKER_PID .. (opts.locations or "")
+      conf, n = conf:gsub("\n        location = /ping {", "\n" .. locations:gsub("%%", "%%%%") .. "%0")
+      assert(n == 1, "the example's /ping location moved")
+      conf = user_directive() .. conf
+      if opts.edit then conf = opts.edit(conf) end
+      os.remove(log)         -- the last attempt's only
+      local f = assert(io.open(prefix .. "/conf/nginx.conf", "w"))
+      f:write(conf)
+      f:close()
+      -- the config alone decides where nginx's LuaJIT finds modules
+      -- opts.uri_file: a file holding the URI, read by the shell so that no
+      -- command line holds it (credentials)
+      local uri_word = opts.uri_file and format('"$(cat %s)"', q(opts.uri_file)) or q(helpers.uri())
+      if sh(format("env -u LUA_PATH -u LUA_CPATH MONGODB_URI=%s nginx -p %s/ -c conf/nginx.conf -e logs/error.log",
+          uri_word, q(prefix))) then
+        local self = setmetatable({ prefix = prefix, port = port, log = log }, Nginx)
+        self.pid = poll(function()
+          return tonumber((helpers.read_file(prefix .. "/logs/nginx.pid") or ""):match("%d+"))
+        end, 10, "nginx's pid file")
+        return self
+      end
+      local err = helpers.read_file(log) or ""
+      if not err:find("Address already in use", 1, true) then
+        error("nginx did not start: " .. err)
+      end
     end
   end
   error("no free port for nginx")

@@ -1781,6 +1781,30 @@ end)
 
 -- the handle cases of spec/conformance_cases.lua inside nginx: every round
 -- trip a worker thread's job, the waits and sleeps on the event loop
+describe("#integration the specs' nginx (nginx_helpers.start)", function()
+  -- with reuseport on both, a second nginx binds the port of another (of
+  -- the same user, another spec run's on a shared machine) and the kernel
+  -- spreads the connections over both: a spec then reads the other's
+  -- answers.  The port is drawn again instead.
+  it("never takes a port another nginx listens on with reuseport", function()
+    local a = nx.start()
+    local random, drawn = math.random, 0
+    math.random = function(...) -- luacheck: ignore 122
+      drawn = drawn + 1
+      if drawn == 1 then return a.port end
+      return random(...)
+    end
+    local ok, b = pcall(nx.start)
+    math.random = random -- luacheck: ignore 122
+    a:stop()
+    assert(ok, b)
+    local port = b.port
+    b:stop()
+    assert.is_true(drawn >= 2)
+    assert.are_not.equal(a.port, port)
+  end)
+end)
+
 describe("#integration nginx handle conformance", function()
   local nginx
   local cases = require "conformance_cases"
