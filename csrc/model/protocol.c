@@ -320,6 +320,113 @@ static void k_field(const bson_t *part, const char *key, bson_iter_t *it) {
 
 int ml_acquire_fresh = 0;
 
+/* a waiter's queue stage (BCON): W the waiter's id, T its tag, A the
+ * acquire's arguments, H the holder document, KV an iterator on the keeper
+ * value.  Taken or granted: the live queue without W; else W's place kept
+ * (until refreshed) or taken at the end */
+#define QUEUE_W(W, T, A, H, KV)                                                     \
+  ML_F_QUEUE, "{", "$cond", "[", "{", "$or", "[", "$_mlt", "$_mlo", "]", "}",        \
+    "{", "$filter", "{", "input", "$_mlq",                                         \
+                         "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(W), "]", "}", "}", "}", \
+    "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(W), "$_mlq.w", "]", "}",            \
+      "{", "$map", "{", "input", "$_mlq",                                          \
+           "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(W), "]", "}", \
+             GRANTABLE_ENTRY(W, T, (A)->queue_ms, (A)->polling != 0, (A)->ttl_ms, H, BCON_ITER(&KV), \
+                             (A)->delay_ms), "$$this", "]", "}", "}", "}",          \
+      "{", "$concatArrays", "[", "$_mlq",                                          \
+             "[", GRANTABLE_ENTRY(W, T, (A)->queue_ms, (A)->polling != 0, (A)->ttl_ms, H, BCON_ITER(&KV), \
+                             (A)->delay_ms), "]", "]", "}",                          \
+    "]", "}", "]", "}"
+
+/* does b hold W_PLACE's bytes (a value the caller gave: a host, an app, a
+ * tag)?  A template built with it would be written over there too */
+static int holds_place(const uint8_t *b, size_t len) {
+  size_t i;
+  for (i = 0; i + 32 <= len; i++)
+    if (b[i] == '~' && !memcmp(b + i, W_PLACE, 32)) return 1;
+  return 0;
+}
+
+/*
+ * A waiter's queue stage (the $set of the queue field) holds, besides the
+ * waiter's id, the settings of its acquire (tag, place, ttl, holder,
+ * keeper, lock-delay), which stay the same from one attempt and one
+ * acquire to the next.  Each thread keeps the last stage it built, for
+ * W_PLACE, with those settings (key): the next acquire with the same
+ * settings copies it and writes its id over W_PLACE (wtpl_copy) instead of
+ * building it again (most of an acquire's command).
+ */
+typedef struct {
+  wtpl t;                       /* t.doc: the stage built for W_PLACE */
+  bson_t *key;                  /* the settings it was built with */
+} queue_cache;
+static pthread_key_t q_key;
+static pthread_once_t q_once = PTHREAD_ONCE_INIT;
+
+static void q_free(void *p) {
+  queue_cache *c = (queue_cache *)p;
+  if (!c) return;
+  bson_destroy(c->t.doc);
+  bson_destroy(c->key);
+  free(c);
+}
+
+static void q_init(void) {
+  if (pthread_key_create(&q_key, q_free) != 0) abort();
+}
+
+/* the queue stage of waiter w (not destroyed by the caller: bson_init'ed
+ * into queue_w in every case) */
+static void build_queue(bson_t *queue_w, const char *w, const ml_acquire_args *a, const bson_t *holder,
+                        const bson_t *kdoc) {
+  bson_iter_t kv;
+  bson_t key = BSON_INITIALIZER;
+  queue_cache *c, *old;
+  int cacheable = strlen(w) == 32 && !ml_acquire_fresh;
+  if (cacheable) {
+    BSON_APPEND_UTF8(&key, "t", a->tag);          /* (null when none) */
+    BSON_APPEND_INT64(&key, "q", a->queue_ms);
+    BSON_APPEND_BOOL(&key, "p", a->polling != 0);
+    BSON_APPEND_INT64(&key, "l", a->ttl_ms);
+    BSON_APPEND_DOCUMENT(&key, "h", holder);
+    BSON_APPEND_DOCUMENT(&key, "k", kdoc);
+    BSON_APPEND_INT64(&key, "d", a->delay_ms);
+    cacheable = !holds_place(bson_get_data(&key), key.len);
+  }
+  if (cacheable) {
+    pthread_once(&q_once, q_init);
+    c = (queue_cache *)pthread_getspecific(q_key);
+    if (!c || c->key->len != key.len || memcmp(bson_get_data(c->key), bson_get_data(&key), key.len)) {
+      queue_cache *n = (queue_cache *)malloc(sizeof *n);
+      c = NULL;
+      if (n) {
+        n->t.doc = bson_new();
+        bson_iter_init_find(&kv, kdoc, "v");
+        BCON_APPEND(n->t.doc, QUEUE_W(W_PLACE, a->tag, a, holder, kv));
+        wtpl_init(&n->t, n->t.doc);
+        n->key = bson_copy(&key);
+        old = (queue_cache *)pthread_getspecific(q_key);
+        if (pthread_setspecific(q_key, n) == 0) {
+          q_free(old);
+          c = n;
+        } else {
+          q_free(n);
+        }
+      }
+    }
+    if (c) {
+      bson_destroy(&key);
+      wtpl_copy(&c->t, queue_w, w);
+      return;
+    }
+  }
+  /* a fresh build (no cache: out of memory) */
+  bson_destroy(&key);
+  bson_init(queue_w);
+  bson_iter_init_find(&kv, kdoc, "v");
+  BCON_APPEND(queue_w, QUEUE_W(w, a->tag, a, holder, kv));
+}
+
 void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc, ddoc;
   const bson_t *takes, *fields, *queue, *owned;
@@ -333,11 +440,9 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   if (a->htag) BCON_APPEND(&holder, "t", BCON_UTF8(a->htag));
   if (a->waiter) {
     const char *w = a->waiter;
-    bson_init(&queue_w);
     /* _mlo: a release already granted the lock to w (its lease still
-     * runs): nothing changes but w's place, which the grant took.
-     * Taken or granted: the live queue without w; else w's place kept
-     * (until refreshed) or taken at the end */
+     * runs): nothing changes but w's place, which the grant took */
+    build_queue(&queue_w, w, a, &holder, &kdoc);
     if (strlen(w) == 32 && !ml_acquire_fresh) {   /* a waiter id */
       wtpl_copy(&K.takes_w, &takes_w, w);
       wtpl_copy(&K.fields_w, &fields_w, w);
@@ -350,19 +455,6 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
       BCON_APPEND(&fields_w, FIELDS(w));
       BCON_APPEND(&owned_w, OWNED_STAGE(w));
     }
-    BCON_APPEND(&queue_w,
-      ML_F_QUEUE, "{", "$cond", "[", "{", "$or", "[", "$_mlt", "$_mlo", "]", "}",
-        "{", "$filter", "{", "input", "$_mlq",
-                             "cond", "{", "$ne", "[", "$$this.w", BCON_UTF8(w), "]", "}", "}", "}",
-        "{", "$cond", "[", "{", "$in", "[", BCON_UTF8(w), "$_mlq.w", "]", "}",
-          "{", "$map", "{", "input", "$_mlq",
-               "in", "{", "$cond", "[", "{", "$eq", "[", "$$this.w", BCON_UTF8(w), "]", "}",
-                 GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv),
-                                 a->delay_ms), "$$this", "]", "}", "}", "}",
-          "{", "$concatArrays", "[", "$_mlq",
-                 "[", GRANTABLE_ENTRY(w, a->tag, a->queue_ms, a->polling != 0, a->ttl_ms, &holder, BCON_ITER(&kv),
-                                 a->delay_ms), "]", "]", "}",
-        "]", "}", "]", "}");
     takes = &takes_w;
     fields = &fields_w;
     queue = &queue_w;

@@ -646,9 +646,16 @@ static void test_stream_holders(void) {
 static void test_acquire_templates(void) {
   static const char *const waiters[] = {"0123456789abcdef0123456789abcdef",
                                         "ffffffffffffffffffffffffffffffff"};
-  int i, v;
-  for (i = 0; i < 2; i++)
-    for (v = 0; v < 4; v++) {
+  int i, v, k;
+  /* k < 8: the settings change at every build (the thread's queue stage
+   * is built again); k < 16: they stay while the waiter changes (it is
+   * copied) */
+  /* k = 16, 17: an app name that is the template's place holder itself
+   * (the stage is built for each waiter) */
+  for (k = 0; k < 18; k++) {
+    i = k < 8 ? k / 4 : k % 2;
+    v = k < 8 ? k % 4 : k < 16 ? (k - 8) / 2 : 2;
+    {
       ml_acquire_args a;
       ml_op t, f;
       memset(&a, 0, sizeof a);
@@ -663,7 +670,7 @@ static void test_acquire_templates(void) {
       a.tag = "0011223344556677";
       a.queue_ms = 5000;
       a.polling = v & 1;
-      a.app = v & 2 ? "app" : NULL;
+      a.app = k >= 16 ? "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~" : v & 2 ? "app" : NULL;
       a.keeper = v & 2 ? "0011223344556677" : NULL;
       a.htag = v & 1 ? "0011223344556677" : NULL;
       a.value = v == 3 ? "v" : NULL;
@@ -674,10 +681,12 @@ static void test_acquire_templates(void) {
       ml_build_acquire(&f, &a);
       ml_acquire_fresh = 0;
       ok(t.cmd.len == f.cmd.len && !memcmp(bson_get_data(&t.cmd), bson_get_data(&f.cmd), f.cmd.len),
-         "acquire: waiter %d, variant %d: the templates' command is the fresh build's", i, v);
+         "acquire: waiter %d, variant %d (%s): the templates' command is the fresh build's", i, v,
+         k < 8 ? "settings changed" : k < 16 ? "same settings" : "app name as the place holder");
       ml_op_destroy(&t);
       ml_op_destroy(&f);
     }
+  }
 }
 
 int main(void) {
