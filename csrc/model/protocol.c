@@ -338,12 +338,26 @@ int ml_acquire_fresh = 0;
                              (A)->delay_ms), "]", "]", "}",                          \
     "]", "}", "]", "}"
 
+/* a string of an acquire's settings (a cache's key), or null */
+static void key_str(bson_t *key, const char *name, const char *s) {
+  if (s) BSON_APPEND_UTF8(key, name, s);
+  else BSON_APPEND_NULL(key, name);
+}
+
 /* does b hold W_PLACE's bytes (a value the caller gave: a host, an app, a
  * tag)?  A template built with it would be written over there too */
 static int holds_place(const uint8_t *b, size_t len) {
   size_t i;
   for (i = 0; i + 32 <= len; i++)
     if (b[i] == '~' && !memcmp(b + i, W_PLACE, 32)) return 1;
+  return 0;
+}
+
+/* does b hold O_PLACE's bytes (below)? */
+static int holds_o_place(const uint8_t *b, size_t len) {
+  size_t i;
+  for (i = 0; i + 32 <= len; i++)
+    if (b[i] == '^' && !memcmp(b + i, "^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^", 32)) return 1;
   return 0;
 }
 
@@ -384,7 +398,7 @@ static void build_queue(bson_t *queue_w, const char *w, const ml_acquire_args *a
   queue_cache *c, *old;
   int cacheable = strlen(w) == 32 && !ml_acquire_fresh;
   if (cacheable) {
-    BSON_APPEND_UTF8(&key, "t", a->tag);          /* (null when none) */
+    key_str(&key, "t", a->tag);
     BSON_APPEND_INT64(&key, "q", a->queue_ms);
     BSON_APPEND_BOOL(&key, "p", a->polling != 0);
     BSON_APPEND_INT64(&key, "l", a->ttl_ms);
@@ -427,12 +441,12 @@ static void build_queue(bson_t *queue_w, const char *w, const ml_acquire_args *a
   BCON_APPEND(queue_w, QUEUE_W(w, a->tag, a, holder, kv));
 }
 
-void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
-  bson_t holder = BSON_INITIALIZER, takes_w, fields_w, queue_w, owned_w, kdoc, ddoc;
-  const bson_t *takes, *fields, *queue, *owned;
+/* an acquire's update pipeline (pipe: initialised here) */
+static void build_pipe(bson_t *pipe, const ml_acquire_args *a) {
+  bson_t holder = BSON_INITIALIZER, takes_w, queue_w, owned_w, kdoc, ddoc;
+  const bson_t *takes, *queue, *owned;
   bson_iter_t token, acquired, q, next, kv, dv;
-  bson_t pipe = BSON_INITIALIZER;
-  pthread_once(&k_once, k_init);
+  bson_init(pipe);
   ml_keeper_value(&kdoc, &kv, a->keeper);
   ml_delay_value(&ddoc, &dv, a->delay_ms);
   BCON_APPEND(&holder, "host", BCON_UTF8(a->host), "pid", BCON_INT64(a->pid));
@@ -445,23 +459,18 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
     build_queue(&queue_w, w, a, &holder, &kdoc);
     if (strlen(w) == 32 && !ml_acquire_fresh) {   /* a waiter id */
       wtpl_copy(&K.takes_w, &takes_w, w);
-      wtpl_copy(&K.fields_w, &fields_w, w);
       wtpl_copy(&K.owned_w, &owned_w, w);
     } else {
       bson_init(&takes_w);
-      bson_init(&fields_w);
       bson_init(&owned_w);
       BCON_APPEND(&takes_w, STAGE_TAKES(w));
-      BCON_APPEND(&fields_w, FIELDS(w));
       BCON_APPEND(&owned_w, OWNED_STAGE(w));
     }
     takes = &takes_w;
-    fields = &fields_w;
     queue = &queue_w;
     owned = &owned_w;
   } else {
     takes = K.takes_try;
-    fields = K.fields_try;
     queue = K.set;
     owned = K.owned_try;
   }
@@ -469,10 +478,8 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
   k_field(K.set, ML_F_ACQUIRED, &acquired);
   k_field(queue, ML_F_QUEUE, &q);
   k_field(K.set, ML_F_NEXT, &next);
-  ml_op_init(op, ML_RUN_WRITE, a->db, a->coll);
-  op->retry = 1;
   /* the update pipeline, its stages keyed "0", "1", ... */
-  BCON_APPEND(&pipe,
+  BCON_APPEND(pipe,
       "0", BCON_DOCUMENT(K.stage0),        /* _mlq: the live queue */
       "1", BCON_DOCUMENT(takes),           /* _mlt: this attempt takes it */
       "2", BCON_DOCUMENT(owned),           /* _mlo: granted to it before */
@@ -500,12 +507,157 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
    * attempt that does not take writes both back as they were (a missing
    * field stays missing) */
   if (a->value)
-    BCON_APPEND(&pipe,
+    BCON_APPEND(pipe,
       "4", "{", "$set", "{",
         ML_F_VALUE, ML_IF_TAKEN("$" ML_F_VALUE, "{", "$literal", BCON_UTF8(a->value), "}"),
         ML_F_VTOKEN, ML_IF_TAKEN("$" ML_F_VTOKEN, "$" ML_F_TOKEN),
       "}", "}");
-  BCON_APPEND(&pipe, a->value ? "5" : "4", BCON_DOCUMENT(K.stage3));
+  BCON_APPEND(pipe, a->value ? "5" : "4", BCON_DOCUMENT(K.stage3));
+  bson_destroy(&holder);
+  bson_destroy(&kdoc);
+  bson_destroy(&ddoc);
+  if (a->waiter) {
+    bson_destroy(&takes_w);
+    bson_destroy(&queue_w);
+    bson_destroy(&owned_w);
+  }
+}
+
+
+/*
+ * The whole pipeline of an acquire differs from one acquire to the next
+ * with the same settings only by its waiter's id and its owner's (32 hex
+ * digits each).  Each thread keeps the last one it built, for W_PLACE and
+ * O_PLACE, with the settings it holds (key), and the places where they
+ * stand; the next acquire with those settings copies it and writes its ids
+ * over them (a fresh build costs most of an uncontended cycle's client
+ * instructions: BCON reads its arguments token by token).
+ */
+#define O_PLACE "^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^"
+#define PTPL_MAX 24
+typedef struct {
+  bson_t *doc;                  /* the pipeline for W_PLACE and O_PLACE */
+  bson_t *key;                  /* the settings it was built with */
+  uint32_t at[PTPL_MAX];        /* where an id stands */
+  char who[PTPL_MAX];           /* 'w' (the waiter's) or 'o' (the owner's) */
+  int n;
+} pipe_cache;
+static pthread_key_t p_key;
+static pthread_once_t p_once = PTHREAD_ONCE_INIT;
+
+static void p_free(void *v) {
+  pipe_cache *c = (pipe_cache *)v;
+  if (!c) return;
+  bson_destroy(c->doc);
+  bson_destroy(c->key);
+  free(c);
+}
+
+static void p_init(void) {
+  if (pthread_key_create(&p_key, p_free) != 0) abort();
+}
+
+/* the settings of a's pipeline besides its ids, in key (initialised) */
+static void pipe_key(bson_t *key, const ml_acquire_args *a) {
+  bson_init(key);
+  BSON_APPEND_BOOL(key, "w", a->waiter != NULL);
+  key_str(key, "t", a->tag);
+  BSON_APPEND_INT64(key, "q", a->queue_ms);
+  BSON_APPEND_BOOL(key, "p", a->polling != 0);
+  BSON_APPEND_INT64(key, "l", a->ttl_ms);
+  key_str(key, "host", a->host);
+  BSON_APPEND_INT64(key, "pid", a->pid);
+  key_str(key, "app", a->app);
+  key_str(key, "ht", a->htag);
+  key_str(key, "k", a->keeper);
+  BSON_APPEND_INT64(key, "d", a->delay_ms);
+  key_str(key, "v", a->value);
+}
+
+/* a new cache entry for the settings in key, built with the places; NULL
+ * when an id stands in more places than it keeps, or out of memory */
+static pipe_cache *pipe_new(const ml_acquire_args *a, const bson_t *key) {
+  ml_acquire_args b = *a;
+  pipe_cache *c = (pipe_cache *)calloc(1, sizeof *c);
+  const uint8_t *d;
+  uint32_t i;
+  if (!c) return NULL;
+  if (b.waiter) b.waiter = W_PLACE;
+  b.owner = O_PLACE;
+  {
+    bson_t pipe;
+    build_pipe(&pipe, &b);
+    c->doc = bson_copy(&pipe);
+    bson_destroy(&pipe);
+  }
+  c->key = bson_copy(key);
+  d = bson_get_data(c->doc);
+  for (i = 0; i + 32 <= c->doc->len; i++) {
+    char who = !memcmp(d + i, W_PLACE, 32) ? 'w' : !memcmp(d + i, O_PLACE, 32) ? 'o' : 0;
+    if (!who) continue;
+    if (c->n == PTPL_MAX) {
+      p_free(c);
+      return NULL;
+    }
+    c->at[c->n] = i;
+    c->who[c->n++] = who;
+    i += 31;
+  }
+  return c;
+}
+
+/* 1 with a's pipeline in pipe (initialised), copied from this thread's
+ * entry (made again when the settings changed); 0 when a's cannot be */
+static int pipe_copy(bson_t *pipe, const ml_acquire_args *a) {
+  bson_t key;
+  pipe_cache *c;
+  uint8_t *d;
+  int i;
+  if (ml_acquire_fresh || !a->owner || strlen(a->owner) != 32 || (a->waiter && strlen(a->waiter) != 32))
+    return 0;
+  pipe_key(&key, a);
+  if (holds_place(bson_get_data(&key), key.len) ||
+      holds_o_place(bson_get_data(&key), key.len)) {
+    bson_destroy(&key);
+    return 0;
+  }
+  pthread_once(&p_once, p_init);
+  c = (pipe_cache *)pthread_getspecific(p_key);
+  if (!c || c->key->len != key.len || memcmp(bson_get_data(c->key), bson_get_data(&key), key.len)) {
+    pipe_cache *n = pipe_new(a, &key);
+    if (n && pthread_setspecific(p_key, n) == 0) {
+      p_free(c);
+      c = n;
+    } else {
+      p_free(n);
+      c = NULL;
+    }
+  }
+  bson_destroy(&key);
+  if (!c) return 0;
+  bson_copy_to(c->doc, pipe);
+  d = (uint8_t *)bson_get_data(pipe);
+  for (i = 0; i < c->n; i++) memcpy(d + c->at[i], c->who[i] == 'w' ? a->waiter : a->owner, 32);
+  return 1;
+}
+
+void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
+  bson_t pipe, fields_w;
+  const bson_t *fields;
+  pthread_once(&k_once, k_init);
+  fields = K.fields_try;
+  if (!pipe_copy(&pipe, a)) build_pipe(&pipe, a);
+  if (a->waiter) {
+    if (strlen(a->waiter) == 32 && !ml_acquire_fresh) {
+      wtpl_copy(&K.fields_w, &fields_w, a->waiter);
+    } else {
+      bson_init(&fields_w);
+      BCON_APPEND(&fields_w, FIELDS(a->waiter));
+    }
+    fields = &fields_w;
+  }
+  ml_op_init(op, ML_RUN_WRITE, a->db, a->coll);
+  op->retry = 1;
   BCON_APPEND(&op->cmd,
     "findAndModify", BCON_UTF8(a->coll),
     "query", "{", "_id", BCON_UTF8(a->name), "}",
@@ -513,15 +665,7 @@ void ml_build_acquire(ml_op *op, const ml_acquire_args *a) {
     "update", BCON_ARRAY(&pipe),
     "fields", BCON_DOCUMENT(fields));
   bson_destroy(&pipe);
-  bson_destroy(&holder);
-  bson_destroy(&kdoc);
-  bson_destroy(&ddoc);
-  if (a->waiter) {
-    bson_destroy(&takes_w);
-    bson_destroy(&fields_w);
-    bson_destroy(&queue_w);
-    bson_destroy(&owned_w);
-  }
+  if (a->waiter) bson_destroy(&fields_w);
 }
 
 /* ---- document locks: acquire ------------------------------------------- */

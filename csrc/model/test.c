@@ -689,6 +689,41 @@ static void test_acquire_templates(void) {
   }
 }
 
+/* a try's acquire, and a waiter's with an owner of its own, copied from
+ * the thread's pipeline are the fresh builds, settings changing or not */
+static void test_acquire_copies(void) {
+  static const char *const ids[] = {"0123456789abcdef0123456789abcdef", "ffffffffffffffffffffffffffffffff",
+                                    "00000000000000001111111111111111"};
+  int k;
+  for (k = 0; k < 12; k++) {
+    ml_acquire_args a;
+    ml_op t, f;
+    int waiter = k % 3 != 0, same = k >= 6;
+    memset(&a, 0, sizeof a);
+    a.db = "db";
+    a.coll = "locks";
+    a.name = k & 1 ? "n" : "another";
+    a.owner = ids[k % 3];
+    a.waiter = waiter ? ids[(k + 1) % 3] : NULL;
+    a.ttl_ms = same ? 1000 : 2000 + k;
+    a.host = "h";
+    a.pid = 42;
+    a.tag = "0011223344556677";
+    a.queue_ms = 5000;
+    a.app = same ? "app" : k & 1 ? "x" : NULL;
+    ml_acquire_fresh = 0;
+    ml_build_acquire(&t, &a);
+    ml_acquire_fresh = 1;
+    ml_build_acquire(&f, &a);
+    ml_acquire_fresh = 0;
+    ok(t.cmd.len == f.cmd.len && !memcmp(bson_get_data(&t.cmd), bson_get_data(&f.cmd), f.cmd.len),
+       "acquire: %s, owner %d, %s: the copy's command is the fresh build's", waiter ? "a waiter" : "a try",
+       k % 3, same ? "same settings" : "settings changed");
+    ml_op_destroy(&t);
+    ml_op_destroy(&f);
+  }
+}
+
 int main(void) {
   test_engine_renewal();
   test_engine_check();
@@ -702,5 +737,6 @@ int main(void) {
   test_stream();
   test_stream_holders();
   test_acquire_templates();
+  test_acquire_copies();
   return tap_end();
 }
