@@ -344,98 +344,19 @@ static void key_str(bson_t *key, const char *name, const char *s) {
   else BSON_APPEND_NULL(key, name);
 }
 
-/* does b hold W_PLACE's bytes (a value the caller gave: a host, an app, a
- * tag)?  A template built with it would be written over there too */
-static int holds_place(const uint8_t *b, size_t len) {
+/* does b hold place's 32 bytes (in a value the caller gave: a host, an
+ * app, a tag)?  A copy's ids would be written over there too */
+static int holds(const uint8_t *b, size_t len, const char *place) {
   size_t i;
   for (i = 0; i + 32 <= len; i++)
-    if (b[i] == '~' && !memcmp(b + i, W_PLACE, 32)) return 1;
+    if (b[i] == place[0] && !memcmp(b + i, place, 32)) return 1;
   return 0;
 }
 
-/* does b hold O_PLACE's bytes (below)? */
-static int holds_o_place(const uint8_t *b, size_t len) {
-  size_t i;
-  for (i = 0; i + 32 <= len; i++)
-    if (b[i] == '^' && !memcmp(b + i, "^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^", 32)) return 1;
-  return 0;
-}
-
-/*
- * A waiter's queue stage (the $set of the queue field) holds, besides the
- * waiter's id, the settings of its acquire (tag, place, ttl, holder,
- * keeper, lock-delay), which stay the same from one attempt and one
- * acquire to the next.  Each thread keeps the last stage it built, for
- * W_PLACE, with those settings (key): the next acquire with the same
- * settings copies it and writes its id over W_PLACE (wtpl_copy) instead of
- * building it again (most of an acquire's command).
- */
-typedef struct {
-  wtpl t;                       /* t.doc: the stage built for W_PLACE */
-  bson_t *key;                  /* the settings it was built with */
-} queue_cache;
-static pthread_key_t q_key;
-static pthread_once_t q_once = PTHREAD_ONCE_INIT;
-
-static void q_free(void *p) {
-  queue_cache *c = (queue_cache *)p;
-  if (!c) return;
-  bson_destroy(c->t.doc);
-  bson_destroy(c->key);
-  free(c);
-}
-
-static void q_init(void) {
-  if (pthread_key_create(&q_key, q_free) != 0) abort();
-}
-
-/* the queue stage of waiter w (not destroyed by the caller: bson_init'ed
- * into queue_w in every case) */
+/* the queue stage of waiter w, in queue_w (initialised here) */
 static void build_queue(bson_t *queue_w, const char *w, const ml_acquire_args *a, const bson_t *holder,
                         const bson_t *kdoc) {
   bson_iter_t kv;
-  bson_t key = BSON_INITIALIZER;
-  queue_cache *c, *old;
-  int cacheable = strlen(w) == 32 && !ml_acquire_fresh;
-  if (cacheable) {
-    key_str(&key, "t", a->tag);
-    BSON_APPEND_INT64(&key, "q", a->queue_ms);
-    BSON_APPEND_BOOL(&key, "p", a->polling != 0);
-    BSON_APPEND_INT64(&key, "l", a->ttl_ms);
-    BSON_APPEND_DOCUMENT(&key, "h", holder);
-    BSON_APPEND_DOCUMENT(&key, "k", kdoc);
-    BSON_APPEND_INT64(&key, "d", a->delay_ms);
-    cacheable = !holds_place(bson_get_data(&key), key.len);
-  }
-  if (cacheable) {
-    pthread_once(&q_once, q_init);
-    c = (queue_cache *)pthread_getspecific(q_key);
-    if (!c || c->key->len != key.len || memcmp(bson_get_data(c->key), bson_get_data(&key), key.len)) {
-      queue_cache *n = (queue_cache *)malloc(sizeof *n);
-      c = NULL;
-      if (n) {
-        n->t.doc = bson_new();
-        bson_iter_init_find(&kv, kdoc, "v");
-        BCON_APPEND(n->t.doc, QUEUE_W(W_PLACE, a->tag, a, holder, kv));
-        wtpl_init(&n->t, n->t.doc);
-        n->key = bson_copy(&key);
-        old = (queue_cache *)pthread_getspecific(q_key);
-        if (pthread_setspecific(q_key, n) == 0) {
-          q_free(old);
-          c = n;
-        } else {
-          q_free(n);
-        }
-      }
-    }
-    if (c) {
-      bson_destroy(&key);
-      wtpl_copy(&c->t, queue_w, w);
-      return;
-    }
-  }
-  /* a fresh build (no cache: out of memory) */
-  bson_destroy(&key);
   bson_init(queue_w);
   bson_iter_init_find(&kv, kdoc, "v");
   BCON_APPEND(queue_w, QUEUE_W(w, a->tag, a, holder, kv));
@@ -616,8 +537,7 @@ static int pipe_copy(bson_t *pipe, const ml_acquire_args *a) {
   if (ml_acquire_fresh || !a->owner || strlen(a->owner) != 32 || (a->waiter && strlen(a->waiter) != 32))
     return 0;
   pipe_key(&key, a);
-  if (holds_place(bson_get_data(&key), key.len) ||
-      holds_o_place(bson_get_data(&key), key.len)) {
+  if (holds(bson_get_data(&key), key.len, W_PLACE) || holds(bson_get_data(&key), key.len, O_PLACE)) {
     bson_destroy(&key);
     return 0;
   }
