@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "lease.h"
@@ -724,7 +726,33 @@ static void test_acquire_copies(void) {
   }
 }
 
+/* a process's first command is a try's acquire, copied (the constant
+ * parts are made by that call): it builds (a child, before any other
+ * build of this program made them) */
+static void test_acquire_first(void) {
+  pid_t pid = fork();
+  int status = -1;
+  if (pid == 0) {
+    ml_acquire_args a;
+    ml_op op;
+    memset(&a, 0, sizeof a);
+    a.db = "db";
+    a.coll = "locks";
+    a.name = "n";
+    a.owner = "0123456789abcdef0123456789abcdef";
+    a.ttl_ms = 1000;
+    a.host = "h";
+    a.tag = "0011223344556677";
+    ml_build_acquire(&op, &a);
+    _exit(op.cmd.len > 0 ? 0 : 1);
+  }
+  if (pid > 0) waitpid(pid, &status, 0);
+  ok(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+     "acquire: a process's first build, a try's copy, builds (wait status %d)", status);
+}
+
 int main(void) {
+  test_acquire_first();
   test_engine_renewal();
   test_engine_check();
   test_engine_one_document();
