@@ -411,6 +411,9 @@ local function ended(oc)
   local c = oc.commands or {}
   return (c.killCursors or 0) + (c.endSessions or 0)
 end
+-- (helpers.ended(opcounters): those two, for specs that read opcounters
+-- themselves)
+helpers.ended = ended
 
 function helpers.command_counter(client)
   helpers.opcounters(client)          -- connect, handshake

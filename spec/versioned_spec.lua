@@ -34,11 +34,7 @@ describe("#integration versioned", function()
     -- earlier spec that ends meanwhile (its endSessions, its killCursors:
     -- a stream ends 10 s after its last waiter) is not fn's.  (CI's LuaJIT
     -- lane once counted one command more here)
-    local ended = 0
-    for _, name in ipairs({ "killCursors", "endSessions" }) do
-      ended = ended + ((b.commands[name] or 0) - (a.commands[name] or 0))
-    end
-    d.command = d.command - overhead - ended
+    d.command = d.command - overhead - (helpers.ended(b) - helpers.ended(a))
     return sent, d, r
   end
 

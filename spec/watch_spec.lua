@@ -119,10 +119,7 @@ describe("#integration change-stream waits", function()
     -- earlier spec in this process that ends meanwhile (its killCursors
     -- and endSessions; a stream ends 10 s after its last waiter) is not
     -- this wait's
-    local function ended(oc)
-      return (oc.commands.killCursors or 0) + (oc.commands.endSessions or 0)
-    end
-    local n = after.total - before.total - (ended(after) - ended(before))
+    local n = after.total - before.total - (helpers.ended(after) - helpers.ended(before))
     assert.is_true(n <= 12, "commands: " .. n)
     assert.is_true(h:release())
   end)
