@@ -45,6 +45,27 @@ describe("#unit process exit", function()
     assert.matches("mongolock.testing: signal 11 in pid %d+, thread %d+; backtrace:", out)
   end)
 
+  it("a forked child past testing.waitpid's deadline says where it is stuck before it is killed", function()
+    local script = helpers.script([[
+      local core = require "mongolock.core"
+      local testing = require "mongolock.testing"
+      testing.crash_trace()
+      local pid = assert(testing.fork())
+      if pid == 0 then
+        core.sleep(30)
+        testing.exit(0)
+      end
+      local st, err = testing.waitpid(pid, 0.2)
+      io.stdout:write("child ", pid, " ", tostring(st), " ", tostring(err), "\n")
+    ]])
+    local out, _, status = helpers.run(script, {})
+    os.remove(script)
+    assert.equal(0, status, out)
+    local pid = assert(out:match("child (%d+) nil timeout"), out)
+    assert.matches("mongolock.testing: child " .. pid .. " past its deadline", out, 1, true)
+    assert.matches("mongolock.testing: signal 6 in pid " .. pid .. ", thread %d+; backtrace:", out)
+  end)
+
   it("so does a spec process: loading spec/helpers.lua asks for the crash trace", function()
     -- the interpreter alone, without helpers.command's own request for it
     local script = helpers.script(([[
