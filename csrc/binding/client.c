@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "args.h"
 #include "client.h"
 #include "renew.h"
+#include "sys.h"
 #include "transport.h"
 
 /* ---- process exit ------------------------------------------------------ */
@@ -55,7 +57,76 @@ static void exit_now(int status, void *arg) {
   }
 }
 
+/* ---- fork: libmongoc's process-wide lock ------------------------------- */
+
+/*
+ * libmongoc (1.20 and later) guards every read of a topology description
+ * (each server selection, so each command) and every update of one (each
+ * monitor's check, a new pool's first) with one process-wide read-write
+ * lock (mongoc-shared.c).  A fork() while a thread of the parent is inside
+ * it leaves it held in the child by a thread the child does not have, for
+ * ever: the child's first pool would wait for it for ever (README,
+ * Limitations).  A child whose parent had pools open looks once, before
+ * its first pool: a thread of its own takes the lock for writing through
+ * the one call libmongoc exports that does (a store into a pointer of the
+ * thread's own).  Done within LOCK_LOOK seconds, the lock is free;
+ * otherwise it never will be, and every pool of the process is refused
+ * with that reason (the looking thread stays blocked in it, detached).
+ * Without the symbol (another libmongoc) nothing is looked at.
+ */
+typedef struct { void *ptr, *aux; } ml_shared_ptr;   /* mongoc_shared_ptr, 1.20 to 2.x */
+extern void mongoc_atomic_shared_ptr_store(ml_shared_ptr *out, ml_shared_ptr from) __attribute__((weak));
+
+#define LOCK_LOOK 5.0
+static volatile int inherited;   /* (atomic) this process forked from one with pools open:
+                                  * 1 to look, 0 looked and free, -1 held for ever */
+
+typedef struct {
+  ml_shared_ptr slot;
+  int done;                     /* (atomic) */
+} lock_look;
+
+static void *look_main(void *arg) {
+  lock_look *l = (lock_look *)arg;
+  ml_shared_ptr none = {NULL, NULL};
+  mongoc_atomic_shared_ptr_store(&l->slot, none);
+  __atomic_store_n(&l->done, 1, __ATOMIC_SEQ_CST);
+  return NULL;
+}
+
+/* 1 when this process may make pools; 0 when libmongoc's lock was held at
+ * fork (the caller raises with ml_fork_locked_msg) */
+static int driver_lock_free(void) {
+  int st = __atomic_load_n(&inherited, __ATOMIC_SEQ_CST);
+  lock_look *l;
+  pthread_t t;
+  double until;
+  if (st == 0 || !mongoc_atomic_shared_ptr_store) return 1;
+  if (st < 0) return 0;
+  /* lives on when the thread stays blocked: freed by whoever ends last */
+  if (!(l = (lock_look *)calloc(1, sizeof *l))) return 1;
+  if (pthread_create(&t, NULL, look_main, l) != 0) {
+    free(l);
+    return 1;
+  }
+  pthread_detach(t);
+  until = ml_monotonic() + LOCK_LOOK;
+  while (!__atomic_load_n(&l->done, __ATOMIC_SEQ_CST) && ml_monotonic() < until) ml_sleep(0.001);
+  if (!__atomic_load_n(&l->done, __ATOMIC_SEQ_CST)) {
+    __atomic_store_n(&inherited, -1, __ATOMIC_SEQ_CST);   /* l stays the thread's */
+    return 0;
+  }
+  free(l);
+  __atomic_store_n(&inherited, 0, __ATOMIC_SEQ_CST);
+  return 1;
+}
+
+static const char fork_locked_msg[] =
+  "mongolock: libmongoc's lock was held when this process forked: the driver cannot be used in this process "
+  "(fork before making clients, or close them before fork: README, Limitations)";
+
 static void forget_pools(void) {
+  __atomic_store_n(&inherited, __atomic_load_n(&pools_open, __ATOMIC_SEQ_CST) > 0 ? 1 : 0, __ATOMIC_SEQ_CST);
   __atomic_store_n(&pools_open, 0, __ATOMIC_SEQ_CST);
 }
 
@@ -103,6 +174,7 @@ mongoc_client_pool_t *ml_pool_new(const mongoc_uri_t *uri) {
   mongoc_client_pool_t *pool;
   mongoc_apm_callbacks_t *cbs;
   pthread_once(&exit_once, exit_register);
+  if (!driver_lock_free()) return NULL;
   pool = mongoc_client_pool_new(uri);
   if (!pool) return NULL;
   __atomic_add_fetch(&pools_open, 1, __ATOMIC_SEQ_CST);
@@ -141,6 +213,7 @@ static void client_make(lua_State *L, ml_client *c) {
   c->renew_state = NULL;
   c->writable_seen = 0;
   pool = ml_pool_new(c->uri);
+  if (!pool && __atomic_load_n(&inherited, __ATOMIC_SEQ_CST) < 0) luaL_error(L, "%s", fork_locked_msg);
   if (!pool) luaL_error(L, "mongolock: cannot create a connection pool for this URI");
   mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
   c->pool = pool;

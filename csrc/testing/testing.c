@@ -17,6 +17,8 @@
  *                                     signal's default action (the specs'
  *                                     child processes, whose crashes are
  *                                     rare and seen in CI's output only)
+ *   testing.driver_lock(hold)         takes (true) or gives back libmongoc's
+ *                                     process-wide lock, for reading
  *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
  *   testing.failpoint(client, spec)   -> true | nil, message, code
  *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
@@ -27,9 +29,13 @@
  *
  * client is the core's client (mongolock.connect(...)._core).
  */
+#define _GNU_SOURCE             /* dladdr */
+#include <dlfcn.h>
 #include <errno.h>
 #include <execinfo.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +90,60 @@ static int l_fork(lua_State *L) {
     return 2;
   }
   lua_pushinteger(L, (lua_Integer)p);
+  return 1;
+}
+
+/* ---- libmongoc's process-wide topology lock ---------------------------- */
+
+/* mongoc_atomic_shared_ptr_load (exported by libmongoc 1.20 and later)
+ * takes that lock, a static pthread_rwlock_t (mongoc-shared.c), for
+ * reading; on x86-64 its first instruction that loads an address is a
+ * lea of the lock, relative to the instruction pointer.  NULL elsewhere,
+ * or when the code is not so. */
+typedef struct { void *ptr, *aux; } shared_ptr_t;
+extern shared_ptr_t mongoc_atomic_shared_ptr_load(const shared_ptr_t *p) __attribute__((weak));
+
+static pthread_rwlock_t *driver_lock(void) {
+#if defined(__x86_64__)
+  shared_ptr_t (*load)(const shared_ptr_t *) = mongoc_atomic_shared_ptr_load;
+  const unsigned char *code;
+  Dl_info in_fn, lock_info;
+  memcpy(&code, &load, sizeof code);    /* its machine code */
+  if (!code || !dladdr((const void *)code, &in_fn)) return NULL;
+  for (int i = 0; i < 48; i++) {
+    /* REX.W (or REX.WR) 8D, ModRM mod 00 r/m 101: lea disp32(%rip), reg */
+    if ((code[i] == 0x48 || code[i] == 0x4c) && code[i + 1] == 0x8d && (code[i + 2] & 0xc7) == 0x05) {
+      int32_t disp;
+      const unsigned char *lock;
+      memcpy(&disp, code + i + 3, sizeof disp);
+      lock = code + i + 7 + disp;
+      if (!dladdr((const void *)lock, &lock_info) || lock_info.dli_fbase != in_fn.dli_fbase) return NULL;
+      return (pthread_rwlock_t *)(void *)lock;
+    }
+  }
+#endif
+  return NULL;
+}
+
+/* testing.driver_lock(hold) -> true | nil, why: the calling thread takes
+ * libmongoc's topology lock for reading (hold true) or gives it back: a
+ * fork() meanwhile leaves a child with the lock held by a thread it does
+ * not have, as a driver thread of the parent would */
+static int l_driver_lock(lua_State *L) {
+  pthread_rwlock_t *lock = driver_lock();
+  int r;
+  if (!lock) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "libmongoc's lock not found (x86-64 and libmongoc 1.20 or later only)");
+    return 2;
+  }
+  r = lua_toboolean(L, 1) ? pthread_rwlock_rdlock(lock) : pthread_rwlock_unlock(lock);
+  if (r != 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(r));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
   return 1;
 }
 
@@ -414,6 +474,7 @@ static int l_crash_trace(lua_State *L) {
 static const luaL_Reg testing_funcs[] = {
   {"crash_trace", l_crash_trace},
   {"fork", l_fork},
+  {"driver_lock", l_driver_lock},
   {"exit", l_exit},
   {"exit_mark", l_exit_mark},
   {"waitpid", l_waitpid},
