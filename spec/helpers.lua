@@ -386,6 +386,32 @@ function helpers.locks(client, opts)
   return client:locks(o)
 end
 
+-- ---- forked children ------------------------------------------------------
+--
+-- A child forked while libmongoc's process-wide lock was held can never use
+-- the driver (README, Limitations: Fork): its driver calls raise.  A fork
+-- spec's child ends with helpers.child_exit, which tells that case apart
+-- (exit status FORK_LOCKED), and its parent makes the test pending on that
+-- status: the limitation, not a failure of what the test looks at
+-- (locks_process_spec tests the refusal itself).
+--   if st == helpers.FORK_LOCKED then return pending(helpers.FORK_LOCKED_WHY) end
+helpers.FORK_LOCKED = 75
+helpers.FORK_LOCKED_WHY = "libmongoc's lock was held at the fork (README, Limitations: Fork)"
+
+-- ends a forked child: status 0 when ok and code == 0; else FORK_LOCKED when
+-- a driver call of client raises the refusal, else code (or 99)
+function helpers.child_exit(client, ok, code)
+  local testing = require "mongolock.testing"
+  if not (ok and code == 0) then
+    local locks = client:locks({ database = helpers.database, collection = "fork_probe" })
+    local pok, err = pcall(locks.status, locks, "x")
+    if not pok and tostring(err):find("lock was held when this process forked", 1, true) then
+      testing.exit(helpers.FORK_LOCKED)
+    end
+  end
+  testing.exit(ok and code or 99)
+end
+
 -- serverStatus opcounters, summed into a total of commands the server saw
 function helpers.opcounters(client)
   local testing = require "mongolock.testing"
