@@ -175,15 +175,16 @@ static int l_exit_mark(lua_State *L) {
  * hanging the run. */
 /* A child past its deadline is stuck (a lock its parent's thread held at
  * fork, README Limitations): where, said before it is killed.  gdb, where
- * installed, prints every thread; else SIGABRT, whose handler
+ * installed, prints every thread (without a preloaded sanitizer, under
+ * which gdb does not start); else SIGABRT, whose handler
  * (crash_trace, inherited from the specs' process) prints the thread that
  * takes it, the main one. */
 static void hung_child_trace(pid_t p) {
-  char cmd[128];
+  char cmd[160];
   fprintf(stderr, "mongolock.testing: child %ld past its deadline\n", (long)p);
   fflush(stderr);
   if (access("/usr/bin/gdb", X_OK) == 0) {
-    snprintf(cmd, sizeof cmd, "gdb -p %ld -batch -ex 'thread apply all bt' 1>&2 2>/dev/null", (long)p);
+    snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD gdb -p %ld -batch -ex 'thread apply all bt' 1>&2 2>/dev/null", (long)p);
     if (system(cmd) != 0) { /* nothing more to tell */ }
   }
   kill(p, SIGABRT);
