@@ -684,6 +684,14 @@ void ml_bg_on_close(ml_client *c) {
 
 /* ---- the external adapter, seen from Lua ------------------------------- */
 
+/* renew_mu held: c's engine state when this process's external adapter
+ * runs it (a state whose thread runs its engine, or a parent's after
+ * fork, is none of the adapter's), else NULL */
+static ml_renew *external_state(ml_client *c) {
+  ml_renew *st = (ml_renew *)c->renew_state;
+  return st && st->pid == ml_pid() && st->external ? st : NULL;
+}
+
 /* client:engine_next([cap]) -> id, op (a BSON op string, ops.c) | nil,
  * seconds until something may be due (math.huge: nothing held).  cap: the
  * adapter looks again after at most cap seconds when it gets no op (it
@@ -698,9 +706,7 @@ static int ml_m_engine_next(lua_State *L) {
   luaL_argcheck(L, c->external, 1, "the client's engine runs on its own thread");
   luaL_argcheck(L, cap >= 0, 2, "seconds >= 0 expected");
   pthread_mutex_lock(&renew_mu);
-  st = (ml_renew *)c->renew_state;
-  /* (a state whose thread runs its engine hands nothing out) */
-  if (st && st->pid == ml_pid() && st->external) {
+  if ((st = external_state(c)) != NULL) {
     st->poked = 0;
     if (st->e.work.kind == ML_WORK_NONE) has = ml_engine_next(&st->e, now, &wake);
     else if (!st->e.work.handed) has = 1;       /* a check engine_done queued */
@@ -738,8 +744,7 @@ static int ml_m_engine_poked(lua_State *L) {
   ml_renew *st;
   int poked = 0;
   pthread_mutex_lock(&renew_mu);
-  st = (ml_renew *)c->renew_state;
-  if (st && st->pid == ml_pid() && st->external) {
+  if ((st = external_state(c)) != NULL) {
     poked = st->poked;
     st->poked = 0;
   }
@@ -761,8 +766,8 @@ static int ml_m_engine_done(lua_State *L) {
   memset(&err, 0, sizeof err);
   ok = ml_arg_outcome(L, 4, &reply, &err);
   pthread_mutex_lock(&renew_mu);
-  st = (ml_renew *)c->renew_state;
-  if (st && st->pid == ml_pid() && st->external && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
+  st = external_state(c);
+  if (st && st->e.work.kind != ML_WORK_NONE && st->e.work.id == id) {
     if (ml_engine_done(&st->e, ml_monotonic(), started, ok, &reply, &err))
       pthread_cond_broadcast(&st->done);
     publish(st);

@@ -371,7 +371,6 @@ static void *watch_main(void *arg) {
        * notices with it, and nothing of it is looked at again */
       if (s->detached) ml_stream_notices_clear(&s->m);
       else notices_take(s, &got);
-      if (s->detached) got.count = 0;
       /* woken after the unlock: a waiter woken while watch_mu is held
        * would block on it at once and need a second wake-up */
       pthread_mutex_unlock(&watch_mu);
