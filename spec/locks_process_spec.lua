@@ -208,6 +208,11 @@ describe("#integration locks across processes", function()
         -- and again: every call says so, none waits
         pok, err = pcall(locks.try, locks, "x")
         if pok or not tostring(err):find("forked", 1, true) then code = 12 return end
+        -- a new client, and a pool of worker threads, answer nil and why
+        local c3, cerr = require("mongolock").connect(helpers.uri())
+        if c3 or not tostring(cerr):find("forked", 1, true) then code = 13 return end
+        local p3, perr = require("mongolock.core").pool(client._core, 1)
+        if p3 or not tostring(perr):find("forked", 1, true) then code = 14 return end
         code = 0
       end)
       testing.exit(code)

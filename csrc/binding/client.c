@@ -95,7 +95,7 @@ static void *look_main(void *arg) {
 }
 
 /* 1 when this process may make pools; 0 when libmongoc's lock was held at
- * fork (the caller raises with ml_fork_locked_msg) */
+ * fork (ml_pool_refused says so) */
 static int driver_lock_free(void) {
   int st = __atomic_load_n(&inherited, __ATOMIC_SEQ_CST);
   lock_look *l;
@@ -121,9 +121,12 @@ static int driver_lock_free(void) {
   return 1;
 }
 
-static const char fork_locked_msg[] =
-  "mongolock: libmongoc's lock was held when this process forked: the driver cannot be used in this process "
-  "(fork before making clients, or close them before fork: README, Limitations)";
+const char *ml_pool_refused(void) {
+  if (__atomic_load_n(&inherited, __ATOMIC_SEQ_CST) < 0)
+    return "libmongoc's lock was held when this process forked: the driver cannot be used in this process "
+           "(fork before making clients, or close them before fork: README, Limitations)";
+  return NULL;
+}
 
 static void forget_pools(void) {
   __atomic_store_n(&inherited, __atomic_load_n(&pools_open, __ATOMIC_SEQ_CST) > 0 ? 1 : 0, __ATOMIC_SEQ_CST);
@@ -213,8 +216,8 @@ static void client_make(lua_State *L, ml_client *c) {
   c->renew_state = NULL;
   c->writable_seen = 0;
   pool = ml_pool_new(c->uri);
-  if (!pool && __atomic_load_n(&inherited, __ATOMIC_SEQ_CST) < 0) luaL_error(L, "%s", fork_locked_msg);
-  if (!pool) luaL_error(L, "mongolock: cannot create a connection pool for this URI");
+  if (!pool) luaL_error(L, "mongolock: %s", ml_pool_refused() ? ml_pool_refused()
+                                                              : "cannot create a connection pool for this URI");
   mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
   c->pool = pool;
   c->pid = ml_pid();
@@ -544,7 +547,7 @@ static int l_connect(lua_State *L) {
   c->pool = ml_pool_new(uri);
   if (!c->pool) {
     client_close(c);
-    return ml_pushfail(L, "invalid URI: libmongoc cannot use it", 0);
+    return ml_pushfail(L, ml_pool_refused() ? ml_pool_refused() : "invalid URI: libmongoc cannot use it", 0);
   }
   mongoc_client_pool_set_error_api(c->pool, MONGOC_ERROR_API_VERSION_2);
   c->pid = ml_pid();
