@@ -103,7 +103,7 @@ static int driver_lock_free(void) {
   double until;
   if (st == 0 || !mongoc_atomic_shared_ptr_store) return 1;
   if (st < 0) return 0;
-  /* lives on when the thread stays blocked: freed by whoever ends last */
+  /* the thread's: left to it when it stays blocked (once per process) */
   if (!(l = (lock_look *)calloc(1, sizeof *l))) return 1;
   if (pthread_create(&t, NULL, look_main, l) != 0) {
     free(l);
