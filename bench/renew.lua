@@ -22,7 +22,9 @@ end
 if #cases == 0 then cases = { { n = 6000, ttl = 3 }, { n = 100000, ttl = 30 } } end
 
 local uri = assert(os.getenv("MONGODB_URI"), "MONGODB_URI")
-local observer = assert(mongolock.connect(uri, { appname = "bench-renew-observer" }))
+-- the stand-in (one thread) may spend seconds on a batch of 100,000
+-- renewals: the observer's serverStatus waits for it, up to a minute
+local observer = assert(mongolock.connect(uri, { appname = "bench-renew-observer", server_timeout = 60 }))
 
 local function updates()
   local oc = assert(testing.opcounters(observer._core))
