@@ -172,12 +172,7 @@ c:close()
       end)
       helpers.child_exit(client, ok, code)
     end
-    local st = testing.waitpid(pid, 60)
-    if st == helpers.FORK_LOCKED then
-      h:release()
-      return pending(helpers.FORK_LOCKED_WHY)
-    end
-    assert.equal(0, st)
+    assert.equal(0, helpers.wait_child(pid, 60, pending, function() h:release() end))
     assert.is_true(h:release())
   end)
 

@@ -391,12 +391,11 @@ end
 -- A child forked while libmongoc's process-wide lock was held can never use
 -- the driver (README, Limitations: Fork): its driver calls raise.  A fork
 -- spec's child ends with helpers.child_exit, which tells that case apart
--- (exit status FORK_LOCKED), and its parent makes the test pending on that
--- status: the limitation, not a failure of what the test looks at
--- (locks_process_spec tests the refusal itself).
---   if st == helpers.FORK_LOCKED then return pending(helpers.FORK_LOCKED_WHY) end
+-- (exit status FORK_LOCKED), and its parent waits with helpers.wait_child,
+-- which makes the test pending on that status: the limitation, not a
+-- failure of what the test looks at (locks_process_spec tests the refusal
+-- itself).
 helpers.FORK_LOCKED = 75
-helpers.FORK_LOCKED_WHY = "libmongoc's lock was held at the fork (README, Limitations: Fork)"
 
 -- ends a forked child: status 0 when ok and code == 0; else FORK_LOCKED when
 -- a driver call of client raises the refusal, else code (or 99)
@@ -410,6 +409,18 @@ function helpers.child_exit(client, ok, code)
     end
   end
   testing.exit(ok and code or 99)
+end
+
+-- a forked child's exit status (testing.waitpid).  A child refused the
+-- driver: cleanup() (when given), then the test ends as pending through
+-- pending, the spec's busted function (it throws)
+function helpers.wait_child(pid, timeout, pending, cleanup)
+  local st, err = require("mongolock.testing").waitpid(pid, timeout)
+  if st == helpers.FORK_LOCKED then
+    if cleanup then cleanup() end
+    pending("libmongoc's lock was held at the fork (README, Limitations: Fork)")
+  end
+  return st, err
 end
 
 -- serverStatus opcounters, summed into a total of commands the server saw

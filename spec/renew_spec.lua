@@ -231,12 +231,7 @@ describe("#integration background renewal", function()
       end)
       helpers.child_exit(client, ok, ok and 0 or (status ~= 0 and status or 1))
     end
-    local st = testing.waitpid(pid, 60)
-    if st == helpers.FORK_LOCKED then
-      h:release()
-      return pending(helpers.FORK_LOCKED_WHY)
-    end
-    assert.equal(0, st)
+    assert.equal(0, helpers.wait_child(pid, 60, pending, function() h:release() end))
     -- the parent's lease was renewed throughout, and is still ours
     assert.is_true(h:check())
     local s = assert(locks:status("parent"))

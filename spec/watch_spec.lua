@@ -283,12 +283,7 @@ describe("#integration change-stream waits", function()
       end)
       helpers.child_exit(c2, true, code)
     end
-    local st = testing.waitpid(pid, 60)
-    if st == helpers.FORK_LOCKED then
-      c2:close()
-      return pending(helpers.FORK_LOCKED_WHY)
-    end
-    assert.equal(0, st)
+    assert.equal(0, helpers.wait_child(pid, 60, pending, function() c2:close() end))
     h, err, calls = handoff("after")
     assert.is_truthy(h, err)
     assert.equal(1, calls)

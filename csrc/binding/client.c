@@ -121,11 +121,11 @@ static int driver_lock_free(void) {
   return 1;
 }
 
-const char *ml_pool_refused(void) {
+const char *ml_pool_refused(const char *otherwise) {
   if (__atomic_load_n(&inherited, __ATOMIC_SEQ_CST) < 0)
     return "libmongoc's lock was held when this process forked: the driver cannot be used in this process "
            "(fork before making clients, or close them before fork: README, Limitations)";
-  return NULL;
+  return otherwise;
 }
 
 static void forget_pools(void) {
@@ -216,8 +216,7 @@ static void client_make(lua_State *L, ml_client *c) {
   c->renew_state = NULL;
   c->writable_seen = 0;
   pool = ml_pool_new(c->uri);
-  if (!pool) luaL_error(L, "mongolock: %s", ml_pool_refused() ? ml_pool_refused()
-                                                              : "cannot create a connection pool for this URI");
+  if (!pool) luaL_error(L, "mongolock: %s", ml_pool_refused("cannot create a connection pool for this URI"));
   mongoc_client_pool_set_error_api(pool, MONGOC_ERROR_API_VERSION_2);
   c->pool = pool;
   c->pid = ml_pid();
@@ -547,7 +546,7 @@ static int l_connect(lua_State *L) {
   c->pool = ml_pool_new(uri);
   if (!c->pool) {
     client_close(c);
-    return ml_pushfail(L, ml_pool_refused() ? ml_pool_refused() : "invalid URI: libmongoc cannot use it", 0);
+    return ml_pushfail(L, ml_pool_refused("invalid URI: libmongoc cannot use it"), 0);
   }
   mongoc_client_pool_set_error_api(c->pool, MONGOC_ERROR_API_VERSION_2);
   c->pid = ml_pid();

@@ -103,9 +103,9 @@ mongoc_client_pool_t *ml_client_pool(lua_State *L, ml_client *c);
  * process exit skips the C library's and libmongoc's teardown, which would
  * race the background threads (client.c, "process exit"). */
 mongoc_client_pool_t *ml_pool_new(const mongoc_uri_t *uri);
-/* why ml_pool_new answered NULL when libmongoc's lock was held at this
- * process's fork (client.c); NULL otherwise (a URI libmongoc refused) */
-const char *ml_pool_refused(void);
+/* why ml_pool_new answered NULL: that libmongoc's lock was held at this
+ * process's fork (client.c), else otherwise (a URI libmongoc refused) */
+const char *ml_pool_refused(const char *otherwise);
 void ml_pool_destroy(mongoc_client_pool_t *pool);
 
 /* the database locks live in when none is given: the URI's, else

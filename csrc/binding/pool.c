@@ -889,7 +889,7 @@ static int l_pool(lua_State *L) {
   if (!ps->mpool) {
     if (ps->here_uri) mongoc_uri_destroy(ps->here_uri);
     free(ps);
-    return ml_pushfail(L, ml_pool_refused() ? ml_pool_refused() : "cannot create a connection pool for this URI", 0);
+    return ml_pushfail(L, ml_pool_refused("cannot create a connection pool for this URI"), 0);
   }
   mongoc_client_pool_set_error_api(ps->mpool, MONGOC_ERROR_API_VERSION_2);
   ps->wc = mongoc_write_concern_copy(c->wc);
