@@ -193,12 +193,21 @@ local function parse(raw)
 end
 
 -- one request, to completion (for /count, /reset)
+-- (a request that has no answer in GET_WAIT seconds raises, saying so:
+-- every handler the specs call ends within a few seconds, which CI's load
+-- may stretch several times)
+local GET_WAIT = 30
 local function get(port, path)
   local c = assert(socket.connect("127.0.0.1", port))
-  c:settimeout(10)
+  c:settimeout(GET_WAIT)
+  local t0 = socket.gettime()
   assert(c:send(request_text(path)))
-  local raw = c:receive("*a")
+  local raw, err, partial = c:receive("*a")
   c:close()
+  if not raw then
+    error(format("GET %s: %s after %.1f s (%d bytes came)", path, tostring(err), socket.gettime() - t0,
+      #(partial or "")), 2)
+  end
   return parse(raw)
 end
 
