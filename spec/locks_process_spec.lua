@@ -224,6 +224,37 @@ describe("#integration locks across processes", function()
     assert.is_nil(err)
   end)
 
+  -- each lease has a mutex that the client's threads (renewal, the change
+  -- stream) take for a moment; a fork() in that moment leaves the child's
+  -- copy held by a thread the child does not have.  The child's copy of the
+  -- handle answers, and is collected, without waiting for it
+  it("a child forked while its parent's thread held a lease's mutex (fork) uses and drops the handle", function()
+    local name = helpers.unique("fork-mu")
+    local holder = { h = assert(locks:acquire(name, { ttl = 30 })) }
+    assert(testing.lease_lock(holder.h, true))
+    local pid = assert(testing.fork())
+    if pid == 0 then
+      local ok, code = pcall(function()
+        if holder.h:held() then return 10 end
+        if holder.h:lost() then return 11 end
+        if select(2, holder.h:remaining()) ~= "not held" then return 12 end
+        if select(2, holder.h:release()) ~= "not held" then return 13 end
+        if holder.h.name ~= name or holder.h.ttl ~= 30 then return 14 end
+        if not holder.h:close() then return 15 end
+        holder.h = nil
+        collectgarbage()
+        collectgarbage()
+        return 0
+      end)
+      helpers.child_exit(client, ok, code)
+    end
+    assert(testing.lease_lock(holder.h, false))
+    local st, err = helpers.wait_child(pid, 20, pending, function() holder.h:release() end)
+    assert.equal(0, st, err)
+    assert.is_true(holder.h:held())
+    assert.is_true(holder.h:release())
+  end)
+
   it("a client made before fork() works in the child, which never releases the parent's lock", function()
     local name = helpers.unique("fork")
     local h = assert(locks:acquire(name, { ttl = 30 }))

@@ -204,7 +204,7 @@ static int lease_state(lua_State *L, int idx, ml_lock *h, ml_client **cp) {
   int st;
   if (!l || !c || c->closed) return ML_HANDLE_CLOSED;
   if (cp) *cp = c;
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   if (l->pid != ml_pid()) {
     st = ML_HANDLE_NOT_HELD;           /* a forked child never acts for its parent */
   } else {
@@ -213,7 +213,7 @@ static int lease_state(lua_State *L, int idx, ml_lock *h, ml_client **cp) {
     }
     st = l->lost ? ML_HANDLE_LOST : l->held ? ML_HANDLE_HELD : ML_HANDLE_NOT_HELD;
   }
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   return st;
 }
 
@@ -246,9 +246,9 @@ static int lock_end(lua_State *L, int idx, ml_lock *h, const bson_t *extra, int 
   }
   if (closing && l) {
     if (r < 0) {
-      pthread_mutex_lock(&l->mu);
+      ml_lease_lock(l);
       l->held = 0;              /* not sent: the lease ends at its ttl */
-      pthread_mutex_unlock(&l->mu);
+      ml_lease_unlock(l);
     }
     h->lease = NULL;            /* mark closed */
     ml_lease_unref(l);
@@ -310,16 +310,16 @@ static int64_t arg_extend_ttl(lua_State *L) {
  * lease, remembered for core.lease_done; raises at the caller when a
  * locked-at document's would change */
 static int64_t extend_ttl(lua_State *L, ml_lock *h, int64_t ttl_ms) {
-  pthread_mutex_lock(&h->lease->mu);
+  ml_lease_lock(h->lease);
   /* a locked-at document's lease is the ttl every party uses */
   if (ttl_ms && h->lease->time_mode == ML_TIME_LOCKED_AT && ttl_ms != h->lease->ttl_ms) {
-    pthread_mutex_unlock(&h->lease->mu);
+    ml_lease_unlock(h->lease);
     luaL_error(L, "bad argument #1 to 'extend' (ttl is fixed per collection when "
                   "time = \"locked\")");
   }
   if (!ttl_ms) ttl_ms = h->lease->ttl_ms;
   h->lease->step_ttl = ttl_ms;
-  pthread_mutex_unlock(&h->lease->mu);
+  ml_lease_unlock(h->lease);
   return ttl_ms;
 }
 
@@ -345,9 +345,9 @@ static int l_remaining(lua_State *L) {
   int st = lease_state(L, 1, h, NULL);
   double left;
   if (st != ML_HANDLE_HELD) return push_state(L, st);
-  pthread_mutex_lock(&h->lease->mu);
+  ml_lease_lock(h->lease);
   left = h->lease->deadline - ml_monotonic();
-  pthread_mutex_unlock(&h->lease->mu);
+  ml_lease_unlock(h->lease);
   lua_pushnumber(L, left > 0 ? left : 0);
   return 1;
 }
@@ -385,9 +385,9 @@ static int l_lost(lua_State *L) {
     lua_pushboolean(L, 0);
     return 1;
   }
-  pthread_mutex_lock(&h->keep->mu);
+  ml_lease_lock(h->keep);
   lost = h->keep->lost;
-  pthread_mutex_unlock(&h->keep->mu);
+  ml_lease_unlock(h->keep);
   lua_pushboolean(L, lost);
   return 1;
 }
@@ -499,9 +499,9 @@ static int l_index(lua_State *L) {
   else if (!strcmp(k, "token")) ml_pushint64(L, l->token);
   else if (!strcmp(k, "owner")) lua_pushstring(L, l->owner);
   else if (!strcmp(k, "ttl")) {
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     lua_pushnumber(L, (lua_Number)l->ttl_ms / 1000.0);
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
   } else if (!strcmp(k, "database")) lua_pushstring(L, l->db);
   else if (!strcmp(k, "collection")) lua_pushstring(L, l->coll);
   else if (!strcmp(k, "kind")) {
@@ -509,9 +509,9 @@ static int l_index(lua_State *L) {
   }
   else if (!strcmp(k, "renew")) {
     int v;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     v = l->renew;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     lua_pushboolean(L, v);
   } else lua_pushnil(L);
   return 1;
@@ -606,9 +606,9 @@ static int l_lease_done(lua_State *L) {
     r = ml_lease_release_done(l, n);
     if (closing) {
       if (r < 0) {
-        pthread_mutex_lock(&l->mu);
+        ml_lease_lock(l);
         l->held = 0;            /* not sent: the lease ends at its ttl */
-        pthread_mutex_unlock(&l->mu);
+        ml_lease_unlock(l);
       }
       h->lease = NULL;          /* mark closed */
       ml_lease_unref(l);
@@ -618,9 +618,9 @@ static int l_lease_done(lua_State *L) {
   } else {
     int64_t ttl;
     n = ok ? ml_parse_matched(&reply) : -1;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     ttl = l->step_ttl ? l->step_ttl : l->ttl_ms;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     r = ml_lease_extend_done(l, n, ttl, started);
   }
   if (r > 0) {

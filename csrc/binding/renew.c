@@ -197,9 +197,9 @@ static int holdq_push(ml_renew *st, ml_lease *l) {
       st->qcap = cap;
     }
   }
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   l->refs++;
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   st->holdq[st->qn++] = l;
   return 1;
 }
@@ -223,15 +223,15 @@ static void hold_due(ml_renew *st, double now) {
     ml_lease *l = st->holdq[st->qhead];
     double at = l->started + ML_HOLD_AFTER;
     int wanted;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     wanted = l->hc == st->c && !l->watched && l->pid == ml_pid() && l->held && !l->ending && now < l->deadline;
     if (wanted && (now < at || n == HOLD_BATCH)) {
-      pthread_mutex_unlock(&l->mu);
+      ml_lease_unlock(l);
       st->hold_at = n == HOLD_BATCH ? now : at;
       break;
     }
     if (wanted) l->watched = 1;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     st->qhead++;
     if (wanted) due[n++] = l;   /* the queue's reference, now due's */
     else ml_lease_unref(l);
@@ -422,9 +422,9 @@ int ml_renew_add(lua_State *L, ml_client *c, ml_lease *l) {
   }
   pthread_mutex_unlock(&renew_mu);
   if (!ok) {
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     l->renew = 0;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
   }
   return ok;
 }
@@ -478,9 +478,9 @@ static int renew_handoff(ml_client *c, ml_lease *l) {
     pthread_mutex_unlock(&renew_mu);
     return 0;
   }
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   l->ending = 1;                /* its release is under way */
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   if (!st->external) pthread_cond_signal(&st->cv);
   pthread_mutex_unlock(&renew_mu);
   return 1;
@@ -543,9 +543,9 @@ void ml_held_notice(ml_client *c, const char *db, const char *coll, const uint8_
                  : !(l->op_t && (t > l->op_t || (t == l->op_t && i > l->op_i))))
       continue;
     if (!held_key_is(l, key, keylen)) continue;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     if (l->held && !l->ending) ml_lease_set_lost(l);
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
   }
   pthread_mutex_unlock(&renew_mu);
 }
@@ -563,9 +563,9 @@ int ml_held_any(ml_client *c, const char *db, const char *coll, const char *fiel
         strcmp(l->owner_field, field))
       continue;
     if (!l->watched && !c->external) continue;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     any = l->held && !l->ending && now < l->deadline;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
   }
   pthread_mutex_unlock(&renew_mu);
   return any;
@@ -581,13 +581,13 @@ static void queue_held(ml_client *c, ml_renew *st) {
     ml_lease *l = c->held;
     int take;
     held_unlink_locked(l);
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     take = st && l->held && !l->ending && l->pid == ml_pid();
     if (take) {
       l->ending = 1;
       l->refs++;
     }
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     if (take) {
       if (!ml_engine_queue_release(&st->e, l)) ml_lease_unref(l);
     }
@@ -626,9 +626,9 @@ static void renew_stop(ml_client *c) {
     int any = 0;
     ml_lease *l;
     for (l = c->held; l && !any; l = l->hnext) {
-      pthread_mutex_lock(&l->mu);
+      ml_lease_lock(l);
       any = l->held && !l->ending && l->pid == ml_pid();
-      pthread_mutex_unlock(&l->mu);
+      ml_lease_unlock(l);
     }
     if (any && (!st || st->pid != ml_pid())) st = state_get(c, c->pool);
     queue_held(c, st && st->pid == ml_pid() ? st : NULL);

@@ -49,9 +49,9 @@ static void work_clear(ml_work *w) {
 
 static int work_add(ml_work *w, ml_lease *l) {
   if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) return 0;
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   l->refs++;
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   w->set[w->n++] = l;
   return 1;
 }
@@ -119,9 +119,9 @@ static void build_batch_renew(ml_engine *e, size_t first, ml_work *w) {
     ml_lease *l = e->items[i].lease;
     int take;
     if (e->items[i].alone || !ml_lease_same_renewal(l, l0)) continue;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     take = l->held && l->renew && !l->ending && !l->lost;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     if (take) (void)work_add(w, l);
   }
   owners = (const char **)malloc((w->n ? w->n : 1) * sizeof *owners);
@@ -207,9 +207,9 @@ static int engine_next(ml_engine *e, double now, ml_work *w, double *wake) {
       if (w->n < RELEASE_BATCH && ml_lease_same_release(l, l0)) {
         if (!grow((void **)&w->set, &w->cap, w->n + 1, sizeof *w->set)) break;
         w->set[w->n++] = l;     /* the queue's reference */
-        pthread_mutex_lock(&l->mu);
+        ml_lease_lock(l);
         l->ending = 1;
-        pthread_mutex_unlock(&l->mu);
+        ml_lease_unlock(l);
       } else {
         e->rel[k++] = l;
       }
@@ -242,7 +242,7 @@ static int engine_next_renewal(ml_engine *e, double now, ml_work *w, double *wak
   for (i = 0; i < e->n;) {
     ml_lease *l = e->items[i].lease;
     int drop = 0;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     if (!l->held || (!l->renew && !l->topup_at) || e->stop) {
       drop = 1;
     } else if (l->ending) {
@@ -262,7 +262,7 @@ static int engine_next_renewal(ml_engine *e, double now, ml_work *w, double *wak
     /* every loss of a renewed lease is counted here, once, whoever found
      * it: a renewal, this deadline, or the Lua side's own look at it */
     if (drop && l->lost) e->lost++;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     if (drop) item_drop(e, i);
     else i++;
   }
@@ -276,15 +276,15 @@ static int engine_next_renewal(ml_engine *e, double now, ml_work *w, double *wak
     renew_item *it = &e->items[due];
     ml_lease *l = it->lease;
     int alone;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     alone = it->alone || !l->renew;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     if (alone) {
       /* a top-up, or a document lock to be renewed by itself */
       (void)work_add(w, l);
-      pthread_mutex_lock(&l->mu);
+      ml_lease_lock(l);
       w->ttl = l->ttl_ms;
-      pthread_mutex_unlock(&l->mu);
+      ml_lease_unlock(l);
       w->kind = ML_WORK_EXTEND;
       ml_lease_extend_op(l, w->ttl, &w->op);
       w->has_op = 1;
@@ -350,7 +350,7 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
       int again = 0;
-      pthread_mutex_lock(&l->mu);
+      ml_lease_lock(l);
       if (n == 0) ml_lease_set_lost(l);
       l->held = 0;              /* nobody waits for it: not sent is ended too */
       if (l->redo > 0) {
@@ -364,7 +364,7 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
           again = 1;
         }
       }
-      pthread_mutex_unlock(&l->mu);
+      ml_lease_unlock(l);
       if (again && !ml_engine_queue_release(e, l)) ml_lease_unref(l);
     }
     if (n > 0) {
@@ -404,9 +404,9 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
     if ((size_t)n == expect + w->added || (w->added == 0 && (size_t)n == expect)) {
       for (i = 0; i < w->n; i++) {
         ml_lease *l = w->set[i];
-        pthread_mutex_lock(&l->mu);
+        ml_lease_lock(l);
         renewed(l, started);
-        pthread_mutex_unlock(&l->mu);
+        ml_lease_unlock(l);
       }
       e->renewals += (long)w->n;
       break;
@@ -452,10 +452,10 @@ int ml_engine_done(ml_engine *e, double now, double started, int ok, const bson_
     for (i = 0; i < w->n; i++) {
       ml_lease *l = w->set[i];
       int alive = ml_owners_has(&live, l->owner);
-      pthread_mutex_lock(&l->mu);
+      ml_lease_lock(l);
       if (alive) renewed(l, w->started);
       else not_renewed(l);
-      pthread_mutex_unlock(&l->mu);
+      ml_lease_unlock(l);
       if (alive) e->renewals++;
     }
     ml_owners_free(&live);
@@ -480,16 +480,16 @@ int ml_engine_add(ml_engine *e, ml_lease *l, double *due) {
     l->engine = e;
     l->item = e->n;
     e->items[e->n++].lease = l;
-    pthread_mutex_lock(&l->mu);
+    ml_lease_lock(l);
     l->refs++;
-    pthread_mutex_unlock(&l->mu);
+    ml_lease_unlock(l);
     /* a renewal in flight in l's collection may match l's document */
     if (e->work.kind == ML_WORK_RENEW && ml_lease_same_renewal(l, e->work.set[0])) e->work.added++;
   }
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   *due = renew_at(l);
   if (l->deadline < *due) *due = l->deadline;
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   return 1;
 }
 

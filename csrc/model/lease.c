@@ -149,9 +149,9 @@ void ml_lease_spec_named(ml_lease_spec *s, ml_kind kind, const char *db, const c
 
 void ml_lease_unref(ml_lease *l) {
   int refs;
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   refs = --l->refs;
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   if (refs > 0) return;
   pthread_mutex_destroy(&l->mu);
   ml_obs_unref(l->obs);
@@ -179,9 +179,9 @@ void ml_lease_lockref(const ml_lease *l, ml_lockref *r) {
  * release, not a loss */
 void ml_lease_release_op(ml_lease *l, const bson_t *extra, ml_op *op) {
   ml_lockref r;
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   l->ending = 1;
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   ml_lease_lockref(l, &r);
   kinds[l->kind].release(op, &r, l->owner, extra);
 }
@@ -206,7 +206,7 @@ int64_t ml_release_matched(int ok, const bson_t *reply) {
 }
 
 int ml_lease_release_done(ml_lease *l, int64_t n) {
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   if (n > 0) {
     l->held = 0;
     ml_lease_count_release(l, 1);
@@ -215,13 +215,13 @@ int ml_lease_release_done(ml_lease *l, int64_t n) {
   } else {
     l->ending = 0;              /* still held: renewal goes on */
   }
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   return n < 0 ? -1 : n > 0 ? 1 : 0;
 }
 
 int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started) {
   if (n < 0) return -1;
-  pthread_mutex_lock(&l->mu);
+  ml_lease_lock(l);
   if (n > 0 && l->held && !l->lost) {
     /* locked-at documents expire at lockTime + the ttl every party uses:
      * the lease length does not change */
@@ -232,6 +232,6 @@ int ml_lease_extend_done(ml_lease *l, int64_t n, int64_t ttl_ms, double started)
     /* a release under way or done is not a loss: it cleared the owner */
     ml_lease_set_lost(l);
   }
-  pthread_mutex_unlock(&l->mu);
+  ml_lease_unlock(l);
   return n > 0 ? 1 : 0;
 }

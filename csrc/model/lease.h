@@ -134,6 +134,18 @@ typedef struct ml_lease {
   double release_at;            /* monotonic: not sent before */
 } ml_lease;
 
+/* l's mu, taken only in the process that made l.  A forked child's copy of
+ * an inherited lease may be locked for ever, by a thread of the parent's
+ * (a renewal, a stream's look) that the child does not have; there no
+ * thread but the one that reads the child's handle sees the lease (the
+ * child's renewal and streams start empty), and nothing acts for it (pid) */
+static inline void ml_lease_lock(ml_lease *l) {
+  if (l->pid == ml_pid()) pthread_mutex_lock(&l->mu);
+}
+static inline void ml_lease_unlock(ml_lease *l) {
+  if (l->pid == ml_pid()) pthread_mutex_unlock(&l->mu);
+}
+
 /* a lost reply's release (lease.redo): sent until this many got a reply
  * (or one matched), RELEASE_REDO_STEP seconds apart, at most
  * RELEASE_REDO_TRIES times in all */
@@ -180,7 +192,7 @@ typedef struct ml_obs_place {
 
 typedef struct ml_obs {
   pthread_mutex_t mu;
-  int refs;                     /* (mu) */
+  int refs;                     /* atomic (ml_obs_ref, ml_obs_unref) */
   long commands;                /* commands sent by this process's C paths
                                    (the change streams' too) */
   long releases[ML_KINDS];      /* releases that matched, per kind */

@@ -26,11 +26,12 @@ ml_obs *ml_obs_new(void) {
   return o;
 }
 
+/* refs are atomic, not under mu: a forked child may drop the last
+ * reference of what it inherited while mu is held by a thread of the
+ * parent's that it does not have */
 ml_obs *ml_obs_ref(ml_obs *o) {
   if (!o) return NULL;
-  pthread_mutex_lock(&o->mu);
-  o->refs++;
-  pthread_mutex_unlock(&o->mu);
+  __atomic_fetch_add(&o->refs, 1, __ATOMIC_RELAXED);
   return o;
 }
 
@@ -45,9 +46,7 @@ void ml_obs_unref(ml_obs *o) {
   size_t i;
   ml_obs_place *p, *nx;
   if (!o) return;
-  pthread_mutex_lock(&o->mu);
-  refs = --o->refs;
-  pthread_mutex_unlock(&o->mu);
+  refs = __atomic_sub_fetch(&o->refs, 1, __ATOMIC_ACQ_REL);
   if (refs > 0) return;
   for (p = o->places; p; p = nx) {
     nx = p->next;

@@ -19,6 +19,8 @@
  *                                     rare and seen in CI's output only)
  *   testing.driver_lock(hold)         takes (true) or gives back libmongoc's
  *                                     process-wide lock, for reading
+ *   testing.lease_lock(h, hold)       takes (true) or gives back the mutex
+ *                                     of handle h's lease
  *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
  *   testing.failpoint(client, spec)   -> true | nil, message, code
  *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
@@ -45,6 +47,7 @@
 #include <sys/wait.h>
 
 #include "client.h"
+#include "lock.h"
 #include "renew.h"
 #include "watch.h"
 #include "module.h"
@@ -143,6 +146,19 @@ static int l_driver_lock(lua_State *L) {
     lua_pushstring(L, strerror(r));
     return 2;
   }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* testing.lease_lock(h, hold) -> true: the calling thread takes the mutex
+ * of handle h's lease (hold true) or gives it back: a fork() meanwhile
+ * leaves a child with it held by a thread the child does not have, as a
+ * renewal of the parent's would */
+static int l_lease_lock(lua_State *L) {
+  ml_lock *h = (ml_lock *)luaL_checkudata(L, 1, ML_LOCK_MT);
+  if (!h->keep) return luaL_error(L, "testing.lease_lock: the handle has no lease");
+  if (lua_toboolean(L, 2)) pthread_mutex_lock(&h->keep->mu);
+  else pthread_mutex_unlock(&h->keep->mu);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -476,6 +492,7 @@ static const luaL_Reg testing_funcs[] = {
   {"crash_trace", l_crash_trace},
   {"fork", l_fork},
   {"driver_lock", l_driver_lock},
+  {"lease_lock", l_lease_lock},
   {"exit", l_exit},
   {"exit_mark", l_exit_mark},
   {"waitpid", l_waitpid},
