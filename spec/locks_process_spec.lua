@@ -255,6 +255,59 @@ describe("#integration locks across processes", function()
     assert.is_true(holder.h:release())
   end)
 
+  -- the core's global locks that its threads take for a moment (the
+  -- process tag's, the kept fiber stacks', the bridged connections' and
+  -- the cursor sessions' lists) are made anew in a forked child: each path
+  -- that takes one works there though the parent held them all at the fork
+  it("a child forked while its parent held the core's global locks (fork) takes each of them", function()
+    local parent_tag = core.process_tag()
+    local name = helpers.unique("fork-globals")
+    assert(testing.globals_lock(true))
+    local pid = assert(testing.fork())
+    if pid == 0 then
+      local ok, code = pcall(function()
+        -- the process tag's: drawn again in the child
+        local tag = core.process_tag()
+        if type(tag) ~= "string" or tag == parent_tag then return 10 end
+        -- (and a lock cycle, whose attempt carries the tag and host name)
+        local h = locks:try(name)
+        if not h or not h:release() then return 11 end
+        -- the kept fiber stacks': an op run here, in the loop's thread
+        -- (a build without fibers, AddressSanitizer's, runs none; the
+        -- fibers' own pool answers false until its monitor found the server)
+        local pool = core.pool(client._core, 1)
+        local op = core.op_status{ db = helpers.database, coll = "fork_globals", name = "x" }
+        local here, until_t = false, core.monotonic() + 10
+        while core.fibers and not here do
+          here = pool:here(op)
+          if not here and core.monotonic() > until_t then return 12 end
+          if not here then core.sleep(0.01) end
+        end
+        if here then
+          local reply, fd
+          repeat
+            reply, fd = here:step()
+            if reply == false and fd then core.sleep(0.001) end
+          until reply ~= false or not fd
+          if type(reply) ~= "string" then return 13 end
+        end
+        pool:close()
+        -- the bridged connections' list
+        local bridged = core.pool(client._core, 0, "bridged")
+        if bridged:dead() ~= nil then return 14 end
+        bridged:close()
+        -- the cursor sessions' list: a session's end, answered in C
+        local r = client._core:command("admin", { endSessions = {} }, nil, ("a"):rep(32))
+        if not r then return 15 end
+        return 0
+      end)
+      helpers.child_exit(client, ok, code)
+    end
+    assert(testing.globals_lock(false))
+    local st, err = helpers.wait_child(pid, 20, pending)
+    assert.equal(0, st, err)
+  end)
+
   it("a client made before fork() works in the child, which never releases the parent's lock", function()
     local name = helpers.unique("fork")
     local h = assert(locks:acquire(name, { ttl = 30 }))

@@ -41,6 +41,9 @@
 #include "attempt.h"
 #include "views.h"
 #include "module.h"
+#include "fiber.h"
+#include "fiber_stream.h"
+#include "transport.h"
 
 /* core.monotonic() -> seconds (a local, monotonic clock; not wall time) */
 static int l_monotonic(lua_State *L) {
@@ -173,9 +176,31 @@ static const luaL_Reg core_funcs[] = {
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* the global locks that a thread takes for a moment (the process tag's,
+ * the kept fiber stacks', the bridged connections' and the cursor
+ * sessions' lists): made anew in a forked child, where a thread of the
+ * parent's may have held one at the fork and is not there to give it
+ * back.  (The pool's, the streams' and the renewal's are held across the
+ * fork by their own handlers; a lease's is never taken in a child:
+ * ml_lease_lock.) */
+static void forked(void) {
+  ml_sys_forked();
+  ml_fiber_forked();
+  ml_bridge_forked();
+  ml_sessions_forked();
+}
+
+/* mongolock.testing: takes those locks (1) or gives them back (0) */
+static void hold_globals(int hold) {
+  ml_sys_hold(hold);
+  ml_fiber_hold(hold);
+  ml_bridge_hold(hold);
+  ml_sessions_hold(hold);
+}
+
 /* for mongolock.testing (module.h) */
 static const ml_internals internals = {
-  ml_checkclient, ml_client_get, ml_renew_stats, ml_renew_flush, ml_watch_stats
+  ml_checkclient, ml_client_get, ml_renew_stats, ml_renew_flush, ml_watch_stats, hold_globals
 };
 
 /* libmongoc's log goes to stderr only when MONGOLOCK_LOG is set (to a
@@ -225,6 +250,7 @@ static void init_mongoc(void) {
     else if (!strcmp(lv, "debug")) log_max = MONGOC_LOG_LEVEL_DEBUG;
   }
   mongoc_log_set_handler(log_handler, NULL);
+  pthread_atfork(NULL, NULL, forked);
   /* never paired with mongoc_cleanup: other Lua states in this process
    * (nginx workers' VMs, threads) may still use the driver */
   mongoc_init();

@@ -20,6 +20,7 @@ typedef struct ml_internals {
   void (*renew_stats)(ml_client *c, ml_renew_counts *out);
   int (*renew_flush)(ml_client *c, double timeout);
   void (*watch_stats)(ml_client *c, ml_watch_counts *out);
+  void (*hold_globals)(int hold);
 } ml_internals;
 
 #endif

@@ -69,6 +69,13 @@ static pid_t tag_pid;
 static char host_name[256];
 static pid_t host_pid;
 
+void ml_sys_forked(void) { pthread_mutex_init(&tag_mu, NULL); }
+
+void ml_sys_hold(int hold) {
+  if (hold) pthread_mutex_lock(&tag_mu);
+  else pthread_mutex_unlock(&tag_mu);
+}
+
 void ml_hostname(char out[256]) {
   pthread_mutex_lock(&tag_mu);
   if (host_pid != ml_pid()) {

@@ -78,6 +78,16 @@ static size_t page(void) {
   return p > 0 ? (size_t)p : 4096;
 }
 
+void ml_fiber_forked(void) {
+  pthread_mutex_init(&kept_mu, NULL);
+  nkept = 0;
+}
+
+void ml_fiber_hold(int hold) {
+  if (hold) pthread_mutex_lock(&kept_mu);
+  else pthread_mutex_unlock(&kept_mu);
+}
+
 static char *stack_get(void) {
   char *m = NULL;
   pthread_mutex_lock(&kept_mu);

@@ -50,4 +50,11 @@ ml_fiber *ml_fiber_current(void);
 int ml_fiber_wait(int fd, int64_t deadline_us);
 int ml_fiber_ask(void *req, int64_t deadline_us);
 
+/* fork's child handler: the kept stacks' lock made anew and the list
+ * emptied (a thread of the parent's may have been changing it; the
+ * parent's stacks stay mapped, unused); ml_fiber_hold takes the lock (1)
+ * or gives it back (0), for the specs */
+void ml_fiber_forked(void);
+void ml_fiber_hold(int hold);
+
 #endif

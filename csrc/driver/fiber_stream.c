@@ -50,6 +50,16 @@ static uint64_t dead[DEAD_KEPT];
 static size_t ndead;
 static __thread uint64_t bridge_sent;
 
+void ml_bridge_forked(void) {
+  pthread_mutex_init(&bridge_mu, NULL);
+  ndead = 0;
+}
+
+void ml_bridge_hold(int hold) {
+  if (hold) pthread_mutex_lock(&bridge_mu);
+  else pthread_mutex_unlock(&bridge_mu);
+}
+
 size_t ml_bridge_dead(uint64_t *ids, size_t max) {
   size_t n;
   pthread_mutex_lock(&bridge_mu);

@@ -72,6 +72,12 @@ typedef struct {
  * into ids): their sockets, kept by the loop, are to be closed */
 size_t ml_bridge_dead(uint64_t *ids, size_t max);
 
+/* fork's child handler: the dead list's lock made anew and the list
+ * emptied (its ids are the parent's loop's); ml_bridge_hold takes the lock
+ * (1) or gives it back (0), for mongolock.testing */
+void ml_bridge_forked(void);
+void ml_bridge_hold(int hold);
+
 /* bytes bridged connections sent from this thread so far: an op during
  * which it did not grow sent nothing, so it did not apply */
 uint64_t ml_bridge_sent(void);

@@ -158,6 +158,16 @@ typedef struct cursor_session {
 static pthread_mutex_t sessions_mu = PTHREAD_MUTEX_INITIALIZER;
 static cursor_session *sessions;
 
+void ml_sessions_forked(void) {
+  pthread_mutex_init(&sessions_mu, NULL);
+  sessions = NULL;
+}
+
+void ml_sessions_hold(int hold) {
+  if (hold) pthread_mutex_lock(&sessions_mu);
+  else pthread_mutex_unlock(&sessions_mu);
+}
+
 /* takes key's session out of the list (NULL: none); sessions of another
  * process (before fork) are dropped, never destroyed (their sockets are
  * the parent's) */

@@ -63,4 +63,11 @@ ml_runner ml_run_override(ml_runner f);
 int ml_run_in_session(mongoc_client_t *mc, mongoc_client_session_t *cs, const ml_op *op, bson_t *reply,
                       bson_error_t *error);
 
+/* fork's child handler: the cursor sessions' lock made anew and the list
+ * emptied (its sessions are the parent's, dropped unended as a child's
+ * session_take drops them); ml_sessions_hold takes the lock (1) or gives
+ * it back (0), for mongolock.testing */
+void ml_sessions_forked(void);
+void ml_sessions_hold(int hold);
+
 #endif

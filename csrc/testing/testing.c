@@ -21,6 +21,9 @@
  *                                     process-wide lock, for reading
  *   testing.lease_lock(h, hold)       takes (true) or gives back the mutex
  *                                     of handle h's lease
+ *   testing.globals_lock(hold)        takes (true) or gives back the core's
+ *                                     global locks that a fork handler
+ *                                     makes anew in the child
  *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
  *   testing.failpoint(client, spec)   -> true | nil, message, code
  *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
@@ -159,6 +162,15 @@ static int l_lease_lock(lua_State *L) {
   if (!h->keep) return luaL_error(L, "testing.lease_lock: the handle has no lease");
   if (lua_toboolean(L, 2)) pthread_mutex_lock(&h->keep->mu);
   else pthread_mutex_unlock(&h->keep->mu);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* testing.globals_lock(hold) -> true: the calling thread takes the core's
+ * global locks that its threads hold for a moment (module.c, forked), or
+ * gives them back: a fork() meanwhile leaves the child's copies held */
+static int l_globals_lock(lua_State *L) {
+  core_internals(L)->hold_globals(lua_toboolean(L, 1));
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -493,6 +505,7 @@ static const luaL_Reg testing_funcs[] = {
   {"fork", l_fork},
   {"driver_lock", l_driver_lock},
   {"lease_lock", l_lease_lock},
+  {"globals_lock", l_globals_lock},
   {"exit", l_exit},
   {"exit_mark", l_exit_mark},
   {"waitpid", l_waitpid},
