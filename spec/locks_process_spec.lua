@@ -308,6 +308,47 @@ describe("#integration locks across processes", function()
     assert.equal(0, st, err)
   end)
 
+  -- a client's counters and lease events have a mutex that its threads
+  -- take for a moment (a release counted, a loss queued): a child made
+  -- while one held it counts, reads and queues there all the same; the
+  -- events queued before the fork were the parent's, and stay with it
+  it("a child forked while its parent's thread held a client's counters (fork) counts and reads them", function()
+    local cc = client._core
+    cc:want_events(true)
+    local name = helpers.unique("fork-counters")
+    local h = assert(locks:acquire(name, { ttl = 30 }))
+    assert(locks:force_release(name))
+    local _, lerr = h:extend()
+    assert.equal("lost", lerr)
+    assert.is_true(cc:has_events())            -- the parent's loss, queued
+    assert(testing.counters_lock(client._core, true))
+    local pid = assert(testing.fork())
+    if pid == 0 then
+      local ok, code = pcall(function()
+        if cc:has_events() then return 10 end
+        if type(cc:counters()) ~= "table" then return 11 end
+        -- a release of a new collection: its place is linked (the
+        -- client's and the process's)
+        local other = client:locks({ database = helpers.database, collection = helpers.unique("fork_counters") })
+        local h2 = other:try(name)
+        if not h2 or not h2:release() then return 12 end
+        -- a loss of the child's own, queued and taken
+        local h3 = other:try(name)
+        if not h3 or not other:force_release(name) then return 13 end
+        if select(2, h3:extend()) ~= "lost" then return 14 end
+        local events = cc:take_events()
+        if #events ~= 1 or events[1].name ~= name then return 15 end
+        return 0
+      end)
+      helpers.child_exit(client, ok, code)
+    end
+    assert(testing.counters_lock(client._core, false))
+    local st, err = helpers.wait_child(pid, 20, pending)
+    assert.equal(0, st, err)
+    assert.equal(1, #cc:take_events())
+    cc:want_events(false)
+  end)
+
   it("a client made before fork() works in the child, which never releases the parent's lock", function()
     local name = helpers.unique("fork")
     local h = assert(locks:acquire(name, { ttl = 30 }))

@@ -299,9 +299,9 @@ static int engine_next_renewal(ml_engine *e, double now, ml_work *w, double *wak
       ml_lease *o = e->items[i].lease;
       int take;
       if (!ml_lease_same_renewal(o, l)) continue;
-      pthread_mutex_lock(&o->mu);
+      ml_lease_lock(o);
       take = o->held && o->renew && !o->ending && !o->lost;
-      pthread_mutex_unlock(&o->mu);
+      ml_lease_unlock(o);
       if (take) (void)work_add(w, o);
     }
     w->kind = ML_WORK_RENEW;

@@ -207,6 +207,7 @@ typedef struct ml_obs {
   ml_obs_place *places;         /* (mu to link) releases and losses by kind
                                    and collection, newest first; a place
                                    once linked stays until the obs goes */
+  struct ml_obs *next, *prev;   /* every client's, for fork (obs.c) */
 } ml_obs;
 
 /* the process's totals: every client's counters (ml_obs_add) summed, kept

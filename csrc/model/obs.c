@@ -18,11 +18,44 @@
 
 #include "lease.h"
 
+/* ---- fork --------------------------------------------------------------
+ * A forked child may inherit a client's mu held by a thread of the
+ * parent's (a renewal counting a release, a stream queueing a loss) that
+ * it does not have.  Every ml_obs is listed (all_mu): the child's handler
+ * makes each mu anew and empties each queue (its events are of the
+ * parent's leases, and a thread of the parent's may have been moving it).
+ * The list is walked by next, each link written before the head that
+ * publishes it, so a link or unlink cut by the fork leaves it walkable. */
+static pthread_mutex_t all_mu = PTHREAD_MUTEX_INITIALIZER;
+static ml_obs *all;             /* (all_mu) */
+static pthread_mutex_t totals_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void forked(void) {
+  ml_obs *o;
+  pthread_mutex_init(&all_mu, NULL);
+  pthread_mutex_init(&totals_mu, NULL);
+  for (o = all; o; o = o->next) {
+    pthread_mutex_init(&o->mu, NULL);
+    o->ev = NULL;
+    o->cap = 0;
+    o->nev = 0;
+  }
+}
+
+static void fork_register(void) { pthread_atfork(NULL, NULL, forked); }
+
 ml_obs *ml_obs_new(void) {
   ml_obs *o = (ml_obs *)calloc(1, sizeof *o);
   if (!o) return NULL;
+  pthread_once(&fork_once, fork_register);
   pthread_mutex_init(&o->mu, NULL);
   o->refs = 1;
+  pthread_mutex_lock(&all_mu);
+  o->next = all;
+  if (all) all->prev = o;
+  __atomic_store_n(&all, o, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&all_mu);
   return o;
 }
 
@@ -48,6 +81,11 @@ void ml_obs_unref(ml_obs *o) {
   if (!o) return;
   refs = __atomic_sub_fetch(&o->refs, 1, __ATOMIC_ACQ_REL);
   if (refs > 0) return;
+  pthread_mutex_lock(&all_mu);
+  if (o->prev) o->prev->next = o->next;
+  else all = o->next;
+  if (o->next) o->next->prev = o->prev;
+  pthread_mutex_unlock(&all_mu);
   for (p = o->places; p; p = nx) {
     nx = p->next;
     free(p->collection);
@@ -71,8 +109,6 @@ void ml_obs_add(ml_obs *o, long *counter, long n) {
 }
 
 /* ---- places: releases and losses by kind and collection ------------ */
-
-static pthread_mutex_t totals_mu = PTHREAD_MUTEX_INITIALIZER;
 
 ml_obs_place *ml_obs_total_places(void) {
   return __atomic_load_n(&ml_obs_totals.places, __ATOMIC_ACQUIRE);

@@ -24,6 +24,8 @@
  *   testing.globals_lock(hold)        takes (true) or gives back the core's
  *                                     global locks that a fork handler
  *                                     makes anew in the child
+ *   testing.counters_lock(client, hold)  the same for the mutex of the
+ *                                     client's counters and events
  *   testing.waitpid(pid [, timeout])  -> exit status | nil, "timeout"
  *   testing.failpoint(client, spec)   -> true | nil, message, code
  *   testing.delete(client, db, coll, name) -> number deleted | nil, msg, code
@@ -171,6 +173,18 @@ static int l_lease_lock(lua_State *L) {
  * gives them back: a fork() meanwhile leaves the child's copies held */
 static int l_globals_lock(lua_State *L) {
   core_internals(L)->hold_globals(lua_toboolean(L, 1));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* testing.counters_lock(client, hold) -> true: the calling thread takes the
+ * mutex of the client's counters and lease events (hold true) or gives it
+ * back */
+static int l_counters_lock(lua_State *L) {
+  ml_client *c = core_internals(L)->checkclient(L, 1);
+  if (!c->obs) return luaL_error(L, "testing.counters_lock: the client has no counters");
+  if (lua_toboolean(L, 2)) pthread_mutex_lock(&c->obs->mu);
+  else pthread_mutex_unlock(&c->obs->mu);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -506,6 +520,7 @@ static const luaL_Reg testing_funcs[] = {
   {"driver_lock", l_driver_lock},
   {"lease_lock", l_lease_lock},
   {"globals_lock", l_globals_lock},
+  {"counters_lock", l_counters_lock},
   {"exit", l_exit},
   {"exit_mark", l_exit_mark},
   {"waitpid", l_waitpid},
