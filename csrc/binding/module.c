@@ -183,8 +183,12 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
  * back.  (The pool's, the streams' and the renewal's are held across the
  * fork by their own handlers; a lease's is never taken in a child:
  * ml_lease_lock.) */
+static pthread_mutex_t *const globals[] = { &ml_tag_mu, &ml_kept_mu, &ml_bridge_mu, &ml_sessions_mu };
+#define NGLOBALS (sizeof globals / sizeof globals[0])
+
 static void forked(void) {
-  ml_sys_forked();
+  size_t i;
+  for (i = 0; i < NGLOBALS; i++) pthread_mutex_init(globals[i], NULL);
   ml_fiber_forked();
   ml_bridge_forked();
   ml_sessions_forked();
@@ -192,10 +196,8 @@ static void forked(void) {
 
 /* mongolock.testing: takes those locks (1) or gives them back (0) */
 static void hold_globals(int hold) {
-  ml_sys_hold(hold);
-  ml_fiber_hold(hold);
-  ml_bridge_hold(hold);
-  ml_sessions_hold(hold);
+  size_t i;
+  for (i = 0; i < NGLOBALS; i++) (hold ? pthread_mutex_lock : pthread_mutex_unlock)(globals[i]);
 }
 
 /* for mongolock.testing (module.h) */

@@ -62,34 +62,27 @@ int ml_random_owner(char out[33]) {
  * the event reaches only the process that waits (csrc/binding/watch.c filters its
  * stream on the tag).
  */
-static pthread_mutex_t tag_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t ml_tag_mu = PTHREAD_MUTEX_INITIALIZER;
 static char tag_hex[17];
 static pid_t tag_pid;
 
 static char host_name[256];
 static pid_t host_pid;
 
-void ml_sys_forked(void) { pthread_mutex_init(&tag_mu, NULL); }
-
-void ml_sys_hold(int hold) {
-  if (hold) pthread_mutex_lock(&tag_mu);
-  else pthread_mutex_unlock(&tag_mu);
-}
-
 void ml_hostname(char out[256]) {
-  pthread_mutex_lock(&tag_mu);
+  pthread_mutex_lock(&ml_tag_mu);
   if (host_pid != ml_pid()) {
     if (gethostname(host_name, sizeof host_name) != 0) host_name[0] = '\0';
     host_name[sizeof host_name - 1] = '\0';
     host_pid = ml_pid();
   }
   memcpy(out, host_name, sizeof host_name);
-  pthread_mutex_unlock(&tag_mu);
+  pthread_mutex_unlock(&ml_tag_mu);
 }
 
 int ml_process_tag(char out[17]) {
   int ok = 1;
-  pthread_mutex_lock(&tag_mu);
+  pthread_mutex_lock(&ml_tag_mu);
   if (tag_pid != ml_pid()) {
     char full[33];
     if (ml_random_owner(full)) {
@@ -101,7 +94,7 @@ int ml_process_tag(char out[17]) {
     }
   }
   if (ok) memcpy(out, tag_hex, 17);
-  pthread_mutex_unlock(&tag_mu);
+  pthread_mutex_unlock(&ml_tag_mu);
   return ok;
 }
 

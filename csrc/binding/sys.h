@@ -8,6 +8,7 @@
 #ifndef MONGOLOCK_SYS_H
 #define MONGOLOCK_SYS_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 
@@ -29,12 +30,9 @@ int ml_process_tag(char out[17]);
  * fails), NUL-terminated in out */
 void ml_hostname(char out[256]);
 
-/* fork's child handler (module.c): the tag's lock made anew (a thread of
- * the parent's may have held it at the fork; the tag and the host name are
- * taken again in the child); ml_sys_hold takes it (1) or gives it back
- * (0), for mongolock.testing */
-void ml_sys_forked(void);
-void ml_sys_hold(int hold);
+/* the tag's and host name's lock (made anew in a forked child: module.c;
+ * both are taken again there) */
+extern pthread_mutex_t ml_tag_mu;
 
 /* seconds on CLOCK_MONOTONIC as an absolute timespec (for timed waits on
  * condition variables with a monotonic clock), clamped to 0 .. 1e12 */

@@ -69,7 +69,7 @@ struct ml_fiber {
 
 static __thread ml_fiber *running;
 
-static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t ml_kept_mu = PTHREAD_MUTEX_INITIALIZER;
 static char *kept[STACKS_KEPT];
 static int nkept;
 
@@ -78,21 +78,13 @@ static size_t page(void) {
   return p > 0 ? (size_t)p : 4096;
 }
 
-void ml_fiber_forked(void) {
-  pthread_mutex_init(&kept_mu, NULL);
-  nkept = 0;
-}
-
-void ml_fiber_hold(int hold) {
-  if (hold) pthread_mutex_lock(&kept_mu);
-  else pthread_mutex_unlock(&kept_mu);
-}
+void ml_fiber_forked(void) { nkept = 0; }
 
 static char *stack_get(void) {
   char *m = NULL;
-  pthread_mutex_lock(&kept_mu);
+  pthread_mutex_lock(&ml_kept_mu);
   if (nkept > 0) m = kept[--nkept];
-  pthread_mutex_unlock(&kept_mu);
+  pthread_mutex_unlock(&ml_kept_mu);
   if (m) return m;
   m = (char *)mmap(NULL, STACK_SIZE + page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
@@ -105,12 +97,12 @@ static char *stack_get(void) {
 }
 
 static void stack_put(char *m) {
-  pthread_mutex_lock(&kept_mu);
+  pthread_mutex_lock(&ml_kept_mu);
   if (nkept < STACKS_KEPT) {
     kept[nkept++] = m;
     m = NULL;
   }
-  pthread_mutex_unlock(&kept_mu);
+  pthread_mutex_unlock(&ml_kept_mu);
   if (m) munmap(m, STACK_SIZE + page());
 }
 

@@ -33,6 +33,7 @@
 #ifndef MONGOLOCK_FIBER_H
 #define MONGOLOCK_FIBER_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 typedef struct ml_fiber ml_fiber;
@@ -50,11 +51,10 @@ ml_fiber *ml_fiber_current(void);
 int ml_fiber_wait(int fd, int64_t deadline_us);
 int ml_fiber_ask(void *req, int64_t deadline_us);
 
-/* fork's child handler: the kept stacks' lock made anew and the list
- * emptied (a thread of the parent's may have been changing it; the
- * parent's stacks stay mapped, unused); ml_fiber_hold takes the lock (1)
- * or gives it back (0), for the specs */
+/* the kept stacks' lock, and fork's child handler (after the lock is made
+ * anew: module.c): the list emptied (a thread of the parent's may have
+ * been changing it; the parent's stacks stay mapped, unused) */
+extern pthread_mutex_t ml_kept_mu;
 void ml_fiber_forked(void);
-void ml_fiber_hold(int hold);
 
 #endif

@@ -43,30 +43,22 @@ static fiber_stream *fs_of(mongoc_stream_t *s) { return (fiber_stream *)s; }
 
 /* ---- bridged connections: the loop moves the bytes ---------------------- */
 
-static pthread_mutex_t bridge_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t ml_bridge_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t bridge_next_id;
 #define DEAD_KEPT 256
 static uint64_t dead[DEAD_KEPT];
 static size_t ndead;
 static __thread uint64_t bridge_sent;
 
-void ml_bridge_forked(void) {
-  pthread_mutex_init(&bridge_mu, NULL);
-  ndead = 0;
-}
-
-void ml_bridge_hold(int hold) {
-  if (hold) pthread_mutex_lock(&bridge_mu);
-  else pthread_mutex_unlock(&bridge_mu);
-}
+void ml_bridge_forked(void) { ndead = 0; }
 
 size_t ml_bridge_dead(uint64_t *ids, size_t max) {
   size_t n;
-  pthread_mutex_lock(&bridge_mu);
+  pthread_mutex_lock(&ml_bridge_mu);
   n = ndead < max ? ndead : max;
   memcpy(ids, dead + (ndead - n), n * sizeof *ids);
   ndead -= n;
-  pthread_mutex_unlock(&bridge_mu);
+  pthread_mutex_unlock(&ml_bridge_mu);
   return n;
 }
 
@@ -223,10 +215,10 @@ static ssize_t f_writev(mongoc_stream_t *s, mongoc_iovec_t *iov, size_t iovcnt, 
 
 /* a bridged connection's socket, which the loop keeps, is to be closed */
 static void bridge_gone(fiber_stream *s) {
-  pthread_mutex_lock(&bridge_mu);
+  pthread_mutex_lock(&ml_bridge_mu);
   if (ndead == DEAD_KEPT) memmove(dead, dead + 1, --ndead * sizeof *dead);
   dead[ndead++] = s->id;
-  pthread_mutex_unlock(&bridge_mu);
+  pthread_mutex_unlock(&ml_bridge_mu);
   bson_free(s->wbuf);
 }
 
@@ -385,9 +377,9 @@ static fiber_stream *connect_bridged(const mongoc_uri_t *uri, const mongoc_host_
   s->fd = -1;
   bson_strncpy(s->host, host->host, sizeof s->host);
   s->port = host->port;
-  pthread_mutex_lock(&bridge_mu);
+  pthread_mutex_lock(&ml_bridge_mu);
   s->id = ++bridge_next_id;
-  pthread_mutex_unlock(&bridge_mu);
+  pthread_mutex_unlock(&ml_bridge_mu);
   memset(&io, 0, sizeof io);
   io.kind = ML_BRIDGE_CONNECT;
   if (bridge_ask(s, &io, bson_get_monotonic_time() + (int64_t)ms * 1000) != 0) {

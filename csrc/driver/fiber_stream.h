@@ -72,11 +72,10 @@ typedef struct {
  * into ids): their sockets, kept by the loop, are to be closed */
 size_t ml_bridge_dead(uint64_t *ids, size_t max);
 
-/* fork's child handler: the dead list's lock made anew and the list
- * emptied (its ids are the parent's loop's); ml_bridge_hold takes the lock
- * (1) or gives it back (0), for mongolock.testing */
+/* the dead list's lock, and fork's child handler (after the lock is made
+ * anew: module.c): the list emptied (its ids are the parent's loop's) */
+extern pthread_mutex_t ml_bridge_mu;
 void ml_bridge_forked(void);
-void ml_bridge_hold(int hold);
 
 /* bytes bridged connections sent from this thread so far: an op during
  * which it did not grow sent nothing, so it did not apply */

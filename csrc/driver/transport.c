@@ -155,18 +155,10 @@ typedef struct cursor_session {
   struct cursor_session *next;
 } cursor_session;
 
-static pthread_mutex_t sessions_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t ml_sessions_mu = PTHREAD_MUTEX_INITIALIZER;
 static cursor_session *sessions;
 
-void ml_sessions_forked(void) {
-  pthread_mutex_init(&sessions_mu, NULL);
-  sessions = NULL;
-}
-
-void ml_sessions_hold(int hold) {
-  if (hold) pthread_mutex_lock(&sessions_mu);
-  else pthread_mutex_unlock(&sessions_mu);
-}
+void ml_sessions_forked(void) { sessions = NULL; }
 
 /* takes key's session out of the list (NULL: none); sessions of another
  * process (before fork) are dropped, never destroyed (their sockets are
@@ -174,7 +166,7 @@ void ml_sessions_hold(int hold) {
 static cursor_session *session_take(const char *key) {
   cursor_session **p, *s, *found = NULL;
   pid_t pid = getpid();
-  pthread_mutex_lock(&sessions_mu);
+  pthread_mutex_lock(&ml_sessions_mu);
   for (p = &sessions; (s = *p);) {
     if (s->pid != pid || (!found && !strcmp(s->key, key))) {
       *p = s->next;
@@ -183,15 +175,15 @@ static cursor_session *session_take(const char *key) {
       p = &s->next;
     }
   }
-  pthread_mutex_unlock(&sessions_mu);
+  pthread_mutex_unlock(&ml_sessions_mu);
   return found;
 }
 
 static void session_put(cursor_session *s) {
-  pthread_mutex_lock(&sessions_mu);
+  pthread_mutex_lock(&ml_sessions_mu);
   s->next = sessions;
   sessions = s;
-  pthread_mutex_unlock(&sessions_mu);
+  pthread_mutex_unlock(&ml_sessions_mu);
 }
 
 static void session_end(cursor_session *s) {

@@ -7,6 +7,7 @@
 #ifndef MONGOLOCK_TRANSPORT_H
 #define MONGOLOCK_TRANSPORT_H
 
+#include <pthread.h>
 #include <mongoc/mongoc.h>
 #include "protocol.h"
 
@@ -63,11 +64,10 @@ ml_runner ml_run_override(ml_runner f);
 int ml_run_in_session(mongoc_client_t *mc, mongoc_client_session_t *cs, const ml_op *op, bson_t *reply,
                       bson_error_t *error);
 
-/* fork's child handler: the cursor sessions' lock made anew and the list
- * emptied (its sessions are the parent's, dropped unended as a child's
- * session_take drops them); ml_sessions_hold takes the lock (1) or gives
- * it back (0), for mongolock.testing */
+/* the cursor sessions' lock, and fork's child handler (after the lock is
+ * made anew: module.c): the list emptied (its sessions are the parent's,
+ * dropped unended as a child's session_take drops them) */
+extern pthread_mutex_t ml_sessions_mu;
 void ml_sessions_forked(void);
-void ml_sessions_hold(int hold);
 
 #endif

@@ -155,17 +155,21 @@ static int l_driver_lock(lua_State *L) {
   return 1;
 }
 
-/* testing.lease_lock(h, hold) -> true: the calling thread takes the mutex
- * of handle h's lease (hold true) or gives it back: a fork() meanwhile
- * leaves a child with it held by a thread the child does not have, as a
- * renewal of the parent's would */
+/* the calling thread takes mu (hold true) or gives it back: a fork()
+ * meanwhile leaves a child with it held by a thread the child does not
+ * have, as one of the parent's threads would; answers true */
+static int hold_mutex(lua_State *L, pthread_mutex_t *mu, int hold) {
+  if (hold) pthread_mutex_lock(mu);
+  else pthread_mutex_unlock(mu);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* testing.lease_lock(h, hold) -> true: the mutex of handle h's lease */
 static int l_lease_lock(lua_State *L) {
   ml_lock *h = (ml_lock *)luaL_checkudata(L, 1, ML_LOCK_MT);
   if (!h->keep) return luaL_error(L, "testing.lease_lock: the handle has no lease");
-  if (lua_toboolean(L, 2)) pthread_mutex_lock(&h->keep->mu);
-  else pthread_mutex_unlock(&h->keep->mu);
-  lua_pushboolean(L, 1);
-  return 1;
+  return hold_mutex(L, &h->keep->mu, lua_toboolean(L, 2));
 }
 
 /* testing.globals_lock(hold) -> true: the calling thread takes the core's
@@ -177,16 +181,12 @@ static int l_globals_lock(lua_State *L) {
   return 1;
 }
 
-/* testing.counters_lock(client, hold) -> true: the calling thread takes the
- * mutex of the client's counters and lease events (hold true) or gives it
- * back */
+/* testing.counters_lock(client, hold) -> true: the mutex of the client's
+ * counters and lease events */
 static int l_counters_lock(lua_State *L) {
   ml_client *c = core_internals(L)->checkclient(L, 1);
   if (!c->obs) return luaL_error(L, "testing.counters_lock: the client has no counters");
-  if (lua_toboolean(L, 2)) pthread_mutex_lock(&c->obs->mu);
-  else pthread_mutex_unlock(&c->obs->mu);
-  lua_pushboolean(L, 1);
-  return 1;
+  return hold_mutex(L, &c->obs->mu, lua_toboolean(L, 2));
 }
 
 static int l_exit(lua_State *L) {
