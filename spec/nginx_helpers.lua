@@ -160,7 +160,11 @@ function Nginx:stop()
     -- of nginx's log and what its processes were doing
     local tail = (helpers.read_file(self.log) or ""):sub(-3000)
     local ps = assert(io.popen(format("ps -o pid,stat,wchan:20,args --ppid %d 2>&1", self.pid))):read("*a")
-    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps
+    -- each worker's threads and TCP connections: what a worker shutting
+    -- down still waits for
+    local more = assert(io.popen(format("for p in $(pgrep -P %d); do ps -L -o tid,stat,wchan:20,comm -p $p; "
+      .. "ss -tanp 2>/dev/null | grep \"pid=$p,\"; done 2>&1", self.pid))):read("*a")
+    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps .. more
     sh(format("pkill -KILL -P %d 2>/dev/null; kill -KILL %d 2>/dev/null", self.pid, self.pid))
     self.pid = nil
     error(err, 0)

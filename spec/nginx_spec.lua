@@ -1679,6 +1679,71 @@ describe("#integration nginx shutting down while a request drops a lock it holds
   end)
 end)
 
+-- a lock a request keeps held (its handle in a global) while its worker
+-- shuts down: the lease engine keeps the worker up to the lease's end, and
+-- the log says so (after mongolock.ngx's LINGER seconds, 0.5 here)
+describe("#integration nginx shutting down while a lock is held", function()
+  local nginx, observer
+  local LOCATION = [[
+        # ?key=&ttl=: takes the lock key and keeps its handle
+        location = /keep-held {
+            content_by_lua_block {
+                require("mongolock.ngx").LINGER = 0.5
+                local c = package.loaded.keep_client
+                if not c then
+                    c = assert(require("mongolock").connect(os.getenv("MONGODB_URI"), { appname = "keep" }))
+                    package.loaded.keep_client = c
+                end
+                local h = assert(c:locks({ collection = "nginx_keep_spec" }):try(ngx.var.arg_key,
+                  { ttl = tonumber(ngx.var.arg_ttl) }))
+                package.loaded.keep_handles = package.loaded.keep_handles or {}
+                table.insert(package.loaded.keep_handles, h)
+                ngx.say("held")
+            }
+        }
+
+]]
+
+  setup(function()
+    observer = helpers.connect()
+    nginx = start_nginx({ locations = LOCATION })
+  end)
+
+  teardown(function()
+    if observer then pcall(require("mongolock.testing").failpoint, observer._core, { mode = "off" }) end
+    if nginx then nginx:stop() end
+    if observer then observer:close() end
+  end)
+
+  it("stays up to the lease's end and says in its log what keeps it (the lock, a job in flight)", function()
+    local key = helpers.unique("keep")
+    local code, body = get(nginx.port, format("/keep-held?key=%s&ttl=4", key))
+    assert.equal(200, code, body)
+    assert.equal("held\n", body)
+    -- a second request's attempt, its reply delayed 2.5 s, in flight at QUIT
+    assert(require("mongolock.testing").failpoint(observer._core, { times = 1, commands = { "findAndModify" },
+      block_ms = 2500, app_name = "keep" }))
+    local c = assert(socket.connect("127.0.0.1", nginx.port))
+    assert(c:send(format("GET /keep-held?key=%s-2&ttl=4 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", key)))
+    socket.sleep(0.5)
+    local t0 = socket.gettime()
+    assert(nx.sh(format("kill -QUIT %d", nginx.pid)))
+    c:settimeout(10)
+    local raw = c:receive("*a") or ""
+    c:close()
+    assert.equal("held\n", raw:match("\r\n\r\n(.*)$"), raw)
+    local exited = pcall(poll, function() return nx.gone(nginx.pid) end, 15, "nginx to exit")
+    local took = socket.gettime() - t0
+    assert.is_true(exited, "nginx did not exit after the lease's end")
+    print(format("# nginx shutting down with a lock of 4 s held: exited %.1f s after QUIT", took))
+    local log = helpers.read_file(nginx.log) or ""
+    assert.truthy(log:find("this worker is shutting down; locks held here keep its lease engine up to", 1, true),
+      log:sub(-2000))
+    assert.truthy(log:find("this worker is shutting down and still has jobs after 0.5 s: 1 running", 1, true),
+      log:sub(-2000))
+  end)
+end)
+
 describe("#integration nginx without the thread pool", function()
   local nginx
 
