@@ -49,9 +49,7 @@ local getpid = core.getpid
 local math_max, math_min = math.max, math.min
 local unpack = table.unpack or rawget(_G, "unpack")
 
--- LINGER: seconds after which a worker that is shutting down and still
--- waits for jobs says so in its log (once)
-local _M = { _VERSION = "0.1.0", LINGER = 5 }
+local _M = { _VERSION = "0.1.0", LINGER = 5 }  -- LINGER: s a worker shuts down before we say what keeps it
 
 -- mongolock.ngx.thread's answer when its VM needs the spec (kept here: the
 -- event loop does not load the thread's module)
@@ -404,17 +402,13 @@ end
 -- thread while it is busy, so that a result is still taken
 local function drain(_, st)
   local ngx = rawget(_G, "ngx")
-  local told = monotonic() + _M.LINGER
+  local tell_at = monotonic() + _M.LINGER   -- then it says once what keeps the worker
   repeat
     ngx.sleep(0.5)
     sweep(st, false)
-    -- once, so that a worker that stays "shutting down" says why
-    if told and monotonic() >= told then
-      told = nil
-      local unclaimed = 0
-      for _ in pairs(st.unclaimed) do unclaimed = unclaimed + 1 end
-      ngx.log(ngx.WARN, "mongolock: this worker is shutting down and still has jobs after ", _M.LINGER, " s: ",
-        st.runners - #st.idle, " running, ", st.last - st.first + 1, " queued, ", unclaimed, " results not taken")
+    if tell_at and monotonic() >= tell_at then
+      tell_at = ngx.log(ngx.WARN, "mongolock: this worker is shutting down and still has jobs after ", _M.LINGER,
+        " s: ", st.runners - #st.idle, " running, ", st.last - st.first + 1, " queued")   -- (nil)
     end
   until not busy(st)
 end

@@ -11,19 +11,18 @@
 -- - lock() is client:locks()'s acquire (a try when timeout is 0): one
 --   round trip when the lock is free, else queued in the lock document
 --   (one order for every worker and host) and woken by the change stream;
---   unlock() and expire() are the handle's release and extend.  The
---   handle is the library's (inside nginx too: its round trips are worker
---   threads' jobs, mongolock.ngx.runner).  Waiting on the gate is on an
---   ngx.semaphore, so the worker keeps serving other requests meanwhile.
+--   unlock() and expire() are the handle's release and extend.  The handle
+--   is the library's (inside nginx too: its round trips are jobs,
+--   mongolock.ngx.runner).  Waiting on the gate is on an ngx.semaphore, so
+--   the worker keeps serving other requests meanwhile.
 -- - The gate: in a worker, the lock objects waiting for one key queue in
 --   arrival order and only the gate's owner asks the server, so the server
 --   sees at most one waiter per worker and key, and a release hands over to
---   the worker's next waiter at once.  The gate is a hint
---   that never blocks for good: it is free once its owner unlocks, gives
---   up, is collected, or outlives its deadline (the lease end while it
---   holds the lock, the end of its wait while it waits), and every waiter
---   looks again at least every max_step.  Exclusion itself comes only from
---   the server.
+--   the worker's next waiter at once.  The gate is a hint that never blocks
+--   for good: it is free once its owner unlocks, gives up, is collected, or
+--   outlives its deadline (the lease end while it holds the lock, the end
+--   of its wait while it waits), and every waiter looks again at least
+--   every max_step.  Exclusion itself comes only from the server.
 -- - Clients are made lazily, once per process: a client made before fork
 --   (init_by_lua) is never used by a worker, which makes its own.
 -- - A lock object holds at most one lock at a time; a lock object collected
@@ -56,17 +55,13 @@ local mt = { __index = _M }
 -- every default, written down once (lua-resty-lock's, but the collection)
 local defaults = {
   exptime = 30,        -- lease length (s); lua-resty-lock's exptime
-  timeout = 5,         -- how long lock() waits (s); 0 makes one attempt,
-                       -- math.huge waits for ever
+  timeout = 5,         -- how long lock() waits (s): 0 one attempt, math.huge for ever
   step = args.backoff.step,             -- first sleep between attempts (s)
   ratio = args.backoff.ratio,           -- the step grows by this factor
   max_step = args.backoff.max_step,     -- up to this (s)
   collection = "locks",
-  lock_delay = 0,      -- seconds the key stays taken after a lease that
-                       -- ended without an unlock (mongolock.locks)
-  -- seconds an attempt waits for a reachable server, blocking the worker:
-  -- 1 s unless the URI says otherwise (libmongoc's own default is 30 s)
-  server_selection_timeout = 1,
+  lock_delay = 0,      -- s the key stays taken after a lease that ended unreleased
+  server_selection_timeout = 1,   -- s an attempt waits for a server unless the URI says (libmongoc: 30)
 }
 _M.defaults = defaults
 

@@ -68,7 +68,6 @@ end
 local function adapter(premature, p)
   local ngx = rawget(_G, "ngx")
   local cc, exiting_until, deliver = p.cc, nil, stats.deliver
-  local exiting_since, told
   while not cc:closed() do
     -- lease events (lost, renewal failed) the engine queued: to the
     -- client's on_lost callback, here on the event loop
@@ -94,18 +93,16 @@ local function adapter(premature, p)
         -- of their local deadlines at the first look (renewal does not
         -- keep a worker that is shutting down longer)
         local now, held, latest = monotonic(), false, monotonic()
-        exiting_since = exiting_since or now
         for h in pairs(p.handles) do
           local left = h:remaining()
           if left then held, latest = true, math_max(latest, now + left) end
         end
+        if not exiting_until and latest - now > jobs.LINGER then   -- (said once)
+          log("WARN", "this worker is shutting down; locks held here keep it up to ", ("%.1f"):format(latest - now),
+            " s")
+        end
         exiting_until = exiting_until or latest
         if (seconds == math_huge and not held) or now >= exiting_until then break end
-        if not told and now - exiting_since >= jobs.LINGER then
-          told = true
-          log("WARN", "this worker is shutting down; locks held here keep its lease engine up to ",
-            ("%.1f"):format(exiting_until - now), " s more")
-        end
       end
       p.wake:wait(math_max(0.001, math_min(seconds, _M.CAP)))
     end
@@ -134,20 +131,14 @@ end
 
 local function streams(premature, p)
   local ngx = rawget(_G, "ngx")
-  local cc, stopped, exiting_since, told = p.cc, false, nil, false
+  local cc, stopped = p.cc, false
   while true do
     if not stopped and (premature or ngx.worker.exiting()) then
       stopped = pcall(cc.watch_stop, cc)
-      exiting_since = exiting_since or monotonic()
       local waiting = -p.events:count()
       if waiting > 0 then p.events:post(waiting) end
     end
     local ok, id, op = pcall(cc.watch_next, cc)
-    if exiting_since and not told and ok and monotonic() - exiting_since >= jobs.LINGER then
-      told = true
-      log("WARN", "this worker is shutting down and its change streams still run after ", jobs.LINGER,
-        " s (", -p.events:count(), " waiting here; next: ", id ~= nil and "a command" or tostring(op), ")")
-    end
     if not ok then
       log("ERR", "change stream: ", tostring(id))
       break

@@ -22,25 +22,20 @@ local clients = {}
 -- the answer of a call whose VM needs the spec to make its client
 _M.NEED_SPEC = "mongolock.ngx.thread: spec needed"
 
-local function client_for(spec)
-  local c = clients[spec.key]
+local function client_for(key, spec)
+  local c = clients[key]
   if c and not c:closed() then return c end
+  if not spec then return nil, _M.NEED_SPEC end
   local err
   c, err = mongolock.connect(spec.uri, spec.opts)
-  if not c then return nil, err end
-  clients[spec.key] = c
-  return c
+  if c then clients[key] = c end
+  return c, err
 end
 
 -- run(key, op [, spec]): spec when the VM may lack the client (NEED_SPEC)
 function _M.run(key, op, spec)
-  local c = clients[key]
-  if not c or c:closed() then
-    if not spec then return nil, _M.NEED_SPEC end
-    local err
-    c, err = client_for(spec)
-    if not c then return nil, err end
-  end
+  local c, err = client_for(key, spec)
+  if not c then return nil, err end
   return c._core:run(op)
 end
 
