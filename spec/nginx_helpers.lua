@@ -144,6 +144,38 @@ local function gone(pid)
   return stat == nil or stat:match("^%d+ %b() (%a)") == "Z"
 end
 
+-- what the workers listening on port are doing: each one's threads' stacks
+-- (gdb, where it is installed), for a request that got no answer
+local function stacks(port)
+  local pids = assert(io.popen(format("ss -ltnpH 'sport = :%d' 2>/dev/null", port))):read("*a")
+  local out, seen = {}, {}
+  for pid in pids:gmatch("pid=(%d+)") do
+    if not seen[pid] then
+      seen[pid] = true
+      local f = assert(io.popen(format("timeout 20 gdb -p %s -batch -ex 'thread apply all bt 16' 2>/dev/null", pid)))
+      -- each thread's functions, threads of the same stack counted once
+      local order, count, cur = {}, {}, nil
+      local function done()
+        if cur then
+          if not count[cur] then order[#order + 1] = cur end
+          count[cur] = (count[cur] or 0) + 1
+        end
+      end
+      for line in f:lines() do
+        if line:find("^Thread ") then done(); cur = ""
+        elseif cur and line:find("^#") then
+          cur = cur .. " < " .. (line:match(" in ([%w_?.]+) ") or line:match("^#%d+%s+([%w_?.]+) ") or "?")
+        end
+      end
+      done()
+      f:close()
+      out[#out + 1] = "-- worker " .. pid .. ":"
+      for _, st in ipairs(order) do out[#out + 1] = format("%d thread(s): %s", count[st], st:sub(4)) end
+    end
+  end
+  return table.concat(out, "\n")
+end
+
 -- stops the nginx we started (its pid file), and waits until it is gone
 function Nginx:stop()
   if not self.pid then return end
@@ -164,7 +196,7 @@ function Nginx:stop()
     -- down still waits for
     local more = assert(io.popen(format("for p in $(pgrep -P %d); do ps -L -o tid,stat,wchan:20,comm -p $p; "
       .. "ss -tanp 2>/dev/null | grep \"pid=$p,\"; done 2>&1", self.pid))):read("*a")
-    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps .. more
+    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps .. more .. stacks(self.port)
     sh(format("pkill -KILL -P %d 2>/dev/null; kill -KILL %d 2>/dev/null", self.pid, self.pid))
     self.pid = nil
     error(err, 0)
@@ -201,6 +233,7 @@ end
 -- every handler the specs call ends within a few seconds, which CI's load
 -- may stretch several times)
 local GET_WAIT = 30
+
 local function get(port, path)
   local c = assert(socket.connect("127.0.0.1", port))
   c:settimeout(GET_WAIT)
@@ -209,8 +242,8 @@ local function get(port, path)
   local raw, err, partial = c:receive("*a")
   c:close()
   if not raw then
-    error(format("GET %s: %s after %.1f s (%d bytes came)", path, tostring(err), socket.gettime() - t0,
-      #(partial or "")), 2)
+    error(format("GET %s: %s after %.1f s (%d bytes came)\n%s", path, tostring(err), socket.gettime() - t0,
+      #(partial or ""), stacks(port)), 2)
   end
   return parse(raw)
 end
