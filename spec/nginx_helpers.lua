@@ -144,10 +144,10 @@ local function gone(pid)
   return stat == nil or stat:match("^%d+ %b() (%a)") == "Z"
 end
 
--- what the workers listening on port are doing: each one's threads' stacks
--- (gdb, where it is installed), for a request that got no answer
-local function stacks(port)
-  local pids = assert(io.popen(format("ss -ltnpH 'sport = :%d' 2>/dev/null", port))):read("*a")
+-- what the processes listed in pids (a shell command's output, each pid
+-- as "pid=N") are doing: each one's threads' stacks (gdb, where it is
+-- installed), for a request that got no answer or a worker that stays
+local function stacks(pids)
   local out, seen = {}, {}
   for pid in pids:gmatch("pid=(%d+)") do
     if not seen[pid] then
@@ -192,11 +192,12 @@ function Nginx:stop()
     -- of nginx's log and what its processes were doing
     local tail = (helpers.read_file(self.log) or ""):sub(-3000)
     local ps = assert(io.popen(format("ps -o pid,stat,wchan:20,args --ppid %d 2>&1", self.pid))):read("*a")
-    -- each worker's threads and TCP connections: what a worker shutting
-    -- down still waits for
-    local more = assert(io.popen(format("for p in $(pgrep -P %d); do ps -L -o tid,stat,wchan:20,comm -p $p; "
-      .. "ss -tanp 2>/dev/null | grep \"pid=$p,\"; done 2>&1", self.pid))):read("*a")
-    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps .. more .. stacks(self.port)
+    -- each worker's TCP connections and threads' stacks: what a worker
+    -- shutting down still waits for (its listening sockets are closed)
+    local conns = assert(io.popen(format("for p in $(pgrep -P %d); do ss -tanp 2>/dev/null | grep \"pid=$p,\"; "
+      .. "done", self.pid))):read("*a")
+    local pids = assert(io.popen(format("pgrep -P %d | sed 's/^/pid=/'", self.pid))):read("*a")
+    err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps .. conns .. stacks(pids)
     sh(format("pkill -KILL -P %d 2>/dev/null; kill -KILL %d 2>/dev/null", self.pid, self.pid))
     self.pid = nil
     error(err, 0)
@@ -233,7 +234,6 @@ end
 -- every handler the specs call ends within a few seconds, which CI's load
 -- may stretch several times)
 local GET_WAIT = 30
-
 local function get(port, path)
   local c = assert(socket.connect("127.0.0.1", port))
   c:settimeout(GET_WAIT)
@@ -243,7 +243,7 @@ local function get(port, path)
   c:close()
   if not raw then
     error(format("GET %s: %s after %.1f s (%d bytes came)\n%s", path, tostring(err), socket.gettime() - t0,
-      #(partial or ""), stacks(port)), 2)
+      #(partial or ""), stacks(assert(io.popen(format("ss -ltnpH 'sport = :%d' 2>/dev/null", port))):read("*a"))), 2)
   end
   return parse(raw)
 end

@@ -407,8 +407,9 @@ local function drain(_, st)
     ngx.sleep(0.5)
     sweep(st, false)
     if tell_at and monotonic() >= tell_at then
-      tell_at = ngx.log(ngx.WARN, "mongolock: this worker is shutting down and still has jobs after ", _M.LINGER,
-        " s: ", st.runners - #st.idle, " running, ", st.last - st.first + 1, " queued")   -- (nil)
+      tell_at = nil
+      ngx.log(ngx.WARN, "mongolock: this worker is shutting down and still has jobs after ", _M.LINGER,
+        " s: ", st.runners - #st.idle, " running, ", st.last - st.first + 1, " queued")
     end
   until not busy(st)
 end
