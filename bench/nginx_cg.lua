@@ -10,6 +10,8 @@
 --
 --   lua5.4 bench/nginx_cg.lua TREE [TREE...] [N]      (MONGODB_URI set;
 --     LUA_PATH with spec/ of either tree; each tree built; valgrind)
+--   NGINX_CG_FUNCTIONS=N: also the N functions with the most instructions
+--     inside over outside
 local nx = require "nginx_helpers"
 
 local format = string.format
@@ -65,10 +67,11 @@ local outside = assert(io.open(dir .. "/outside.lua", "w"))
 outside:write(OUTSIDE)
 outside:close()
 
--- {total, [object] = instructions} of a callgrind file (uncompressed
--- names and positions): the cost lines that are not a call's
+-- {total, [object] = instructions}, {["object: function"] = instructions}
+-- of a callgrind file (uncompressed names and positions): the cost lines
+-- that are not a call's
 local function costs(path)
-  local t, ob, call = { total = 0 }, "?", false
+  local t, fns, ob, fn, call = { total = 0 }, {}, "?", "?", false
   for line in io.lines(path) do
     local o = line:match("^ob=(.*)")
     if o then
@@ -76,6 +79,7 @@ local function costs(path)
       -- the VM is a shared library in nginx, the executable outside
       if ob == "luajit" or ob:find("^libluajit") then ob = "LuaJIT (its VM and collector)"
       elseif ob == "???" then ob = "code the JIT compiled" end
+    elseif line:find("^fn=") then fn = ob .. ": " .. line:sub(4)
     elseif line:find("^calls=") then call = true
     elseif line:find("^%d") then
       local n = tonumber(line:match("^%d+ (%d+)"))
@@ -83,13 +87,19 @@ local function costs(path)
       elseif n then
         t[ob] = (t[ob] or 0) + n
         t.total = t.total + n
+        fns[fn] = (fns[fn] or 0) + n
       end
     end
   end
+  return t, fns
+end
+
+local function per_cycle(t)
+  for k, v in pairs(t) do t[k] = v / N end
   return t
 end
 
--- instructions per cycle in the worker: {total, [object] = n}
+-- instructions per cycle in the worker: {total, [object] = n}, {[function] = n}
 local function inside(root)
   sh("rm -f " .. dir .. "/out/*")
   local x = nx.start({ root = root, locations = LOCATION, files = { ["cg.lua"] = HANDLER },
@@ -106,9 +116,8 @@ local function inside(root)
   end)
   x:stop()
   assert(ok, res)
-  local t = costs(format("%s/out/nginx.%s.1", dir, res))
-  for k, v in pairs(t) do t[k] = v / N end
-  return t
+  local t, fns = costs(format("%s/out/nginx.%s.1", dir, res))
+  return per_cycle(t), per_cycle(fns)
 end
 
 -- instructions per cycle outside nginx (LuaJIT, the tree's build)
@@ -120,19 +129,21 @@ local function outside_run(root)
       .. "--callgrind-out-file=%s luajit %s/outside.lua %d", env, out, dir, n)))
     return costs(out)
   end
-  local a, b = run(100), run(100 + N)
-  local t = {}
+  local a, afns = run(100)
+  local b, bfns = run(100 + N)
+  local t, fns = {}, {}
   for k, v in pairs(b) do t[k] = (v - (a[k] or 0)) / N end
-  return t
+  for k, v in pairs(bfns) do fns[k] = (v - (afns[k] or 0)) / N end
+  return t, fns
 end
 
 local rows = {}
 for _, root in ipairs(trees) do
   say("%s: %d cycles in an nginx worker under callgrind", root, N)
-  local i = inside(root)
+  local i, ifns = inside(root)
   say("%s: %d cycles outside nginx (LuaJIT) under callgrind", root, N)
-  local o = outside_run(root)
-  rows[#rows + 1] = { root = root, inside = i, outside = o }
+  local o, ofns = outside_run(root)
+  rows[#rows + 1] = { root = root, inside = i, outside = o, ifns = ifns, ofns = ofns }
 end
 
 print(format("| tree (%d cycles) | inside nginx, instructions per cycle | outside (LuaJIT) | inside / outside |", N))
@@ -155,5 +166,26 @@ for _, r in ipairs(rows) do
   print("|---|---:|---:|")
   for k = 1, math.min(8, #names) do
     print(format("| %s | %.0f | %.0f |", names[k], r.inside[names[k]] or 0, r.outside[names[k]] or 0))
+  end
+end
+-- NGINX_CG_FUNCTIONS=N: the N functions with the most instructions inside
+-- over outside, per tree (LuaJIT's are named only in a build with symbols:
+-- doc/design.md, "Inside nginx: round trips in worker threads")
+local top = tonumber(os.getenv("NGINX_CG_FUNCTIONS"))
+for _, r in ipairs(rows) do
+  if not top then break end
+  local names, seen = {}, {}
+  for _, t in ipairs({ r.ifns, r.ofns }) do
+    for k in pairs(t) do
+      if not seen[k] then seen[k] = true; names[#names + 1] = k end
+    end
+  end
+  local function extra(k) return (r.ifns[k] or 0) - (r.ofns[k] or 0) end
+  table.sort(names, function(a, b) return extra(a) > extra(b) end)
+  print(format("\n| %s: function | inside | outside | inside - outside |", r.root))
+  print("|---|---:|---:|---:|")
+  for k = 1, math.min(top, #names) do
+    local name = names[k]
+    print(format("| %s | %.0f | %.0f | %.0f |", name, r.ifns[name] or 0, r.ofns[name] or 0, extra(name)))
   end
 end
