@@ -94,9 +94,22 @@ local function costs(path)
   return t, fns
 end
 
-local function per_cycle(t)
-  for k, v in pairs(t) do t[k] = v / N end
+-- b - a (a: nil or counts of the same kind) per cycle, key by key
+local function per_cycle(b, a)
+  local t = {}
+  for k, v in pairs(b) do t[k] = (v - (a and a[k] or 0)) / N end
   return t
+end
+
+-- the keys of a and b but "total", each once
+local function keys(a, b)
+  local names, seen = {}, { total = true }
+  for _, t in ipairs({ a, b }) do
+    for k in pairs(t) do
+      if not seen[k] then seen[k] = true; names[#names + 1] = k end
+    end
+  end
+  return names
 end
 
 -- instructions per cycle in the worker: {total, [object] = n}, {[function] = n}
@@ -131,10 +144,7 @@ local function outside_run(root)
   end
   local a, afns = run(100)
   local b, bfns = run(100 + N)
-  local t, fns = {}, {}
-  for k, v in pairs(b) do t[k] = (v - (a[k] or 0)) / N end
-  for k, v in pairs(bfns) do fns[k] = (v - (afns[k] or 0)) / N end
-  return t, fns
+  return per_cycle(b, a), per_cycle(bfns, afns)
 end
 
 local rows = {}
@@ -154,11 +164,7 @@ for _, r in ipairs(rows) do
 end
 -- where they go: the objects with the most, per tree
 for _, r in ipairs(rows) do
-  local names = {}
-  for k in pairs(r.inside) do if k ~= "total" then names[#names + 1] = k end end
-  for k in pairs(r.outside) do
-    if k ~= "total" and not r.inside[k] then names[#names + 1] = k end
-  end
+  local names = keys(r.inside, r.outside)
   table.sort(names, function(a, b)
     return (r.inside[a] or 0) + (r.outside[a] or 0) > (r.inside[b] or 0) + (r.outside[b] or 0)
   end)
@@ -174,12 +180,7 @@ end
 local top = tonumber(os.getenv("NGINX_CG_FUNCTIONS"))
 for _, r in ipairs(rows) do
   if not top then break end
-  local names, seen = {}, {}
-  for _, t in ipairs({ r.ifns, r.ofns }) do
-    for k in pairs(t) do
-      if not seen[k] then seen[k] = true; names[#names + 1] = k end
-    end
-  end
+  local names = keys(r.ifns, r.ofns)
   local function extra(k) return (r.ifns[k] or 0) - (r.ofns[k] or 0) end
   table.sort(names, function(a, b) return extra(a) > extra(b) end)
   print(format("\n| %s: function | inside | outside | inside - outside |", r.root))

@@ -144,12 +144,12 @@ local function gone(pid)
   return stat == nil or stat:match("^%d+ %b() (%a)") == "Z"
 end
 
--- what the processes listed in pids (a shell command's output, each pid
--- as "pid=N") are doing: each one's threads' stacks (gdb, where it is
--- installed), for a request that got no answer or a worker that stays
+-- what the processes in pids (a list) are doing: each one's threads'
+-- stacks (gdb, where it is installed), for a request that got no answer
+-- or a worker that stays
 local function stacks(pids)
   local out, seen = {}, {}
-  for pid in pids:gmatch("pid=(%d+)") do
+  for _, pid in ipairs(pids) do
     if not seen[pid] then
       seen[pid] = true
       local f = assert(io.popen(format("timeout 20 gdb -p %s -batch -ex 'thread apply all bt 16' 2>/dev/null", pid)))
@@ -196,7 +196,8 @@ function Nginx:stop()
     -- shutting down still waits for (its listening sockets are closed)
     local conns = assert(io.popen(format("for p in $(pgrep -P %d); do ss -tanp 2>/dev/null | grep \"pid=$p,\"; "
       .. "done", self.pid))):read("*a")
-    local pids = assert(io.popen(format("pgrep -P %d | sed 's/^/pid=/'", self.pid))):read("*a")
+    local pids = {}
+    for w in assert(io.popen(format("pgrep -P %d", self.pid))):read("*a"):gmatch("%d+") do pids[#pids + 1] = w end
     err = err .. "\n-- nginx's log, its end:\n" .. tail .. "\n-- its workers:\n" .. ps .. conns .. stacks(pids)
     sh(format("pkill -KILL -P %d 2>/dev/null; kill -KILL %d 2>/dev/null", self.pid, self.pid))
     self.pid = nil
@@ -242,8 +243,13 @@ local function get(port, path)
   local raw, err, partial = c:receive("*a")
   c:close()
   if not raw then
+    -- the workers listening on port
+    local pids = {}
+    for pid in assert(io.popen(format("ss -ltnpH 'sport = :%d' 2>/dev/null", port))):read("*a"):gmatch("pid=(%d+)") do
+      pids[#pids + 1] = pid
+    end
     error(format("GET %s: %s after %.1f s (%d bytes came)\n%s", path, tostring(err), socket.gettime() - t0,
-      #(partial or ""), stacks(assert(io.popen(format("ss -ltnpH 'sport = :%d' 2>/dev/null", port))):read("*a"))), 2)
+      #(partial or ""), stacks(pids)), 2)
   end
   return parse(raw)
 end

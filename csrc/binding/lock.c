@@ -133,7 +133,7 @@ ml_lock *ml_lock_new(lua_State *L, int client_idx, const ml_lease_spec *spec) {
    * garbage from piling up in C memory between Lua 5.4's cycles.  Lua 5.1's
    * and LuaJIT's step does not count: it runs steps at once, ending the
    * collector's pause (it never rested: 5% of a LuaJIT lock cycle's
-   * instructions, 7% in nginx) and restarting a stopped one; without it
+   * instructions, 6.5% in nginx) and restarting a stopped one; without it
    * their handles do not pile up (bench/mem.lua) */
 #if LUA_VERSION_NUM >= 502
   if (lua_gc(L, LUA_GCISRUNNING, 0)) lua_gc(L, LUA_GCSTEP, 1);
